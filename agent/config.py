@@ -1,0 +1,174 @@
+"""Configuration: one pydantic model per component, loaded from layered sources.
+
+Order, later wins: defaults < $PRIME_AGENT_HOME/config.toml < <project>/.prime-agent/config.toml
+< environment (OPENAI_BASE_URL, OPENAI_API_KEY, PRIME_AGENT_MODEL) < command-line overrides.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent.types import Budget
+
+
+class ConfigError(Exception):
+    """A configuration source is invalid; the message names the source and the field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Section):
+    name: str | None = None
+    """Model name sent to the server (PRIME_AGENT_MODEL)."""
+    base_url: str | None = None
+    """OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (OPENAI_BASE_URL); None is OpenAI."""
+    api_key: str | None = None
+    """API key (OPENAI_API_KEY); local servers that need none get a placeholder."""
+    action_format: Literal["tools", "text"] = "tools"
+    """`tools`: native tool calling with one `ipython` tool. `text`: ```python fenced cells."""
+    stream: bool = True
+    """Stream completions so the user sees text as it is written."""
+    temperature: float | None = None
+    """Sampling temperature; None leaves the server's default."""
+    max_completion_tokens: int | None = None
+    """Cap on tokens per completion; None leaves the server's default."""
+    timeout: float = 300.0
+    """Seconds to wait for one model call (per attempt) before it counts as timed out."""
+    max_retries: int = 4
+    """Retries after a 429, 5xx, timeout or dropped stream, with exponential backoff and jitter."""
+    retry_base_delay: float = 0.5
+    """First backoff delay in seconds; doubles each retry."""
+    retry_max_delay: float = 20.0
+    """Cap on one backoff delay in seconds."""
+    record_logprobs: bool = False
+    """Request token logprobs (and token ids where offered) and keep them on assistant messages."""
+    context_window: int = 128_000
+    """Tokens the model accepts; compaction starts below this."""
+    input_cost_per_mtok: float = 0.0
+    """Dollars per million prompt tokens, for cost accounting."""
+    output_cost_per_mtok: float = 0.0
+    """Dollars per million completion tokens, for cost accounting."""
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    """Extra JSON fields for every request (server-specific sampling options)."""
+
+
+class KernelConfig(_Section):
+    cell_timeout: float = 600.0
+    """Default seconds a cell may run before it is interrupted; the model may ask for another."""
+    interrupt_grace: float = 3.0
+    """Seconds an interrupted cell gets to stop before the kernel is restarted."""
+    output_limit: int = 64 * 1024
+    """Characters kept per output stream of a cell (head and tail); the middle is cut."""
+    startup_timeout: float = 60.0
+    """Seconds to wait for a new kernel to become ready."""
+
+
+class CompactionConfig(_Section):
+    enabled: bool = True
+    """Summarise older turns when the context nears the model's window."""
+    threshold: float = 0.8
+    """Compact when the context exceeds this fraction of `model.context_window`."""
+    keep_recent_turns: int = 2
+    """Turns kept verbatim after a compaction (the current turn is always kept)."""
+
+
+class Config(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    kernel: KernelConfig = Field(default_factory=KernelConfig)
+    budget: Budget = Field(default_factory=Budget)
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    project_instructions: list[str] = Field(default_factory=lambda: ["AGENTS.md", "CLAUDE.md"])
+    """Files in the project root whose text follows the base prompt."""
+
+
+ENV_VARS = {
+    "OPENAI_BASE_URL": ("model", "base_url"),
+    "OPENAI_API_KEY": ("model", "api_key"),
+    "PRIME_AGENT_MODEL": ("model", "name"),
+}
+
+
+def home() -> Path:
+    """The one root for all persistent state."""
+    return Path(os.environ.get("PRIME_AGENT_HOME") or Path.home() / ".prime-agent")
+
+
+def project_root(cwd: Path) -> Path:
+    """The nearest ancestor of `cwd` holding `.prime-agent/` or `.git`, else `cwd` itself."""
+    cwd = cwd.resolve()
+    for d in (cwd, *cwd.parents):
+        if (d / ".prime-agent").is_dir() or (d / ".git").exists():
+            return d
+    return cwd
+
+
+def load_config(cwd: Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Merge every source for a session in `cwd`; raise ConfigError naming the bad source and field."""
+    merged: dict[str, Any] = {}
+    for path in (home() / "config.toml", project_root(cwd) / ".prime-agent" / "config.toml"):
+        if path.is_file():
+            merge(merged, _validated(_read_toml(path), str(path)))
+    env: dict[str, Any] = {}
+    for var, (section, key) in ENV_VARS.items():
+        if os.environ.get(var):
+            env.setdefault(section, {})[key] = os.environ[var]
+    merge(merged, env)
+    if overrides:
+        merge(merged, _validated(overrides, "command line"))
+    return _parse(merged, "configuration")
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """`model.temperature=0.2` -> {"model": {"temperature": 0.2}}; values are TOML, else strings."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. model.temperature=0.2")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    out: dict[str, Any] = {}
+    node = out
+    *parents, leaf = key.strip().split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+    return out
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+
+
+def _validated(data: dict[str, Any], source: str) -> dict[str, Any]:
+    _parse(data, source)
+    return data
+
+
+def _parse(data: dict[str, Any], source: str) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"field {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+        )
+        raise ConfigError(f"{source}: {problems}") from None
+
+
+def merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    """Deep-merge `new` into `into` (nested tables merge, other values replace)."""
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            merge(into[k], v)
+        else:
+            into[k] = v

@@ -1,0 +1,257 @@
+"""One real ipykernel per session, driven through jupyter_client's asyncio API.
+
+`Kernel.execute(cell)` always returns a `CellResult`: a timed-out cell is interrupted and, if
+it does not stop within the grace period, the kernel is restarted; a kernel that dies mid-cell
+(os._exit, a segfault, the OOM killer) is detected and restarted. Either way the result says
+what happened, so the model is told and the session goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import enum
+import queue
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from jupyter_client import AsyncKernelManager
+from jupyter_client.kernelspec import KernelSpec
+
+from agent.bridge import socket_path
+from agent.config import KernelConfig
+from agent.types import Attachment, Cell, CellResult
+
+OutputCallback = Callable[[str, str], None]
+"""on_output(stream_name, text): live output while a cell runs (stdout, stderr)."""
+
+POLL = 0.2  # seconds between liveness checks while a cell is quiet
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+RULE = re.compile(r"^-{20,}\n", re.MULTILINE)  # IPython's banner line above a traceback
+KERNEL_ARGS = [
+    "--HistoryManager.enabled=False",  # no sqlite write per cell
+    "--InteractiveShell.colors=nocolor",
+]
+
+
+class KernelState(enum.Enum):
+    NEW = "new"
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    RESTARTING = "restarting"
+    STOPPED = "stopped"
+
+
+class KernelError(RuntimeError):
+    """The kernel could not be started or bootstrapped."""
+
+
+class _Manager(AsyncKernelManager):
+    """Launch kernels with the running interpreter, never whatever kernel spec is installed."""
+
+    @property
+    def kernel_spec(self) -> KernelSpec:
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", *KERNEL_ARGS]
+        return KernelSpec(argv=argv, display_name="Prime Agent", language="python")
+
+
+class CappedText:
+    """Keeps the first and last `limit // 2` characters of a stream and counts what it cut."""
+
+    def __init__(self, limit: int):
+        self.head_limit = limit // 2
+        self.tail_limit = limit - self.head_limit
+        self.head: list[str] = []
+        self.head_len = 0
+        self.tail = ""
+        self.total = 0
+
+    def add(self, text: str) -> str:
+        """Append `text`; return the part of it that landed in the head (worth showing live)."""
+        self.total += len(text)
+        shown = ""
+        room = self.head_limit - self.head_len
+        if room > 0:
+            shown = text[:room]
+            self.head.append(shown)
+            self.head_len += len(shown)
+            text = text[room:]
+        if text:
+            self.tail = (self.tail + text)[-self.tail_limit :]
+        return shown
+
+    @property
+    def cut(self) -> int:
+        return self.total - self.head_len - len(self.tail)
+
+    def text(self) -> str:
+        head = "".join(self.head)
+        if not self.cut:
+            return head + self.tail
+        return f"{head}\n[... {self.cut:,} of {self.total:,} characters cut from the middle ...]\n{self.tail}"
+
+
+class Kernel:
+    def __init__(self, cwd: Path, runtime_dir: Path, config: KernelConfig, env: dict[str, str]):
+        self.cwd = cwd
+        self.config = config
+        self.env = env
+        self.state = KernelState.NEW
+        self.connection_file = runtime_dir / "kernel.json"
+        self._km = _Manager(
+            transport="ipc",
+            ip=str(socket_path(runtime_dir, "kernel")),
+            connection_file=str(self.connection_file),
+        )
+        self._kc = None
+        self._user_interrupt = False
+        self._grace_end: float | None = None
+        """Once an interrupt is sent: when the cell must have stopped, or the kernel is restarted."""
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.state = KernelState.STARTING
+        await self._km.start_kernel(cwd=str(self.cwd), env=self.env)
+        self._kc = self._km.client()
+        self._kc.start_channels()
+        await self._ready()
+
+    async def restart(self) -> None:
+        """Replace the kernel process (same connection); the namespace is lost."""
+        self.state = KernelState.RESTARTING
+        await self._km.restart_kernel(now=True)
+        await self._ready()
+
+    async def shutdown(self) -> None:
+        if self.state is KernelState.STOPPED:
+            return
+        self.state = KernelState.STOPPED
+        if self._kc is not None:
+            self._kc.stop_channels()
+        if self._km.has_kernel:
+            await self._km.shutdown_kernel(now=True)
+        self.connection_file.unlink(missing_ok=True)
+
+    async def interrupt(self) -> None:
+        """Interrupt the running cell on the user's behalf (KeyboardInterrupt in the kernel)."""
+        if self.state is KernelState.BUSY and self._grace_end is None:
+            self._user_interrupt = True
+            self._grace_end = time.monotonic() + self.config.interrupt_grace
+            await self._km.interrupt_kernel()
+
+    async def is_alive(self) -> bool:
+        return await self._km.is_alive()
+
+    async def _ready(self) -> None:
+        try:
+            await self._kc.wait_for_ready(timeout=self.config.startup_timeout)
+        except RuntimeError as e:
+            raise KernelError(f"kernel did not become ready: {e}") from None
+        boot = await self._run("import agent.runtime as _pa; _pa.bootstrap(globals()); del _pa", None, None)
+        if boot.error_name:
+            raise KernelError(f"kernel bootstrap failed: {boot.error_name}: {boot.error_value}\n{boot.traceback}")
+        self.state = KernelState.IDLE
+
+    # --- execution -------------------------------------------------------------------------
+
+    async def execute(self, cell: Cell, on_output: OutputCallback | None = None) -> CellResult:
+        timeout = cell.timeout if cell.timeout is not None else self.config.cell_timeout
+        self.state = KernelState.BUSY
+        self._user_interrupt = False
+        try:
+            return await self._run(cell.code, timeout, on_output)
+        except asyncio.CancelledError:
+            await self._km.interrupt_kernel()  # do not leave the cell running behind our back
+            raise
+        finally:
+            if self.state is KernelState.BUSY:
+                self.state = KernelState.IDLE
+
+    async def _run(self, code: str, timeout: float | None, on_output: OutputCallback | None) -> CellResult:
+        kc = self._kc
+        limit = self.config.output_limit
+        streams = {"stdout": CappedText(limit), "stderr": CappedText(limit)}
+        res = CellResult()
+        started = time.monotonic()
+        deadline = started + timeout if timeout is not None else None
+        self._grace_end = None
+        msg_id = kc.execute(code, allow_stdin=False)
+        while True:
+            try:
+                msg = await kc.get_iopub_msg(timeout=POLL)
+            except queue.Empty:
+                now = time.monotonic()
+                if not await self._km.is_alive():
+                    code_ = await self._km.provisioner.poll() if self._km.provisioner else None
+                    res.kernel_events.append("died")
+                    await self._recover(res, f"The kernel died while running this cell (exit code {code_})")
+                    break
+                if self._grace_end is not None and now >= self._grace_end:
+                    why = f"exceeded its {timeout:g}s timeout" if res.kernel_events else "was interrupted by the user"
+                    await self._recover(
+                        res, f"The cell {why} and did not stop within {self.config.interrupt_grace:g}s of an interrupt"
+                    )
+                    break
+                if deadline is not None and self._grace_end is None and now >= deadline:
+                    res.kernel_events.append("timed_out")
+                    self._grace_end = now + self.config.interrupt_grace
+                    await self._km.interrupt_kernel()
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                shown = streams[content["name"]].add(ANSI.sub("", content["text"]))
+                if shown and on_output:
+                    on_output(content["name"], shown)
+            elif kind == "execute_result":
+                res.result = content["data"].get("text/plain")
+            elif kind == "display_data":
+                self._display(content["data"], res, streams["stdout"], on_output)
+            elif kind == "error":
+                res.error_name, res.error_value = content["ename"], content["evalue"]
+                tb = CappedText(limit)
+                tb.add(RULE.sub("", ANSI.sub("", "\n".join(content["traceback"]))))
+                res.traceback = tb.text()
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        while await kc.shell_channel.msg_ready():  # execute replies: iopub already told us all
+            await kc.shell_channel.get_msg()
+        for name, s in streams.items():
+            setattr(res, name, s.text())
+            if s.cut:
+                res.truncated[name] = s.cut
+        if "timed_out" in res.kernel_events and "restarted" not in res.kernel_events:
+            res.kernel_message = (
+                f"The cell exceeded its {timeout:g}s timeout and was interrupted (KeyboardInterrupt); "
+                "the kernel and its variables are intact."
+            )
+        elif self._user_interrupt and "restarted" not in res.kernel_events:
+            res.kernel_events.append("interrupted")
+            res.kernel_message = "The user interrupted this cell; the kernel and its variables are intact."
+        self._grace_end = None
+        res.duration = time.monotonic() - started
+        return res
+
+    async def _recover(self, res: CellResult, why: str) -> None:
+        await self.restart()
+        res.kernel_events.append("restarted")
+        res.kernel_message = f"{why}. The kernel was restarted: all variables and imports are lost."
+
+    @staticmethod
+    def _display(data: dict, res: CellResult, stdout: CappedText, on_output: OutputCallback | None) -> None:
+        images = [m for m in data if m.startswith("image/")]
+        for mime in images:
+            raw = data[mime]
+            if mime == "image/svg+xml":
+                raw = base64.b64encode(raw.encode()).decode()
+            res.attachments.append(Attachment(mime=mime, data=raw))
+        if not images and "text/plain" in data:
+            shown = stdout.add(data["text/plain"] + "\n")
+            if shown and on_output:
+                on_output("stdout", shown)

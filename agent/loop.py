@@ -1,0 +1,271 @@
+"""The turn loop: prompt -> model -> cells -> results -> ... -> final answer.
+
+A turn ends when the model answers without a cell, when code calls `final(answer)`, when a
+budget runs out, when the user interrupts, or when the model fails for good. Every message,
+model call and cell is recorded as it happens; the trajectory is synced when the turn ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from agent.kernel import KernelError
+from agent.model import ModelError, ModelTimeout, fenced_cells, parse_tool_arguments
+from agent.trajectory import CellRecord, CompactionRecord, ModelCall
+from agent.types import Cell, CellResult, Completion, Message, ToolCall
+
+if TYPE_CHECKING:
+    from agent.session import Session, Turn, TurnResult
+
+
+class Submitted(Exception):
+    """The turn has its final answer."""
+
+    def __init__(self, answer: str):
+        self.answer = answer
+
+
+class BudgetExhausted(Exception):
+    """A turn budget (steps, cells, tokens, seconds) ran out; the message says which."""
+
+
+class Interrupted(Exception):
+    """The user interrupted the turn."""
+
+
+async def run_turn(s: Session, prompt: str) -> TurnResult:
+    turn = s.begin_turn(prompt)
+    outcome, answer, error = "error", None, None
+    try:
+        while True:
+            await step(s, turn)
+    except Submitted as e:
+        outcome, answer = "completed", e.answer
+    except BudgetExhausted as e:
+        outcome, error = "budget_exhausted", str(e)
+    except Interrupted:
+        outcome, error = "interrupted", "interrupted by the user"
+    except ModelTimeout as e:
+        outcome, error = "timed_out", str(e)
+    except (ModelError, KernelError) as e:
+        outcome, error = "error", str(e)
+    except asyncio.CancelledError:
+        if not turn.interrupted:
+            raise  # the session is being torn down, not interrupted: let cancellation through
+        asyncio.current_task().uncancel()
+        outcome, error = "interrupted", "interrupted by the user"
+    except Exception as e:  # a bug of ours must not lose the session: record it, end the turn
+        outcome, error = "error", f"internal error: {type(e).__name__}: {e}"
+        s.emit("error", turn.id, message=error)
+    finally:
+        result = s.end_turn(turn, outcome, answer, error)
+    return result
+
+
+async def step(s: Session, turn: Turn) -> None:
+    """One model call and the cells it asks for."""
+    if turn.interrupted:
+        raise Interrupted()
+    check_budget(s, turn)
+    deliver_steering(s, turn)
+    if needs_compaction(s):
+        await compact(s, turn)
+    completion = await call_model(s, turn)
+    message = completion.message
+    if s.model.action_format == "tools":
+        if not message.tool_calls:
+            raise Submitted(message.content)
+        await run_tool_calls(s, turn, message.tool_calls)
+    else:
+        codes = fenced_cells(message.content)
+        if not codes:
+            raise Submitted(message.content)
+        await run_text_cells(s, turn, codes)
+
+
+# --- budgets and steering -------------------------------------------------------------------
+
+
+def check_budget(s: Session, turn: Turn) -> None:
+    b = s.config.budget
+    if b.max_steps is not None and turn.steps >= b.max_steps:
+        raise BudgetExhausted(f"the turn used its {b.max_steps} model calls (budget.max_steps)")
+    if b.max_tokens is not None and turn.usage.total_tokens >= b.max_tokens:
+        raise BudgetExhausted(f"the turn used {turn.usage.total_tokens} of its {b.max_tokens} tokens (budget.max_tokens)")
+    if remaining_seconds(s, turn) == 0:
+        raise BudgetExhausted(f"the turn used its {b.max_seconds:g} seconds (budget.max_seconds)")
+
+
+def remaining_seconds(s: Session, turn: Turn) -> float | None:
+    limit = s.config.budget.max_seconds
+    return None if limit is None else max(0.0, limit - (time.monotonic() - turn.started))
+
+
+def deliver_steering(s: Session, turn: Turn) -> None:
+    while s.steering:
+        text = s.steering.pop(0)
+        s.append(Message(role="user", content=f"[Message from the user while you work]\n{text}"), turn)
+        s.emit("steer.delivered", turn.id, text=text)
+
+
+# --- the model --------------------------------------------------------------------------------
+
+
+async def call_model(s: Session, turn: Turn) -> Completion:
+    turn.steps += 1
+    s.emit("model.started", turn.id, step=turn.steps)
+    call = s.model.complete(
+        s.messages,
+        on_delta=lambda text: s.emit("model.delta", turn.id, text=text),
+        on_retry=lambda attempt, delay, why: s.emit("model.retry", turn.id, attempt=attempt, delay=delay, reason=why),
+    )
+    remaining = remaining_seconds(s, turn)
+    try:
+        completion = await (call if remaining is None else asyncio.wait_for(call, remaining))
+    except TimeoutError:
+        raise BudgetExhausted(
+            f"the turn used its {s.config.budget.max_seconds:g} seconds (budget.max_seconds) waiting for the model"
+        ) from None
+    account(s, turn, completion)
+    s.record(
+        ModelCall(
+            turn_id=turn.id, context_messages=len(s.messages), usage=completion.usage, duration=completion.duration,
+            attempts=completion.attempts, finish_reason=completion.finish_reason, model=completion.model,
+        )
+    )
+    s.append(completion.message, turn)
+    s.context_tokens, s.context_mark = completion.usage.total_tokens, len(s.messages)
+    s.emit(
+        "model.completed", turn.id, text=completion.message.content,
+        tool_calls=[c.model_dump() for c in completion.message.tool_calls], usage=completion.usage.model_dump(),
+    )
+    return completion
+
+
+def account(s: Session, turn: Turn, completion: Completion) -> None:
+    turn.usage += completion.usage
+    s.usage += completion.usage
+
+
+# --- cells ------------------------------------------------------------------------------------
+
+
+async def run_tool_calls(s: Session, turn: Turn, calls: list[ToolCall]) -> None:
+    answered: set[str] = set()
+
+    def reply(call: ToolCall, text: str) -> None:
+        s.append(Message(role="tool", tool_call_id=call.id, content=text), turn)
+        answered.add(call.id)
+
+    try:
+        for call in calls:
+            try:
+                args = parse_tool_arguments(call)
+            except ValueError as e:
+                reply(call, f"Error: {e}")
+                continue
+            result = await run_cell(s, turn, Cell(id=call.id, code=args["code"], timeout=args.get("timeout")))
+            reply(call, result.render())
+            stop_if_done(turn)
+    finally:  # every tool call gets an answer, or the next request is invalid
+        for call in calls:
+            if call.id not in answered:
+                reply(call, "Not run: the turn ended before this call.")
+
+
+async def run_text_cells(s: Session, turn: Turn, codes: list[str]) -> None:
+    outputs: list[str] = []
+    try:
+        for i, code in enumerate(codes, 1):
+            result = await run_cell(s, turn, Cell(id=f"{turn.id}-{turn.steps}-{i}", code=code))
+            outputs.append(f"[cell {i} output]\n{result.render()}")
+            stop_if_done(turn)
+    finally:
+        if outputs:
+            s.append(Message(role="user", content="\n\n".join(outputs)), turn)
+
+
+def stop_if_done(turn: Turn) -> None:
+    if turn.final is not None:
+        raise Submitted(turn.final)
+    if turn.interrupted:
+        raise Interrupted()
+
+
+async def run_cell(s: Session, turn: Turn, cell: Cell) -> CellResult:
+    b = s.config.budget
+    if b.max_cells is not None and turn.cells >= b.max_cells:
+        raise BudgetExhausted(f"the turn ran its {b.max_cells} cells (budget.max_cells)")
+    remaining = remaining_seconds(s, turn)
+    if remaining is not None:
+        if remaining == 0:
+            raise BudgetExhausted(f"the turn used its {b.max_seconds:g} seconds (budget.max_seconds)")
+        cell.timeout = min(cell.timeout or s.config.kernel.cell_timeout, remaining)
+    turn.cells += 1
+    s.emit("cell.started", turn.id, cell_id=cell.id, code=cell.code)
+    result = await s.kernel.execute(
+        cell, on_output=lambda stream, text: s.emit("cell.output", turn.id, cell_id=cell.id, stream=stream, text=text)
+    )
+    s.record(CellRecord(turn_id=turn.id, cell=cell, result=result))
+    s.emit("cell.finished", turn.id, cell_id=cell.id, result=result.model_dump(exclude={"attachments"}),
+           attachments=[a.mime for a in result.attachments])
+    return result
+
+
+# --- compaction -------------------------------------------------------------------------------
+
+SUMMARY_PROMPT = (
+    "You compact an agent's conversation. Summarise the transcript below for the agent itself: the user's "
+    "goals and instructions, what was done (files read and changed, commands run, results), decisions made, "
+    "open problems and next steps. Keep file paths, names and numbers exact. Be concise; no preamble."
+)
+
+
+def context_estimate(s: Session) -> int:
+    """Tokens in the context: the server's last count plus ~4 characters a token for what came after."""
+    since = s.messages[s.context_mark :] if s.context_tokens else s.messages
+    return s.context_tokens + sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in since) // 4
+
+
+def needs_compaction(s: Session) -> bool:
+    c = s.config.compaction
+    return c.enabled and context_estimate(s) > c.threshold * s.config.model.context_window
+
+
+async def compact(s: Session, turn: Turn) -> None:
+    keep = s.config.compaction.keep_recent_turns
+    starts = s.turn_starts
+    keep_from = starts[max(0, len(starts) - 1 - keep)]
+    older = s.messages[1:keep_from]
+    if not older:
+        return  # only recent turns in the context: nothing to fold
+    budget = s.config.model.context_window * 2  # characters: about half the window in tokens
+    transcript = _transcript(older, budget)
+    completion = await s.model.complete(
+        [Message(role="system", content=SUMMARY_PROMPT), Message(role="user", content=transcript)], tools=False
+    )
+    account(s, turn, completion)
+    summary = completion.message.content.strip()
+    head = Message(
+        role="user",
+        content=f"[Earlier turns were compacted into this summary; the kernel and its variables are unchanged.]\n\n{summary}",
+    )
+    s.messages = [s.messages[0], head, *s.messages[keep_from:]]
+    shift = keep_from - 2
+    s.turn_starts = [i - shift for i in starts if i >= keep_from]
+    s.context_tokens, s.context_mark = 0, 0
+    s.record(CompactionRecord(turn_id=turn.id, summary=summary, messages=s.messages, usage=completion.usage))
+    s.emit("compaction", turn.id, folded_messages=len(older), summary=summary)
+
+
+def _transcript(messages: list[Message], budget: int) -> str:
+    per = max(500, budget // max(1, len(messages)))
+    lines = []
+    for m in messages:
+        text = m.content + "".join(f"\n[code]\n{c.arguments}" for c in m.tool_calls)
+        if len(text) > per:
+            text = text[: per // 2] + f"\n[... {len(text) - per:,} characters cut ...]\n" + text[-per // 2 :]
+        lines.append(f"[{m.role}] {text}")
+    return "\n\n".join(lines)

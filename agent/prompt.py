@@ -1,0 +1,33 @@
+"""System prompt assembly: the immutable base prompt, then the project's own instructions.
+
+The base prompt ships in the package (agent/prompts/base.md) and is rendered with strict
+substitution: a missing variable is an error, never an empty hole.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+from agent.config import Config, project_root
+
+
+def _template(name: str) -> str:
+    return resources.files("agent").joinpath("prompts", name).read_text(encoding="utf-8")
+
+
+def base_prompt(cwd: Path, action_format: str) -> str:
+    return Template(_template("base.md")).substitute(
+        cwd=str(cwd), action_format=_template(f"{action_format}.md").strip()
+    )
+
+
+def system_prompt(config: Config, cwd: Path) -> str:
+    parts = [base_prompt(cwd, config.model.action_format).strip()]
+    root = project_root(cwd)
+    for name in config.project_instructions:
+        path = root / name
+        if path.is_file():
+            parts.append(f"# Project instructions ({name})\n\n{path.read_text(errors='replace').strip()}")
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,39 @@
+"""The model-facing API inside the kernel.
+
+`bootstrap()` runs in every new (or restarted) kernel and binds into the user namespace:
+the file helpers (`read`, `write`, `edit`, `grep`, `glob`), `final(answer)`, `note(text)`
+and `host`, the bridge to the session that owns this kernel. Standard library only, so a
+kernel starts light.
+"""
+
+from __future__ import annotations
+
+import os
+
+from agent.runtime.bridge import Host, HostError
+from agent.runtime.files import edit, glob, grep, read, write
+
+ENV_PATH = "PRIME_AGENT_BRIDGE"
+ENV_TOKEN = "PRIME_AGENT_BRIDGE_TOKEN"
+
+
+def bootstrap(namespace: dict) -> None:
+    host = Host(os.environ[ENV_PATH], os.environ[ENV_TOKEN])
+    # ipykernel asks subprocesses for colour (FORCE_COLOR, CLICOLOR_FORCE); escape codes are
+    # noise to a model reading the output, so ask for plain text instead.
+    for var in ("FORCE_COLOR", "CLICOLOR_FORCE", "CLICOLOR"):
+        os.environ.pop(var, None)
+    os.environ.update(NO_COLOR="1", TERM="dumb", PAGER="cat", GIT_PAGER="cat")
+
+    def final(answer) -> None:
+        """End the turn with `answer` (converted to text) as the final answer."""
+        host.call("final", answer=answer if isinstance(answer, str) else repr(answer))
+
+    def note(text) -> None:
+        """Show `text` to the user now, as a note event, without ending the turn."""
+        host.call("note", text=str(text))
+
+    namespace.update(
+        host=host, HostError=HostError, final=final, note=note,
+        read=read, write=write, edit=edit, grep=grep, glob=glob,
+    )

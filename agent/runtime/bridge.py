@@ -1,0 +1,77 @@
+"""Kernel side of the host bridge: JSON-lines RPC over a Unix socket to the session host.
+
+Each request is one line `{"id", "token", "method", "params"}`; each reply one line
+`{"id", "result"}` or `{"id", "error"}`. A cell can call the host from sync code
+(`host.call`) or from async code (`await host.acall`), while the cell is still running:
+that is what the kernel's own comm channel cannot do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import threading
+from typing import Any
+
+
+class HostError(RuntimeError):
+    """The host refused or failed a call; the message says why."""
+
+
+class Host:
+    def __init__(self, path: str, token: str):
+        self._path = path
+        self._token = token
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._reader = None
+
+    def call(self, method: str, **params: Any) -> Any:
+        """Call the host and block until it answers."""
+        with self._lock:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self._sock.connect(self._path)
+                self._reader = self._sock.makefile("rb")
+            try:
+                self._sock.sendall(self._request(method, params))
+                line = self._reader.readline()
+            except OSError:
+                self._close()
+                raise
+            if not line:
+                self._close()
+                raise HostError("the session host closed the bridge")
+            return _result(line)
+
+    async def acall(self, method: str, **params: Any) -> Any:
+        """Call the host from async code without blocking the kernel's event loop."""
+        reader, writer = await asyncio.open_unix_connection(self._path, limit=2**26)
+        try:
+            writer.write(self._request(method, params))
+            await writer.drain()
+            line = await reader.readline()
+        finally:
+            writer.close()
+        if not line:
+            raise HostError("the session host closed the bridge")
+        return _result(line)
+
+    def _request(self, method: str, params: dict[str, Any]) -> bytes:
+        msg = {"id": next(self._ids), "token": self._token, "method": method, "params": params}
+        return json.dumps(msg).encode() + b"\n"
+
+    def _close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._reader = None
+
+
+def _result(line: bytes) -> Any:
+    reply = json.loads(line)
+    if "error" in reply:
+        raise HostError(reply["error"])
+    return reply.get("result")

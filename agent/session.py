@@ -1,0 +1,229 @@
+"""One agent session: its kernel, host bridge, model context, trajectory and events.
+
+The session owns resources and keeps the record; what a turn does is in agent/loop.py.
+
+    async with Session(config, model, cwd=Path(".")) as session:
+        result = await session.prompt("fix the failing test")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent import loop
+from agent.bridge import BridgeServer
+from agent.config import Config, home
+from agent.kernel import Kernel, KernelState
+from agent.model import Model
+from agent.prompt import system_prompt
+from agent.runtime import ENV_PATH, ENV_TOKEN
+from agent.trajectory import MessageRecord, SessionRecord, TrajectoryWriter, TurnFinished, TurnStarted, _Record
+from agent.types import Event, EventType, Message, Outcome, Usage
+
+Listener = Callable[[Event], None]
+
+
+def new_session_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+@dataclass
+class Turn:
+    id: str
+    prompt: str
+    started: float = field(default_factory=time.monotonic)
+    steps: int = 0
+    cells: int = 0
+    usage: Usage = field(default_factory=Usage)
+    final: str | None = None
+    """Set by `final(answer)` from the kernel."""
+    interrupted: bool = False
+
+
+@dataclass
+class TurnResult:
+    turn_id: str
+    outcome: Outcome
+    answer: str | None
+    error: str | None
+    usage: Usage
+    duration: float
+    steps: int
+    cells: int
+
+
+class Session:
+    def __init__(
+        self,
+        config: Config,
+        model: Model,
+        *,
+        cwd: Path,
+        session_dir: Path | None = None,
+        session_id: str | None = None,
+        on_event: Listener | None = None,
+    ):
+        self.id = session_id or new_session_id()
+        self.dir = session_dir or home() / "sessions" / self.id
+        self.cwd = cwd.resolve()
+        self.config = config
+        self.model = model
+        self.listeners: list[Listener] = [on_event] if on_event else []
+        self.messages: list[Message] = []
+        """The model's context, as it will be sent."""
+        self.turn_starts: list[int] = []
+        """Index in `messages` where each turn's prompt stands."""
+        self.usage = Usage()
+        self.turn: Turn | None = None
+        self.last_result: TurnResult | None = None
+        self.context_tokens = 0
+        """Prompt plus completion tokens of the last model call (the server's count)."""
+        self.context_mark = 0
+        """len(messages) when `context_tokens` was measured."""
+        self.steering: list[str] = []
+        self.bridge = BridgeServer(self.dir, {"final": self._final, "note": self._note, "ping": self._ping})
+        self.kernel = Kernel(self.cwd, self.dir, config.kernel, env={})
+        self._seq = 0
+        self._trajectory: TrajectoryWriter | None = None
+        self._task: asyncio.Task | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._trajectory = TrajectoryWriter(self.dir / "trajectory.jsonl")
+        await self.bridge.start()
+        self.kernel.env = {
+            **os.environ,
+            ENV_PATH: str(self.bridge.path),
+            ENV_TOKEN: self.bridge.token,
+            "PRIME_AGENT_SESSION": self.id,
+        }
+        self.record(
+            SessionRecord(
+                session_id=self.id,
+                cwd=str(self.cwd),
+                model=self.model.name,
+                action_format=self.model.action_format,
+                config=self.config.model_dump(mode="json", exclude={"model": {"api_key"}}),
+            )
+        )
+        self.append(Message(role="system", content=system_prompt(self.config, self.cwd)), None)
+        await self.kernel.start()
+        self.emit("session.started", None, dir=str(self.dir), cwd=str(self.cwd), model=self.model.name)
+
+    async def close(self) -> None:
+        await self.kernel.shutdown()
+        await self.bridge.close()
+        if self._trajectory is not None:
+            self._trajectory.close()
+
+    async def __aenter__(self) -> Session:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- what a client does ----------------------------------------------------------------
+
+    async def prompt(self, text: str) -> TurnResult:
+        """Run one turn to its end; never raises for model, kernel or budget failures."""
+        if self.turn is not None:
+            raise RuntimeError("a turn is already running in this session; steer it or wait")
+        self._task = asyncio.current_task()
+        try:
+            return await loop.run_turn(self, text)
+        finally:
+            self._task = None
+
+    def steer(self, text: str) -> None:
+        """Queue a message for the running turn; it reaches the model at its next call."""
+        self.steering.append(text)
+
+    async def interrupt(self) -> None:
+        """Stop the running turn: interrupt the running cell (kernel state kept), or the model call."""
+        turn = self.turn
+        if turn is None:
+            return
+        turn.interrupted = True
+        if self.kernel.state is KernelState.BUSY:
+            await self.kernel.interrupt()
+        elif self._task is not None:
+            self._task.cancel()
+
+    # --- record keeping (used by the loop) ---------------------------------------------------
+
+    def emit(self, type: EventType, turn_id: str | None, **data: object) -> None:
+        self._seq += 1
+        event = Event(seq=self._seq, type=type, session_id=self.id, turn_id=turn_id, data=data)
+        for listener in self.listeners:
+            listener(event)
+
+    def record(self, record: _Record) -> None:
+        assert self._trajectory is not None, "session not started"
+        self._trajectory.append(record)
+
+    def append(self, message: Message, turn: Turn | None) -> None:
+        self.messages.append(message)
+        self.record(MessageRecord(turn_id=turn.id if turn else None, message=message))
+
+    def begin_turn(self, prompt: str) -> Turn:
+        turn = Turn(id=f"t{len(self.turn_starts) + 1}", prompt=prompt)
+        self.turn = turn
+        self.record(TurnStarted(turn_id=turn.id, prompt=prompt))
+        self.emit("turn.started", turn.id, prompt=prompt)
+        text = prompt
+        last = self.last_result
+        if last is not None and last.outcome != "completed":
+            text = f"[Your previous turn ended early ({last.outcome}): {last.error}]\n\n{prompt}"
+        self.turn_starts.append(len(self.messages))
+        self.append(Message(role="user", content=text), turn)
+        return turn
+
+    def end_turn(self, turn: Turn, outcome: Outcome, answer: str | None, error: str | None) -> TurnResult:
+        result = TurnResult(
+            turn_id=turn.id,
+            outcome=outcome,
+            answer=answer,
+            error=error,
+            usage=turn.usage,
+            duration=time.monotonic() - turn.started,
+            steps=turn.steps,
+            cells=turn.cells,
+        )
+        self.record(
+            TurnFinished(
+                turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
+                duration=result.duration, steps=turn.steps, cells=turn.cells,
+            )
+        )
+        assert self._trajectory is not None
+        self._trajectory.sync()
+        self.turn = None
+        self.last_result = result
+        self.emit(
+            "turn.finished", turn.id, outcome=outcome, answer=answer, error=error,
+            usage=turn.usage.model_dump(), duration=result.duration, steps=turn.steps, cells=turn.cells,
+        )
+        return result
+
+    # --- host bridge handlers (called from code in the kernel) -------------------------------
+
+    async def _final(self, answer: str) -> None:
+        if self.turn is None:
+            raise RuntimeError("final() ends a turn, and no turn is running")
+        self.turn.final = answer
+
+    async def _ping(self) -> str:
+        """A no-op round trip: a health check for the bridge, and what bench/kernel.py times."""
+        return "pong"
+
+    async def _note(self, text: str) -> None:
+        self.emit("note", self.turn.id if self.turn else None, text=text)

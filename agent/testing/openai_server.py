@@ -1,0 +1,219 @@
+"""A small OpenAI-compatible chat-completions server for tests and benchmarks.
+
+It answers from a script (a list of `Reply`, or a function of the request), so the real `openai`
+client runs end to end: streaming and not, tool calls, logprobs and token ids, and injected
+faults (HTTP errors, a server that never answers, a stream that drops, a body that is not JSON).
+
+    with OpenAIServer([Reply(code=["print(1)"]), Reply(content="done")]) as server:
+        ... OPENAI_BASE_URL=server.base_url ...
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Reply:
+    content: str = ""
+    """Assistant text (the answer, or text-mode cells in ```python fences)."""
+    code: list[str] = field(default_factory=list)
+    """One `ipython` tool call per entry, with {"code": entry}."""
+    raw_arguments: list[str] = field(default_factory=list)
+    """Tool calls with these argument strings as-is (for malformed JSON)."""
+    status: int = 200
+    """An HTTP error status to answer with instead (429, 500, ...)."""
+    hang: bool = False
+    """Never answer (until the server stops)."""
+    drop: bool = False
+    """Streaming: send part of the reply, then cut the connection."""
+    garbage: bool = False
+    """Answer 200 with a body that is not JSON."""
+    prompt_tokens: int | None = None
+    """Usage to report; by default about a quarter of the request's characters."""
+
+
+Script = list[Reply] | Callable[[dict[str, Any]], Reply]
+
+
+class OpenAIServer:
+    def __init__(self, script: Script, host: str = "127.0.0.1"):
+        self._script = script
+        self._lock = threading.Lock()
+        self.requests: list[dict[str, Any]] = []
+        self.stopping = threading.Event()
+        self._httpd = ThreadingHTTPServer((host, 0), _Handler)
+        self._httpd.daemon_threads = True
+        self._httpd.owner = self  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> OpenAIServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> OpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def next_reply(self, request: dict[str, Any]) -> Reply:
+        with self._lock:
+            self.requests.append(request)
+            if callable(self._script):
+                return self._script(request)
+            if not self._script:
+                return Reply(status=500, content="script exhausted: the test gave this server no more replies")
+            return self._script.pop(0)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # else every small reply stalls ~40 ms on delayed ACKs
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if not self.path.endswith("/chat/completions"):
+            return self._json(404, {"error": {"message": f"no route {self.path}"}})
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return self._json(400, {"error": {"message": "request body is not JSON"}})
+        server: OpenAIServer = self.server.owner  # type: ignore[attr-defined]
+        reply = server.next_reply(request)
+        if reply.hang:
+            server.stopping.wait(120)
+            self.close_connection = True
+            return
+        if reply.status != 200:
+            return self._json(reply.status, {"error": {"message": reply.content or f"injected {reply.status}"}})
+        if reply.garbage:
+            return self._raw(200, b"<html>502 bad gateway</html>", "application/json")
+        if request.get("stream"):
+            return self._stream(request, reply)
+        return self._json(200, _completion(request, reply))
+
+    def _json(self, status: int, obj: Any) -> None:
+        self._raw(status, json.dumps(obj).encode(), "application/json")
+
+    def _raw(self, status: int, data: bytes, ctype: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self, request: dict[str, Any], reply: Reply) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        full = _completion(request, reply)
+        choice = full["choices"][0]
+        msg = choice["message"]
+        base = {"id": full["id"], "object": "chat.completion.chunk", "created": full["created"], "model": full["model"]}
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, extra: dict[str, Any] | None = None) -> None:
+            c = {"index": 0, "delta": delta, "finish_reason": finish, **(extra or {})}
+            self._chunk(b"data: " + json.dumps({**base, "choices": [c]}).encode() + b"\n\n")
+
+        pieces = _pieces(msg["content"] or "")
+        lp = choice.get("logprobs")
+        ids = choice.get("token_ids")
+        for i, piece in enumerate(pieces):
+            extra: dict[str, Any] = {}
+            if lp and not msg.get("tool_calls"):
+                extra["logprobs"] = {"content": [lp["content"][i]]}
+            if ids is not None and not msg.get("tool_calls"):
+                extra["token_ids"] = [ids[i]]
+            chunk({"role": "assistant", "content": piece} if i == 0 else {"content": piece}, extra=extra)
+            if reply.drop and i >= len(pieces) // 2:
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(2)  # mid-stream, no terminating chunk: a dropped stream
+                return
+        for i, tc in enumerate(msg.get("tool_calls") or []):
+            args = tc["function"]["arguments"]
+            half = len(args) // 2
+            first = {"index": i, "id": tc["id"], "type": "function", "function": {"name": "ipython", "arguments": args[:half]}}
+            chunk({"tool_calls": [first]})
+            chunk({"tool_calls": [{"index": i, "function": {"arguments": args[half:]}}]})
+        extra = {}
+        if msg.get("tool_calls") and lp:
+            extra["logprobs"] = lp
+            if ids is not None:
+                extra["token_ids"] = ids
+        chunk({}, choice["finish_reason"], extra)
+        if (request.get("stream_options") or {}).get("include_usage"):
+            self._chunk(b"data: " + json.dumps({**base, "choices": [], "usage": full["usage"]}).encode() + b"\n\n")
+        self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+
+def _pieces(text: str) -> list[str]:
+    """Split text into word-ish tokens (each keeps its leading space)."""
+    out: list[str] = []
+    for i, word in enumerate(text.split(" ")):
+        out.append(word if i == 0 else " " + word)
+    return [p for p in out if p] or ([text] if text else [])
+
+
+def _token_id(piece: str) -> int:
+    return zlib.crc32(piece.encode()) % 50_000
+
+
+def _completion(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+    calls = [json.dumps({"code": c}) for c in reply.code] + list(reply.raw_arguments)
+    tool_calls = [
+        {"id": f"call_{i}_{int(time.time() * 1e6) % 10**9}", "type": "function", "function": {"name": "ipython", "arguments": a}}
+        for i, a in enumerate(calls)
+    ]
+    sampled = "".join(calls) if calls else reply.content
+    pieces = _pieces(sampled)
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": reply.content or None, "tool_calls": tool_calls or None},
+        "finish_reason": "tool_calls" if tool_calls else "stop",
+    }
+    if request.get("logprobs"):
+        choice["logprobs"] = {
+            "content": [{"token": p, "logprob": -0.05 - (_token_id(p) % 7) / 10, "bytes": None, "top_logprobs": []} for p in pieces]
+        }
+    if (request.get("return_token_ids")):
+        choice["token_ids"] = [_token_id(p) for p in pieces]
+    prompt_chars = sum(len(str(m.get("content") or "")) for m in request.get("messages", []))
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.get("model", "fake"),
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": reply.prompt_tokens if reply.prompt_tokens is not None else prompt_chars // 4 + 1,
+            "completion_tokens": len(pieces),
+            "total_tokens": prompt_chars // 4 + 1 + len(pieces),
+        },
+    }

@@ -1,0 +1,165 @@
+"""Trajectories: the append-only JSONL record of a session.
+
+One typed record per line, discriminated by `kind`. Every record is flushed as it is written;
+the file is fsynced at turn boundaries. A torn last line (a crash mid-write) is tolerated on read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+from agent.types import Cell, CellResult, Message, Outcome, Usage
+
+SCHEMA = 1
+
+
+class _Record(BaseModel):
+    ts: float = Field(default_factory=time.time)
+
+
+class SessionRecord(_Record):
+    kind: Literal["session"] = "session"
+    schema_version: int = SCHEMA
+    session_id: str
+    cwd: str
+    model: str
+    action_format: str
+    harness_version: str | None = None
+    """Commit of the harness in force (None until the harness store is wired in)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class TurnStarted(_Record):
+    kind: Literal["turn_started"] = "turn_started"
+    turn_id: str
+    prompt: str
+
+
+class MessageRecord(_Record):
+    """A message appended to the model's context (system, user, assistant or tool)."""
+
+    kind: Literal["message"] = "message"
+    turn_id: str | None = None
+    message: Message
+
+
+class ModelCall(_Record):
+    kind: Literal["model_call"] = "model_call"
+    turn_id: str
+    context_messages: int
+    """How many context messages the request carried (the reply is the next message record)."""
+    usage: Usage
+    duration: float
+    attempts: int
+    finish_reason: str | None = None
+    model: str
+
+
+class CellRecord(_Record):
+    kind: Literal["cell"] = "cell"
+    turn_id: str
+    cell: Cell
+    result: CellResult
+
+
+class CompactionRecord(_Record):
+    """Older turns were summarised; `messages` is the whole context from here on."""
+
+    kind: Literal["compaction"] = "compaction"
+    turn_id: str
+    summary: str
+    messages: list[Message]
+    usage: Usage
+
+
+class TurnFinished(_Record):
+    kind: Literal["turn_finished"] = "turn_finished"
+    turn_id: str
+    outcome: Outcome
+    answer: str | None = None
+    error: str | None = None
+    usage: Usage
+    duration: float
+    steps: int
+    cells: int
+
+
+Record = Annotated[
+    SessionRecord | TurnStarted | MessageRecord | ModelCall | CellRecord | CompactionRecord | TurnFinished,
+    Field(discriminator="kind"),
+]
+_adapter: TypeAdapter[Record] = TypeAdapter(Record)
+
+
+class TrajectoryWriter:
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = open(path, "a", encoding="utf-8")
+
+    def append(self, record: _Record) -> None:
+        self._file.write(record.model_dump_json(exclude_none=True) + "\n")
+        self._file.flush()
+
+    def sync(self) -> None:
+        """Make everything written so far durable (turn boundaries)."""
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self.sync()
+            self._file.close()
+
+
+class TrajectoryError(ValueError):
+    pass
+
+
+def read_records(path: Path) -> list[Record]:
+    """All records of a trajectory; a torn final line is dropped, corruption elsewhere is an error."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    out: list[Record] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(_adapter.validate_json(line))
+        except ValueError as e:
+            if n == len(lines):  # last line, no newline after it: a write cut short
+                break
+            raise TrajectoryError(f"{path}:{n}: not a trajectory record: {str(e)[:200]}") from None
+    return out
+
+
+def contexts(records: list[Record]) -> Iterator[list[Message]]:
+    """The model's context as whole conversations: one per stretch between compactions."""
+    current: list[Message] = []
+    for r in records:
+        if isinstance(r, CompactionRecord):
+            if current:
+                yield current
+            current = list(r.messages)
+        elif isinstance(r, MessageRecord):
+            current.append(r.message)
+    if current:
+        yield current
+
+
+def export_openai_chat(records: list[Record]) -> Iterator[dict[str, Any]]:
+    """OpenAI chat-format examples (`{"messages", "tools"}`), one per conversation, for SFT."""
+    from agent.model import IPYTHON_TOOL, to_wire
+
+    session = next((r for r in records if isinstance(r, SessionRecord)), None)
+    tools = [IPYTHON_TOOL] if session is None or session.action_format == "tools" else None
+    for messages in contexts(records):
+        if not any(m.role == "assistant" for m in messages):
+            continue
+        example: dict[str, Any] = {"messages": [to_wire(m) for m in messages]}
+        if tools:
+            example["tools"] = tools
+        yield example

@@ -1,0 +1,165 @@
+"""Core values of one agent session: messages, cells, results, usage, events.
+
+Typed inside; they become JSON only on disk (trajectory) and on the wire (events),
+through pydantic's own serialisation.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["system", "user", "assistant", "tool"]
+Outcome = Literal["completed", "interrupted", "budget_exhausted", "timed_out", "error"]
+
+
+class ToolCall(BaseModel):
+    """One tool call as the model wrote it; `arguments` is the raw JSON text, parsed by the loop."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class Message(BaseModel):
+    role: Role
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    """For role=tool: the call this message answers."""
+    token_ids: list[int] | None = None
+    """For assistant messages: the sampled token ids, when the server returned them."""
+    logprobs: list[float] | None = None
+    """For assistant messages: the log-probability of each sampled token, when requested."""
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            cost=self.cost + other.cost,
+        )
+
+
+class Completion(BaseModel):
+    """What one model call returned."""
+
+    message: Message
+    usage: Usage = Field(default_factory=Usage)
+    finish_reason: str | None = None
+    model: str = ""
+    attempts: int = 1
+    duration: float = 0.0
+
+
+class Cell(BaseModel):
+    id: str
+    code: str
+    timeout: float | None = None
+    """Seconds; None uses the kernel's configured cell timeout."""
+
+
+class Attachment(BaseModel):
+    """Rich display output of a cell (an image, HTML, ...) kept out of the model's text."""
+
+    mime: str
+    data: str
+    """Base64 for binary types, text otherwise."""
+
+
+KernelEvent = Literal["timed_out", "interrupted", "died", "restarted"]
+
+
+class CellResult(BaseModel):
+    stdout: str = ""
+    stderr: str = ""
+    result: str | None = None
+    """The text/plain value of the cell's last expression, if any."""
+    error_name: str | None = None
+    error_value: str | None = None
+    traceback: str | None = None
+    attachments: list[Attachment] = Field(default_factory=list)
+    truncated: dict[str, int] = Field(default_factory=dict)
+    """Per stream, how many characters were cut from the middle."""
+    kernel_events: list[KernelEvent] = Field(default_factory=list)
+    kernel_message: str | None = None
+    """What the runtime did to the kernel during this cell (timeout, death, restart), for the model."""
+    duration: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_name is None and not self.kernel_events
+
+    def render(self) -> str:
+        """The text the model sees for this cell."""
+        parts: list[str] = []
+        if self.stdout:
+            parts.append(self.stdout.rstrip("\n"))
+        if self.stderr:
+            parts.append("[stderr]\n" + self.stderr.rstrip("\n"))
+        if self.result is not None:
+            parts.append(self.result if not parts else "[result]\n" + self.result)
+        if self.traceback:
+            parts.append(self.traceback.rstrip("\n"))
+        elif self.error_name:
+            parts.append(f"{self.error_name}: {self.error_value}")
+        for a in self.attachments:
+            parts.append(f"[display: {a.mime}, {len(a.data)} bytes, shown to the user]")
+        if self.kernel_message:
+            parts.append("[kernel] " + self.kernel_message)
+        return "\n".join(parts) if parts else "(no output)"
+
+
+class Budget(BaseModel):
+    """Limits on one turn; None means unlimited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_steps: int | None = 200
+    """Model calls in one turn."""
+    max_cells: int | None = 500
+    """Code cells executed in one turn."""
+    max_tokens: int | None = None
+    """Prompt plus completion tokens spent in one turn."""
+    max_seconds: float | None = None
+    """Wall-clock seconds for one turn."""
+
+
+EventType = Literal[
+    "session.started",
+    "turn.started",
+    "model.started",
+    "model.delta",
+    "model.completed",
+    "model.retry",
+    "cell.started",
+    "cell.output",
+    "cell.finished",
+    "note",
+    "steer.delivered",
+    "compaction",
+    "turn.finished",
+    "error",
+]
+
+
+class Event(BaseModel):
+    """What clients see; `seq` increases by one per event within a session."""
+
+    seq: int
+    type: EventType
+    session_id: str
+    turn_id: str | None = None
+    ts: float = Field(default_factory=time.time)
+    data: dict[str, Any] = Field(default_factory=dict)

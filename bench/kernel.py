@@ -1,0 +1,183 @@
+"""Kernel runtime and whole-system benchmark: prints a table and writes bench/results/kernel.json.
+
+    .venv/bin/python bench/kernel.py [--cells 60] [--repeats 3]
+
+Measures: kernel start to ready (with bootstrap); a trivial cell's round trip through the
+runtime (p50/p99); a host-bridge call from inside a cell (p50/p99); a cell printing 1 MB;
+`prime-agent run` against a local OpenAI-compatible server: the cost of one more cell
+((N+1-cell run - 1-cell run) / N), the wall time of a 1-cell run, and the session's memory
+(PSS summed over the CLI process and its kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agent.config import Config  # noqa: E402
+from agent.session import Session  # noqa: E402
+from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
+from agent.testing.scripted import ScriptedModel  # noqa: E402
+from agent.types import Cell  # noqa: E402
+
+PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def runtime_figures(n_cells: int, n_starts: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["PRIME_AGENT_HOME"] = tmp
+        starts = []
+        for _ in range(n_starts):
+            s = Session(Config(), ScriptedModel([]), cwd=Path(tmp))
+            t = time.perf_counter()
+            await s.start()
+            starts.append(time.perf_counter() - t)
+            await s.close()
+        out["kernel_start_s"] = statistics.median(starts)
+
+        async with Session(Config(), ScriptedModel([]), cwd=Path(tmp)) as s:
+            k = s.kernel
+            times = []
+            for i in range(n_cells + 50):
+                t = time.perf_counter()
+                await k.execute(Cell(id="c", code="1+1"))
+                times.append(time.perf_counter() - t)
+            times = times[50:]  # warm-up
+            out["cell_p50_ms"], out["cell_p99_ms"] = pct(times, 0.5) * 1e3, pct(times, 0.99) * 1e3
+
+            code = (
+                "import time as _t\n_ts = []\nfor _ in range(2000):\n    _a = _t.perf_counter(); host.call('ping')"
+                "\n    _ts.append(_t.perf_counter() - _a)\n_ts = sorted(_ts[200:])\nprint(_ts[len(_ts)//2], _ts[int(len(_ts)*.99)])"
+            )
+            r = await k.execute(Cell(id="c", code=code))
+            p50, p99 = map(float, r.stdout.split())
+            out["host_call_p50_ms"], out["host_call_p99_ms"] = p50 * 1e3, p99 * 1e3
+
+            mb = []
+            for _ in range(5):
+                t = time.perf_counter()
+                await k.execute(Cell(id="c", code="print('x' * 1_000_000)"))
+                mb.append(time.perf_counter() - t)
+            out["output_1mb_ms"] = statistics.median(mb) * 1e3
+    return out
+
+
+def cells_then_answer(n: int):
+    def script(request: dict) -> Reply:
+        calls = sum(1 for m in request["messages"] if m["role"] == "assistant")
+        return Reply(code=["1"]) if calls < n else Reply(content="done")
+
+    return script
+
+
+def pss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def descendants(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids = [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for k in kids:
+            out += [k, *descendants(k)]
+    return out
+
+
+def run_cli(n_cells: int, workdir: Path, code: str = "1", measure_memory_after: float | None = None) -> tuple[float, float]:
+    """Wall seconds of `prime-agent run` with n cells, and PSS in MB if asked (sampled mid-run)."""
+    script = cells_then_answer(n_cells)
+    if code != "1":
+        script = lambda request: Reply(code=[code]) if len(request["messages"]) < 3 else Reply(content="done")  # noqa: E731
+    with OpenAIServer(script) as server:
+        env = dict(os.environ, OPENAI_BASE_URL=server.base_url, PRIME_AGENT_MODEL="bench",
+                   PRIME_AGENT_HOME=str(workdir / "home"))
+        t = time.perf_counter()
+        p = subprocess.Popen([PRIME_AGENT, "run", "--max-turns", "1000", "bench"], cwd=workdir, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        mem = 0.0
+        if measure_memory_after is not None:
+            time.sleep(measure_memory_after)
+            mem = sum(pss_kb(pid) for pid in [p.pid, *descendants(p.pid)]) / 1024
+        rc = p.wait(timeout=300)
+        wall = time.perf_counter() - t
+    if rc != 0:
+        raise SystemExit(f"prime-agent run failed with exit code {rc}")
+    return wall, mem
+
+
+def system_figures(n_cells: int, repeats: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        one = [run_cli(1, work)[0] for _ in range(repeats)]
+        many = [run_cli(n_cells + 1, work)[0] for _ in range(repeats)]
+        _, mem = run_cli(1, work, code="import time; time.sleep(3)", measure_memory_after=2.0)
+    return {
+        "run_1_cell_s": statistics.median(one),
+        f"run_{n_cells + 1}_cells_s": statistics.median(many),
+        "per_cell_ms": (statistics.median(many) - statistics.median(one)) / n_cells * 1e3,
+        "session_pss_mb": mem,
+    }
+
+
+TARGETS = {
+    "kernel_start_s": ("kernel start to ready (s)", None),
+    "cell_p50_ms": ("runtime cell round trip p50 (ms)", 5.0),
+    "cell_p99_ms": ("runtime cell round trip p99 (ms)", None),
+    "host_call_p50_ms": ("host-bridge call p50 from a cell (ms)", 0.5),
+    "host_call_p99_ms": ("host-bridge call p99 from a cell (ms)", None),
+    "output_1mb_ms": ("cell printing 1 MB (ms)", None),
+    "per_cell_ms": ("whole system: one more cell (ms)", 9.0),
+    "run_1_cell_s": ("prime-agent run, 1 cell, wall (s)", 2.0),
+    "session_pss_mb": ("session memory, PSS (MB)", 150.0),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", type=int, default=60, help="extra cells in the long run")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each `prime-agent run` size")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "kernel.json"))
+    args = ap.parse_args()
+
+    figures = asyncio.run(runtime_figures(n_cells=500, n_starts=5))
+    figures.update(system_figures(args.cells, args.repeats))
+
+    print(f"{'measure':<42} {'value':>10} {'target':>8}")
+    for key, value in figures.items():
+        label, target = TARGETS.get(key, (key, None))
+        mark = "" if target is None else ("ok" if value <= target else "MISS")
+        print(f"{label:<42} {value:>10.3f} {('<= %g' % target) if target else '':>8} {mark}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"figures": figures, "cells": args.cells, "repeats": args.repeats,
+                                          "nproc": os.cpu_count()}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up .venv with prime-agent installed (editable); `setup.sh test` adds the test tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || python3 -m venv .venv
+extra=""
+[ "${1:-}" = "test" ] && extra="[test]"
+if ! .venv/bin/pip install --quiet --disable-pip-version-check -e ".${extra}" > .venv/pip.log 2>&1; then
+    cat .venv/pip.log >&2
+    exit 1
+fi
+# PYTHONDONTWRITEBYTECODE may be set: compile our own packages once so starts stay fast.
+.venv/bin/python -m compileall -q agent tui harness_store daemon rl

@@ -1,0 +1,119 @@
+"""The kernel runtime against real ipykernel processes: output, faults, limits, recovery."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.bridge import BridgeServer
+from agent.config import KernelConfig
+from agent.kernel import CappedText, Kernel, KernelState
+from agent.runtime import ENV_PATH, ENV_TOKEN
+from agent.types import Cell
+
+
+@pytest.fixture
+async def kernel(project: Path, tmp_path: Path):
+    async def final(answer: str) -> None:
+        return None
+
+    bridge = BridgeServer(tmp_path / "run", {"final": final})
+    await bridge.start()
+    env = {**os.environ, ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
+    k = Kernel(project, tmp_path / "run", KernelConfig(cell_timeout=30, interrupt_grace=1.0, output_limit=4096), env)
+    await k.start()
+    yield k
+    await k.shutdown()
+    await bridge.close()
+
+
+async def run(k: Kernel, code: str, timeout: float | None = None):
+    return await k.execute(Cell(id="c", code=code, timeout=timeout))
+
+
+async def test_streams_result_and_error(kernel: Kernel):
+    r = await run(kernel, "import sys\nprint('out'); print('err', file=sys.stderr)\n6*7")
+    assert (r.stdout, r.stderr, r.result) == ("out\n", "err\n", "42")
+    assert r.ok and r.duration > 0
+    r = await run(kernel, "1/0")
+    assert r.error_name == "ZeroDivisionError"
+    assert "division by zero" in r.traceback and "\x1b[" not in r.traceback
+    assert "ZeroDivisionError: division by zero" in r.render()
+
+
+async def test_namespace_persists_and_cwd_is_the_project(kernel: Kernel, project: Path):
+    await run(kernel, "x = 41")
+    assert (await run(kernel, "x + 1")).result == "42"
+    assert (await run(kernel, "import os; os.getcwd()")).result == repr(str(project))
+    helpers = await run(kernel, "[callable(f) for f in (read, write, edit, grep, glob, final, note)]")
+    assert helpers.result == "[True, True, True, True, True, True, True]"
+
+
+async def test_huge_output_keeps_head_and_tail(kernel: Kernel):
+    r = await run(kernel, "print('HEAD' + 'x' * 10_000_000 + 'TAIL')")
+    assert r.stdout.startswith("HEAD") and r.stdout.rstrip().endswith("TAIL")
+    assert len(r.stdout) < 4096 + 200
+    assert r.truncated["stdout"] > 9_900_000
+    assert "characters cut from the middle" in r.stdout
+    assert (await run(kernel, "'alive'")).result == "'alive'"
+
+
+async def test_timeout_interrupts_and_keeps_state(kernel: Kernel):
+    await run(kernel, "kept = 'yes'")
+    r = await run(kernel, "while True: pass", timeout=2)
+    assert r.kernel_events == ["timed_out"]
+    assert r.error_name == "KeyboardInterrupt"
+    assert "2s timeout" in r.kernel_message and "intact" in r.kernel_message
+    assert (await run(kernel, "kept")).result == "'yes'"
+
+
+async def test_cell_that_ignores_interrupts_gets_a_restart(kernel: Kernel):
+    await run(kernel, "lost = 1")
+    code = "import time\nwhile True:\n    try:\n        time.sleep(5)\n    except KeyboardInterrupt:\n        pass"
+    r = await run(kernel, code, timeout=1)
+    assert r.kernel_events == ["timed_out", "restarted"]
+    assert "restarted" in r.kernel_message and "lost" in r.kernel_message
+    assert (await run(kernel, "lost")).error_name == "NameError"
+    assert (await run(kernel, "callable(final)")).result == "True"  # bootstrapped again
+
+
+@pytest.mark.parametrize("code", ["import os; os._exit(1)", "import ctypes; ctypes.string_at(0)"])
+async def test_kernel_death_is_detected_and_restarted(kernel: Kernel, code: str):
+    r = await run(kernel, code)
+    assert r.kernel_events == ["died", "restarted"]
+    assert "kernel died" in r.kernel_message
+    assert kernel.state is KernelState.IDLE
+    assert (await run(kernel, "1 + 1")).result == "2"
+
+
+async def test_bash_magic_runs_in_the_project(kernel: Kernel, project: Path):
+    r = await run(kernel, "%%bash\necho hello; pwd; echo oops >&2")
+    assert r.stdout == f"hello\n{project}\n"
+    assert r.stderr == "oops\n"
+
+
+async def test_images_become_attachments(kernel: Kernel):
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    r = await run(kernel, f"import base64\nfrom IPython.display import Image, display\ndisplay(Image(base64.b64decode('{png}')))")
+    assert [a.mime for a in r.attachments] == ["image/png"]
+    assert "[display: image/png" in r.render()
+
+
+async def test_live_output_callback(kernel: Kernel):
+    seen: list[tuple[str, str]] = []
+    await kernel.execute(Cell(id="c", code="print('a'); import sys; print('b', file=sys.stderr)"),
+                         on_output=lambda name, text: seen.append((name, text)))
+    assert ("stdout", "a\n") in seen and ("stderr", "b\n") in seen
+
+
+def test_capped_text_counts_what_it_cuts():
+    c = CappedText(10)
+    for chunk in ["abc", "defgh", "ijklmnop", "qrst"]:
+        c.add(chunk)
+    assert c.total == 20 and c.cut == 10
+    assert c.text().startswith("abcde\n[... 10 of 20 characters cut") and c.text().endswith("\npqrst")
+    small = CappedText(10)
+    small.add("0123456789")
+    assert small.text() == "0123456789" and small.cut == 0

@@ -1,0 +1,121 @@
+"""OpenAIModel through the real `openai` client against the fake OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.config import ModelConfig
+from agent.model import ModelError, ModelTimeout, OpenAIModel, fenced_cells, parse_tool_arguments
+from agent.testing.openai_server import OpenAIServer, Reply
+from agent.types import Message, ToolCall
+
+USER = [Message(role="system", content="sys"), Message(role="user", content="hi")]
+
+
+def model_for(server: OpenAIServer, **fields) -> OpenAIModel:
+    cfg = {"name": "fake", "base_url": server.base_url, "retry_base_delay": 0.01, "timeout": 5, **fields}
+    return OpenAIModel(ModelConfig(**cfg))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_tool_calls_text_and_usage(stream: bool):
+    with OpenAIServer([Reply(content="Looking.", code=["print(1)", "x = 2"])]) as server:
+        deltas: list[str] = []
+        c = await model_for(server, stream=stream).complete(USER, on_delta=deltas.append)
+    m = c.message
+    assert m.content == "Looking."
+    assert [json.loads(t.arguments)["code"] for t in m.tool_calls] == ["print(1)", "x = 2"]
+    assert all(t.name == "ipython" and t.id for t in m.tool_calls)
+    assert c.finish_reason == "tool_calls" and c.attempts == 1
+    assert c.usage.prompt_tokens > 0 and c.usage.completion_tokens > 0
+    assert "".join(deltas) == ("Looking." if stream else "")
+    request = server.requests[0]
+    assert [t["function"]["name"] for t in request["tools"]] == ["ipython"]
+    assert request["tools"][0]["function"]["parameters"]["required"] == ["code"]
+    assert request["messages"] == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+
+
+async def test_text_mode_sends_no_tools_and_cells_are_fenced():
+    reply = "I will check.\n```python\nprint(1)\n```\nand\n```py\nx = 2\n```"
+    with OpenAIServer([Reply(content=reply)]) as server:
+        c = await model_for(server, action_format="text").complete(USER)
+    assert "tools" not in server.requests[0]
+    assert fenced_cells(c.message.content) == ["print(1)\n", "x = 2\n"]
+    assert fenced_cells("no code here\n```bash\nls\n```") == []
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_logprobs_and_token_ids_are_kept_when_recording(stream: bool):
+    script = [Reply(content="the answer is four")]
+    with OpenAIServer(script) as server:
+        model = model_for(server, stream=stream, record_logprobs=True, extra_body={"return_token_ids": True})
+        c = await model.complete(USER)
+    assert server.requests[0]["logprobs"] is True
+    assert len(c.message.logprobs) == len(c.message.token_ids) == 4
+    assert all(lp < 0 for lp in c.message.logprobs)
+
+
+async def test_without_recording_no_logprobs_are_requested():
+    with OpenAIServer([Reply(content="ok")]) as server:
+        c = await model_for(server).complete(USER)
+    assert "logprobs" not in server.requests[0] and c.message.logprobs is None
+
+
+@pytest.mark.parametrize("fault", [Reply(status=500), Reply(status=429), Reply(drop=True, content="a b c d e f"), Reply(garbage=True)])
+async def test_transient_faults_are_retried(fault: Reply):
+    with OpenAIServer([fault, fault, Reply(content="fine")]) as server:
+        retries: list[tuple[int, float, str]] = []
+        c = await model_for(server).complete(USER, on_retry=lambda *a: retries.append(a))
+    assert c.message.content == "fine"
+    assert c.attempts == 3 and [r[0] for r in retries] == [1, 2]
+    assert len(server.requests) == 3
+
+
+async def test_a_server_that_never_answers_times_out():
+    with OpenAIServer([Reply(hang=True), Reply(hang=True)]) as server:
+        with pytest.raises(ModelTimeout, match=r"failed after 2 attempts: no answer within 0.5s"):
+            await model_for(server, timeout=0.5, max_retries=1).complete(USER)
+
+
+async def test_client_errors_are_not_retried():
+    with OpenAIServer([Reply(status=401, content="bad key")]) as server:
+        with pytest.raises(ModelError, match="HTTP 401") as info:
+            await model_for(server).complete(USER)
+    assert not isinstance(info.value, ModelTimeout)
+    assert len(server.requests) == 1
+
+
+async def test_retries_give_up_with_the_last_reason():
+    with OpenAIServer([Reply(status=503)] * 3) as server:
+        with pytest.raises(ModelError, match=r"failed after 3 attempts: HTTP 503"):
+            await model_for(server, max_retries=2).complete(USER)
+
+
+async def test_streamed_and_plain_history_round_trips():
+    history = [
+        *USER,
+        Message(role="assistant", content="", tool_calls=[ToolCall(id="c1", name="ipython", arguments='{"code": "1"}')]),
+        Message(role="tool", tool_call_id="c1", content="1"),
+    ]
+    with OpenAIServer([Reply(content="done")]) as server:
+        await model_for(server).complete(history)
+    sent = server.requests[0]["messages"]
+    assert sent[2] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "ipython", "arguments": '{"code": "1"}'}}]}
+    assert sent[3] == {"role": "tool", "tool_call_id": "c1", "content": "1"}
+
+
+def test_tool_arguments_are_checked_with_messages_for_the_model():
+    call = lambda args, name="ipython": ToolCall(id="c", name=name, arguments=args)  # noqa: E731
+    assert parse_tool_arguments(call('{"code": "1", "timeout": 5}')) == {"code": "1", "timeout": 5}
+    for bad, message in [
+        ('{"code": "1"', "not valid JSON"),
+        ('{"cmd": "ls"}', 'needs a string argument "code"'),
+        ('{"code": "1", "timeout": -1}', "positive number"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_tool_arguments(call(bad))
+    with pytest.raises(ValueError, match="unknown tool 'bash'"):
+        parse_tool_arguments(call('{"code": "1"}', name="bash"))

@@ -1,0 +1,128 @@
+"""`prime-agent run` as a user runs it: a real process, a real kernel, the real openai client
+against the fake OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.testing.openai_server import OpenAIServer, Reply
+from agent.trajectory import CellRecord, TurnFinished, read_records
+
+pytestmark = pytest.mark.slow
+PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
+
+
+def prime_agent(*args: str, cwd: Path, server: OpenAIServer | None = None, **popen) -> subprocess.Popen:
+    env = dict(os.environ)
+    if server is not None:
+        env.update(OPENAI_BASE_URL=server.base_url, PRIME_AGENT_MODEL="fake-model")
+    return subprocess.Popen([PRIME_AGENT, *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+
+
+def run(*args: str, cwd: Path, server: OpenAIServer | None = None, timeout: float = 90) -> subprocess.CompletedProcess:
+    p = prime_agent(*args, cwd=cwd, server=server)
+    out, err = p.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def session_dir(home: Path) -> Path:
+    (only,) = list((home / "sessions").iterdir())
+    return only
+
+
+def test_fixes_a_failing_test_in_a_small_repository(project: Path, prime_home: Path):
+    (project / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (project / "test_calc.py").write_text("from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+    script = [
+        Reply(content="Let me read the code.", code=["print(read('calc.py'))"]),
+        Reply(code=["edit('calc.py', 'return a - b', 'return a + b')"]),
+        Reply(code=[f"%%bash\n{sys.executable} -m pytest -q -p no:cacheprovider test_calc.py 2>&1 | tail -1"]),
+        Reply(content="Fixed `add` in calc.py (it subtracted); the test passes."),
+    ]
+    with OpenAIServer(script) as server:
+        r = run("run", "fix the failing test", cwd=project, server=server)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "Fixed `add` in calc.py (it subtracted); the test passes.\n"
+    assert (project / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    records = read_records(session_dir(prime_home) / "trajectory.jsonl")
+    cells = [r for r in records if isinstance(r, CellRecord)]
+    assert [c.cell.code.splitlines()[0] for c in cells] == ["print(read('calc.py'))", "edit('calc.py', 'return a - b', 'return a + b')", "%%bash"]
+    assert "1 passed" in cells[2].result.stdout
+    assert isinstance(records[-1], TurnFinished) and records[-1].outcome == "completed"
+    # what the model saw after the pytest cell
+    assert "1 passed" in server.requests[3]["messages"][-1]["content"]
+
+    export = run("trajectory", "export", "last", cwd=project)
+    (example,) = [json.loads(line) for line in export.stdout.splitlines()]
+    assert [m["role"] for m in example["messages"]][:3] == ["system", "user", "assistant"]
+
+
+def test_json_mode_prints_one_event_per_line(project: Path):
+    with OpenAIServer([Reply(code=["print('hi')"]), Reply(content="bye")]) as server:
+        r = run("run", "--json", "say hi", cwd=project, server=server)
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    types = [e["type"] for e in events]
+    assert types[0] == "session.started" and types[-1] == "turn.finished"
+    assert {"cell.started", "cell.output", "cell.finished", "model.delta"} <= set(types)
+    assert events[-1]["data"]["answer"] == "bye"
+
+
+def test_without_a_model_it_says_how_to_configure_one(project: Path):
+    r = run("run", "hello", cwd=project)
+    assert r.returncode == 2
+    for hint in ["no model configured", "OPENAI_BASE_URL", "PRIME_AGENT_MODEL", "vLLM", "Ollama", "llama.cpp", "OpenRouter"]:
+        assert hint in r.stderr
+
+
+def test_a_bad_config_file_is_named(project: Path):
+    (project / ".prime-agent").mkdir()
+    (project / ".prime-agent" / "config.toml").write_text("[budget]\nmax_steps = 'lots'\n")
+    with OpenAIServer([]) as server:
+        r = run("run", "hello", cwd=project, server=server)
+    assert r.returncode == 2
+    assert "config.toml: field budget.max_steps" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "flags", "code", "message"),
+    [
+        ([Reply(status=500)] * 3, ["-c", "model.max_retries=2", "-c", "model.retry_base_delay=0.01"], 3, "HTTP 500"),
+        ([Reply(code=["1"])] * 3, ["--max-turns", "2"], 4, "budget.max_steps"),
+        ([Reply(hang=True)] * 2, ["-c", "model.timeout=0.5", "-c", "model.max_retries=1"], 5, "no answer within 0.5s"),
+    ],
+    ids=["model-error", "budget", "timeout"],
+)
+def test_distinct_exit_codes(project: Path, script, flags, code, message):
+    with OpenAIServer(script) as server:
+        r = run("run", *flags, "task", cwd=project, server=server)
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr and r.stdout == ""
+
+
+def test_ctrl_c_interrupts_the_running_cell_then_the_turn(project: Path, prime_home: Path):
+    with OpenAIServer([Reply(code=["import time; print('sleeping', flush=True); time.sleep(60)"])]) as server:
+        p = prime_agent("run", "--json", "wait", cwd=project, server=server)
+        for line in p.stdout:
+            if json.loads(line)["type"] == "cell.output":
+                break
+        started = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert time.monotonic() - started < 10
+    finished = json.loads(out.splitlines()[-1])
+    assert finished["type"] == "turn.finished" and finished["data"]["outcome"] == "interrupted"
+    records = read_records(session_dir(prime_home) / "trajectory.jsonl")
+    cell = next(r for r in records if isinstance(r, CellRecord))
+    assert cell.result.error_name == "KeyboardInterrupt" and cell.result.kernel_events == ["interrupted"]

@@ -1,0 +1,43 @@
+"""The `prime-agent` command line. Each command lives in tui/commands/ and is imported only when run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="prime-agent", description="A coding agent whose one tool is a persistent IPython kernel.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = sub.add_parser("run", help="run one task headless in the current directory and print the answer")
+    run.add_argument("task", help="the task; '-' reads it from standard input")
+    run.add_argument("--cwd", help="project directory (default: the current directory)")
+    run.add_argument("--model", help="model name (PRIME_AGENT_MODEL)")
+    run.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
+    run.add_argument("--max-turns", type=int, metavar="N", help="model calls allowed in the turn (budget.max_steps)")
+    run.add_argument("--session-dir", help="where to keep the session (default: $PRIME_AGENT_HOME/sessions/<id>)")
+    run.add_argument("--json", action="store_true", help="print one JSON event per line instead of text")
+    run.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config field, e.g. -c model.temperature=0.2 (repeatable)")
+
+    traj = sub.add_parser("trajectory", help="work with session trajectories")
+    traj_sub = traj.add_subparsers(dest="action", metavar="ACTION", required=True)
+    export = traj_sub.add_parser("export", help="export a session's conversations for fine-tuning")
+    export.add_argument("session", help="session id, session directory, trajectory file, or 'last'")
+    export.add_argument("--format", choices=["openai-chat"], default="openai-chat")
+    export.add_argument("-o", "--output", help="file to write (default: standard output)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        from tui.commands.run import main as command
+    else:
+        from tui.commands.trajectory import main as command
+    return command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""`prime-agent run TASK`: one headless session; prints the final answer.
+
+Exit codes: 0 completed, 2 bad configuration or usage, 3 model error, 4 budget exhausted,
+5 model timed out, 130 interrupted. Ctrl-C interrupts the running cell (the kernel keeps its
+state) and ends the turn; a second Ctrl-C stops at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from agent.config import Config, ConfigError, load_config, merge, parse_override
+from agent.types import Event
+
+EXIT_CODES = {"completed": 0, "error": 3, "budget_exhausted": 4, "timed_out": 5, "interrupted": 130}
+EXIT_CONFIG = 2
+
+NO_MODEL = """\
+prime-agent: no model configured.
+Point it at any OpenAI-compatible server:
+  OpenAI      export OPENAI_API_KEY=sk-... PRIME_AGENT_MODEL=gpt-4.1
+  vLLM        export OPENAI_BASE_URL=http://localhost:8000/v1 PRIME_AGENT_MODEL=<served model name>
+  Ollama      export OPENAI_BASE_URL=http://localhost:11434/v1 PRIME_AGENT_MODEL=qwen2.5-coder
+  llama.cpp   export OPENAI_BASE_URL=http://localhost:8080/v1 PRIME_AGENT_MODEL=local
+  OpenRouter  export OPENAI_BASE_URL=https://openrouter.ai/api/v1 OPENAI_API_KEY=... PRIME_AGENT_MODEL=<vendor/model>
+or pass --model and --base-url, or set [model] in $PRIME_AGENT_HOME/config.toml (default ~/.prime-agent).
+For a model without tool calling, add: -c model.action_format='"text"'"""
+
+
+def main(args: argparse.Namespace) -> int:
+    cwd = Path(args.cwd or ".").resolve()
+    task = sys.stdin.read() if args.task == "-" else args.task
+    try:
+        config = _config(args, cwd)
+    except ConfigError as e:
+        print(f"prime-agent: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    if not config.model.name or not (config.model.base_url or config.model.api_key):
+        print(NO_MODEL, file=sys.stderr)
+        return EXIT_CONFIG
+    if not cwd.is_dir():
+        print(f"prime-agent: --cwd {cwd} is not a directory", file=sys.stderr)
+        return EXIT_CONFIG
+    show = _print_json if args.json else _Printer().show
+    session_dir = Path(args.session_dir) if args.session_dir else None
+    return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=not args.json))
+
+
+def _config(args: argparse.Namespace, cwd: Path) -> Config:
+    overrides: dict = {}
+    for text in args.config:
+        merge(overrides, parse_override(text))
+    flags = {"name": args.model, "base_url": args.base_url}
+    for key, value in flags.items():
+        if value:
+            overrides.setdefault("model", {})[key] = value
+    if args.max_turns is not None:
+        overrides.setdefault("budget", {})["max_steps"] = args.max_turns
+    return load_config(cwd, overrides)
+
+
+async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, show, print_answer: bool) -> int:
+    from agent.model import OpenAIModel
+    from agent.session import Session
+
+    model = OpenAIModel(config.model)
+    session = Session(config, model, cwd=cwd, session_dir=session_dir, on_event=show)
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    presses = 0
+
+    def on_sigint() -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            print("\n[interrupting: Ctrl-C again to stop at once]", file=sys.stderr)
+            loop.create_task(session.interrupt())
+        else:
+            main_task.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        # The kernel boots in its own process while this one imports the model client.
+        await asyncio.gather(session.start(), asyncio.to_thread(model.prepare))
+        result = await session.prompt(task)
+    except asyncio.CancelledError:
+        print("prime-agent: stopped", file=sys.stderr)
+        return EXIT_CODES["interrupted"]
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        await session.close()
+        await model.close()
+    if result.outcome == "completed":
+        if print_answer:
+            print(result.answer)
+    else:
+        print(f"prime-agent: turn {result.outcome}: {result.error}", file=sys.stderr)
+    print(f"[session {session.id}: {session.dir}]", file=sys.stderr)
+    return EXIT_CODES[result.outcome]
+
+
+def _print_json(event: Event) -> None:
+    sys.stdout.write(event.model_dump_json() + "\n")
+    sys.stdout.flush()
+
+
+class _Printer:
+    """Human-readable progress on stderr; the final answer alone goes to stdout."""
+
+    MAX_LINES = 12
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True, highlight=False)
+        self.streaming = False
+
+    def show(self, e: Event) -> None:
+        from rich.syntax import Syntax
+        from rich.text import Text
+
+        c, d = self.console, e.data
+        if e.type == "model.delta":
+            self.streaming = True
+            c.print(Text(d["text"], style="dim"), end="")
+            return
+        if self.streaming:
+            c.print()
+            self.streaming = False
+        if e.type == "cell.started":
+            c.print(Syntax(d["code"], "python", theme="ansi_dark", line_numbers=False, background_color="default"))
+        elif e.type == "cell.finished":
+            r = d["result"]
+            text = "\n".join(x for x in (r["stdout"], r["stderr"], r["result"] or "", r["traceback"] or "") if x).rstrip()
+            lines = text.splitlines()
+            if len(lines) > self.MAX_LINES:
+                lines = lines[: self.MAX_LINES] + [f"... {len(lines) - self.MAX_LINES} more lines"]
+            style = "red" if r["error_name"] or r["kernel_events"] else "cyan"
+            if lines:
+                c.print(Text("\n".join(lines), style=style))
+            if r["kernel_message"]:
+                c.print(Text("kernel: " + r["kernel_message"], style="yellow"))
+            c.print(Text(f"({r['duration']:.2f}s)", style="dim"))
+        elif e.type == "note":
+            c.print(Text("note: " + d["text"], style="bold"))
+        elif e.type == "model.retry":
+            c.print(Text(f"model: {d['reason']}; retry {d['attempt']} in {d['delay']:.1f}s", style="yellow"))
+        elif e.type == "compaction":
+            c.print(Text(f"context compacted ({d['folded_messages']} messages summarised)", style="dim"))
+        elif e.type == "error":
+            c.print(Text(d["message"], style="red"))

@@ -1,0 +1,40 @@
+"""`prime-agent trajectory export SESSION`: a session's conversations as OpenAI-chat JSONL (for SFT)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from agent.config import home
+from agent.trajectory import TrajectoryError, export_openai_chat, read_records
+
+
+def find_trajectory(ref: str) -> Path:
+    """A session id, session directory, trajectory file, or 'last' (the newest session)."""
+    sessions = home() / "sessions"
+    if ref == "last":
+        candidates = sorted(sessions.glob("*/trajectory.jsonl"), key=lambda p: p.stat().st_mtime)
+        if not candidates:
+            raise FileNotFoundError(f"no sessions under {sessions}")
+        return candidates[-1]
+    for path in (Path(ref), Path(ref) / "trajectory.jsonl", sessions / ref / "trajectory.jsonl"):
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"no session {ref!r} (looked for a file, a directory and {sessions / ref})")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        records = read_records(find_trajectory(args.session))
+    except (FileNotFoundError, TrajectoryError) as e:
+        print(f"prime-agent: {e}", file=sys.stderr)
+        return 2
+    lines = [json.dumps(example, ensure_ascii=False) + "\n" for example in export_openai_chat(records)]
+    if args.output:
+        Path(args.output).write_text("".join(lines))
+        print(f"wrote {len(lines)} conversation(s) to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.writelines(lines)
+    return 0
