@@ -1,0 +1,190 @@
+"""Harness entries: Markdown files with YAML front matter, validated with pydantic.
+
+Layout inside a scope's repository:
+
+    prompt/<id>.md          supplemental prompt notes
+    memory/<id>.md          facts, decisions, failures, preferences
+    subagent/<id>.md        reusable delegation specs (instructions in the body)
+    skill/<id>/SKILL.md     Agent-Skills-compatible skills; the folder may hold a Python package
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import datetime, timezone
+from pathlib import PurePosixPath
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Kind = Literal["prompt", "memory", "skill", "subagent"]
+Source = Literal["refine", "agent", "user"]
+KINDS: tuple[Kind, ...] = ("prompt", "memory", "skill", "subagent")
+BASE_PROMPT_ID = "base_prompt"
+ID_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
+MAX_ENTRY_CHARS = 32 * 1024
+"""Cap on one entry's Markdown body; prompt space is precious."""
+MAX_FILE_BYTES = 256 * 1024
+"""Cap on one file of a skill's package."""
+FRONT = re.compile(r"\A---[ \t]*\n(.*?\n)?---[ \t]*\n?(.*)\Z", re.DOTALL)
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class HarnessError(Exception):
+    """Base of every refusal by the store; the message says what and why."""
+
+
+class InvalidEntry(HarnessError):
+    pass
+
+
+class ImmutableEntry(HarnessError):
+    pass
+
+
+def now() -> datetime:
+    """Timestamps keep microseconds: entries sort by creation, and several land in one second."""
+    return datetime.now(timezone.utc)
+
+
+def check_id(entry_id: str) -> str:
+    if entry_id == BASE_PROMPT_ID:
+        raise ImmutableEntry("the base prompt ships with the package and is never edited; "
+                             "add a `prompt` entry with another id instead")
+    if not ID_PATTERN.match(entry_id or ""):
+        raise InvalidEntry(f"invalid id {entry_id!r}: use 1-64 lowercase letters, digits, '-' or '_', "
+                           "starting and ending with a letter or digit")
+    return entry_id
+
+
+def entry_path(kind: Kind, entry_id: str) -> str:
+    """The entry's Markdown file, relative to the scope root."""
+    check_id(entry_id)
+    return f"skill/{entry_id}/SKILL.md" if kind == "skill" else f"{kind}/{entry_id}.md"
+
+
+def locate(path: str) -> tuple[Kind, str] | None:
+    """(kind, id) of the entry that owns `path` (relative, POSIX), or None if no entry does."""
+    parts = PurePosixPath(path).parts
+    if len(parts) >= 2 and parts[0] == "skill":
+        return "skill", parts[1]
+    if len(parts) == 2 and parts[0] in KINDS and parts[1].endswith(".md"):
+        return parts[0], parts[1][:-3]  # type: ignore[return-value]
+    return None
+
+
+def safe_relative(path: str) -> str:
+    """A package file path inside a skill folder; refuses absolute paths and `..`."""
+    p = PurePosixPath(path)
+    if p.is_absolute() or ".." in p.parts or not p.parts or path.startswith("~"):
+        raise InvalidEntry(f"path {path!r} escapes the skill folder")
+    if p.parts[0] == ".git" or (p.name == "SKILL.md" and len(p.parts) == 1):
+        raise InvalidEntry(f"path {path!r} is reserved")
+    return str(p)
+
+
+class Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    kind: Kind
+    title: str = Field(min_length=1, max_length=200)
+    description: str = Field(default="", max_length=1024)
+    """One line: what the entry is for; the prompt view shows it when space is short."""
+    created: datetime
+    updated: datetime
+    source: Source
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Kind-specific fields (a subagent's `model` and `budget`, a skill's `license`, ...)."""
+    body: str = ""
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        try:
+            return check_id(v)
+        except HarnessError as e:
+            raise ValueError(str(e)) from None
+
+    @field_validator("body")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        if len(v) > MAX_ENTRY_CHARS:
+            raise ValueError(f"the body has {len(v):,} characters; the limit is {MAX_ENTRY_CHARS:,}")
+        return v
+
+    @model_validator(mode="after")
+    def _kind_rules(self) -> Entry:
+        if self.kind in ("skill", "subagent") and not self.description.strip():
+            raise ValueError(f"a {self.kind} needs a `description` saying when to use it")
+        return self
+
+    @property
+    def path(self) -> str:
+        return entry_path(self.kind, self.id)
+
+    @property
+    def summary(self) -> str:
+        """One line for the prompt view."""
+        text = self.description or next((ln.strip("# ").strip() for ln in self.body.splitlines() if ln.strip()), "")
+        return text if len(text) <= 160 else text[:157] + "..."
+
+    def render(self) -> str:
+        """The file's text: YAML front matter, then the body."""
+        front: dict[str, Any] = {"id": self.id, "kind": self.kind, "title": self.title}
+        if self.kind == "skill":
+            front["name"] = self.id  # Agent Skills require `name` and `description`
+        if self.description:
+            front["description"] = self.description
+        front.update(created=self.created.isoformat(), updated=self.updated.isoformat(), source=self.source)
+        if self.metadata:
+            front["metadata"] = self.metadata
+        dumped = yaml.dump(front, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1000)
+        body = self.body if self.body.endswith("\n") or not self.body else self.body + "\n"
+        return f"---\n{dumped}---\n{body}"
+
+
+def version(text: str | bytes | None) -> str | None:
+    """The version of a file's content, for optimistic conflict checks (None: the file is absent)."""
+    if text is None:
+        return None
+    data = text.encode() if isinstance(text, str) else text
+    return hashlib.sha1(data).hexdigest()[:16]
+
+
+def parse(text: str, path: str, *, default_source: Source = "user") -> Entry:
+    """An entry from its file text; `path` supplies the kind and id when the front matter omits them."""
+    where = locate(path)
+    if where is None:
+        raise InvalidEntry(f"{path}: not an entry path (expected prompt/ID.md, memory/ID.md, subagent/ID.md or skill/ID/SKILL.md)")
+    kind, entry_id = where
+    m = FRONT.match(text)
+    if not m:
+        raise InvalidEntry(f"{path}: no YAML front matter (the file must start with a '---' line and close it with another)")
+    try:
+        front = yaml.load(m.group(1) or "", Loader=_Loader) or {}
+    except yaml.YAMLError as e:
+        raise InvalidEntry(f"{path}: front matter is not valid YAML: {e}") from None
+    if not isinstance(front, dict):
+        raise InvalidEntry(f"{path}: front matter must be a mapping of fields")
+    front = dict(front)
+    if front.get("id", entry_id) != entry_id or front.get("kind", kind) != kind:
+        raise InvalidEntry(f"{path}: front matter says id={front.get('id')!r} kind={front.get('kind')!r}, "
+                           f"but the path says id={entry_id!r} kind={kind!r}")
+    name = front.pop("name", None)
+    if kind == "skill" and name is not None and name != entry_id:
+        raise InvalidEntry(f"{path}: skill name {name!r} must equal its folder name {entry_id!r}")
+    known = set(Entry.model_fields) - {"body"}
+    extra = {k: front.pop(k) for k in list(front) if k not in known}
+    stamp = now()
+    data = {"id": entry_id, "kind": kind, "title": name or entry_id, "created": stamp, "updated": stamp,
+            "source": default_source, **front, "body": m.group(2)}
+    data["metadata"] = {**extra, **(data.get("metadata") or {})}
+    try:
+        return Entry.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'entry'}: {err['msg']}" for err in e.errors())
+        raise InvalidEntry(f"{path}: {problems}") from None
