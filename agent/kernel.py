@@ -181,26 +181,21 @@ class Kernel:
         deadline = started + timeout if timeout is not None else None
         self._grace_end = None
         msg_id = kc.execute(code, allow_stdin=False)
+        next_check = started + POLL
         while True:
+            # Deadlines and liveness are checked on a clock, not only when the cell is quiet:
+            # a cell that prints forever must still time out, and a dead kernel be noticed.
+            now = time.monotonic()
+            if now >= next_check or (deadline is not None and self._grace_end is None and now >= deadline):
+                next_check = now + POLL
+                if await self._check(res, timeout, deadline, now):
+                    break
+            wait = next_check - now
+            if deadline is not None and self._grace_end is None:
+                wait = min(wait, max(0.0, deadline - now))
             try:
-                msg = await kc.get_iopub_msg(timeout=POLL)
+                msg = await kc.get_iopub_msg(timeout=wait)
             except queue.Empty:
-                now = time.monotonic()
-                if not await self._km.is_alive():
-                    code_ = await self._km.provisioner.poll() if self._km.provisioner else None
-                    res.kernel_events.append("died")
-                    await self._recover(res, f"The kernel died while running this cell (exit code {code_})")
-                    break
-                if self._grace_end is not None and now >= self._grace_end:
-                    why = f"exceeded its {timeout:g}s timeout" if res.kernel_events else "was interrupted by the user"
-                    await self._recover(
-                        res, f"The cell {why} and did not stop within {self.config.interrupt_grace:g}s of an interrupt"
-                    )
-                    break
-                if deadline is not None and self._grace_end is None and now >= deadline:
-                    res.kernel_events.append("timed_out")
-                    self._grace_end = now + self.config.interrupt_grace
-                    await self._km.interrupt_kernel()
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
@@ -237,6 +232,23 @@ class Kernel:
         self._grace_end = None
         res.duration = time.monotonic() - started
         return res
+
+    async def _check(self, res: CellResult, timeout: float | None, deadline: float | None, now: float) -> bool:
+        """Enforce the timeout and the interrupt grace, and notice a dead kernel; True ends the cell."""
+        if not await self._km.is_alive():
+            exit_code = await self._km.provisioner.poll() if self._km.provisioner else None
+            res.kernel_events.append("died")
+            await self._recover(res, f"The kernel died while running this cell (exit code {exit_code})")
+            return True
+        if self._grace_end is not None and now >= self._grace_end:
+            why = f"exceeded its {timeout:g}s timeout" if res.kernel_events else "was interrupted by the user"
+            await self._recover(res, f"The cell {why} and did not stop within {self.config.interrupt_grace:g}s of an interrupt")
+            return True
+        if deadline is not None and self._grace_end is None and now >= deadline:
+            res.kernel_events.append("timed_out")
+            self._grace_end = now + self.config.interrupt_grace
+            await self._km.interrupt_kernel()
+        return False
 
     async def _recover(self, res: CellResult, why: str) -> None:
         await self.restart()

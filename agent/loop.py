@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from agent.kernel import KernelError
-from agent.model import ModelError, ModelTimeout, fenced_cells, parse_tool_arguments
+from agent.model import ContextOverflow, ModelError, ModelTimeout, fenced_cells, parse_tool_arguments
 from agent.trajectory import CellRecord, CompactionRecord, ModelCall
 from agent.types import Cell, CellResult, Completion, Message, ToolCall
 
@@ -74,15 +74,18 @@ async def step(s: Session, turn: Turn) -> None:
         await compact(s, turn)
     completion = await call_model(s, turn)
     message = completion.message
-    if s.model.action_format == "tools":
-        if not message.tool_calls:
-            raise Submitted(message.content)
+    codes = [] if s.model.action_format == "tools" else fenced_cells(message.content)
+    if message.tool_calls:
         await run_tool_calls(s, turn, message.tool_calls)
-    else:
-        codes = fenced_cells(message.content)
-        if not codes:
-            raise Submitted(message.content)
+    elif codes:
         await run_text_cells(s, turn, codes)
+    elif completion.finish_reason == "length":
+        s.append(Message(role="user", content=CUT_OFF), turn)
+    elif not s.steering:  # a message the user sent meanwhile is answered before the turn ends
+        raise Submitted(message.content)
+
+
+CUT_OFF = "[Your reply was cut off at the output length limit. Continue from where it stopped, in shorter pieces.]"
 
 
 # --- budgets and steering -------------------------------------------------------------------
@@ -121,13 +124,12 @@ async def call_model(s: Session, turn: Turn) -> Completion:
         on_delta=lambda text: s.emit("model.delta", turn.id, text=text),
         on_retry=lambda attempt, delay, why: s.emit("model.retry", turn.id, attempt=attempt, delay=delay, reason=why),
     )
-    remaining = remaining_seconds(s, turn)
     try:
-        completion = await (call if remaining is None else asyncio.wait_for(call, remaining))
-    except TimeoutError:
-        raise BudgetExhausted(
-            f"the turn used its {s.config.budget.max_seconds:g} seconds (budget.max_seconds) waiting for the model"
-        ) from None
+        completion = await within_budget(s, turn, call)
+    except ContextOverflow:
+        if not await compact(s, turn):
+            raise
+        completion = await within_budget(s, turn, s.model.complete(s.messages))  # once, on the folded context
     account(s, turn, completion)
     s.record(
         ModelCall(
@@ -142,6 +144,16 @@ async def call_model(s: Session, turn: Turn) -> Completion:
         tool_calls=[c.model_dump() for c in completion.message.tool_calls], usage=completion.usage.model_dump(),
     )
     return completion
+
+
+async def within_budget(s: Session, turn: Turn, call):
+    remaining = remaining_seconds(s, turn)
+    try:
+        return await (call if remaining is None else asyncio.wait_for(call, remaining))
+    except TimeoutError:
+        raise BudgetExhausted(
+            f"the turn used its {s.config.budget.max_seconds:g} seconds (budget.max_seconds) waiting for the model"
+        ) from None
 
 
 def account(s: Session, turn: Turn, completion: Completion) -> None:
@@ -223,10 +235,14 @@ SUMMARY_PROMPT = (
 )
 
 
+def _chars(messages: list[Message]) -> int:
+    return sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages)
+
+
 def context_estimate(s: Session) -> int:
     """Tokens in the context: the server's last count plus ~4 characters a token for what came after."""
     since = s.messages[s.context_mark :] if s.context_tokens else s.messages
-    return s.context_tokens + sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in since) // 4
+    return s.context_tokens + _chars(since) // 4
 
 
 def needs_compaction(s: Session) -> bool:
@@ -234,15 +250,27 @@ def needs_compaction(s: Session) -> bool:
     return c.enabled and context_estimate(s) > c.threshold * s.config.model.context_window
 
 
-async def compact(s: Session, turn: Turn) -> None:
-    keep = s.config.compaction.keep_recent_turns
-    starts = s.turn_starts
-    keep_from = starts[max(0, len(starts) - 1 - keep)]
-    older = s.messages[1:keep_from]
-    if not older:
-        return  # only recent turns in the context: nothing to fold
-    budget = s.config.model.context_window * 2  # characters: about half the window in tokens
-    transcript = _transcript(older, budget)
+async def compact(s: Session, turn: Turn) -> bool:
+    """Fold older context into a summary; False when there is nothing old enough to fold.
+
+    Older turns go first (all but `keep_recent_turns`); a turn that alone fills the window
+    folds its own early steps, keeping its prompt and its most recent steps verbatim.
+    """
+    starts, messages = s.turn_starts, s.messages
+    current = starts[-1]
+    keep_from = starts[max(0, len(starts) - 1 - s.config.compaction.keep_recent_turns)]
+    if keep_from > 1:
+        folded, kept = messages[1:keep_from], messages[keep_from:]
+    else:
+        steps = [i for i in range(current + 1, len(messages)) if messages[i].role == "assistant"]
+        if len(steps) < 2:
+            return False
+        # Keep as many recent steps as fit in half the compaction threshold (at least the last
+        # one), so the folded context lands well below it instead of compacting again next step.
+        room = s.config.compaction.threshold * s.config.model.context_window * 2  # characters
+        cut = next((i for i in steps[1:] if _chars(messages[i:]) <= room), steps[-1])
+        folded, kept = [*messages[1:current], *messages[current + 1 : cut]], [messages[current], *messages[cut:]]
+    transcript = _transcript(folded, s.config.model.context_window * 2)  # ~half the window in tokens
     completion = await s.model.complete(
         [Message(role="system", content=SUMMARY_PROMPT), Message(role="user", content=transcript)], tools=False
     )
@@ -250,14 +278,15 @@ async def compact(s: Session, turn: Turn) -> None:
     summary = completion.message.content.strip()
     head = Message(
         role="user",
-        content=f"[Earlier turns were compacted into this summary; the kernel and its variables are unchanged.]\n\n{summary}",
+        content=f"[Earlier work was compacted into this summary; the kernel and its variables are unchanged.]\n\n{summary}",
     )
-    s.messages = [s.messages[0], head, *s.messages[keep_from:]]
-    shift = keep_from - 2
-    s.turn_starts = [i - shift for i in starts if i >= keep_from]
+    s.messages = [messages[0], head, *kept]
+    first_kept = len(messages) - len(kept)
+    s.turn_starts = [2 + i - first_kept for i in starts if i >= first_kept] or [2]
     s.context_tokens, s.context_mark = 0, 0
     s.record(CompactionRecord(turn_id=turn.id, summary=summary, messages=s.messages, usage=completion.usage))
-    s.emit("compaction", turn.id, folded_messages=len(older), summary=summary)
+    s.emit("compaction", turn.id, folded_messages=len(folded), summary=summary)
+    return True
 
 
 def _transcript(messages: list[Message], budget: int) -> str:

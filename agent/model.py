@@ -52,6 +52,14 @@ class ModelTimeout(ModelError):
     """The server did not answer within the timeout, on every attempt."""
 
 
+class ContextOverflow(ModelError):
+    """The server refused the request because the context is longer than the model's window."""
+
+
+CONTEXT_ERRORS = re.compile(r"context.length|context_length|maximum context|context window|too many tokens|prompt is too long",
+                            re.IGNORECASE)
+
+
 class Model(Protocol):
     name: str
     action_format: Literal["tools", "text"]
@@ -166,7 +174,8 @@ class OpenAIModel:
         if cfg.temperature is not None:
             req["temperature"] = cfg.temperature
         if cfg.max_completion_tokens is not None:
-            req["max_tokens"] = cfg.max_completion_tokens
+            # OpenAI's own API wants the newer name; other servers mostly know only the old one.
+            req["max_completion_tokens" if cfg.base_url is None else "max_tokens"] = cfg.max_completion_tokens
         if cfg.record_logprobs:
             req["logprobs"] = True
         if cfg.stream:
@@ -185,6 +194,8 @@ class OpenAIModel:
         if isinstance(e, oa.APIStatusError):
             if e.status_code == 429 or e.status_code >= 500 or e.status_code == 408:
                 return _Retryable(f"HTTP {e.status_code}: {_brief(e.message)}")
+            if e.status_code in (400, 413) and CONTEXT_ERRORS.search(e.message or ""):
+                return ContextOverflow(f"the context is too long for the model: {_brief(e.message)}")
             return ModelError(f"the server refused the request: HTTP {e.status_code}: {_brief(e.message)}")
         if isinstance(e, (oa.APIResponseValidationError, ValueError, KeyError, TypeError)):
             return _Retryable(f"malformed reply from the server: {_brief(str(e))}")
@@ -298,6 +309,6 @@ def parse_tool_arguments(call: ToolCall) -> dict[str, Any]:
     if not isinstance(args, dict) or not isinstance(args.get("code"), str):
         raise ValueError('the tool call needs a string argument "code", e.g. {"code": "print(1)"}')
     timeout = args.get("timeout")
-    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+    if timeout is not None and (isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and timeout > 0)):
         raise ValueError('"timeout" must be a positive number of seconds')
     return args

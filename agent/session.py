@@ -9,6 +9,7 @@ The session owns resources and keeps the record; what a turn does is in agent/lo
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import time
@@ -27,6 +28,9 @@ from agent.trajectory import MessageRecord, SessionRecord, TrajectoryWriter, Tur
 from agent.types import Event, EventType, Message, Outcome, Usage
 
 Listener = Callable[[Event], None]
+KERNEL_ENV_EXCLUDED = {"OPENAI_API_KEY"}
+"""Secrets of the session host that code the model writes has no business reading."""
+log = logging.getLogger(__name__)
 
 
 def new_session_id() -> str:
@@ -80,6 +84,8 @@ class Session:
         self.turn_starts: list[int] = []
         """Index in `messages` where each turn's prompt stands."""
         self.usage = Usage()
+        self.turns = 0
+        """Turns begun so far (turn ids are t1, t2, ... and never repeat)."""
         self.turn: Turn | None = None
         self.last_result: TurnResult | None = None
         self.context_tokens = 0
@@ -96,11 +102,19 @@ class Session:
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()  # a session that could not start leaves no kernel, socket or file behind
+            raise
+
+    async def _start(self) -> None:
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._trajectory = TrajectoryWriter(self.dir / "trajectory.jsonl")
         await self.bridge.start()
+        env = {k: v for k, v in os.environ.items() if k not in KERNEL_ENV_EXCLUDED}
         self.kernel.env = {
-            **os.environ,
+            **env,
             ENV_PATH: str(self.bridge.path),
             ENV_TOKEN: self.bridge.token,
             "PRIME_AGENT_SESSION": self.id,
@@ -155,8 +169,9 @@ class Session:
         turn.interrupted = True
         if self.kernel.state is KernelState.BUSY:
             await self.kernel.interrupt()
-        elif self._task is not None:
-            self._task.cancel()
+        elif self.kernel.state is KernelState.IDLE and self._task is not None:
+            self._task.cancel()  # waiting on the model: stop now
+        # starting or restarting: the loop stops at its next step, with the kernel whole
 
     # --- record keeping (used by the loop) ---------------------------------------------------
 
@@ -164,7 +179,10 @@ class Session:
         self._seq += 1
         event = Event(seq=self._seq, type=type, session_id=self.id, turn_id=turn_id, data=data)
         for listener in self.listeners:
-            listener(event)
+            try:
+                listener(event)
+            except Exception:  # a client that cannot take events must not break the session
+                log.exception("event listener failed on %s", type)
 
     def record(self, record: _Record) -> None:
         assert self._trajectory is not None, "session not started"
@@ -175,7 +193,8 @@ class Session:
         self.record(MessageRecord(turn_id=turn.id if turn else None, message=message))
 
     def begin_turn(self, prompt: str) -> Turn:
-        turn = Turn(id=f"t{len(self.turn_starts) + 1}", prompt=prompt)
+        self.turns += 1
+        turn = Turn(id=f"t{self.turns}", prompt=prompt)
         self.turn = turn
         self.record(TurnStarted(turn_id=turn.id, prompt=prompt))
         self.emit("turn.started", turn.id, prompt=prompt)

@@ -36,32 +36,34 @@ class Host:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 self._sock.connect(self._path)
                 self._reader = self._sock.makefile("rb")
+            rid = next(self._ids)
             try:
-                self._sock.sendall(self._request(method, params))
+                self._sock.sendall(self._request(rid, method, params))
                 line = self._reader.readline()
-            except OSError:
+            except BaseException:  # an interrupt mid-call leaves a reply in flight: drop the connection
                 self._close()
                 raise
             if not line:
                 self._close()
                 raise HostError("the session host closed the bridge")
-            return _result(line)
+            return _result(line, rid)
 
     async def acall(self, method: str, **params: Any) -> Any:
         """Call the host from async code without blocking the kernel's event loop."""
+        rid = next(self._ids)
         reader, writer = await asyncio.open_unix_connection(self._path, limit=2**26)
         try:
-            writer.write(self._request(method, params))
+            writer.write(self._request(rid, method, params))
             await writer.drain()
             line = await reader.readline()
         finally:
             writer.close()
         if not line:
             raise HostError("the session host closed the bridge")
-        return _result(line)
+        return _result(line, rid)
 
-    def _request(self, method: str, params: dict[str, Any]) -> bytes:
-        msg = {"id": next(self._ids), "token": self._token, "method": method, "params": params}
+    def _request(self, rid: int, method: str, params: dict[str, Any]) -> bytes:
+        msg = {"id": rid, "token": self._token, "method": method, "params": params}
         return json.dumps(msg).encode() + b"\n"
 
     def _close(self) -> None:
@@ -70,8 +72,10 @@ class Host:
         self._sock = self._reader = None
 
 
-def _result(line: bytes) -> Any:
+def _result(line: bytes, rid: int) -> Any:
     reply = json.loads(line)
+    if reply.get("id") != rid:
+        raise HostError(f"the bridge answered request {reply.get('id')} to request {rid}")
     if "error" in reply:
         raise HostError(reply["error"])
     return reply.get("result")

@@ -7,6 +7,7 @@ Relative paths resolve against the kernel's working directory (the session's cwd
 from __future__ import annotations
 
 import difflib
+import glob as _glob
 import os
 import re
 from pathlib import Path
@@ -48,7 +49,10 @@ def edit(path: str | os.PathLike, old: str, new: str) -> str:
     so an ambiguous edit never lands.
     """
     p = Path(path)
-    text = p.read_text()
+    with open(p, encoding="utf-8", errors="surrogateescape", newline="") as f:  # keep CRLF and odd bytes as they are
+        text = f.read()
+    if "\r\n" in text:  # read() gave the model "\n" line ends: match and write the file's own
+        old, new = (s.replace("\r\n", "\n").replace("\n", "\r\n") for s in (old, new))
     count = text.count(old)
     if not old:
         raise ValueError("edit: `old` is empty; use write() to replace a whole file")
@@ -61,7 +65,8 @@ def edit(path: str | os.PathLike, old: str, new: str) -> str:
             f"edit: text occurs {count} times in {path} (lines {', '.join(map(str, lines))}); "
             "include more surrounding text to make it unique"
         )
-    p.write_text(text.replace(old, new, 1))
+    with open(p, "w", encoding="utf-8", errors="surrogateescape", newline="") as f:
+        f.write(text.replace(old, new, 1))
     line = text.count("\n", 0, text.index(old)) + 1
     return f"edited {path} at line {line}"
 
@@ -85,9 +90,10 @@ def grep(pattern: str, path: str | os.PathLike = ".", *, ignore_case: bool = Fal
 
 
 def glob(pattern: str) -> Lines:
-    """Paths matching `pattern` (`**` crosses directories), sorted, skipping VCS and cache dirs."""
-    root = Path(".")
-    return Lines(sorted(str(p) for p in root.glob(pattern) if not SKIP_DIRS.intersection(p.parts)))
+    """Paths matching `pattern` (`**` crosses directories; absolute patterns work), sorted,
+    skipping VCS and cache directories."""
+    found = _glob.glob(pattern, recursive=True)
+    return Lines(sorted(p for p in found if not SKIP_DIRS.intersection(Path(p).parts)))
 
 
 def _walk(path: Path):

@@ -99,6 +99,9 @@ class _Handler(BaseHTTPRequestHandler):
             request = json.loads(body)
         except ValueError:
             return self._json(400, {"error": {"message": "request body is not JSON"}})
+        problem = _invalid_history(request.get("messages") or [])
+        if problem:  # as OpenAI does: a request the real API would refuse fails here too
+            return self._json(400, {"error": {"message": problem, "type": "invalid_request_error"}})
         server: OpenAIServer = self.server.owner  # type: ignore[attr-defined]
         reply = server.next_reply(request)
         if reply.hang:
@@ -171,6 +174,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+
+def _invalid_history(messages: list[dict[str, Any]]) -> str | None:
+    """Every assistant tool call must be answered by tool messages right after it."""
+    for i, m in enumerate(messages):
+        ids = [c["id"] for c in m.get("tool_calls") or []]
+        if m.get("role") != "assistant" or not ids:
+            continue
+        answered = []
+        for later in messages[i + 1 :]:
+            if later.get("role") != "tool":
+                break
+            answered.append(later.get("tool_call_id"))
+        if sorted(answered) != sorted(ids):
+            return f"messages[{i}]: tool calls {ids} must each be followed by a tool message; got {answered}"
+    return None
 
 
 def _pieces(text: str) -> list[str]:

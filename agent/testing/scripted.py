@@ -1,7 +1,8 @@
 """`ScriptedModel`: a deterministic model behind the real `Model` protocol, for tests.
 
 Each call pops the next output: an answer string, a `cells(...)` message, a full `Message`, an
-exception to raise (e.g. `ModelError`), or a function of the messages it was sent.
+exception to raise (e.g. `ModelError`), a whole `Completion` (to set its finish reason or usage),
+or a function of the messages it was sent.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Literal
 from agent.model import DeltaCallback, ModelError, RetryCallback
 from agent.types import Completion, Message, ToolCall, Usage
 
-Output = str | Message | Exception | Callable[[list[Message]], "str | Message"]
+Output = str | Message | Completion | Exception | Callable[[list[Message]], "str | Message | Completion"]
 _ids = itertools.count(1)
 
 
@@ -48,6 +49,8 @@ class ScriptedModel:
             out = out(messages)
         if isinstance(out, Exception):
             raise out
+        if isinstance(out, Completion):
+            return out
         message = out if isinstance(out, Message) else Message(role="assistant", content=out)
         if self.action_format == "text" and message.tool_calls:
             fences = [f"```python\n{json.loads(c.arguments)['code']}\n```" for c in message.tool_calls]

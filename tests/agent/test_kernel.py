@@ -117,3 +117,9 @@ def test_capped_text_counts_what_it_cuts():
     small = CappedText(10)
     small.add("0123456789")
     assert small.text() == "0123456789" and small.cut == 0
+
+
+async def test_a_cell_that_prints_forever_still_times_out(kernel: Kernel):
+    r = await run(kernel, "import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.02)", timeout=1)
+    assert r.kernel_events == ["timed_out"] and r.error_name == "KeyboardInterrupt"
+    assert r.duration < 5 and r.stdout.startswith("tick\n")

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from agent.model import ModelError, ModelTimeout
+import pytest
+
+from agent.kernel import KernelError
+from agent.model import ContextOverflow, ModelError, ModelTimeout
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import CellRecord, CompactionRecord, TurnFinished, read_records
-from agent.types import Event, Message, ToolCall
+from agent.types import Completion, Event, Message, ToolCall
 from tests.conftest import make_config
 
 
@@ -195,3 +198,92 @@ async def test_note_reaches_the_user_and_everything_is_recorded(project: Path):
     assert kinds[0] == "session" and kinds[-1] == "turn_finished"
     assert [r.cell.code for r in records if isinstance(r, CellRecord)] == ["note('halfway'); print(1)"]
     assert isinstance(records[-1], TurnFinished) and records[-1].outcome == "completed"
+
+
+async def test_a_long_single_turn_compacts_its_own_early_steps_and_ids_stay_unique(project: Path):
+    replies = iter([cells("print('z' * 2000)")] * 5 + ["done", "second turn done"])
+
+    def model(messages: list[Message]):
+        return "SUMMARY of earlier steps" if messages[0].content.startswith("You compact") else next(replies)
+
+    events: list[Event] = []
+    sections = {"model": {"context_window": 2400}, "compaction": {"keep_recent_turns": 0, "threshold": 0.5}}
+    async with session(project, [model] * 20, events, **sections) as s:
+        r = await s.prompt("do a long task")
+        assert (r.outcome, r.answer) == ("completed", "done")
+        assert s.messages[1].content.endswith("SUMMARY of earlier steps")
+        assert s.messages[2].content == "do a long task"  # the prompt stays verbatim after the summary
+        assert s.messages[3].role == "assistant"  # a kept step starts with its call; every call has its reply
+        await s.prompt("and another")
+    assert [e.type for e in events].count("compaction") >= 2
+    assert [e.turn_id for e in events if e.type == "turn.started"] == ["t1", "t2"]
+    assert all(len(call) < 12 for call in s.model.calls)  # the context never grew unbounded
+
+
+async def test_a_context_overflow_compacts_and_retries_once(project: Path):
+    script = [cells("1"), cells("2"), cells("3"), ContextOverflow("the context is too long"), "SUMMARY", "fine"]
+    async with session(project, script) as s:
+        r = await s.prompt("go")
+    assert (r.outcome, r.answer) == ("completed", "fine")
+    assert s.model.calls[4][0].content.startswith("You compact")
+
+
+async def test_a_steer_sent_during_the_final_answer_is_answered_in_the_same_turn(project: Path):
+    holder: dict[str, Session] = {}
+
+    def answer(messages):
+        holder["s"].steer("also add a test")
+        return "done with the fix"
+
+    async with session(project, [answer, "added the test too"]) as s:
+        holder["s"] = s
+        r = await s.prompt("fix it")
+    assert r.answer == "added the test too" and r.steps == 2
+
+
+async def test_a_reply_cut_off_at_the_length_limit_is_continued(project: Path):
+    cut = Completion(message=Message(role="assistant", content="Here is my plan: first"), finish_reason="length")
+    async with session(project, [cut, "the whole answer"]) as s:
+        r = await s.prompt("plan")
+    assert r.answer == "the whole answer"
+    assert "cut off at the output length limit" in s.model.calls[1][-1].content
+
+
+async def test_a_broken_event_listener_does_not_break_the_turn(project: Path):
+    def broken(event: Event) -> None:
+        if event.type == "cell.output":
+            raise BrokenPipeError("client went away")
+
+    s = Session(make_config(), ScriptedModel([cells("print('x')"), "ok"]), cwd=project, on_event=broken)
+    async with s:
+        r = await s.prompt("go")
+    assert (r.outcome, r.answer) == ("completed", "ok")
+
+
+async def test_a_session_that_cannot_start_leaves_nothing_running(project: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch):
+    shadow = tmp_path / "shadow" / "agent"  # the kernel imports this `agent` instead: bootstrap fails
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('broken install')\n")
+    monkeypatch.setenv("PYTHONPATH", str(shadow.parent))
+    s = Session(make_config(), ScriptedModel([]), cwd=project)
+    with pytest.raises(KernelError, match="bootstrap failed: ImportError: broken install"):
+        await s.start()
+    assert not s.bridge.path.exists()
+    assert not await s.kernel.is_alive()
+
+
+async def test_an_interrupted_host_call_does_not_desync_the_bridge(project: Path):
+    async def slow() -> str:
+        await asyncio.sleep(3)
+        return "slow-reply"
+
+    script = [
+        Message(role="assistant", tool_calls=[ToolCall(id="a", name="ipython", arguments='{"code": "host.call(\\"slow\\")", "timeout": 1}')]),
+        cells("print(host.call('ping'), await host.acall('ping'))"),
+        "ok",
+    ]
+    async with session(project, script) as s:
+        s.bridge.handlers["slow"] = slow
+        await s.prompt("go")
+    assert last_input(s) == "pong pong"

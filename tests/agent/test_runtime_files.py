@@ -54,3 +54,14 @@ def test_glob_recurses_and_sorts():
         write(name, "")
     assert glob("**/*.py") == ["a/c.py", "b.py"]
     assert repr(glob("*.py")) == "b.py"
+
+
+def test_edit_keeps_crlf_line_ends_and_undecodable_bytes():
+    Path("w.txt").write_bytes(b"a = 1\r\nb = 2\r\n# caf\xe9\r\n")
+    edit("w.txt", "b = 2\n", "b = 3\n")
+    assert Path("w.txt").read_bytes() == b"a = 1\r\nb = 3\r\n# caf\xe9\r\n"
+
+
+def test_glob_takes_absolute_patterns(in_tmp: Path):
+    write("x/y.py", "")
+    assert glob(str(in_tmp / "**/*.py")) == [str(in_tmp / "x/y.py")]

@@ -73,12 +73,16 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
     main_task = asyncio.current_task()
     presses = 0
 
+    pending: set[asyncio.Task] = set()
+
     def on_sigint() -> None:
         nonlocal presses
         presses += 1
-        if presses == 1:
+        if presses == 1 and session.turn is not None:
             print("\n[interrupting: Ctrl-C again to stop at once]", file=sys.stderr)
-            loop.create_task(session.interrupt())
+            task = loop.create_task(session.interrupt())
+            pending.add(task)
+            task.add_done_callback(pending.discard)
         else:
             main_task.cancel()
 
@@ -91,9 +95,12 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
         print("prime-agent: stopped", file=sys.stderr)
         return EXIT_CODES["interrupted"]
     finally:
+        # Keep Ctrl-C handled while the kernel shuts down; a third press changes nothing now.
         loop.remove_signal_handler(signal.SIGINT)
+        loop.add_signal_handler(signal.SIGINT, lambda: None)
         await session.close()
         await model.close()
+        loop.remove_signal_handler(signal.SIGINT)
     if result.outcome == "completed":
         if print_answer:
             print(result.answer)
@@ -111,13 +118,23 @@ def _print_json(event: Event) -> None:
 class _Printer:
     """Human-readable progress on stderr; the final answer alone goes to stdout."""
 
-    MAX_LINES = 12
+    MAX_LINES = 20
 
     def __init__(self) -> None:
         from rich.console import Console
 
         self.console = Console(stderr=True, highlight=False)
         self.streaming = False
+        self.lines = 0
+        """Output lines of the running cell so far (past MAX_LINES they are counted, not shown)."""
+
+    def _output(self, text: str, style: str) -> None:
+        from rich.text import Text
+
+        for line in text.splitlines():
+            self.lines += 1
+            if self.lines <= self.MAX_LINES:
+                self.console.print(Text(line, style=style))
 
     def show(self, e: Event) -> None:
         from rich.syntax import Syntax
@@ -132,16 +149,18 @@ class _Printer:
             c.print()
             self.streaming = False
         if e.type == "cell.started":
+            self.lines = 0
             c.print(Syntax(d["code"], "python", theme="ansi_dark", line_numbers=False, background_color="default"))
+        elif e.type == "cell.output":
+            self._output(d["text"], "red" if d["stream"] == "stderr" else "cyan")
         elif e.type == "cell.finished":
             r = d["result"]
-            text = "\n".join(x for x in (r["stdout"], r["stderr"], r["result"] or "", r["traceback"] or "") if x).rstrip()
-            lines = text.splitlines()
-            if len(lines) > self.MAX_LINES:
-                lines = lines[: self.MAX_LINES] + [f"... {len(lines) - self.MAX_LINES} more lines"]
-            style = "red" if r["error_name"] or r["kernel_events"] else "cyan"
-            if lines:
-                c.print(Text("\n".join(lines), style=style))
+            if r["result"] is not None:
+                self._output(r["result"] + "\n", "cyan")
+            if r["traceback"]:
+                self._output(r["traceback"] + "\n", "red")
+            if self.lines > self.MAX_LINES:
+                c.print(Text(f"... {self.lines - self.MAX_LINES} more lines", style="dim"))
             if r["kernel_message"]:
                 c.print(Text("kernel: " + r["kernel_message"], style="yellow"))
             c.print(Text(f"({r['duration']:.2f}s)", style="dim"))
