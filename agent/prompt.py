@@ -1,4 +1,5 @@
-"""System prompt assembly: the immutable base prompt, then the project's own instructions.
+"""System prompt assembly: the immutable base prompt, the project's own instructions, then the
+harness view (notes, skills, subagents and memories kept from earlier work).
 
 The base prompt ships in the package (agent/prompts/base.md) and is rendered with strict
 substitution: a missing variable is an error, never an empty hole.
@@ -23,11 +24,13 @@ def base_prompt(cwd: Path, action_format: str) -> str:
     )
 
 
-def system_prompt(config: Config, cwd: Path) -> str:
+def system_prompt(config: Config, cwd: Path, harness: str = "") -> str:
     parts = [base_prompt(cwd, config.model.action_format).strip()]
     root = project_root(cwd)
     for name in config.project_instructions:
         path = root / name
         if path.is_file():
             parts.append(f"# Project instructions ({name})\n\n{path.read_text(errors='replace').strip()}")
+    if harness:
+        parts.append(harness.strip())
     return "\n\n".join(parts) + "\n"

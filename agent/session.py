@@ -19,12 +19,17 @@ from pathlib import Path
 
 from agent import loop
 from agent.bridge import BridgeServer
-from agent.config import Config, home
+from agent.config import Config, home, project_root
+from agent.harness import SessionHarness, scope_roots
 from agent.kernel import Kernel, KernelState
 from agent.model import Model
 from agent.prompt import system_prompt
-from agent.runtime import ENV_PATH, ENV_TOKEN
-from agent.trajectory import MessageRecord, SessionRecord, TrajectoryWriter, TurnFinished, TurnStarted, _Record
+from agent.runtime import ENV_PATH, ENV_SKILLS, ENV_TOKEN
+from agent.trajectory import (
+    MessageRecord, SessionRecord, SystemPromptRecord, TrajectoryWriter, TurnFinished, TurnStarted, _Record,
+)
+from harness_store.store import Change, HarnessStore
+from harness_store.watch import HarnessWatcher
 from agent.types import Event, EventType, Message, Outcome, Usage
 
 Listener = Callable[[Event], None]
@@ -93,7 +98,13 @@ class Session:
         self.context_mark = 0
         """len(messages) when `context_tokens` was measured."""
         self.steering: list[str] = []
-        self.bridge = BridgeServer(self.dir, {"final": self._final, "note": self._note, "ping": self._ping})
+        self.harness = SessionHarness(scope_roots(home(), project_root(self.cwd), self.dir), self.id)
+        self.harness_version: str | None = None
+        """The harness in force in the system prompt: each scope's commit."""
+        self.bridge = BridgeServer(
+            self.dir, {"final": self._final, "note": self._note, "ping": self._ping, **self.harness.handlers()}
+        )
+        self._watcher: HarnessWatcher | None = None
         self.kernel = Kernel(self.cwd, self.dir, config.kernel, env={})
         self._seq = 0
         self._trajectory: TrajectoryWriter | None = None
@@ -117,22 +128,30 @@ class Session:
             **env,
             ENV_PATH: str(self.bridge.path),
             ENV_TOKEN: self.bridge.token,
+            ENV_SKILLS: os.pathsep.join(self.harness.skill_dirs()),
             "PRIME_AGENT_SESSION": self.id,
         }
+        self.harness_version = self.harness.view.version()
         self.record(
             SessionRecord(
                 session_id=self.id,
                 cwd=str(self.cwd),
                 model=self.model.name,
                 action_format=self.model.action_format,
+                harness_version=self.harness_version,
                 config=self.config.model_dump(mode="json", exclude={"model": {"api_key"}}),
             )
         )
-        self.append(Message(role="system", content=system_prompt(self.config, self.cwd)), None)
+        self.append(Message(role="system", content=self._system_prompt()), None)
+        self._watch_harness()
         await self.kernel.start()
         self.emit("session.started", None, dir=str(self.dir), cwd=str(self.cwd), model=self.model.name)
 
     async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+        self.harness.close()
         await self.kernel.shutdown()
         await self.bridge.close()
         if self._trajectory is not None:
@@ -198,6 +217,7 @@ class Session:
         self.turn = turn
         self.record(TurnStarted(turn_id=turn.id, prompt=prompt))
         self.emit("turn.started", turn.id, prompt=prompt)
+        self.reload_harness(turn)
         text = prompt
         last = self.last_result
         if last is not None and last.outcome != "completed":
@@ -232,6 +252,38 @@ class Session:
             usage=turn.usage.model_dump(), duration=result.duration, steps=turn.steps, cells=turn.cells,
         )
         return result
+
+    # --- the harness -------------------------------------------------------------------------
+
+    def _system_prompt(self) -> str:
+        return system_prompt(self.config, self.cwd, self.harness.view.render())
+
+    def reload_harness(self, turn: Turn) -> None:
+        """At a turn boundary: if the harness changed, rebuild the system prompt around it."""
+        version = self.harness.view.version()
+        if version == self.harness_version:
+            return
+        content = self._system_prompt()
+        self.harness_version = version
+        if content == self.messages[0].content:
+            return
+        self.messages[0] = Message(role="system", content=content)
+        self.record(SystemPromptRecord(turn_id=turn.id, content=content, harness_version=version))
+        self.emit("harness.reloaded", turn.id, harness_version=version)
+
+    def _watch_harness(self) -> None:
+        """Commit a person's own edits of existing scopes as they happen (see harness_store.watch)."""
+        existing = [s for s in self.harness.stores.values() if (s.root / ".git").is_dir()]
+        if not existing:
+            return
+        loop = asyncio.get_running_loop()
+
+        def on_edit(store: HarnessStore, change: Change | None, problems: list[str]) -> None:
+            data = {"scope": store.scope, "entries": change.entries if change else [], "problems": problems}
+            loop.call_soon_threadsafe(lambda: self.emit("harness.edited", self.turn.id if self.turn else None, **data))
+
+        self._watcher = HarnessWatcher(existing, on_edit)
+        self._watcher.start()
 
     # --- host bridge handlers (called from code in the kernel) -------------------------------
 

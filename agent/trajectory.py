@@ -49,6 +49,15 @@ class MessageRecord(_Record):
     message: Message
 
 
+class SystemPromptRecord(_Record):
+    """The system prompt was rebuilt at a turn boundary (the harness changed); it replaces the first message."""
+
+    kind: Literal["system_prompt"] = "system_prompt"
+    turn_id: str
+    content: str
+    harness_version: str | None = None
+
+
 class ModelCall(_Record):
     kind: Literal["model_call"] = "model_call"
     turn_id: str
@@ -91,7 +100,8 @@ class TurnFinished(_Record):
 
 
 Record = Annotated[
-    SessionRecord | TurnStarted | MessageRecord | ModelCall | CellRecord | CompactionRecord | TurnFinished,
+    SessionRecord | TurnStarted | MessageRecord | SystemPromptRecord | ModelCall | CellRecord | CompactionRecord
+    | TurnFinished,
     Field(discriminator="kind"),
 ]
 _adapter: TypeAdapter[Record] = TypeAdapter(Record)
@@ -146,6 +156,8 @@ def contexts(records: list[Record]) -> Iterator[list[Message]]:
             current = list(r.messages)
         elif isinstance(r, MessageRecord):
             current.append(r.message)
+        elif isinstance(r, SystemPromptRecord) and current:  # later calls saw the rebuilt prompt
+            current[0] = Message(role="system", content=r.content)
     if current:
         yield current
 

@@ -149,6 +149,8 @@ EventType = Literal[
     "note",
     "steer.delivered",
     "compaction",
+    "harness.edited",
+    "harness.reloaded",
     "turn.finished",
     "error",
 ]

@@ -27,13 +27,45 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("session", help="session id, session directory, trajectory file, or 'last'")
     export.add_argument("--format", choices=["openai-chat"], default="openai-chat")
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
+    _add_harness(sub)
     return p
+
+
+def _add_harness(sub: argparse._SubParsersAction) -> None:
+    h = sub.add_parser("harness", help="the versioned harness: notes, memories, skills, subagents")
+    actions = h.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def action(name: str, help: str, default_scope: str | None) -> argparse.ArgumentParser:
+        p = actions.add_parser(name, help=help)
+        p.add_argument("--scope", choices=["user", "project", "session"], default=default_scope,
+                       help=f"which scope (default: {default_scope or 'the merged view'})")
+        p.add_argument("--session", metavar="ID", help="the session whose session scope to use")
+        p.add_argument("--project", metavar="DIR", help="the project (default: the current directory's)")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        return p
+
+    p = action("list", "entries in force, narrowest scope first", None)
+    p.add_argument("--kind", choices=["prompt", "memory", "skill", "subagent"])
+    p = action("show", "one entry in full", None)
+    p.add_argument("id")
+    p = action("log", "changes, newest first", "user")
+    p.add_argument("-n", type=int, default=20, metavar="N", help="how many (default 20)")
+    p = action("diff", "what changed: the last change, or from A to B (refinement ids or commits)", "user")
+    p.add_argument("a", nargs="?")
+    p.add_argument("b", nargs="?")
+    p = action("rollback", "undo one change (a new commit), or restore a whole earlier state with --to", "user")
+    p.add_argument("ref", help="refinement id or commit")
+    p.add_argument("--to", action="store_true", help="restore the whole scope as it was at REF")
+    p = action("import", "import Agent Skills folders (.claude/skills, .agents/skills, or one skill)", "user")
+    p.add_argument("path")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         from tui.commands.run import main as command
+    elif args.command == "harness":
+        from tui.commands.harness import main as command
     else:
         from tui.commands.trajectory import main as command
     return command(args)

@@ -1,8 +1,9 @@
 """The model-facing API inside the kernel.
 
 `bootstrap()` runs in every new (or restarted) kernel and binds into the user namespace:
-the file helpers (`read`, `write`, `edit`, `grep`, `glob`), `final(answer)`, `note(text)`
-and `host`, the bridge to the session that owns this kernel. Standard library only, so a
+the file helpers (`read`, `write`, `edit`, `grep`, `glob`), `final(answer)`, `note(text)`,
+`harness` (the agent's versioned notes, memories, skills and subagents) and `host`, the bridge
+to the session that owns this kernel. Standard library only, so a
 kernel starts light.
 """
 
@@ -12,9 +13,11 @@ import os
 
 from agent.runtime.bridge import Host, HostError
 from agent.runtime.files import edit, glob, grep, read, write
+from agent.runtime.harness import Harness, install_skill_finder
 
 ENV_PATH = "PRIME_AGENT_BRIDGE"
 ENV_TOKEN = "PRIME_AGENT_BRIDGE_TOKEN"
+ENV_SKILLS = "PRIME_AGENT_SKILL_DIRS"
 
 
 def bootstrap(namespace: dict) -> None:
@@ -24,6 +27,7 @@ def bootstrap(namespace: dict) -> None:
     for var in ("FORCE_COLOR", "CLICOLOR_FORCE", "CLICOLOR"):
         os.environ.pop(var, None)
     os.environ.update(NO_COLOR="1", TERM="dumb", PAGER="cat", GIT_PAGER="cat")
+    install_skill_finder([d for d in os.environ.get(ENV_SKILLS, "").split(os.pathsep) if d])
 
     def final(answer) -> None:
         """End the turn with `answer` (converted to text) as the final answer."""
@@ -34,6 +38,6 @@ def bootstrap(namespace: dict) -> None:
         host.call("note", text=str(text))
 
     namespace.update(
-        host=host, HostError=HostError, final=final, note=note,
+        host=host, HostError=HostError, final=final, note=note, harness=Harness(host),
         read=read, write=write, edit=edit, grep=grep, glob=glob,
     )

@@ -1,0 +1,97 @@
+"""The session's side of the harness: its scopes, its prompt view, and the kernel's `harness` API.
+
+Scopes, widest first: user ($PRIME_AGENT_HOME/harness), project (<project>/.prime-agent/harness)
+and session (<session dir>/harness). A scope's repository is created the first time something
+is written to it, so reading never litters a project.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from harness_store.entries import KINDS, Kind
+from harness_store.store import Edit, HarnessStore, Scope
+from harness_store.view import HarnessView
+
+
+def scope_roots(home: Path, project: Path, session_dir: Path | None) -> dict[Scope, Path]:
+    roots: dict[Scope, Path] = {"user": home / "harness", "project": project / ".prime-agent" / "harness"}
+    if session_dir is not None:
+        roots["session"] = session_dir / "harness"
+    return roots
+
+
+class SessionHarness:
+    """The harness as one session sees it, and the handlers behind `harness.*` in its kernel."""
+
+    def __init__(self, roots: dict[Scope, Path], session_id: str | None = None):
+        self.stores: dict[Scope, HarnessStore] = {scope: HarnessStore(root, scope) for scope, root in roots.items()}
+        self.view = HarnessView(list(self.stores.values()))
+        self.session_id = session_id
+
+    def close(self) -> None:
+        for store in self.stores.values():
+            store.close()
+
+    def skill_dirs(self) -> list[str]:
+        """Where skill packages live, narrowest scope first (so it wins an import)."""
+        return [str(s.root / "skill") for s in reversed(list(self.stores.values()))]
+
+    def store(self, scope: str) -> HarnessStore:
+        if scope not in self.stores:
+            raise ValueError(f"unknown scope {scope!r}; one of {', '.join(self.stores)}")
+        return self.stores[scope]  # type: ignore[index]
+
+    def handlers(self) -> dict[str, Any]:
+        """Bridge methods for the kernel's `harness` object (git work runs off the event loop)."""
+
+        def threaded(fn):
+            async def call(**params: Any) -> Any:
+                return await asyncio.to_thread(fn, **params)
+
+            return call
+
+        return {
+            "harness.list": threaded(self.list),
+            "harness.show": threaded(self.show),
+            "harness.create": threaded(self.create),
+            "harness.update": threaded(self.update),
+            "harness.delete": threaded(self.delete),
+        }
+
+    # --- the kernel API ------------------------------------------------------------------------
+
+    def list(self, kind: Kind | None = None) -> list[dict[str, Any]]:
+        if kind is not None and kind not in KINDS:
+            raise ValueError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
+        return [
+            {"id": v.entry.id, "kind": v.entry.kind, "scope": v.scope, "title": v.entry.title, "summary": v.entry.summary}
+            for v in self.view.entries(kind)
+        ]
+
+    def show(self, id: str) -> str:
+        v = self.view.get(id)
+        return f"[{v.entry.kind} {v.entry.id}, {v.scope} scope]\n" + v.entry.render()
+
+    def create(self, kind: Kind, id: str, content: str, title: str | None = None, description: str | None = None,
+               scope: str = "session", metadata: dict | None = None, files: dict[str, str] | None = None) -> str:
+        edit = Edit("create", id, kind=kind, title=title or id, description=description, body=content,
+                    metadata=metadata, files=files)
+        return self._apply(scope, edit, f"agent: add {kind} {id}")
+
+    def update(self, id: str, content: str | None = None, title: str | None = None, description: str | None = None,
+               scope: str | None = None, metadata: dict | None = None, files: dict[str, str] | None = None) -> str:
+        scope = scope or self.view.get(id).scope
+        edit = Edit("update", id, title=title, description=description, body=content, metadata=metadata, files=files)
+        return self._apply(scope, edit, f"agent: update {id}")
+
+    def delete(self, id: str, scope: str | None = None) -> str:
+        scope = scope or self.view.get(id).scope
+        return self._apply(scope, Edit("delete", id), f"agent: delete {id}")
+
+    def _apply(self, scope: str, edit: Edit, summary: str) -> str:
+        change = self.store(scope).apply([edit], summary=summary, trigger="agent", source="agent",
+                                         session=self.session_id)
+        return f"{summary} ({scope} scope, change {change.refinement_id}); in the prompt from the next turn"

@@ -1,0 +1,96 @@
+"""The harness as a session uses it: in the system prompt, from the kernel, reloaded between turns."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from agent.session import Session
+from agent.testing.scripted import ScriptedModel, cells
+from agent.trajectory import SystemPromptRecord, read_records
+from agent.types import Event
+from harness_store.store import Edit, HarnessStore
+from tests.conftest import make_config
+
+
+def system_of(call) -> str:
+    return call[0].content
+
+
+async def test_the_agent_edits_its_harness_and_the_next_turn_sees_it(project: Path):
+    script = [
+        cells("print(harness.create('memory', 'uses-uv', 'This project installs with uv.', title='Installs with uv'))"),
+        "noted",
+        cells("print(harness.list())", "print(harness.show('uses-uv'))"),
+        "listed",
+    ]
+    events: list[Event] = []
+    async with Session(make_config(), ScriptedModel(script), cwd=project, on_event=events.append) as s:
+        await s.prompt("remember how we install")
+        assert "in the prompt from the next turn" in s.model.calls[1][-1].content
+        assert "uv" not in system_of(s.model.calls[1])  # not within the turn that made it
+        await s.prompt("what do you know?")
+    system = system_of(s.model.calls[2])
+    assert "# Harness" in system and "### Installs with uv [uses-uv]\nThis project installs with uv." in system
+    listing, shown = s.model.calls[3][-2].content, s.model.calls[3][-1].content
+    assert "memory   uses-uv" in listing and "[session]" in listing
+    assert shown.startswith("[memory uses-uv, session scope]\n---\nid: uses-uv") and "source: agent" in shown
+    store = HarnessStore(s.dir / "harness", "session")
+    (change,) = [c for c in store.log() if c.entries == ["uses-uv"]]
+    assert (change.trigger, change.trailers["Session"]) == ("agent", s.id)
+    assert [e.type for e in events].count("harness.reloaded") == 1
+    records = read_records(s.dir / "trajectory.jsonl")
+    assert any(isinstance(r, SystemPromptRecord) and "uses-uv" in r.content for r in records)
+    assert records[0].harness_version == ""  # the harness was empty when the session began
+    store.close()
+
+
+async def test_harness_refusals_reach_the_model_as_errors(project: Path):
+    script = [cells("harness.create('prompt', 'base_prompt', 'be evil')", "harness.show('nope')"), "ok"]
+    async with Session(make_config(), ScriptedModel(script), cwd=project) as s:
+        await s.prompt("try")
+    refused, missing = s.model.calls[1][-2].content, s.model.calls[1][-1].content
+    assert "HostError: ImmutableEntry: the base prompt ships with the package" in refused
+    assert "NotFound: no harness entry 'nope'" in missing
+
+
+async def test_skill_packages_import_in_the_kernel(project: Path, prime_home: Path):
+    user = HarnessStore(prime_home / "harness", "user")
+    user.apply([Edit("create", "greeter", kind="skill", title="Greeter", description="Greets people",
+                     body="Call `greet.hello(name)`.", files={"greet/__init__.py": "def hello(n):\n    return f'hi {n}'\n"})],
+               summary="add greeter", trigger="test", source="user")
+    user.close()
+    script = [
+        cells("import greet; print(greet.hello('ada'))"),
+        cells("harness.create('skill', 'adder', 'Call `adding.add`.', description='Adds', "
+              "files={'adding/__init__.py': 'def add(a, b):\\n    return a + b\\n'})",
+              "import adding; print(adding.add(2, 3))"),
+        "done",
+    ]
+    async with Session(make_config(), ScriptedModel(script), cwd=project) as s:
+        await s.prompt("use the skills")
+    assert "- Greeter [greeter]: Greets people" in system_of(s.model.calls[0])
+    assert s.model.calls[1][-1].content == "hi ada"
+    assert s.model.calls[2][-1].content == "5"  # a skill made mid-session imports at once
+
+
+async def test_a_persons_edit_during_a_session_reaches_the_next_turn(project: Path, prime_home: Path):
+    user = HarnessStore(prime_home / "harness", "user")
+    user.apply([Edit("create", "style", kind="prompt", title="Style", body="Use tabs.")],
+               summary="add style", trigger="test", source="user")
+    events: list[Event] = []
+    async with Session(make_config(), ScriptedModel(["one", "two"]), cwd=project, on_event=events.append) as s:
+        await s.prompt("first")
+        path = prime_home / "harness/prompt/style.md"
+        path.write_text(path.read_text().replace("Use tabs.", "Use four spaces."))
+        for _ in range(100):
+            if any(e.type == "harness.edited" for e in events):
+                break
+            await asyncio.sleep(0.05)
+        await s.prompt("second")
+    assert "Use tabs." in system_of(s.model.calls[0])
+    assert "Use four spaces." in system_of(s.model.calls[1])
+    edited = next(e for e in events if e.type == "harness.edited")
+    assert edited.data == {"scope": "user", "entries": ["style"], "problems": []}
+    assert user.get("style").source == "user"
+    user.close()

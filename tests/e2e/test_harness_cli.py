@@ -1,0 +1,77 @@
+"""`prime-agent harness ...` as a person uses it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness_store.store import Edit, HarnessStore
+
+PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([PRIME_AGENT, "harness", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def skills(tmp_path: Path) -> Path:
+    root = tmp_path / ".claude" / "skills"
+    for name, desc in [("pdf-tools", "Extract text from PDFs"), ("csv-clean", "Clean CSV files")]:
+        (root / name / "scripts").mkdir(parents=True)
+        (root / name / "SKILL.md").write_text(f"---\nname: {name}\ndescription: {desc}\nlicense: MIT\n---\n# {name}\nUse it.\n")
+        (root / name / "scripts" / "run.py").write_text("print('ok')\n")
+    return root
+
+
+def test_import_list_show_log_diff_rollback(project: Path, prime_home: Path, skills: Path):
+    imported = cli("import", str(skills), cwd=project)
+    assert imported.returncode == 0, imported.stderr
+    assert "import 2 skill(s)" in imported.stdout and "[csv-clean, pdf-tools]" in imported.stdout
+    assert (prime_home / "harness/skill/pdf-tools/scripts/run.py").read_text() == "print('ok')\n"
+
+    store = HarnessStore(prime_home / "harness", "user")
+    store.apply([Edit("create", "style", kind="prompt", title="Style", body="Tabs.")], summary="add style",
+                trigger="user", source="user", refinement_id="r-style")
+    store.apply([Edit("update", "style", body="Spaces.")], summary="spaces now", trigger="refine", source="refine",
+                refinement_id="r-spaces")
+
+    listed = json.loads(cli("list", "--json", cwd=project).stdout)
+    assert {(r["id"], r["kind"], r["scope"]) for r in listed} == {
+        ("pdf-tools", "skill", "user"), ("csv-clean", "skill", "user"), ("style", "prompt", "user")}
+    shown = cli("show", "pdf-tools", cwd=project).stdout
+    assert shown.startswith("# skill pdf-tools (user scope)\n---\nid: pdf-tools") and "license: MIT" in shown
+
+    log = json.loads(cli("log", "--json", cwd=project).stdout)
+    assert [c["refinement_id"] for c in log[:2]] == ["r-spaces", "r-style"]
+    assert log[0]["entries"] == ["style"] and log[0]["trigger"] == "refine"
+    text_log = cli("log", cwd=project).stdout.splitlines()
+    assert "r-spaces" in text_log[0] and "spaces now" in text_log[0] and "[style]" in text_log[0]
+
+    assert "-Tabs.\n+Spaces." in cli("diff", cwd=project).stdout
+    assert "+Spaces." in cli("diff", "r-style", "r-spaces", cwd=project).stdout
+
+    back = cli("rollback", "r-spaces", cwd=project)
+    assert back.returncode == 0 and "rollback: spaces now [style]" in back.stdout
+    assert store.get("style").body == "Tabs.\n"
+    to = cli("rollback", "--to", log[-1]["commit"], "--json", cwd=project)
+    assert json.loads(to.stdout)["trailers"]["Restores"] == log[-1]["commit"]
+    assert json.loads(cli("list", "--json", cwd=project).stdout) == []
+    store.close()
+
+
+def test_errors_are_clear_and_change_nothing(project: Path, prime_home: Path, tmp_path: Path):
+    missing = cli("rollback", "r-nope", cwd=project)
+    assert missing.returncode == 2 and "no change 'r-nope' in the user scope" in missing.stderr
+    assert cli("show", "nope", cwd=project).stderr.strip() == "prime-agent: no harness entry 'nope' in any scope"
+    assert "needs --session ID" in cli("log", "--scope", "session", cwd=project).stderr
+    bad = tmp_path / "bad" / "Bad Name"
+    bad.mkdir(parents=True)
+    (bad / "SKILL.md").write_text("---\nname: Bad Name\ndescription: x\n---\nbody\n")
+    refused = cli("import", str(bad.parent), cwd=project)
+    assert refused.returncode == 2 and "invalid id" in refused.stderr
+    assert not (prime_home / "harness/skill").exists()

@@ -1,0 +1,126 @@
+"""`prime-agent harness list|show|log|diff|rollback|import`: the versioned harness from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from agent.config import home, project_root
+from agent.harness import SessionHarness, scope_roots
+from harness_store.entries import HarnessError, parse
+from harness_store.store import Change, Edit, HarnessStore, copy_skill_folder
+
+
+def main(args: argparse.Namespace) -> int:
+    session_dir = home() / "sessions" / args.session if args.session else None
+    if session_dir is not None and not session_dir.is_dir():
+        return _fail(f"no session {args.session!r} under {home() / 'sessions'}")
+    if args.scope == "session" and session_dir is None:
+        return _fail("--scope session needs --session ID")
+    project = project_root(Path(args.project or "."))
+    harness = SessionHarness(scope_roots(home(), project, session_dir), args.session)
+    try:
+        return ACTIONS[args.action](harness, args)
+    except HarnessError as e:
+        return _fail(str(e))
+    finally:
+        harness.close()
+
+
+def _list(harness: SessionHarness, args: argparse.Namespace) -> int:
+    if args.scope:
+        view = [{"id": e.id, "kind": e.kind, "scope": args.scope, "title": e.title, "summary": e.summary}
+                for e in sorted(harness.store(args.scope).entries(), key=lambda e: (e.kind, e.id))
+                if args.kind in (None, e.kind)]
+    else:
+        view = harness.list(args.kind)
+    if args.json:
+        return _json(view)
+    for row in view:
+        print(f"{row['kind']:<8}  {row['id']:<28}  {row['scope']:<7}  {row['title']}")
+    if not view:
+        print("(no entries)", file=sys.stderr)
+    return 0
+
+
+def _show(harness: SessionHarness, args: argparse.Namespace) -> int:
+    if args.scope:
+        entry = harness.store(args.scope).get(args.id)
+        scope, shadows = args.scope, []
+    else:
+        v = harness.view.get(args.id)
+        entry, scope, shadows = v.entry, v.scope, v.shadows
+    if args.json:
+        return _json({"scope": scope, "shadows": shadows, **entry.model_dump(mode="json")})
+    print(f"# {entry.kind} {entry.id} ({scope} scope" + (f"; hides {', '.join(shadows)}" if shadows else "") + ")")
+    print(entry.render(), end="")
+    return 0
+
+
+def _log(harness: SessionHarness, args: argparse.Namespace) -> int:
+    store = harness.store(args.scope)
+    if not (store.root / ".git").is_dir():
+        return _fail(f"the {args.scope} scope has no history yet ({store.root})")
+    changes = store.log(args.n)
+    if args.json:
+        return _json([_change_json(c) for c in changes])
+    for c in changes:
+        print(f"{c.date:%Y-%m-%d %H:%M}  {c.refinement_id or c.commit[:12]:<28}  {c.trigger:<10}  {c.summary}"
+              + (f"  [{', '.join(c.entries)}]" if c.entries else ""))
+    return 0
+
+
+def _diff(harness: SessionHarness, args: argparse.Namespace) -> int:
+    sys.stdout.write(harness.store(args.scope).diff(args.a, args.b) + "\n")
+    return 0
+
+
+def _rollback(harness: SessionHarness, args: argparse.Namespace) -> int:
+    store = harness.store(args.scope)
+    change = store.rollback_to(args.ref, session=args.session) if args.to else store.rollback(args.ref, session=args.session)
+    return _report(change, args)
+
+
+def _import(harness: SessionHarness, args: argparse.Namespace) -> int:
+    src = Path(args.path).expanduser()
+    folders = [src] if (src / "SKILL.md").is_file() else sorted(p.parent for p in src.glob("*/SKILL.md"))
+    if not folders:
+        return _fail(f"{src}: no SKILL.md in it or in its subfolders")
+    store: HarnessStore = harness.store(args.scope)
+    edits = []
+    for folder in folders:
+        text, files = copy_skill_folder(folder)
+        entry = parse(text, f"skill/{folder.name}/SKILL.md")
+        exists = store.version_of(entry.id) is not None
+        edits.append(Edit("update" if exists else "create", entry.id, kind="skill", title=entry.title,
+                          description=entry.description, body=entry.body, metadata=entry.metadata, files=files))
+    change = store.apply(edits, summary=f"import {len(edits)} skill(s) from {src}", trigger="import", source="user",
+                         session=args.session)
+    return _report(change, args)
+
+
+def _report(change: Change, args: argparse.Namespace) -> int:
+    if args.json:
+        return _json(_change_json(change))
+    print(f"{change.refinement_id}: {change.summary}" + (f" [{', '.join(change.entries)}]" if change.entries else ""))
+    return 0
+
+
+def _change_json(c: Change) -> dict:
+    return {"commit": c.commit, "refinement_id": c.refinement_id, "trigger": c.trigger, "summary": c.summary,
+            "date": c.date.isoformat(), "entries": c.entries, "trailers": c.trailers}
+
+
+def _json(value: object) -> int:
+    print(json.dumps(value, indent=2))
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(f"prime-agent: {message}", file=sys.stderr)
+    return 2
+
+
+ACTIONS = {"list": _list, "show": _show, "log": _log, "diff": _diff, "rollback": _rollback, "import": _import}
