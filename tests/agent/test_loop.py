@@ -9,6 +9,7 @@ import pytest
 
 from agent.kernel import KernelError
 from agent.model import ContextOverflow, ModelError, ModelTimeout
+from agent.prompt import system_prompt
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import CellRecord, CompactionRecord, TurnFinished, read_records
@@ -165,7 +166,8 @@ async def test_compaction_folds_older_turns_and_keeps_the_kernel(project: Path):
         cells("print(secret)"), "turn two done",
     ]
     events: list[Event] = []
-    sections = {"model": {"context_window": 1500}, "compaction": {"keep_recent_turns": 0, "threshold": 0.5}}
+    base = len(system_prompt(make_config(), project)) // 4  # tokens of the system prompt alone
+    sections = {"model": {"context_window": (base + 800) * 2}, "compaction": {"keep_recent_turns": 0, "threshold": 0.5}}
     async with session(project, script, events, **sections) as s:
         await s.prompt("one")
         assert not any(e.type == "compaction" for e in events)  # nothing older than the current turn
