@@ -79,11 +79,23 @@ class CompactionConfig(_Section):
     """Turns kept verbatim after a compaction (the current turn is always kept)."""
 
 
+class SubagentsConfig(_Section):
+    max_depth: int = 2
+    """How deep `rlm` may nest: a child at this depth cannot spawn."""
+    max_concurrent: int = 8
+    """Children of one session running at once; more wait their turn."""
+    max_concurrent_process: int = 8
+    """Children running at once across every session of the process."""
+    max_children: int = 64
+    """Children queued or running per session; past this `rlm` refuses."""
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     kernel: KernelConfig = Field(default_factory=KernelConfig)
     budget: Budget = Field(default_factory=Budget)
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    subagents: SubagentsConfig = Field(default_factory=SubagentsConfig)
     project_instructions: list[str] = Field(default_factory=lambda: ["AGENTS.md", "CLAUDE.md"])
     """Files in the project root whose text follows the base prompt."""
 

@@ -111,6 +111,8 @@ class Kernel:
         self._user_interrupt = False
         self._grace_end: float | None = None
         """Once an interrupt is sent: when the cell must have stopped, or the kernel is restarted."""
+        self.setup: list[str] = []
+        """Code run after the bootstrap in every new or restarted kernel (e.g. loading `context`)."""
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -152,9 +154,10 @@ class Kernel:
             await self._kc.wait_for_ready(timeout=self.config.startup_timeout)
         except RuntimeError as e:
             raise KernelError(f"kernel did not become ready: {e}") from None
-        boot = await self._run("import agent.runtime as _pa; _pa.bootstrap(globals()); del _pa", None, None)
-        if boot.error_name:
-            raise KernelError(f"kernel bootstrap failed: {boot.error_name}: {boot.error_value}\n{boot.traceback}")
+        for code in ["import agent.runtime as _pa; _pa.bootstrap(globals()); del _pa", *self.setup]:
+            boot = await self._run(code, None, None)
+            if boot.error_name:
+                raise KernelError(f"kernel bootstrap failed: {boot.error_name}: {boot.error_value}\n{boot.traceback}")
         self.state = KernelState.IDLE
 
     # --- execution -------------------------------------------------------------------------

@@ -81,7 +81,7 @@ async def step(s: Session, turn: Turn) -> None:
         await run_text_cells(s, turn, codes)
     elif completion.finish_reason == "length":
         s.append(Message(role="user", content=CUT_OFF), turn)
-    elif not s.steering:  # a message the user sent meanwhile is answered before the turn ends
+    elif not s.steering and s.inbox.empty():  # messages that arrived meanwhile are answered first
         raise Submitted(message.content)
 
 
@@ -107,10 +107,15 @@ def remaining_seconds(s: Session, turn: Turn) -> float | None:
 
 
 def deliver_steering(s: Session, turn: Turn) -> None:
+    """Messages that arrived since the last model call: the user's steering, then other agents'."""
     while s.steering:
         text = s.steering.pop(0)
         s.append(Message(role="user", content=f"[Message from the user while you work]\n{text}"), turn)
         s.emit("steer.delivered", turn.id, text=text)
+    while not s.inbox.empty():
+        sender, text = s.inbox.get_nowait()
+        s.append(Message(role="user", content=f"[Message from {sender}]\n{text}"), turn)
+        s.emit("message.delivered", turn.id, sender=sender, text=text)
 
 
 # --- the model --------------------------------------------------------------------------------

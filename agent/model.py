@@ -75,6 +75,10 @@ class Model(Protocol):
         """One completion. `tools=False` for plain calls (summaries, `llm()`); `on_delta` streams text."""
         ...
 
+    def variant(self, name: str) -> Model:
+        """The same server and settings with another model name (for `rlm(model=...)`, `llm(model=...)`)."""
+        ...
+
 
 def fenced_cells(text: str) -> list[str]:
     """The ```python cells in a text-mode reply, in order."""
@@ -111,6 +115,9 @@ class OpenAIModel:
         self.name = config.name
         self.action_format = config.action_format
         self._client: Any = None
+
+    def variant(self, name: str) -> OpenAIModel:
+        return OpenAIModel(self.config.model_copy(update={"name": name}))
 
     def prepare(self) -> None:
         """Import the client library and build the client (~0.5 s); safe to run in a thread."""

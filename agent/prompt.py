@@ -24,13 +24,16 @@ def base_prompt(cwd: Path, action_format: str) -> str:
     )
 
 
-def system_prompt(config: Config, cwd: Path, harness: str = "") -> str:
+def system_prompt(config: Config, cwd: Path, harness: str = "", instructions: str = "") -> str:
+    """Base prompt, project instructions, the session's own instructions (a subagent's role), harness."""
     parts = [base_prompt(cwd, config.model.action_format).strip()]
     root = project_root(cwd)
     for name in config.project_instructions:
         path = root / name
         if path.is_file():
             parts.append(f"# Project instructions ({name})\n\n{path.read_text(errors='replace').strip()}")
+    if instructions:
+        parts.append(instructions.strip())
     if harness:
         parts.append(harness.strip())
     return "\n\n".join(parts) + "\n"

@@ -24,7 +24,8 @@ from agent.harness import SessionHarness, scope_roots
 from agent.kernel import Kernel, KernelState
 from agent.model import Model
 from agent.prompt import system_prompt
-from agent.runtime import ENV_PATH, ENV_SKILLS, ENV_TOKEN
+from agent.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
+from agent.subagents import Subagents
 from agent.trajectory import (
     MessageRecord, SessionRecord, SystemPromptRecord, TrajectoryWriter, TurnFinished, TurnStarted, _Record,
 )
@@ -77,7 +78,12 @@ class Session:
         session_dir: Path | None = None,
         session_id: str | None = None,
         on_event: Listener | None = None,
+        parent: Session | None = None,
+        instructions: str = "",
+        subagent_slots: asyncio.Semaphore | None = None,
     ):
+        """`parent` makes this a subagent; `instructions` follow the base prompt; `subagent_slots`
+        is the per-process limit on running children (shared by sessions of one process)."""
         self.id = session_id or new_session_id()
         self.dir = session_dir or home() / "sessions" / self.id
         self.cwd = cwd.resolve()
@@ -98,11 +104,21 @@ class Session:
         self.context_mark = 0
         """len(messages) when `context_tokens` was measured."""
         self.steering: list[str] = []
+        self.parent = parent
+        self.depth = parent.depth + 1 if parent else 0
+        self.subagent_name = self.id.rsplit(".", 1)[-1] if parent else None
+        self.instructions = instructions
+        self.inbox: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        """Messages from the parent or children: delivered at the next model call, or by `recv`."""
+        slots = subagent_slots or (parent.subagents.process_slots if parent else None)
+        self.subagents = Subagents(self, slots or asyncio.Semaphore(config.subagents.max_concurrent_process))
         self.harness = SessionHarness(scope_roots(home(), project_root(self.cwd), self.dir), self.id)
         self.harness_version: str | None = None
         """The harness in force in the system prompt: each scope's commit."""
         self.bridge = BridgeServer(
-            self.dir, {"final": self._final, "note": self._note, "ping": self._ping, **self.harness.handlers()}
+            self.dir,
+            {"final": self._final, "note": self._note, "ping": self._ping,
+             **self.harness.handlers(), **self.subagents.handlers()},
         )
         self._watcher: HarnessWatcher | None = None
         self.kernel = Kernel(self.cwd, self.dir, config.kernel, env={})
@@ -129,6 +145,7 @@ class Session:
             ENV_PATH: str(self.bridge.path),
             ENV_TOKEN: self.bridge.token,
             ENV_SKILLS: os.pathsep.join(self.harness.skill_dirs()),
+            ENV_SESSION_DIR: str(self.dir),
             "PRIME_AGENT_SESSION": self.id,
         }
         self.harness_version = self.harness.view.version()
@@ -139,6 +156,7 @@ class Session:
                 model=self.model.name,
                 action_format=self.model.action_format,
                 harness_version=self.harness_version,
+                parent=self.parent.id if self.parent else None,
                 config=self.config.model_dump(mode="json", exclude={"model": {"api_key"}}),
             )
         )
@@ -148,6 +166,7 @@ class Session:
         self.emit("session.started", None, dir=str(self.dir), cwd=str(self.cwd), model=self.model.name)
 
     async def close(self) -> None:
+        await self.subagents.close()
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
@@ -256,7 +275,7 @@ class Session:
     # --- the harness -------------------------------------------------------------------------
 
     def _system_prompt(self) -> str:
-        return system_prompt(self.config, self.cwd, self.harness.view.render())
+        return system_prompt(self.config, self.cwd, self.harness.view.render(), self.instructions)
 
     def reload_harness(self, turn: Turn) -> None:
         """At a turn boundary: if the harness changed, rebuild the system prompt around it."""

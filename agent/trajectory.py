@@ -31,7 +31,9 @@ class SessionRecord(_Record):
     model: str
     action_format: str
     harness_version: str | None = None
-    """Commit of the harness in force (None until the harness store is wired in)."""
+    """Each harness scope's commit when the session began."""
+    parent: str | None = None
+    """The parent session's id, for a subagent."""
     config: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -61,6 +63,8 @@ class SystemPromptRecord(_Record):
 class ModelCall(_Record):
     kind: Literal["model_call"] = "model_call"
     turn_id: str
+    purpose: Literal["turn", "llm"] = "turn"
+    """`turn`: a step of the turn loop; `llm`: a plain call from code in the kernel."""
     context_messages: int
     """How many context messages the request carried (the reply is the next message record)."""
     usage: Usage
@@ -68,6 +72,19 @@ class ModelCall(_Record):
     attempts: int
     finish_reason: str | None = None
     model: str
+
+
+class SubagentRecord(_Record):
+    """A child finished; its own trajectory is in `dir`. Its usage is counted in this session's."""
+
+    kind: Literal["subagent"] = "subagent"
+    turn_id: str | None = None
+    child_id: str
+    name: str
+    dir: str
+    outcome: str
+    usage: Usage
+    duration: float
 
 
 class CellRecord(_Record):
@@ -100,8 +117,8 @@ class TurnFinished(_Record):
 
 
 Record = Annotated[
-    SessionRecord | TurnStarted | MessageRecord | SystemPromptRecord | ModelCall | CellRecord | CompactionRecord
-    | TurnFinished,
+    SessionRecord | TurnStarted | MessageRecord | SystemPromptRecord | ModelCall | CellRecord | SubagentRecord
+    | CompactionRecord | TurnFinished,
     Field(discriminator="kind"),
 ]
 _adapter: TypeAdapter[Record] = TypeAdapter(Record)

@@ -2,22 +2,25 @@
 
 `bootstrap()` runs in every new (or restarted) kernel and binds into the user namespace:
 the file helpers (`read`, `write`, `edit`, `grep`, `glob`), `final(answer)`, `note(text)`,
-`harness` (the agent's versioned notes, memories, skills and subagents) and `host`, the bridge
-to the session that owns this kernel. Standard library only, so a
+`harness` (the agent's versioned notes, memories, skills and subagents), `rlm`, `llm` and
+`agent_message` (subagents), and `host`, the bridge to the session that owns this kernel. Standard library only, so a
 kernel starts light.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 
 from agent.runtime.bridge import Host, HostError
 from agent.runtime.files import edit, glob, grep, read, write
 from agent.runtime.harness import Harness, install_skill_finder
+from agent.runtime.subagents import LLM, RLM, AgentMessage, SubagentError
 
 ENV_PATH = "PRIME_AGENT_BRIDGE"
 ENV_TOKEN = "PRIME_AGENT_BRIDGE_TOKEN"
 ENV_SKILLS = "PRIME_AGENT_SKILL_DIRS"
+ENV_SESSION_DIR = "PRIME_AGENT_SESSION_DIR"
 
 
 def bootstrap(namespace: dict) -> None:
@@ -39,5 +42,7 @@ def bootstrap(namespace: dict) -> None:
 
     namespace.update(
         host=host, HostError=HostError, final=final, note=note, harness=Harness(host),
+        rlm=RLM(host, os.path.join(os.environ.get(ENV_SESSION_DIR) or tempfile.gettempdir(), "contexts")), llm=LLM(host),
+        agent_message=AgentMessage(host), SubagentError=SubagentError,
         read=read, write=write, edit=edit, grep=grep, glob=glob,
     )

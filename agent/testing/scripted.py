@@ -33,6 +33,12 @@ class ScriptedModel:
         self.calls: list[list[Message]] = []
         """The messages of every call, as sent."""
 
+    def variant(self, name: str) -> ScriptedModel:
+        """Another name over the same script (outputs are shared)."""
+        other = ScriptedModel([], action_format=self.action_format, name=name)
+        other.outputs, other.calls = self.outputs, self.calls
+        return other
+
     async def complete(
         self,
         messages: list[Message],

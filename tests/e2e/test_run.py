@@ -126,3 +126,39 @@ def test_ctrl_c_interrupts_the_running_cell_then_the_turn(project: Path, prime_h
     records = read_records(session_dir(prime_home) / "trajectory.jsonl")
     cell = next(r for r in records if isinstance(r, CellRecord))
     assert cell.result.error_name == "KeyboardInterrupt" and cell.result.kernel_events == ["interrupted"]
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                if "\nState:\tZ" not in (proc / "status").read_text():
+                    found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_killing_the_process_group_leaves_no_kernels(project: Path, prime_home: Path):
+    spawn = "h = await rlm('sleep', name='sleeper')\nimport asyncio\nwhile h.status != 'running':\n    await asyncio.sleep(0.05)\nimport time; time.sleep(60)"
+
+    def script(request: dict) -> Reply:
+        system = request["messages"][0]["content"]
+        return Reply(code=["import time; time.sleep(60)"] if "# You are a subagent" in system else [spawn])
+
+    with OpenAIServer(script) as server:
+        p = prime_agent("run", "--json", "spawn and wait", cwd=project, server=server, start_new_session=True)
+        for line in p.stdout:
+            if json.loads(line)["type"] == "subagent.spawned":
+                break
+        deadline = time.monotonic() + 30
+        while len(_processes_mentioning(str(prime_home))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the session's kernel and the child's (their command lines name their files)
+        assert len(_processes_mentioning(str(prime_home))) == 2
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _processes_mentioning(str(prime_home)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert _processes_mentioning(str(prime_home)) == []
