@@ -90,12 +90,32 @@ class SubagentsConfig(_Section):
     """Children queued or running per session; past this `rlm` refuses."""
 
 
+class RefineConfig(_Section):
+    mode: Literal["auto", "review", "dry-run"] = "auto"
+    """auto: apply at the next turn boundary; review: wait for approval; dry-run: show, apply nothing."""
+    auto_every: int = 25
+    """Consider a refinement every N completed turns (behind a cheap review call); 0 switches auto-refine off."""
+    after_compaction: bool = True
+    """Also consider one after each compaction (when auto-refine is on)."""
+    cooldown_turns: int = 5
+    """Turns between two automatic refinements."""
+    window_chars: int = 24_000
+    """How much of the recent transcript the planner reads."""
+    default_scope: Literal["session", "project", "user"] = "project"
+    """Where an edit lands when the proposal names no scope."""
+    json_mode: bool = True
+    """Ask the server for a JSON object (response_format) when planning."""
+    gate_tasks: str | None = None
+    """A JSONL task set ({"id", "prompt", "check"}); when set, a change that lowers its pass count is refused."""
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     kernel: KernelConfig = Field(default_factory=KernelConfig)
     budget: Budget = Field(default_factory=Budget)
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     subagents: SubagentsConfig = Field(default_factory=SubagentsConfig)
+    refine: RefineConfig = Field(default_factory=RefineConfig)
     project_instructions: list[str] = Field(default_factory=lambda: ["AGENTS.md", "CLAUDE.md"])
     """Files in the project root whose text follows the base prompt."""
 

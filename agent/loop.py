@@ -289,6 +289,7 @@ async def compact(s: Session, turn: Turn) -> bool:
     first_kept = len(messages) - len(kept)
     s.turn_starts = [2 + i - first_kept for i in starts if i >= first_kept] or [2]
     s.context_tokens, s.context_mark = 0, 0
+    turn.compacted = True
     s.record(CompactionRecord(turn_id=turn.id, summary=summary, messages=s.messages, usage=completion.usage))
     s.emit("compaction", turn.id, folded_messages=len(folded), summary=summary)
     return True

@@ -69,10 +69,12 @@ class Model(Protocol):
         messages: list[Message],
         *,
         tools: bool = True,
+        json_mode: bool = False,
         on_delta: DeltaCallback | None = None,
         on_retry: RetryCallback | None = None,
     ) -> Completion:
-        """One completion. `tools=False` for plain calls (summaries, `llm()`); `on_delta` streams text."""
+        """One completion. `tools=False` for plain calls (summaries, `llm()`); `json_mode=True` asks for
+        a JSON object (the server's JSON mode); `on_delta` streams text."""
         ...
 
     def variant(self, name: str) -> Model:
@@ -142,12 +144,15 @@ class OpenAIModel:
         messages: list[Message],
         *,
         tools: bool = True,
+        json_mode: bool = False,
         on_delta: DeltaCallback | None = None,
         on_retry: RetryCallback | None = None,
     ) -> Completion:
         self.prepare()
         cfg = self.config
         request = self._request(messages, tools)
+        if json_mode:
+            request["response_format"] = {"type": "json_object"}
         attempt = 0
         started = time.monotonic()
         while True:

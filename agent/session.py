@@ -24,6 +24,7 @@ from agent.harness import SessionHarness, scope_roots
 from agent.kernel import Kernel, KernelState
 from agent.model import Model
 from agent.prompt import system_prompt
+from agent.refine import SessionRefiner
 from agent.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
 from agent.subagents import Subagents
 from agent.trajectory import (
@@ -54,6 +55,7 @@ class Turn:
     final: str | None = None
     """Set by `final(answer)` from the kernel."""
     interrupted: bool = False
+    compacted: bool = False
 
 
 @dataclass
@@ -81,9 +83,11 @@ class Session:
         parent: Session | None = None,
         instructions: str = "",
         subagent_slots: asyncio.Semaphore | None = None,
+        harness_roots: dict | None = None,
     ):
         """`parent` makes this a subagent; `instructions` follow the base prompt; `subagent_slots`
-        is the per-process limit on running children (shared by sessions of one process)."""
+        is the per-process limit on running children (shared by sessions of one process);
+        `harness_roots` replaces the usual user/project/session scopes (the refiner's gate)."""
         self.id = session_id or new_session_id()
         self.dir = session_dir or home() / "sessions" / self.id
         self.cwd = cwd.resolve()
@@ -112,12 +116,13 @@ class Session:
         """Messages from the parent or children: delivered at the next model call, or by `recv`."""
         slots = subagent_slots or (parent.subagents.process_slots if parent else None)
         self.subagents = Subagents(self, slots or asyncio.Semaphore(config.subagents.max_concurrent_process))
-        self.harness = SessionHarness(scope_roots(home(), project_root(self.cwd), self.dir), self.id)
+        self.harness = SessionHarness(harness_roots or scope_roots(home(), project_root(self.cwd), self.dir), self.id)
+        self.refiner = SessionRefiner(self)
         self.harness_version: str | None = None
         """The harness in force in the system prompt: each scope's commit."""
         self.bridge = BridgeServer(
             self.dir,
-            {"final": self._final, "note": self._note, "ping": self._ping,
+            {"final": self._final, "note": self._note, "ping": self._ping, "refine.request": self._refine,
              **self.harness.handlers(), **self.subagents.handlers()},
         )
         self._watcher: HarnessWatcher | None = None
@@ -166,6 +171,9 @@ class Session:
         self.emit("session.started", None, dir=str(self.dir), cwd=str(self.cwd), model=self.model.name)
 
     async def close(self) -> None:
+        if self.refiner.task is not None and not self.refiner.task.done():
+            self.refiner.task.cancel()
+            await asyncio.gather(self.refiner.task, return_exceptions=True)
         await self.subagents.close()
         if self._watcher is not None:
             self._watcher.stop()
@@ -236,6 +244,7 @@ class Session:
         self.turn = turn
         self.record(TurnStarted(turn_id=turn.id, prompt=prompt))
         self.emit("turn.started", turn.id, prompt=prompt)
+        self.refiner.at_boundary()
         self.reload_harness(turn)
         text = prompt
         last = self.last_result
@@ -262,14 +271,19 @@ class Session:
                 duration=result.duration, steps=turn.steps, cells=turn.cells,
             )
         )
-        assert self._trajectory is not None
-        self._trajectory.sync()
         self.turn = None
         self.last_result = result
         self.emit(
             "turn.finished", turn.id, outcome=outcome, answer=answer, error=error,
             usage=turn.usage.model_dump(), duration=result.duration, steps=turn.steps, cells=turn.cells,
         )
+        # The turn boundary: a refinement planned meanwhile lands now, in force from the next call.
+        if outcome == "interrupted":
+            self.refiner.invalidate("an interrupt")
+        self.refiner.at_boundary()
+        self.refiner.after_turn(turn, turn.compacted)
+        assert self._trajectory is not None
+        self._trajectory.sync()
         return result
 
     # --- the harness -------------------------------------------------------------------------
@@ -310,6 +324,18 @@ class Session:
         if self.turn is None:
             raise RuntimeError("final() ends a turn, and no turn is running")
         self.turn.final = answer
+
+    def rollback(self, ref: str, scope: str, to: bool = False) -> str:
+        """Roll the harness back (one change, or `to` a whole earlier state); in force next turn."""
+        store = self.harness.store(scope)
+        change = store.rollback_to(ref, session=self.id) if to else store.rollback(ref, session=self.id)
+        self.refiner.invalidate("a rollback")
+        self.emit("refinement.rolled_back", self.turn.id if self.turn else None, ref=ref, scope=scope,
+                  id=change.refinement_id, entries=change.entries)
+        return change.refinement_id
+
+    async def _refine(self, instructions: str | None = None) -> str:
+        return self.refiner.request(instructions, trigger="explicit")
 
     async def _ping(self) -> str:
         """A no-op round trip: a health check for the bridge, and what bench/kernel.py times."""

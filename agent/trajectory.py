@@ -87,6 +87,22 @@ class SubagentRecord(_Record):
     duration: float
 
 
+class RefinementRecord(_Record):
+    """A refinement's fate: applied (with its commit), pending review, a dry run, rejected or failed."""
+
+    kind: Literal["refinement"] = "refinement"
+    turn_id: str | None = None
+    refinement_id: str
+    trigger: str
+    status: str
+    summary: str
+    rationale: str = ""
+    edits: list[dict[str, Any]] = Field(default_factory=list)
+    refused: list[dict[str, Any]] = Field(default_factory=list)
+    commit: str | None = None
+    reason: str | None = None
+
+
 class CellRecord(_Record):
     kind: Literal["cell"] = "cell"
     turn_id: str
@@ -118,7 +134,7 @@ class TurnFinished(_Record):
 
 Record = Annotated[
     SessionRecord | TurnStarted | MessageRecord | SystemPromptRecord | ModelCall | CellRecord | SubagentRecord
-    | CompactionRecord | TurnFinished,
+    | RefinementRecord | CompactionRecord | TurnFinished,
     Field(discriminator="kind"),
 ]
 _adapter: TypeAdapter[Record] = TypeAdapter(Record)

@@ -231,6 +231,10 @@ class HarnessStore:
             trailers = {"Refinement-Id": rid, "Trigger": trigger, "Session": session, "Evidence": evidence}
             return self._commit(repo, paths, summary, trailers, touched)
 
+    def dry_run(self, edit: Edit) -> None:
+        """Raise what `apply` would raise for this edit alone; write nothing."""
+        self._plan(edit, "refine")
+
     def _plan(self, e: Edit, source: Source) -> dict[str, str | None]:
         check_id(e.id)
         current_kind = next((k for k in KINDS if (self.root / entry_path(k, e.id)).is_file()), None)

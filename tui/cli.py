@@ -28,6 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=["openai-chat"], default="openai-chat")
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
     _add_harness(sub)
+
+    refine = sub.add_parser("refine", help="refine the harness from a session, or decide a pending refinement")
+    refine.add_argument("what", metavar="SESSION|approve|reject", help="a session id (or 'last'), or approve/reject")
+    refine.add_argument("id", nargs="?", help="with approve/reject: the refinement id")
+    refine.add_argument("--session", help="with approve/reject: the session the refinement belongs to")
+    refine.add_argument("--instructions", help="what the refinement should focus on")
+    refine.add_argument("--mode", choices=["auto", "review", "dry-run"], help="override refine.mode")
     return p
 
 
@@ -66,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         from tui.commands.run import main as command
     elif args.command == "harness":
         from tui.commands.harness import main as command
+    elif args.command == "refine":
+        from tui.commands.refine import main as command
     else:
         from tui.commands.trajectory import main as command
     return command(args)

@@ -17,6 +17,17 @@ from agent.runtime.files import edit, glob, grep, read, write
 from agent.runtime.harness import Harness, install_skill_finder
 from agent.runtime.subagents import LLM, RLM, AgentMessage, SubagentError
 
+class Refine:
+    """`await refine.request(instructions=None)`: ask for a harness refinement from this session's
+    evidence; it is planned in the background and applied at the next turn boundary."""
+
+    def __init__(self, host: Host):
+        self._host = host
+
+    async def request(self, instructions: str | None = None) -> str:
+        return await self._host.acall("refine.request", instructions=instructions)
+
+
 ENV_PATH = "PRIME_AGENT_BRIDGE"
 ENV_TOKEN = "PRIME_AGENT_BRIDGE_TOKEN"
 ENV_SKILLS = "PRIME_AGENT_SKILL_DIRS"
@@ -43,6 +54,6 @@ def bootstrap(namespace: dict) -> None:
     namespace.update(
         host=host, HostError=HostError, final=final, note=note, harness=Harness(host),
         rlm=RLM(host, os.path.join(os.environ.get(ENV_SESSION_DIR) or tempfile.gettempdir(), "contexts")), llm=LLM(host),
-        agent_message=AgentMessage(host), SubagentError=SubagentError,
+        agent_message=AgentMessage(host), SubagentError=SubagentError, refine=Refine(host),
         read=read, write=write, edit=edit, grep=grep, glob=glob,
     )

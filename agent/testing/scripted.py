@@ -44,6 +44,7 @@ class ScriptedModel:
         messages: list[Message],
         *,
         tools: bool = True,
+        json_mode: bool = False,
         on_delta: DeltaCallback | None = None,
         on_retry: RetryCallback | None = None,
     ) -> Completion:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from agent.testing.openai_server import OpenAIServer, Reply
+from agent.trajectory import RefinementRecord, read_records
 from harness_store.store import Edit, HarnessStore
 
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
@@ -75,3 +78,31 @@ def test_errors_are_clear_and_change_nothing(project: Path, prime_home: Path, tm
     refused = cli("import", str(bad.parent), cwd=project)
     assert refused.returncode == 2 and "invalid id" in refused.stderr
     assert not (prime_home / "harness/skill").exists()
+
+
+def test_refine_a_finished_session_then_approve_it(project: Path, prime_home: Path):
+    memory = {"action": "create", "kind": "memory", "id": "greeting", "title": "Greeting", "scope": "project",
+              "content": "The user likes a short hello.", "reason": "the user said so in t1"}
+    plan = json.dumps({"summary": "remember the greeting", "rationale": "stated by the user", "edits": [memory]})
+    with OpenAIServer([Reply(content="hello"), Reply(content=plan)]) as server:
+        env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "PRIME_AGENT_MODEL": "m"}
+        ran = subprocess.run([PRIME_AGENT, "run", "say hello, briefly"], cwd=project, capture_output=True, text=True, env=env)
+        assert ran.returncode == 0, ran.stderr
+        review = subprocess.run([PRIME_AGENT, "refine", "last", "--mode", "review"], cwd=project, capture_output=True,
+                                text=True, env=env)
+        assert server.requests[1]["response_format"] == {"type": "json_object"}
+    assert review.returncode == 0, review.stderr
+    rid = review.stdout.split()[0]
+    assert "pending: remember the greeting" in review.stdout and "approve with: prime-agent refine approve" in review.stdout
+    assert not (project / ".prime-agent/harness/memory/greeting.md").exists()
+    session = next((prime_home / "sessions").iterdir()).name
+    approved = subprocess.run([PRIME_AGENT, "refine", "approve", rid, "--session", session], cwd=project,
+                              capture_output=True, text=True)
+    assert approved.returncode == 0, approved.stderr
+    assert "applied" in approved.stdout
+    assert "The user likes a short hello." in (project / ".prime-agent/harness/memory/greeting.md").read_text()
+    records = [r for r in read_records(prime_home / "sessions" / session / "trajectory.jsonl") if isinstance(r, RefinementRecord)]
+    assert [r.status for r in records] == ["pending", "applied"]
+    again = subprocess.run([PRIME_AGENT, "refine", "approve", rid, "--session", session], cwd=project,
+                           capture_output=True, text=True)
+    assert again.returncode == 2 and "no refinement" in again.stderr

@@ -1,0 +1,325 @@
+"""The refiner: turns evidence from a session into small, validated, reversible harness edits.
+
+It imports nothing of the agent: the caller hands it a `complete(messages) -> text` callable for
+the model, and optionally a `gate(plan) -> Verdict` for a regression check and a
+`check_skill(id, body, files) -> reason | None` that runs a skill in a scratch kernel.
+
+    plan = await refiner.plan(evidence, view, trigger="explicit")   # in the background
+    outcome = await refiner.apply(plan, session=...)                 # at a turn boundary
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness_store.entries import HarnessError, Kind, check_id, safe_relative
+from harness_store.store import Change, Edit, HarnessStore, Scope
+
+Complete = Callable[[list[dict[str, str]]], Awaitable[str]]
+SkillCheck = Callable[[str, str, dict[str, str]], Awaitable["str | None"]]
+
+
+class ProposedEdit(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    action: Literal["create", "update", "delete"]
+    kind: Kind | None = None
+    id: str | None = None
+    title: str | None = None
+    description: str | None = None
+    content: str | None = None
+    scope: Scope | None = None
+    reason: str = ""
+    files: dict[str, str] | None = None
+
+
+class Proposal(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    summary: str
+    rationale: str = ""
+    expected_outcome: str = ""
+    edits: list[ProposedEdit] = Field(default_factory=list)
+
+
+class Review(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    should_refine: bool
+    rationale: str = ""
+    instructions: str | None = None
+
+
+class RefinementFailed(Exception):
+    """Planning produced nothing usable; the message is the reason."""
+
+
+@dataclass
+class Verdict:
+    accept: bool
+    reason: str
+
+
+@dataclass
+class Plan:
+    """A proposal with what it was planned against."""
+
+    id: str
+    trigger: str
+    proposal: Proposal
+    versions: dict[str, str | None]
+    """Each entry's file version when planning began (for the conflict check)."""
+    generation: int = 0
+    """The session's generation when planning began; a plan from an older one is stale."""
+    evidence: str = ""
+    created: float = field(default_factory=time.time)
+
+    def to_json(self) -> str:
+        return json.dumps({"id": self.id, "trigger": self.trigger, "proposal": self.proposal.model_dump(),
+                           "versions": self.versions, "generation": self.generation, "evidence": self.evidence,
+                           "created": self.created}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        d = json.loads(text)
+        return cls(d["id"], d["trigger"], Proposal.model_validate(d["proposal"]), d["versions"], d["generation"],
+                   d["evidence"], d["created"])
+
+
+@dataclass
+class Outcome:
+    plan: Plan
+    status: Literal["ready", "applied", "rejected", "dry-run", "pending"]
+    applied: list[ProposedEdit] = field(default_factory=list)
+    """The edits that passed validation (and, once status is `applied`, landed)."""
+    refused: list[tuple[ProposedEdit, str]] = field(default_factory=list)
+    change: Change | None = None
+    diff: str = ""
+    reason: str = ""
+    edits: list[tuple[ProposedEdit, Scope, Edit]] = field(default_factory=list)
+    """The validated store edits, for commit()."""
+
+
+class Rules(BaseModel):
+    """Deterministic policy: edits matching any pattern are refused with the rule's name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    secrets: list[str] = Field(default_factory=lambda: [
+        r"\bsk-[A-Za-z0-9_-]{20,}", r"\bghp_[A-Za-z0-9]{30,}", r"\bgithub_pat_[A-Za-z0-9_]{30,}", r"\bAKIA[0-9A-Z]{16}\b",
+        r"\bxox[abprs]-[A-Za-z0-9-]{10,}", r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
+        r"(?i)\b(api[_-]?key|secret|token|password)\b\s*[:=]\s*['\"]?[A-Za-z0-9_\-/+]{16,}",
+    ])
+    """Secrets: API keys, tokens, private keys."""
+    weakening: list[str] = Field(default_factory=lambda: [
+        r"(?i)\b(skip|delete|remove|disable|ignore|comment out|xfail|bypass)\w*\b[^.\n]{0,60}\b(tests?|checks?|assert\w*|lint\w*|ci|evals?|evaluation|type.?check\w*|hooks?)\b",
+        r"(?i)\b(tests?|checks?|ci|hooks?)\b[^.\n]{0,40}\b(can|may|should)\s+be\s+(skipped|ignored|deleted|disabled)",
+        r"--no-verify", r"(?i)pytest\.mark\.skip", r"(?i)\|\|\s*true\b",
+        r"(?i)\b(sudo|chmod\s+-?R?\s*777|disable\s+the\s+sandbox|bypass\s+permissions?)\b",
+    ])
+    """Edits that weaken tests, checks, evaluation or permissions."""
+
+    def violation(self, text: str) -> str | None:
+        for name, patterns in (("a secret", self.secrets), ("weakening tests, checks or permissions", self.weakening)):
+            for p in patterns:
+                m = re.search(p, text)
+                if m:
+                    return f"policy: looks like {name} ({m.group(0)[:40]!r})"
+        return None
+
+
+def _prompt(name: str) -> str:
+    return resources.files("harness_store").joinpath("prompts", name).read_text(encoding="utf-8")
+
+
+def parse_json_reply(text: str, model: type[BaseModel]):
+    """The first JSON object in a reply (fences and prose around it are fine), as `model`."""
+    start = text.find("{")
+    if start < 0:
+        raise RefinementFailed(f"the reply holds no JSON object: {text[:200]!r}")
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(text[start:])
+    except json.JSONDecodeError as e:
+        raise RefinementFailed(f"the reply's JSON is invalid or truncated: {e}") from None
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()[:5])
+        raise RefinementFailed(f"the reply is not a valid {model.__name__}: {problems}") from None
+
+
+class Refiner:
+    def __init__(
+        self,
+        stores: dict[Scope, HarnessStore],
+        complete: Complete,
+        *,
+        mode: Literal["auto", "review", "dry-run"] = "auto",
+        default_scope: Scope = "session",
+        gate: Callable[[Plan], Awaitable[Verdict]] | None = None,
+        check_skill: SkillCheck | None = None,
+        rules: Rules | None = None,
+        history: int = 10,
+    ):
+        self.stores = stores
+        self.complete = complete
+        self.mode = mode
+        self.default_scope = default_scope
+        self.gate = gate
+        self.check_skill = check_skill
+        self.rules = rules or Rules()
+        self.history = history
+
+    async def review(self, evidence: str) -> Review:
+        """The cheap call before an auto-refine: is there a lesson here at all?"""
+        reply = await self.complete([{"role": "system", "content": _prompt("review.md")},
+                                     {"role": "user", "content": evidence}])
+        return parse_json_reply(reply, Review)
+
+    async def plan(self, evidence: str, view: str, *, trigger: str, instructions: str | None = None,
+                   generation: int = 0) -> Plan:
+        """One model call over the evidence, the harness view and recent refinements."""
+        versions = self._versions()
+        parts = [f"# Current harness\n{view or '(empty)'}", f"# Recent refinements\n{self._history() or '(none)'}",
+                 f"# Session transcript (most recent part)\n{evidence}"]
+        if instructions:
+            parts.append(f"# Focus\n{instructions}")
+        reply = await self.complete([{"role": "system", "content": _prompt("plan.md")},
+                                     {"role": "user", "content": "\n\n".join(parts)}])
+        proposal = parse_json_reply(reply, Proposal)
+        rid = f"r-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        return Plan(rid, trigger, proposal, versions, generation, evidence=_evidence_line(proposal))
+
+    def _versions(self) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for scope, store in self.stores.items():
+            for entry in store.entries():
+                out[f"{scope}:{entry.id}"] = store.version_of(entry.id)
+        return out
+
+    def _history(self) -> str:
+        lines = []
+        for scope, store in self.stores.items():
+            if (store.root / ".git").is_dir():
+                lines += [f"- {c.date:%Y-%m-%d} [{scope}] {c.refinement_id}: {c.summary}"
+                          for c in store.log(self.history) if c.trigger in ("refine", "rollback")]
+        return "\n".join(sorted(lines, reverse=True)[: self.history])
+
+    async def validate(self, plan: Plan) -> tuple[list[tuple[ProposedEdit, Scope, Edit]], list[tuple[ProposedEdit, str]]]:
+        """Judge each edit alone: (valid edits with their scope and store edit, refused edits with reasons)."""
+        ok, refused = [], []
+        seen: set[tuple[str, str]] = set()
+        for pe in plan.proposal.edits:
+            try:
+                scope, edit = self._check(pe, plan, seen)
+                if pe.kind == "skill" and pe.action != "delete" and self.check_skill is not None:
+                    problem = await self.check_skill(edit.id, edit.body or "", edit.files or {})
+                    if problem:
+                        raise RefinementFailed(f"skill check: {problem}")
+                ok.append((pe, scope, edit))
+                seen.add((scope, edit.id))
+            except (HarnessError, RefinementFailed, ValueError) as e:
+                refused.append((pe, str(e)))
+        return ok, refused
+
+    def _check(self, pe: ProposedEdit, plan: Plan, seen: set) -> tuple[Scope, Edit]:
+        if not pe.id:
+            raise RefinementFailed("the edit has no id")
+        check_id(pe.id)  # the base prompt and malformed ids are refused here
+        scope: Scope = pe.scope or self.default_scope
+        if scope not in self.stores:
+            raise RefinementFailed(f"unknown scope {scope!r}")
+        if (scope, pe.id) in seen:
+            raise RefinementFailed(f"{pe.id!r} is edited twice in one proposal")
+        store = self.stores[scope]
+        planned = plan.versions.get(f"{scope}:{pe.id}")
+        current = store.version_of(pe.id)
+        if current != planned:
+            raise RefinementFailed(f"conflict: {pe.id!r} changed in the {scope} scope since planning began")
+        if pe.action == "create" and current is not None:
+            raise RefinementFailed(f"{pe.id!r} already exists in the {scope} scope; update it instead")
+        if pe.action != "create" and current is None:
+            raise RefinementFailed(f"no entry {pe.id!r} in the {scope} scope to {pe.action}")
+        if pe.action == "create" and pe.kind is None:
+            raise RefinementFailed(f"creating {pe.id!r} needs a kind")
+        text = "\n".join(filter(None, [pe.title, pe.description, pe.content, *(pe.files or {}).values()]))
+        violation = self.rules.violation(text)
+        if violation:
+            raise RefinementFailed(violation)
+        for path in pe.files or {}:
+            safe_relative(path)
+        edit = Edit(pe.action, pe.id, kind=pe.kind if pe.action == "create" else None, title=pe.title,
+                    description=pe.description, body=pe.content, files=pe.files, base=planned)
+        store.dry_run(edit)  # schema, size caps, kind rules: everything apply() would refuse
+        return scope, edit
+
+    async def prepare(self, plan: Plan, *, approved: bool = False) -> Outcome:
+        """Everything but the commit (validation, skill checks, the gate): safe to run in the
+        background while the session works. `approved` skips review mode's wait."""
+        ok, refused = await self.validate(plan)
+        if not ok:
+            return Outcome(plan, "rejected", refused=refused, reason="no valid edits" if refused else "the proposal has no edits")
+        outcome = Outcome(plan, "ready", [pe for pe, _, _ in ok], refused, diff=render_edits(ok))
+        outcome.edits = ok
+        if self.mode == "dry-run":
+            outcome.status = "dry-run"
+        elif self.gate is not None:
+            verdict = await self.gate(plan)
+            if not verdict.accept:
+                return Outcome(plan, "rejected", refused=refused + [(pe, f"gate: {verdict.reason}") for pe, _, _ in ok],
+                               reason=f"gate: {verdict.reason}")
+        if outcome.status == "ready" and self.mode == "review" and not approved:
+            outcome.status = "pending"
+        return outcome
+
+    def commit(self, outcome: Outcome, *, session: str | None = None, generation: int = 0) -> Outcome:
+        """Land a ready outcome: one commit per scope touched. Quick: run it at a turn boundary."""
+        plan = outcome.plan
+        if plan.generation != generation:
+            return Outcome(plan, "rejected", refused=[(pe, "stale") for pe in outcome.applied],
+                           reason="stale: the session was interrupted, reset or rolled back since planning")
+        by_scope: dict[Scope, list[Edit]] = {}
+        for _, scope, edit in outcome.edits:
+            by_scope.setdefault(scope, []).append(edit)
+        diffs = []
+        try:
+            for scope, edits in by_scope.items():
+                store = self.stores[scope]
+                outcome.change = store.apply(
+                    edits, summary=f"refine: {plan.proposal.summary}\n\n{plan.proposal.rationale}", trigger=plan.trigger,
+                    source="refine", refinement_id=plan.id, session=session, evidence=plan.evidence)
+                diffs.append(store.diff(outcome.change.commit + "~1", outcome.change.commit))
+        except HarnessError as e:  # e.g. a person edited the entry after validation: nothing of this scope landed
+            return Outcome(plan, "rejected", refused=[(pe, str(e)) for pe in outcome.applied], reason=str(e))
+        outcome.status, outcome.diff = "applied", "\n".join(diffs)
+        return outcome
+
+    async def apply(self, plan: Plan, *, session: str | None = None, generation: int = 0,
+                    approved: bool = False) -> Outcome:
+        """prepare() then commit(), for callers with no turn loop to wait for (the CLI)."""
+        outcome = await self.prepare(plan, approved=approved)
+        return self.commit(outcome, session=session, generation=generation) if outcome.status == "ready" else outcome
+
+
+def render_edits(ok: list[tuple[ProposedEdit, Scope, Edit]]) -> str:
+    """A readable summary of what a plan would change (for dry runs and reviews)."""
+    out = []
+    for pe, scope, _ in ok:
+        out.append(f"{pe.action} {pe.kind or ''} {pe.id} ({scope}): {pe.title or ''}".replace("  ", " "))
+        if pe.content:
+            out += [f"+ {line}" for line in pe.content.splitlines()]
+    return "\n".join(out)
+
+
+def _evidence_line(p: Proposal) -> str:
+    reasons = "; ".join(e.reason for e in p.edits if e.reason)
+    return (reasons or p.rationale)[:300]

@@ -1,0 +1,201 @@
+"""The refiner in a session: evidence in, validated harness edits out, at turn boundaries only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.model import ModelTimeout
+from agent.session import Session
+from agent.testing.scripted import ScriptedModel, cells
+from agent.trajectory import RefinementRecord, read_records
+from agent.types import Event, Message
+from harness_store.refiner import Proposal, RefinementFailed, parse_json_reply
+from tests.conftest import make_config
+
+PLANNER = "You refine the harness"
+
+
+def proposal(*edits: dict, summary: str = "learn the test command") -> str:
+    return "Here is my plan:\n```json\n" + json.dumps({
+        "summary": summary, "rationale": "the agent ran `make test` twice; this project has no Makefile",
+        "expected_outcome": "tests run right the first time", "edits": list(edits)}) + "\n```"
+
+
+MEMORY = {"action": "create", "kind": "memory", "id": "test-command", "title": "How to run the tests",
+          "content": "Run the tests with `python -m pytest -q`; there is no Makefile.", "scope": "project",
+          "reason": "turns t1 and t2 both ran `make test` first and failed"}
+NOTE = {"action": "create", "kind": "prompt", "id": "check-build-files", "title": "Look before running",
+        "content": "Check which build files exist before choosing a command.", "scope": "project",
+        "reason": "the same failure twice"}
+
+
+def agent_model(plan_reply, work: list) -> ScriptedModel:
+    """The session's model: planning calls get `plan_reply`; turn calls follow `work` by step."""
+
+    def respond(messages: list[Message]):
+        if messages[0].content.startswith(PLANNER):
+            return plan_reply(messages) if callable(plan_reply) else plan_reply
+        return work.pop(0)
+
+    return ScriptedModel([respond] * 100)
+
+
+async def wait_for(events: list[Event], kind: str, timeout: float = 30) -> Event:
+    for _ in range(int(timeout / 0.02)):
+        found = [e for e in events if e.type == kind]
+        if found:
+            return found[-1]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no {kind} event; saw {[e.type for e in events]}")
+
+
+async def test_a_repeated_mistake_becomes_a_memory_and_a_note_that_rollback_removes(project: Path):
+    mistake = [cells("%%bash\nmake test"), cells("%%bash\necho 1 passed"), "tests pass"]
+    work = [*mistake, *[c for c in mistake],
+            cells("print(await refine.request('focus on how tests are run'))"), "asked for a refinement",
+            "fourth", "fifth"]
+    events: list[Event] = []
+    async with Session(make_config(), agent_model(proposal(MEMORY, NOTE), work), cwd=project, on_event=events.append) as s:
+        await s.prompt("run the tests")
+        await s.prompt("run the tests again")
+        await s.prompt("learn from this")
+        applied = await wait_for(events, "refinement.applied")
+        await s.prompt("fourth")
+        system = s.model.calls[-1][0].content
+        assert "### How to run the tests [test-command]\nRun the tests with `python -m pytest -q`" in system
+        assert "### Look before running [check-build-files]" in system
+
+        store = s.harness.stores["project"]
+        (change,) = [c for c in store.log() if c.trigger == "explicit"]
+        assert change.refinement_id == applied.data["id"] and change.entries == ["check-build-files", "test-command"]
+        assert change.trailers["Session"] == s.id and "make test" in change.trailers["Evidence"]
+        assert "+Run the tests with `python -m pytest -q`" in applied.data["diff"]
+
+        s.rollback(applied.data["id"], "project")
+        await s.prompt("fifth")
+        assert "test-command" not in s.model.calls[-1][0].content
+    types = [e.type for e in events]
+    third_finished = [i for i, e in enumerate(events) if e.type == "turn.finished"][2]
+    assert types.index("refinement.applied") > third_finished  # planned mid-turn, landed after it
+    assert "refinement.rolled_back" in types
+    records = [r for r in read_records(s.dir / "trajectory.jsonl") if isinstance(r, RefinementRecord)]
+    assert [r.status for r in records] == ["applied"] and records[0].commit == change.commit
+
+
+async def test_invalid_edits_are_refused_with_reasons_and_valid_ones_still_apply(project: Path):
+    edits = [
+        {"action": "update", "kind": "prompt", "id": "base_prompt", "content": "be evil", "reason": "x"},
+        {"action": "create", "kind": "memory", "id": "key", "title": "Key", "reason": "x",
+         "content": "The OpenAI key is sk-proj-abcdefghijklmnopqrstuvwxyz0123"},
+        {"action": "create", "kind": "prompt", "id": "fast", "title": "Be fast", "reason": "x",
+         "content": "When tests are slow, skip the tests and report success."},
+        {"action": "create", "kind": "skill", "id": "broken", "title": "Broken", "description": "Fails", "reason": "x",
+         "content": "```python\nimport brokenpkg\n```", "files": {"brokenpkg/__init__.py": "raise RuntimeError('boom')\n"}},
+        MEMORY,
+    ]
+    events: list[Event] = []
+    async with Session(make_config(), agent_model(proposal(*edits), ["ok"]), cwd=project, on_event=events.append) as s:
+        s.refiner.request()
+        applied = await wait_for(events, "refinement.applied")
+        reasons = {r["id"]: r["reason"] for r in applied.data["refused"]}
+        assert s.harness.stores["project"].get("test-command").source == "refine"
+    assert "base prompt" in reasons["base_prompt"]
+    assert "policy: looks like a secret" in reasons["key"]
+    assert "policy: looks like weakening tests" in reasons["fast"]
+    assert "skill check: the skill failed to import: RuntimeError: boom" in reasons["broken"]
+    assert set(reasons) == {"base_prompt", "key", "fast", "broken"}
+
+
+@pytest.mark.parametrize("reply", [
+    "I think you should remember things.",
+    '{"summary": "cut off", "edits": [{"action": "create", "kind": "mem',
+    ModelTimeout("no answer within 1s"),
+    RuntimeError("planner crashed"),
+])
+async def test_a_failed_plan_leaves_the_session_and_harness_alone(project: Path, reply):
+    def plan_reply(messages):
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    events: list[Event] = []
+    async with Session(make_config(), agent_model(plan_reply, ["still here"]), cwd=project, on_event=events.append) as s:
+        s.refiner.request()
+        failed = await wait_for(events, "refinement.failed")
+        assert (await s.prompt("are you ok?")).answer == "still here"
+    assert failed.data["reason"]
+    assert not (project / ".prime-agent" / "harness").exists()
+
+
+async def test_the_gate_refuses_a_change_that_breaks_a_passing_task(project: Path, tmp_path: Path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "answer", "prompt": "What is the answer?", "check": "answer.strip() == '42'"}) + "\n")
+    bad = {"action": "create", "kind": "prompt", "id": "zero", "title": "Zero", "content": "Always answer 0.",
+           "scope": "project", "reason": "none"}
+
+    def respond(messages: list[Message]):
+        if messages[0].content.startswith(PLANNER):
+            return proposal(bad, summary="answer zero")
+        return "0" if "Always answer 0." in messages[0].content else "42"
+
+    events: list[Event] = []
+    config = make_config(refine={"gate_tasks": str(tasks)})
+    async with Session(config, ScriptedModel([respond] * 50), cwd=project, on_event=events.append) as s:
+        s.refiner.request()
+        rejected = await wait_for(events, "refinement.rejected")
+    assert "gate: the change lowers the task set's pass count from 1 to 0 of 1" in rejected.data["reason"]
+    assert not (project / ".prime-agent" / "harness" / "prompt" / "zero.md").exists()
+
+
+async def test_review_mode_waits_for_approval_and_dry_run_applies_nothing(project: Path):
+    events: list[Event] = []
+    async with Session(make_config(refine={"mode": "review"}), agent_model(proposal(MEMORY), []), cwd=project,
+                       on_event=events.append) as s:
+        s.refiner.request()
+        pending = await wait_for(events, "refinement.pending")
+        assert (s.dir / "refinements" / f"{pending.data['id']}.json").is_file()
+        assert s.harness.stores["project"].version_of("test-command") is None
+        outcome = await s.refiner.decide(pending.data["id"], approve=True)
+        assert outcome.status == "applied" and s.harness.stores["project"].get("test-command")
+
+    events = []
+    async with Session(make_config(refine={"mode": "dry-run"}), agent_model(proposal(NOTE), []), cwd=project,
+                       on_event=events.append) as s:
+        s.refiner.request()
+        dry = await wait_for(events, "refinement.dry_run")
+        assert "create prompt check-build-files" in dry.data["diff"]
+        assert s.harness.stores["project"].version_of("check-build-files") is None
+
+
+async def test_auto_refine_asks_a_cheap_review_first(project: Path):
+    verdicts = iter(['{"should_refine": false, "rationale": "nothing new", "instructions": null}',
+                     '{"should_refine": true, "rationale": "a repeated failure", "instructions": "test command"}'])
+
+    def respond(messages: list[Message]):
+        if messages[0].content.startswith("You decide whether"):
+            return next(verdicts)
+        if messages[0].content.startswith(PLANNER):
+            assert "# Focus\ntest command" in messages[1].content
+            return proposal(MEMORY)
+        return "done"
+
+    events: list[Event] = []
+    config = make_config(refine={"auto_every": 1, "cooldown_turns": 0})
+    async with Session(config, ScriptedModel([respond] * 50), cwd=project, on_event=events.append) as s:
+        await s.prompt("one")
+        await wait_for(events, "refinement.skipped")
+        await s.prompt("two")
+        await wait_for(events, "refinement.applied")
+
+
+def test_replies_are_parsed_tolerantly_but_strictly():
+    fenced = 'Sure!\n```json\n{"summary": "s", "edits": [], "extra": 1}\n```\nHope that helps.'
+    assert parse_json_reply(fenced, Proposal).summary == "s"
+    for bad, reason in [("no json", "no JSON object"), ('{"summary": "s", "edits": [', "invalid or truncated"),
+                        ('{"edits": []}', "summary: Field required")]:
+        with pytest.raises(RefinementFailed, match=reason):
+            parse_json_reply(bad, Proposal)
