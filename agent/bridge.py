@@ -47,10 +47,20 @@ class BridgeServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while line := await reader.readline():
-                reply = await self._handle(line)
-                writer.write(json.dumps(reply).encode() + b"\n")
+                # A client sends nothing while it waits for its reply, so anything readable now means
+                # it went away (an interrupted cell): cancel the call, so a waiting `recv` takes nothing.
+                call = asyncio.ensure_future(self._handle(line))
+                gone = asyncio.ensure_future(reader.read(1))
+                await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not call.done():
+                    call.cancel()
+                    await asyncio.gather(call, return_exceptions=True)
+                    return
+                gone.cancel()
+                await asyncio.gather(gone, return_exceptions=True)  # the reader is free again
+                writer.write(json.dumps(call.result()).encode() + b"\n")
                 await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
         finally:
             writer.close()

@@ -85,7 +85,7 @@ class SubagentsConfig(_Section):
     max_concurrent: int = 8
     """Children of one session running at once; more wait their turn."""
     max_concurrent_process: int = 8
-    """Children running at once across every session of the process."""
+    """Children of one depth running at once across the sessions of the process."""
     max_children: int = 64
     """Children queued or running per session; past this `rlm` refuses."""
 

@@ -82,11 +82,12 @@ class Session:
         on_event: Listener | None = None,
         parent: Session | None = None,
         instructions: str = "",
-        subagent_slots: asyncio.Semaphore | None = None,
+        subagent_slots: dict[int, asyncio.Semaphore] | None = None,
         harness_roots: dict | None = None,
     ):
         """`parent` makes this a subagent; `instructions` follow the base prompt; `subagent_slots`
-        is the per-process limit on running children (shared by sessions of one process);
+        holds the per-process limits on running children, one pool per depth (share one dict across
+        the sessions of a process);
         `harness_roots` replaces the usual user/project/session scopes (the refiner's gate)."""
         self.id = session_id or new_session_id()
         self.dir = session_dir or home() / "sessions" / self.id
@@ -114,8 +115,8 @@ class Session:
         self.instructions = instructions
         self.inbox: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         """Messages from the parent or children: delivered at the next model call, or by `recv`."""
-        slots = subagent_slots or (parent.subagents.process_slots if parent else None)
-        self.subagents = Subagents(self, slots or asyncio.Semaphore(config.subagents.max_concurrent_process))
+        slots = subagent_slots if subagent_slots is not None else (parent.subagents.process_slots if parent else {})
+        self.subagents = Subagents(self, slots)
         self.harness = SessionHarness(harness_roots or scope_roots(home(), project_root(self.cwd), self.dir), self.id)
         self.refiner = SessionRefiner(self)
         self.harness_version: str | None = None
@@ -244,8 +245,13 @@ class Session:
         self.turn = turn
         self.record(TurnStarted(turn_id=turn.id, prompt=prompt))
         self.emit("turn.started", turn.id, prompt=prompt)
-        self.refiner.at_boundary()
-        self.reload_harness(turn)
+        try:
+            self.refiner.at_boundary()
+            self.reload_harness(turn)
+        except Exception as e:  # a broken harness must not wedge the session: keep the prompt in force
+            log.exception("harness reload failed")
+            self.emit("error", turn.id, message=f"the harness could not be reloaded ({type(e).__name__}: {e}); "
+                                               "the previous system prompt stays in force")
         text = prompt
         last = self.last_result
         if last is not None and last.outcome != "completed":
@@ -278,10 +284,14 @@ class Session:
             usage=turn.usage.model_dump(), duration=result.duration, steps=turn.steps, cells=turn.cells,
         )
         # The turn boundary: a refinement planned meanwhile lands now, in force from the next call.
-        if outcome == "interrupted":
-            self.refiner.invalidate("an interrupt")
-        self.refiner.at_boundary()
-        self.refiner.after_turn(turn, turn.compacted)
+        try:
+            if outcome == "interrupted":
+                self.refiner.invalidate("an interrupt")
+            self.refiner.at_boundary()
+            self.refiner.after_turn(turn, turn.compacted)
+        except Exception as e:
+            log.exception("refinement at the turn boundary failed")
+            self.emit("error", turn.id, message=f"a refinement could not be applied: {type(e).__name__}: {e}")
         assert self._trajectory is not None
         self._trajectory.sync()
         return result

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,6 +24,9 @@ from agent.types import Budget, Message, Usage
 
 if TYPE_CHECKING:
     from agent.session import Session
+
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 class SubagentLimit(Exception):
@@ -51,16 +55,21 @@ class ChildInfo:
 class Subagents:
     """The children of one session, and the handlers behind `rlm`, `llm` and `agent_message`."""
 
-    def __init__(self, session: Session, slots: asyncio.Semaphore):
+    def __init__(self, session: Session, process_slots: dict[int, asyncio.Semaphore]):
         self.session = session
         self.config = session.config.subagents
-        self.process_slots = slots
-        """Shared by every session of this process (the per-process limit)."""
+        self.process_slots = process_slots
+        """Per-process limits, one pool per depth: a child holding a slot while it waits for its own
+        children never starves them (they draw from the next depth's pool)."""
         self.session_slots = asyncio.Semaphore(self.config.max_concurrent)
+        self.registry = session.dir / "subagents.json"
         self.children: dict[str, ChildInfo] = {}
+        if self.registry.is_file():  # a reused session directory: earlier children stay listed
+            for c in json.loads(self.registry.read_text()):
+                self.children[c["id"]] = ChildInfo(**c)
         self.sessions: dict[str, Session] = {}
         self.tasks: dict[str, asyncio.Task] = {}
-        self.registry = session.dir / "subagents.json"
+        self.closing = False
 
     def handlers(self) -> dict[str, Any]:
         return {
@@ -78,6 +87,10 @@ class Subagents:
         from agent.session import Session
 
         parent = self.session
+        if self.closing:
+            raise SubagentLimit("rlm refused: this session is closing")
+        if name is not None and not NAME.match(name):
+            raise SubagentLimit(f"rlm refused: name {name!r} must be 1-64 letters, digits, '-' or '_'")
         if parent.depth + 1 > self.config.max_depth:
             raise SubagentLimit(f"rlm refused: this agent is at depth {parent.depth}, and subagents.max_depth is "
                                 f"{self.config.max_depth}; do the work here instead")
@@ -128,15 +141,16 @@ class Subagents:
         info, child = self.children[child_id], self.sessions[child_id]
         outcome, answer, error = "error", None, None
         try:
-            async with self.process_slots, self.session_slots:
+            depth = self.session.depth + 1
+            pool = self.process_slots.setdefault(depth, asyncio.Semaphore(self.config.max_concurrent_process))
+            async with self.session_slots, pool:
                 info.status, info.started = "running", time.time()
                 self._save()
                 async with child:
                     result = await child.prompt(task)
                 outcome, answer, error = result.outcome, result.answer, result.error
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the parent cancelled it (or is closing): a result, not a crash
             outcome, error = "cancelled", "cancelled by the parent"
-            await child.close()
         except Exception as e:  # the child failed to start: a result for the parent, not a crash
             outcome, error = "error", f"{type(e).__name__}: {e}"
         finally:
@@ -176,16 +190,15 @@ class Subagents:
         return asdict(self.children[id])
 
     async def list(self) -> list[dict[str, Any]]:
-        if not self.children and self.registry.is_file():
-            return json.loads(self.registry.read_text())
         return [asdict(c) for c in self.children.values()]
 
     async def close(self) -> None:
-        """Cancel every running child and wait for their kernels to stop."""
-        running = [t for t in self.tasks.values() if not t.done()]
-        for t in running:
-            t.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        """Refuse new children, cancel every running one and wait for their kernels to stop."""
+        self.closing = True
+        while running := [t for t in self.tasks.values() if not t.done()]:
+            for t in running:
+                t.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
 
     def _save(self) -> None:
         tmp = self.registry.with_suffix(".tmp")

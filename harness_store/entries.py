@@ -109,6 +109,11 @@ class Entry(BaseModel):
         except HarnessError as e:
             raise ValueError(str(e)) from None
 
+    @field_validator("created", "updated")
+    @classmethod
+    def _aware(cls, v: datetime) -> datetime:
+        return v if v.tzinfo else v.replace(tzinfo=timezone.utc)  # a hand-written date without a zone
+
     @field_validator("body")
     @classmethod
     def _size(cls, v: str) -> str:

@@ -41,6 +41,10 @@ from harness_store.entries import (
 
 Scope = Literal["user", "project", "session"]
 GIT_IDENTITY = ("-c", "user.name=prime-agent", "-c", "user.email=prime-agent@localhost", "-c", "commit.gpgsign=false")
+GITIGNORE = "*.swp\n*~\n.#*\n*.tmp\n.harness.lock\n__pycache__/\n*.pyc\n"
+STAGE = object()
+"""A write that commits the file as it is on disk (a person's own bytes, never rewritten)."""
+Write = "str | bytes | None | object"
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git's id of the empty tree
 TRAILERS = ("Refinement-Id", "Trigger", "Session", "Evidence", "Reverts", "Restores")
 
@@ -113,8 +117,8 @@ class HarnessStore:
             if (self.root / ".git").is_dir():
                 return
             repo = git.Repo.init(self.root)
-            (self.root / ".gitignore").write_text("*.swp\n*~\n.#*\n*.tmp\n.harness.lock\n")
-            self._commit(repo, [".gitignore"], f"harness: create the {self.scope} scope", {"Trigger": "init"})
+            (self.root / ".gitignore").write_text(GITIGNORE)
+            self._land({".gitignore": STAGE}, f"harness: create the {self.scope} scope", {"Trigger": "init"}, [])
             repo.close()
 
     @contextmanager
@@ -217,25 +221,26 @@ class HarnessStore:
         """Validate every edit, then land them all in one commit; nothing is written on refusal."""
         if not edits:
             raise InvalidEntry("a change needs at least one edit")
-        repo = self.repo
+        self.repo  # noqa: B018 - created on first use
         with self._lock():
-            writes: dict[str, str | None] = {}  # relative path -> new text, None to delete
+            self._commit_user_edits()  # a person's unsaved-to-git edit lands in history before ours
+            writes: dict[str, Write] = {}
             touched: list[str] = []
             for e in edits:
                 if e.id in touched:
                     raise InvalidEntry(f"entry {e.id!r} is edited twice in one change")
                 touched.append(e.id)
                 writes.update(self._plan(e, source))
+            _check_layout(writes)
             rid = refinement_id or new_refinement_id()
-            paths = self._write(repo, writes)
             trailers = {"Refinement-Id": rid, "Trigger": trigger, "Session": session, "Evidence": evidence}
-            return self._commit(repo, paths, summary, trailers, touched)
+            return self._land(writes, summary, trailers, touched)
 
     def dry_run(self, edit: Edit) -> None:
         """Raise what `apply` would raise for this edit alone; write nothing."""
         self._plan(edit, "refine")
 
-    def _plan(self, e: Edit, source: Source) -> dict[str, str | None]:
+    def _plan(self, e: Edit, source: Source) -> dict[str, Write]:
         check_id(e.id)
         current_kind = next((k for k in KINDS if (self.root / entry_path(k, e.id)).is_file()), None)
         if e.action == "create":
@@ -257,7 +262,7 @@ class HarnessStore:
         path = entry_path(kind, e.id)
         folder = f"skill/{e.id}/"
         if e.action == "delete":
-            writes: dict[str, str | None] = {path: None}
+            writes: dict[str, Write] = {path: None}
             if kind == "skill":
                 writes.update({p: None for p in self._files_under(folder)})
             return writes
@@ -286,47 +291,56 @@ class HarnessStore:
         return writes
 
     def _files_under(self, folder: str) -> list[str]:
-        base = self.root / folder
-        if not base.is_dir():
+        """The committed files of a skill folder (never a person's untracked files or caches)."""
+        if not (self.root / folder).is_dir():
             return []
-        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file())
+        return sorted(p for p in self._git("ls-files", "-z", "--", folder).split("\0") if p)
 
-    def _write(self, repo: git.Repo, writes: dict[str, str | None]) -> list[str]:
-        """Write (or delete) the files; return the paths to commit."""
-        for rel, text in writes.items():
-            path = self.root / rel
-            if text is None:
-                path.unlink(missing_ok=True)
-                _prune_empty(path.parent, self.root)
-            else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-                tmp.write_text(text, encoding="utf-8")
-                os.replace(tmp, path)
-        return list(writes)
+    def _land(self, writes: dict[str, Write], summary: str, trailers: dict[str, str | None],
+              entries: list[str]) -> Change:
+        """Write the files and commit exactly them, or, if anything fails, put them back as at HEAD.
 
-    def _commit(self, repo: git.Repo, paths: list[str], summary: str, trailers: dict[str, str | None],
-                entries: list[str] | None = None) -> Change:
-        """Stage `paths` and commit them alone, with the trailers.
-
-        Through the git command, not gitpython's index: gitpython rewrites its index in Python
-        (~30 ms a commit at 1,000 entries); git does it in ~1 ms.
+        Commits go through the git command, not gitpython's index: gitpython rewrites its index in
+        Python (~30 ms a commit at 1,000 entries); git does it in ~1 ms.
         """
-        lines = [summary.strip().splitlines()[0] if summary.strip() else "harness change"]
-        rest = "\n".join(summary.strip().splitlines()[1:]).strip()
-        if rest:
-            lines += ["", rest]
-        kept = {k: " ".join(str(v).split()) for k, v in trailers.items() if v}
-        lines += ["", *(f"{k}: {v}" for k, v in kept.items())]
-        if paths:
-            self._git("add", "-A", "--", *paths)
-        self._git(*GIT_IDENTITY, "commit", "-q", "--no-verify", "--allow-empty", "--cleanup=whitespace",
-                  "-m", "\n".join(lines))
-        commit = repo.head.commit
+        try:
+            for rel, data in writes.items():
+                path = self.root / rel
+                if data is None:
+                    path.unlink(missing_ok=True)
+                    _prune_empty(path.parent, self.root)
+                elif data is not STAGE:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+                    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+                    os.replace(tmp, path)
+            lines = [summary.strip().splitlines()[0] if summary.strip() else "harness change"]
+            rest = "\n".join(summary.strip().splitlines()[1:]).strip()
+            if rest:
+                lines += ["", rest]
+            kept = {k: " ".join(str(v).split()) for k, v in trailers.items() if v}
+            lines += ["", *(f"{k}: {v}" for k, v in kept.items())]
+            if writes:
+                self._git("add", "-A", "--", *writes)
+            self._git(*GIT_IDENTITY, "commit", "-q", "--no-verify", "--allow-empty", "--cleanup=whitespace",
+                      "-m", "\n".join(lines))
+        except BaseException:
+            self._restore(list(writes))
+            raise
+        commit = self.repo.head.commit
         return Change(
             commit=commit.hexsha, refinement_id=kept.get("Refinement-Id", ""), trigger=kept.get("Trigger", ""),
-            summary=lines[0], date=commit.committed_datetime, entries=entries or [], trailers=kept,
+            summary=lines[0], date=commit.committed_datetime, entries=entries, trailers=kept,
         )
+
+    def _restore(self, paths: list[str]) -> None:
+        """Undo a failed change: tracked paths back to HEAD, new files removed, nothing staged."""
+        tracked = {p for p in self._git("ls-files", "-z", "--", *paths).split("\0") if p} if paths else set()
+        subprocess.run(["git", "reset", "-q", "--", *paths], cwd=self.root, capture_output=True)
+        if tracked:
+            subprocess.run(["git", "checkout", "-q", "HEAD", "--", *tracked], cwd=self.root, capture_output=True)
+        for rel in set(paths) - tracked:
+            (self.root / rel).unlink(missing_ok=True)
 
     # --- history -------------------------------------------------------------------------------
 
@@ -374,19 +388,19 @@ class HarnessStore:
             if not target.parents:
                 raise InvalidEntry("the first commit of a scope cannot be rolled back")
             parent = target.parents[0]
-            writes: dict[str, str | None] = {}
+            writes: dict[str, Write] = {}
             for diff in parent.diff(target):
                 for rel in {diff.a_path, diff.b_path} - {None}:
-                    after = _blob_text(target, rel)
-                    current = (self.root / rel).read_text(encoding="utf-8") if (self.root / rel).is_file() else None
+                    after = _blob(target, rel)
+                    current = (self.root / rel).read_bytes() if (self.root / rel).is_file() else None
                     if current != after:
                         raise Conflict(f"{rel} changed again after {ref}; roll back the later change first, "
                                        "or restore a whole earlier state with --to")
-                    writes[rel] = _blob_text(parent, rel)
+                    writes[rel] = _blob(parent, rel)
+            _check_layout(writes)
             rid = _trailers(target.message).get("Refinement-Id", target.hexsha[:12])
             entries = sorted({loc[1] for rel in writes if (loc := locate(rel))})
-            paths = self._write(repo, writes)
-            return self._commit(repo, paths, f"rollback: {target.summary}", {
+            return self._land(writes, f"rollback: {target.summary}", {
                 "Refinement-Id": new_refinement_id("rb"), "Trigger": "rollback", "Session": session, "Reverts": rid,
             }, entries)
 
@@ -396,15 +410,15 @@ class HarnessStore:
         with self._lock():
             target = self.resolve(ref)
             head = repo.head.commit
-            writes: dict[str, str | None] = {}
+            writes: dict[str, Write] = {}
             for diff in target.diff(head):
                 for rel in {diff.a_path, diff.b_path} - {None}:
-                    writes[rel] = _blob_text(target, rel)
+                    writes[rel] = _blob(target, rel)
             if not writes:
                 raise InvalidEntry(f"the {self.scope} scope is already as it was at {ref}")
+            _check_layout(writes)
             entries = sorted({loc[1] for rel in writes if (loc := locate(rel))})
-            paths = self._write(repo, writes)
-            return self._commit(repo, paths, f"rollback to {ref}: {target.summary}", {
+            return self._land(writes, f"rollback to {ref}: {target.summary}", {
                 "Refinement-Id": new_refinement_id("rb"), "Trigger": "rollback", "Session": session,
                 "Restores": target.hexsha,
             }, entries)
@@ -417,40 +431,37 @@ class HarnessStore:
         Returns the change (None when nothing valid changed) and a message per refused file;
         refused files stay uncommitted, and the prompt view keeps the last committed version.
         """
-        repo = self.repo
+        self.repo  # noqa: B018 - created on first use
         with self._lock():
-            changed = self._dirty_paths()
-            writes: dict[str, str | None] = {}
-            problems: list[str] = []
-            for rel in sorted(changed):
-                if rel == ".gitignore":
-                    continue
-                path = self.root / rel
+            return self._commit_user_edits()
+
+    def _commit_user_edits(self) -> tuple[Change | None, list[str]]:
+        writes: dict[str, Write] = {}
+        problems: list[str] = []
+        for rel in sorted(self._dirty_paths()):
+            if rel == ".gitignore":
+                continue
+            path = self.root / rel
+            try:
                 loc = locate(rel)
                 if loc is None:
-                    problems.append(f"{rel}: not part of any entry; left uncommitted")
-                    continue
+                    raise InvalidEntry(f"{rel}: not part of any entry; left uncommitted")
                 if not path.is_file():
                     writes[rel] = None
-                    continue
-                if rel != entry_path(*loc) and loc[0] == "skill":
-                    writes[rel] = path.read_text(encoding="utf-8", errors="replace")  # a skill's package file
-                    continue
-                try:
+                elif rel != entry_path(*loc):
+                    writes[rel] = STAGE  # a skill's package file: committed as the person wrote it
+                else:
                     entry = parse(path.read_text(encoding="utf-8"), rel)
-                except (HarnessError, UnicodeDecodeError) as e:
-                    problems.append(str(e))
-                    continue
-                entry = entry.model_copy(update={"source": "user", "updated": now()})
-                writes[rel] = entry.render()
-            if not writes:
-                return None, problems
-            entries = sorted({loc[1] for rel in writes if (loc := locate(rel))})
-            paths = self._write(repo, writes)
-            change = self._commit(repo, paths, f"edit by hand: {', '.join(entries)}", {
-                "Refinement-Id": new_refinement_id("user"), "Trigger": "user-edit",
-            }, entries)
-            return change, problems
+                    writes[rel] = entry.model_copy(update={"source": "user", "updated": now()}).render()
+            except (HarnessError, UnicodeDecodeError) as e:
+                problems.append(str(e))
+        if not writes:
+            return None, problems
+        entries = sorted({loc[1] for rel in writes if (loc := locate(rel))})
+        change = self._land(writes, f"edit by hand: {', '.join(entries)}", {
+            "Refinement-Id": new_refinement_id("user"), "Trigger": "user-edit",
+        }, entries)
+        return change, problems
 
 
 def new_refinement_id(prefix: str = "r") -> str:
@@ -466,11 +477,21 @@ def _trailers(message: str) -> dict[str, str]:
     return out
 
 
-def _blob_text(commit: git.Commit, rel: str) -> str | None:
+def _blob(commit: git.Commit, rel: str) -> bytes | None:
     try:
-        return (commit.tree / rel).data_stream.read().decode("utf-8")
+        return (commit.tree / rel).data_stream.read()
     except KeyError:
         return None
+
+
+def _check_layout(writes: dict[str, Write]) -> None:
+    """Refuse a change in which one path would be both a file and a folder."""
+    files = {rel for rel, data in writes.items() if data is not None}
+    for rel in files:
+        parts = rel.split("/")
+        for k in range(1, len(parts)):
+            if "/".join(parts[:k]) in files:
+                raise InvalidEntry(f"{'/'.join(parts[:k])} cannot be both a file and the folder of {rel}")
 
 
 def _prune_empty(folder: Path, root: Path) -> None:

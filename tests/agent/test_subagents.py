@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +12,7 @@ from agent.model import ModelError
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import ModelCall, SubagentRecord, read_records
-from agent.types import Message
+from agent.types import Message, ToolCall
 from tests.conftest import make_config
 
 Step = Callable[[str, int], "str | Message | Exception"]
@@ -185,3 +187,38 @@ async def test_a_message_to_a_child_reaches_its_next_model_call(project: Path):
         kid = next(iter(s.subagents.sessions.values()))
     delivered = [m.content for m in kid.messages if m.content.startswith("[Message from parent]")]
     assert delivered == ["[Message from parent]\nuse the fast path"]
+
+
+async def test_bad_names_are_refused_and_nested_children_never_deadlock(project: Path):
+    def child(name: str, step: int):
+        if name.startswith("mid"):
+            return cells("final(await rlm.run('leaf work', name='leaf'))") if step == 0 else "unused"
+        return "leaf done"
+
+    parent = [cells("try:\n    await rlm('x', name='x/..')\nexcept HostError as e:\n    print(e)",
+                    "import asyncio\nprint(await asyncio.gather(rlm.run('a', name='mid1'), rlm.run('b', name='mid2')))"),
+              "ok"]
+    config = make_config(subagents={"max_concurrent_process": 1})
+    async with Session(config, router(parent, child), cwd=project) as s:
+        await asyncio.wait_for(s.prompt("nest under a tight limit"), 60)
+    refused, gathered = s.model.calls[-1][-2].content, s.model.calls[-1][-1].content
+    assert "name 'x/..' must be 1-64 letters" in refused
+    assert gathered == "['leaf done', 'leaf done']"
+
+
+async def test_a_recv_interrupted_by_a_timeout_loses_no_message(project: Path):
+    # ipykernel 7 cannot interrupt a cell blocked in a top-level `await` (ipykernel#881), so the
+    # timed-out cell costs a kernel restart; the message must still reach the next `recv`.
+    def child(name: str, step: int):
+        return cells("import time; time.sleep(2.5)\nagent_message.send('late news')") if step == 0 else "sent"
+
+    parent = [
+        cells("h = await rlm('talk later', name='talker')"),
+        Message(role="assistant", tool_calls=[ToolCall(id="r", name="ipython",
+                arguments=json.dumps({"code": "await agent_message.recv()", "timeout": 1}))]),
+        cells("print(await agent_message.recv(timeout=20))"),
+        "ok",
+    ]
+    async with Session(make_config(), router(parent, child), cwd=project) as s:
+        await s.prompt("listen")
+    assert s.model.calls[-1][-1].content == "{'from': 'talker', 'text': 'late news'}"

@@ -199,3 +199,50 @@ def test_two_processes_hammering_one_store_lose_nothing(store: HarnessStore, tmp
     fsck = subprocess.run(["git", "fsck", "--strict"], cwd=store.root, capture_output=True, text=True)
     assert fsck.returncode == 0, fsck.stderr
     assert git(store, "status", "--porcelain") == ""
+
+
+def test_skill_updates_leave_untracked_files_and_caches_alone(store: HarnessStore):
+    create(store, "tools", kind="skill", description="d", files={"mytools/__init__.py": "X = 1\n"})
+    cache = store.root / "skill/tools/mytools/__pycache__/__init__.cpython-311.pyc"
+    cache.parent.mkdir()
+    cache.write_bytes(b"\x00compiled")
+    store.apply([Edit("update", "tools", files={"mytools/__init__.py": "X = 2\n"})], summary="v2", trigger="t", source="agent")
+    assert (store.root / "skill/tools/mytools/__init__.py").read_text() == "X = 2\n"
+    assert cache.read_bytes() == b"\x00compiled"  # not ours to delete, and never committed
+    store.apply([Edit("delete", "tools")], summary="gone", trigger="t", source="agent")
+    assert git(store, "ls-files", "skill") == "" and git(store, "status", "--porcelain") == ""
+    with pytest.raises(InvalidEntry, match="both a file and the folder"):
+        create(store, "clash", kind="skill", description="d", files={"pkg": "x", "pkg/a.py": "y"})
+    assert not (store.root / "skill/clash").exists()
+
+
+def test_a_persons_files_are_committed_as_they_are(store: HarnessStore):
+    create(store, "sk", kind="skill", description="d")
+    logo = bytes(range(256))
+    (store.root / "skill/sk/logo.png").write_bytes(logo)
+    (store.root / "memory").mkdir(exist_ok=True)
+    (store.root / "memory/My Note.md").write_text("---\ntitle: bad name\n---\nx\n")
+    (store.root / "memory/ok.md").write_text("---\ntitle: Fine\ncreated: 2024-05-01 10:00:00\n---\nhand written\n")
+    change, problems = store.commit_user_edits()
+    assert (store.root / "skill/sk/logo.png").read_bytes() == logo
+    committed = subprocess.run(["git", "show", "HEAD:skill/sk/logo.png"], cwd=store.root, capture_output=True).stdout
+    assert committed == logo
+    assert sorted(change.entries) == ["ok", "sk"] and any("invalid id" in p for p in problems)
+    assert store.get("ok").created.tzinfo is not None  # a date without a zone is read as UTC
+    from harness_store.view import HarnessView
+    assert "hand written" in HarnessView([store]).render()
+
+
+def test_an_agent_edit_does_not_swallow_a_persons_unsaved_edit(store: HarnessStore):
+    create(store, "a", body="one")
+    path = store.root / "memory/a.md"
+    path.write_text(path.read_text().replace("one", "person's text"))
+    store.apply([Edit("update", "a", body="agent's text")], summary="agent", trigger="t", source="agent")
+    assert "person's text" in git(store, "log", "-p", "--format=%s")
+    assert store.get("a").body == "agent's text\n"
+
+
+def test_rollback_compares_bytes_so_crlf_files_roll_back(store: HarnessStore):
+    change = create(store, "w", kind="skill", description="d", files={"run.bat": "echo hi\r\n"})
+    back = store.rollback(change.refinement_id)
+    assert back.entries == ["w"] and not (store.root / "skill/w").exists()
