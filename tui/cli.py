@@ -35,6 +35,19 @@ def build_parser() -> argparse.ArgumentParser:
     refine.add_argument("--session", help="with approve/reject: the session the refinement belongs to")
     refine.add_argument("--instructions", help="what the refinement should focus on")
     refine.add_argument("--mode", choices=["auto", "review", "dry-run"], help="override refine.mode")
+
+    rl = sub.add_parser("rl", help="train the policy with RL, or serve it")
+    rl_sub = rl.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, text in [("train", "SFT warm start (if configured), then RL"), ("sft", "only the SFT warm start")]:
+        p_ = rl_sub.add_parser(name, help=text)
+        p_.add_argument("config", help="a TOML run config, e.g. examples/reverse_text/config.toml")
+        p_.add_argument("overrides", nargs=argparse.REMAINDER, help="--section.field VALUE ...")
+    serve = rl_sub.add_parser("serve", help="an OpenAI-compatible server for the policy")
+    serve.add_argument("--checkpoint", help="a checkpoint directory (default: fresh weights)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--truncate", action="store_true",
+                       help="keep the last tokens of prompts longer than the policy's context (e.g. the agent's prompt)")
     return p
 
 
@@ -75,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         from tui.commands.harness import main as command
     elif args.command == "refine":
         from tui.commands.refine import main as command
+    elif args.command == "rl":
+        from tui.commands.rl import main as command
     else:
         from tui.commands.trajectory import main as command
     return command(args)

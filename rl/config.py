@@ -1,0 +1,123 @@
+"""RL run configuration: TOML + pydantic, with dotted command-line overrides
+(`--loss.name icepop --train.lr 3e-4`)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rl.model import PolicyConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnvConfig(_Section):
+    name: str = "reverse_text"
+    """A training environment from rl/envs."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Passed to the environment (reverse_text: min_len, max_len)."""
+
+
+class SFTConfig(_Section):
+    steps: int = 0
+    """Warm-start steps on the environment's demonstrations before RL (0: none)."""
+    batch_size: int = 64
+    lr: float = 1e-3
+    noise: float = 0.0
+    """Fraction of demonstrations replaced by the environment's plausible wrong answer: the warm start
+    then knows the skill but does not always choose it, which is what RL is for."""
+
+
+class LossConfig(_Section):
+    name: Literal["ipo", "dppo", "icepop", "ppo", "cispo"] = "ipo"
+    eps: float | None = None
+    """ipo: keep a token iff |p - q| <= eps (default 0.3)."""
+    delta_low: float | None = None
+    """dppo (default 0.2)."""
+    delta_high: float | None = None
+    """dppo (default 0.2)."""
+    ratio_low: float | None = None
+    """icepop 0.2, ppo 0.8, cispo off."""
+    ratio_high: float | None = None
+    """icepop 5.0, ppo 1.2, cispo 5.0."""
+    max_ratio: float | None = None
+    """Cap on the ratio's value and gradient (1e4)."""
+    kl_tau: float | None = None
+    """Weight of tau * (log r)^2 on loss tokens (0)."""
+
+    def overrides(self) -> dict[str, float]:
+        from rl.losses import DEFAULTS
+
+        return {k: v for k, v in self.model_dump(exclude={"name"}).items() if v is not None and k in DEFAULTS[self.name]}
+
+
+class TrainConfig(_Section):
+    steps: int = 50
+    """Optimizer steps of RL."""
+    batch_size: int = 16
+    """Tasks per step."""
+    group_size: int = 8
+    """Rollouts per task; advantages are relative to the group's mean reward."""
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    temperature: float = 1.0
+    """Sampling temperature; the trainer scores tokens at the same temperature."""
+    max_tokens: int = 24
+    """Longest completion."""
+    std_normalize: bool = False
+    """Divide advantages by the group's reward std."""
+    async_level: int = 0
+    """Batches sampling may run ahead of training (0: sample, then train)."""
+    max_off_policy_steps: int = 1
+    """Rollouts sampled by a policy older than this many steps are dropped (and counted)."""
+    seed: int = 0
+    threads: int = 2
+    """torch threads for training and sampling."""
+    out: str = "outputs/rl/run"
+    """Run directory: checkpoints, metrics.jsonl, reward.png."""
+    checkpoint_every: int = 25
+    init_from: str | None = None
+    """A checkpoint to start from (default: the run's SFT warm start if any, else fresh weights)."""
+    request_timeout: float = 120.0
+    """Seconds before a sampling request counts as timed out (its rollouts are excluded)."""
+
+
+class RunConfig(_Section):
+    model: PolicyConfig = Field(default_factory=PolicyConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+
+
+def load(path: str | None, overrides: list[str]) -> RunConfig:
+    """A config file plus `--section.field value` overrides (values parsed as TOML, else strings)."""
+    data: dict[str, Any] = tomllib.loads(Path(path).read_text()) if path else {}
+    it = iter(overrides)
+    for flag in it:
+        if not flag.startswith("--") or "." not in flag:
+            raise ValueError(f"override {flag!r}: expected --section.field VALUE")
+        try:
+            raw = next(it)
+        except StopIteration:
+            raise ValueError(f"override {flag!r} has no value") from None
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        node = data
+        *parents, leaf = flag[2:].split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"{path or 'config'}: {problems}") from None

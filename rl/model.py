@@ -1,0 +1,253 @@
+"""The policy: a small byte-level decoder-only transformer, its tokenizer and chat template,
+a batched KV-cache sampler, and checkpoints (safetensors + optimizer state, marker file last).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
+
+# --- tokenizer ------------------------------------------------------------------------------------
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are tokens 0-255; then the special tokens of the chat template."""
+
+    BOS, EOS, PAD, SYSTEM, USER, ASSISTANT, END = range(256, 263)
+    vocab_size = 264
+    ROLES = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT}
+    NAMES = {BOS: "<bos>", EOS: "<eos>", PAD: "<pad>", SYSTEM: "<|system|>", USER: "<|user|>",
+             ASSISTANT: "<|assistant|>", END: "<|end|>"}
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def token_str(self, i: int) -> str:
+        if i < 256:
+            return bytes([i]).decode("utf-8", errors="replace")
+        return self.NAMES.get(i, f"<{i}>")
+
+    def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        """<bos> then <|role|> text <|end|> per message, then <|assistant|> to generate."""
+        ids = [self.BOS]
+        for m in messages:
+            role = m["role"] if m["role"] in self.ROLES else "user"  # tool results read as user text
+            ids += [self.ROLES[role], *self.encode(m.get("content") or ""), self.END]
+        if add_generation_prompt:
+            ids.append(self.ASSISTANT)
+        return ids
+
+
+# --- model ----------------------------------------------------------------------------------------
+
+
+class PolicyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    d_model: int = 128
+    """Width of the residual stream."""
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block."""
+    max_seq: int = 256
+    """Longest sequence (prompt plus completion) in tokens."""
+    vocab_size: int = ByteTokenizer.vocab_size
+
+
+class Block(nn.Module):
+    def __init__(self, c: PolicyConfig):
+        super().__init__()
+        self.n_head = c.n_head
+        self.ln1, self.ln2 = nn.LayerNorm(c.d_model), nn.LayerNorm(c.d_model)
+        self.qkv = nn.Linear(c.d_model, 3 * c.d_model)
+        self.proj = nn.Linear(c.d_model, c.d_model)
+        self.mlp = nn.Sequential(nn.Linear(c.d_model, 4 * c.d_model), nn.GELU(), nn.Linear(4 * c.d_model, c.d_model))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(D, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, D // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if cache is not None:  # [k, v] of earlier positions, extended in place
+            if cache[0] is not None:
+                k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+            cache[0], cache[1] = k, v
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
+        return x + self.mlp(self.ln2(x))
+
+
+class Policy(nn.Module):
+    def __init__(self, config: PolicyConfig):
+        super().__init__()
+        self.config = config
+        self.tok = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos = nn.Embedding(config.max_seq, config.d_model)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln = nn.LayerNorm(config.d_model)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                caches: list | None = None) -> torch.Tensor:
+        """Logits [B, T, V]. Without `mask` attention is causal; `caches` (one [k, v] per block)
+        makes this a decoding step over cached keys."""
+        B, T = ids.shape
+        if positions is None:
+            positions = torch.arange(T, device=ids.device).expand(B, T)
+        if mask is None:
+            mask = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
+        x = self.tok(ids) + self.pos(positions.clamp(max=self.config.max_seq - 1))
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, caches[i] if caches is not None else None)
+        return self.ln(x) @ self.tok.weight.T  # tied output embedding
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def token_logprobs(model: Policy, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(ids[:, t] | ids[:, :t]) for t >= 1, shape [B, T-1], under the temperature-scaled policy."""
+    logits = model(ids[:, :-1]).float() / temperature
+    return torch.gather(F.log_softmax(logits, dim=-1), 2, ids[:, 1:, None]).squeeze(2)
+
+
+# --- sampling -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sampled:
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+
+
+@torch.no_grad()
+def generate(
+    model: Policy,
+    prompts: list[list[int]],
+    *,
+    max_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    stop_ids: tuple[int, ...] = (ByteTokenizer.END, ByteTokenizer.EOS),
+    generator: torch.Generator | None = None,
+    on_token=None,
+    row_max_tokens: list[int] | None = None,
+) -> list[Sampled]:
+    """Sample a batch with a KV cache. Prompts are left-padded, so every row decodes in step.
+    Logprobs are of each sampled token under the temperature-scaled distribution (the trainer
+    computes the same). `on_token(row, token, logprob)` streams; returning True stops that row."""
+    model.eval()
+    B, longest = len(prompts), max(len(p) for p in prompts)
+    max_tokens = max(0, min(max_tokens, model.config.max_seq - longest))
+    ids = torch.full((B, longest), ByteTokenizer.PAD, dtype=torch.long)
+    valid = torch.zeros(B, longest, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, longest - len(p):] = torch.tensor(p)
+        valid[i, longest - len(p):] = True
+    positions = (valid.long().cumsum(1) - 1).clamp(min=0)
+    causal = torch.ones(longest, longest, dtype=torch.bool).tril()
+    mask = (causal[None] & valid[:, None, :])[:, None]  # [B, 1, T, T]
+    mask = mask | torch.eye(longest, dtype=torch.bool)[None, None]  # pad rows attend to themselves: no NaN
+    caches = [[None, None] for _ in model.blocks]
+    logits = model(ids, positions, mask, caches)[:, -1]
+    out = [Sampled([], [], "length") for _ in range(B)]
+    done = torch.zeros(B, dtype=torch.bool)
+    limits = row_max_tokens or [max_tokens] * B
+    next_pos = positions[:, -1] + 1
+    for _ in range(max_tokens):
+        logp = F.log_softmax(logits.float() / max(temperature, 1e-6), dim=-1)
+        if temperature <= 0:
+            tok = logp.argmax(-1)
+        else:
+            probs = logp.exp()
+            if top_p < 1.0:
+                sorted_p, order = probs.sort(-1, descending=True)
+                keep = sorted_p.cumsum(-1) - sorted_p < top_p
+                probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        lp = logp.gather(1, tok[:, None]).squeeze(1)
+        for i in range(B):
+            if done[i]:
+                continue
+            t = int(tok[i])
+            if t in stop_ids:  # kept (with its logprob): the policy chose to stop, and learns from it
+                out[i].tokens.append(t)
+                out[i].logprobs.append(float(lp[i]))
+                out[i].finish_reason = "stop"
+                done[i] = True
+                continue
+            out[i].tokens.append(t)
+            out[i].logprobs.append(float(lp[i]))
+            if on_token and on_token(i, t, float(lp[i])):
+                out[i].finish_reason = "stop"
+                done[i] = True
+            elif len(out[i].tokens) >= limits[i]:
+                done[i] = True
+        if bool(done.all()):
+            break
+        valid = torch.cat([valid, torch.ones(B, 1, dtype=torch.bool)], dim=1)
+        logits = model(tok[:, None], next_pos[:, None], valid[:, None, None, :], caches)[:, -1]
+        next_pos = next_pos + 1
+    return out
+
+
+# --- checkpoints ----------------------------------------------------------------------------------
+
+MARKER = "COMPLETE"
+"""Written last: a checkpoint directory without it is unfinished and ignored."""
+
+
+def save_checkpoint(path: Path, model: Policy, optimizer: torch.optim.Optimizer | None, step: int,
+                    extra: dict | None = None) -> None:
+    from safetensors.torch import save_file
+
+    tmp = path.with_name(path.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    state = {"step": step, "rng": torch.get_rng_state(), **(extra or {})}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    torch.save(state, tmp / "trainer.pt")
+    (tmp / "config.json").write_text(json.dumps(model.config.model_dump(), indent=1))
+    (tmp / MARKER).write_text(str(step))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+
+
+def load_policy(path: Path) -> Policy:
+    from safetensors.torch import load_file
+
+    if not (path / MARKER).is_file():
+        raise FileNotFoundError(f"{path}: not a complete checkpoint (no {MARKER} marker)")
+    model = Policy(PolicyConfig.model_validate_json((path / "config.json").read_text()))
+    model.load_state_dict(load_file(str(path / "model.safetensors")))
+    return model
+
+
+def load_trainer_state(path: Path) -> dict:
+    return torch.load(path / "trainer.pt", weights_only=False)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    done = [p for p in root.glob("step-*") if (p / MARKER).is_file()] if root.is_dir() else []
+    return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)

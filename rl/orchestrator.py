@@ -1,0 +1,121 @@
+"""Rollouts: environments sample groups of completions through the OpenAI-compatible policy
+server, score them, and turn them into token-level training samples.
+
+Each sample carries its prompt and completion token ids, a loss mask (sampled tokens only),
+the inference logprob of every sampled token and the policy version that sampled it. The
+trainer never re-scores rollouts before the loss: the loss sees these inference logprobs.
+"""
+
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+from dataclasses import dataclass, field
+
+from evals.env import Environment
+from rl.config import TrainConfig
+from rl.model import ByteTokenizer
+
+
+@dataclass
+class Sample:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    inference_logprobs: list[float]
+    advantage: float
+    reward: float
+    version: int
+
+
+@dataclass
+class Batch:
+    step: int
+    samples: list[Sample]
+    rewards: list[float]
+    """Every scored rollout's reward (including groups that train nothing)."""
+    version: int
+    counts: dict[str, int] = field(default_factory=dict)
+    """rollouts, errored, zero_advantage_groups, stale (dropped for max_off_policy_steps)."""
+
+
+class Orchestrator:
+    def __init__(self, base_url: str, env: Environment, config: TrainConfig):
+        import openai
+
+        self.env, self.config = env, config
+        self.tok = ByteTokenizer()
+        self.client = openai.OpenAI(base_url=base_url, api_key="local", max_retries=2, timeout=config.request_timeout)
+        self._queue: queue.Queue[Batch | BaseException] | None = None
+
+    # --- one batch -------------------------------------------------------------------------------
+
+    def collect(self, step: int) -> Batch:
+        c = self.config
+        tasks = self.env.tasks(c.batch_size, seed=c.seed * 1_000_003 + step)
+        prompts = [self.tok.chat(([{"role": "system", "content": t.system}] if t.system else [])
+                                 + [{"role": "user", "content": t.prompt}]) for t in tasks]
+        counts = {"rollouts": len(tasks) * c.group_size, "errored": 0, "zero_advantage_groups": 0, "stale": 0}
+        try:
+            resp = self.client.completions.create(
+                model="policy", prompt=prompts, n=c.group_size, max_tokens=c.max_tokens, temperature=c.temperature,
+                logprobs=1, seed=c.seed * 1_000_003 + step,
+            )
+        except Exception:  # a failed or timed-out request: its rollouts are excluded and counted
+            counts["errored"] = counts["rollouts"]
+            return Batch(step, [], [], -1, counts)
+        version = int((resp.model_extra or {}).get("policy_version", 0))
+        samples, rewards = [], []
+        for g, task in enumerate(tasks):
+            group = resp.choices[g * c.group_size : (g + 1) * c.group_size]
+            scored = []
+            for choice in group:
+                extra = choice.model_extra or {}
+                ids, lps = extra.get("token_ids"), (choice.logprobs.token_logprobs if choice.logprobs else None)
+                if not ids or lps is None or len(ids) != len(lps):
+                    counts["errored"] += 1  # no usable tokens: excluded from training and the group mean
+                    continue
+                scored.append((ids, lps, self.env.reward(task, choice.text)))
+            if not scored:
+                continue
+            group_rewards = [r for _, _, r in scored]
+            rewards += group_rewards
+            mean = statistics.fmean(group_rewards)
+            std = statistics.pstdev(group_rewards) if c.std_normalize else 1.0
+            advantages = [(r - mean) / (std + 1e-6) for r in group_rewards]
+            if all(abs(a) < 1e-9 for a in advantages):
+                counts["zero_advantage_groups"] += 1  # nothing to learn from this group
+                continue
+            for (ids, lps, r), a in zip(scored, advantages):
+                if abs(a) >= 1e-9:
+                    samples.append(Sample(prompts[g], ids, lps, a, r, version))
+        return Batch(step, samples, rewards, version, counts)
+
+    # --- running ahead ---------------------------------------------------------------------------
+
+    def batches(self, start: int, stop: int):
+        """Batches for steps start..stop-1. With async_level > 0 a sampler thread runs that many
+        batches ahead of training; rollouts older than max_off_policy_steps are dropped."""
+        c = self.config
+        if c.async_level <= 0:
+            for step in range(start, stop):
+                yield self.collect(step)
+            return
+        q: queue.Queue = queue.Queue(maxsize=c.async_level)
+
+        def run() -> None:
+            try:
+                for step in range(start, stop):
+                    q.put(self.collect(step))
+            except BaseException as e:  # surfaced to the trainer, never lost in a thread
+                q.put(e)
+
+        threading.Thread(target=run, daemon=True, name="rollouts").start()
+        for step in range(start, stop):
+            item = q.get()
+            if isinstance(item, BaseException):
+                raise item
+            fresh = [s for s in item.samples if step - s.version <= c.max_off_policy_steps]
+            item.counts["stale"] = len(item.samples) - len(fresh)
+            item.samples, item.step = fresh, step
+            yield item

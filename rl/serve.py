@@ -1,0 +1,389 @@
+"""An OpenAI-compatible server for the policy: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+
+Every sampled token comes with its logprob and id. Concurrent requests are batched together.
+New weights load between batches (hot reload), so requests in flight finish on the weights they
+started with; each response names the `policy_version` that sampled it.
+
+    prime-agent rl serve [--checkpoint DIR] [--host 127.0.0.1] [--port 8000]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from fastapi import FastAPI, HTTPException
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from rl.model import ByteTokenizer, Policy, PolicyConfig, generate, latest_checkpoint, load_policy
+
+MAX_BATCH_ROWS = 256
+
+
+@dataclass
+class Job:
+    prompts: list[list[int]]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stops: list[str]
+    on_token: Callable[[int, int, float], None] | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    result: list | None = None
+    version: int = 0
+    error: BaseException | None = None
+
+
+class Engine:
+    """The policy and a worker thread that samples batches of queued jobs."""
+
+    def __init__(self, model: Policy, name: str = "prime-policy", version: int = 0, truncate: bool = False):
+        self.model = model
+        self.name = name
+        self.version = version
+        self.truncate = truncate
+        """Keep the most recent tokens of a prompt longer than the context, instead of refusing it."""
+        self.tok = ByteTokenizer()
+        self._jobs: queue.Queue[Job] = queue.Queue()
+        self._pending: tuple[dict, int] | None = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._work, daemon=True, name="policy-sampler")
+        self._thread.start()
+
+    # --- weights -------------------------------------------------------------------------------
+
+    def update(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """New weights, swapped in before the next batch (never under a batch in flight)."""
+        with self._lock:
+            self._pending = ({k: v.detach().clone() for k, v in state_dict.items()}, version)
+
+    def load(self, path: Path) -> int:
+        """Hot-reload a checkpoint directory (or the latest `step-*` under it); returns its version."""
+        path = latest_checkpoint(path) or path
+        model = load_policy(path)
+        version = int((path / "COMPLETE").read_text()) if (path / "COMPLETE").is_file() else self.version + 1
+        self.update(model.state_dict(), version)
+        return version
+
+    # --- sampling ------------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> Job:
+        self._jobs.put(job)
+        return job
+
+    def _work(self) -> None:
+        while True:
+            batch = [self._jobs.get()]
+            time.sleep(0.002)  # let concurrent requests join this batch
+            while not self._jobs.empty() and sum(len(j.prompts) for j in batch) < MAX_BATCH_ROWS:
+                batch.append(self._jobs.get_nowait())
+            with self._lock:
+                if self._pending is not None:
+                    self.model.load_state_dict(self._pending[0])
+                    self.version = self._pending[1]
+                    self._pending = None
+            groups: dict[tuple, list[Job]] = {}
+            for j in batch:  # one forward pass per compatible group; a seeded job samples alone (reproducible)
+                key = (j.temperature, j.top_p) if j.seed is None else ("seeded", id(j))
+                groups.setdefault(key, []).append(j)
+            for jobs in groups.values():
+                self._sample(jobs)
+
+    def _sample(self, jobs: list[Job]) -> None:
+        rows = [(j, i) for j in jobs for i in range(len(j.prompts))]
+        first = jobs[0]
+        gen = torch.Generator().manual_seed(first.seed) if first.seed is not None else None
+
+        def on_token(row: int, token: int, logprob: float) -> bool:
+            job, i = rows[row]
+            stop = job.on_token(i, token, logprob) if job.on_token else False
+            return bool(stop)
+
+        try:
+            out = generate(self.model, [j.prompts[i] for j, i in rows], max_tokens=max(j.max_tokens for j in jobs),
+                           temperature=first.temperature, top_p=first.top_p, generator=gen, on_token=on_token,
+                           row_max_tokens=[j.max_tokens for j, _ in rows])
+        except BaseException as e:  # a failed batch fails its requests, not the server
+            for j in jobs:
+                j.error = e
+                j.done.set()
+            return
+        for j in jobs:
+            j.result, j.version = [], self.version
+        for (j, _), sampled in zip(rows, out):
+            j.result.append(sampled)
+        for j in jobs:
+            j.done.set()
+
+
+# --- the HTTP API ----------------------------------------------------------------------------------
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")  # other OpenAI parameters are accepted and ignored
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=64)
+    max_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    temperature: float = Field(1.0, ge=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    seed: int | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=1)
+    """As in vLLM: keep only the last N prompt tokens."""
+
+
+class ChatRequest(_Request):
+    messages: list[dict[str, Any]]
+    logprobs: bool = False
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | bool | None = None
+    echo: bool = False
+
+
+def create_app(engine: Engine) -> FastAPI:
+    app = FastAPI(title="Prime Agent policy server")
+    tok = engine.tok
+
+    # Errors in OpenAI's shape, so clients show the message.
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc: HTTPException):
+        return JSONResponse({"error": {"message": exc.detail, "type": "invalid_request_error"}}, exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in exc.errors())
+        return JSONResponse({"error": {"message": problems, "type": "invalid_request_error"}}, 400)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": engine.name, "object": "model", "owned_by": "prime-agent",
+                                            "policy_version": engine.version}]}
+
+    @app.post("/v1/reload")
+    async def reload(body: dict) -> dict:
+        try:
+            return {"policy_version": await asyncio.to_thread(engine.load, Path(body["path"]))}
+        except (KeyError, FileNotFoundError, OSError) as e:
+            raise HTTPException(400, f"cannot load weights: {e}") from None
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest):
+        for m in req.messages:
+            if not isinstance(m.get("content", ""), (str, type(None))):
+                m["content"] = "".join(p.get("text", "") for p in m["content"] if isinstance(p, dict))
+        prompt = tok.chat([{"role": m.get("role", "user"), "content": m.get("content") or ""} for m in req.messages])
+        return await _respond(engine, req, [prompt], chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        p = req.prompt
+        if isinstance(p, str):
+            prompts = [tok.encode(p)]
+        elif p and all(isinstance(x, int) for x in p):
+            prompts = [list(p)]
+        else:
+            prompts = [tok.encode(x) if isinstance(x, str) else list(x) for x in p]
+        if not prompts or any(not x for x in prompts):
+            raise HTTPException(400, "prompt must not be empty")
+        if any(t < 0 or t >= tok.vocab_size for x in prompts for t in x):
+            raise HTTPException(400, f"token ids must be in [0, {tok.vocab_size})")
+        return await _respond(engine, req, prompts, chat=False)
+
+    return app
+
+
+async def _respond(engine: Engine, req: _Request, prompts: list[list[int]], chat: bool):
+    tok = engine.tok
+    limit = engine.model.config.max_seq
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    max_tokens = req.max_completion_tokens or req.max_tokens or (256 if chat else 16)
+    keep = req.truncate_prompt_tokens or (max(1, limit - min(max_tokens, limit // 2)) if engine.truncate else None)
+    if keep is not None:
+        prompts = [p if len(p) <= keep else [tok.BOS, *p[len(p) - keep + 1 :]] if p[0] == tok.BOS else p[-keep:]
+                   for p in prompts]
+    if any(len(p) >= limit for p in prompts):
+        raise HTTPException(400, f"the prompt is longer than the policy's context ({limit} tokens); "
+                                 "pass truncate_prompt_tokens, or start the server with --truncate")
+    expanded = [p for p in prompts for _ in range(req.n)]
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
+    created = int(time.time())
+    loop = asyncio.get_running_loop()
+    stream_q: asyncio.Queue | None = asyncio.Queue() if req.stream else None
+    decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in expanded]
+    texts = [""] * len(expanded)
+
+    def on_token(i: int, token: int, logprob: float) -> bool:
+        piece = decoders[i].decode(bytes([token])) if token < 256 else ""
+        texts[i] += piece
+        hit = next((s for s in stops if s and s in texts[i]), None)
+        if stream_q is not None:
+            loop.call_soon_threadsafe(stream_q.put_nowait, (i, token, logprob, piece, hit))
+        return hit is not None
+
+    job = engine.submit(Job(expanded, max_tokens, req.temperature, req.top_p, req.seed, stops, on_token))
+    waiter = asyncio.ensure_future(asyncio.to_thread(job.done.wait))
+    if stream_q is not None:
+        return StreamingResponse(_stream(engine, req, job, waiter, stream_q, rid, created, chat, prompts),
+                                 media_type="text/event-stream")
+    await waiter
+    if job.error is not None:
+        raise HTTPException(500, f"sampling failed: {job.error}")
+    choices = []
+    for i, s in enumerate(job.result):
+        text, tokens, lps, finish = _cut(tok, texts[i], s, stops)
+        choice: dict[str, Any] = {"index": i, "finish_reason": finish, "token_ids": tokens}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+            choice["logprobs"] = {"content": [_lp_entry(tok, t, lp) for t, lp in zip(tokens, lps)]} if req.logprobs else None
+        else:
+            choice["text"] = text
+            choice["logprobs"] = ({"tokens": [tok.token_str(t) for t in tokens], "token_logprobs": lps,
+                                   "top_logprobs": None, "text_offset": None} if req.logprobs else None)
+        choices.append(choice)
+    completion_tokens = sum(len(c["token_ids"]) for c in choices)
+    prompt_tokens = sum(len(p) for p in prompts)
+    return JSONResponse({
+        "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+        "model": req.model or engine.name, "choices": choices, "policy_version": job.version,
+        "prompt_token_ids": prompts[0] if len(prompts) == 1 else prompts,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    })
+
+
+async def _stream(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat, prompts):
+    import json
+
+    tok = engine.tok
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    counts = [0] * (len(prompts) * req.n)
+    base = {"id": rid, "object": obj, "created": created, "model": req.model or engine.name}
+
+    def chunk(choice: dict) -> str:
+        return "data: " + json.dumps({**base, "choices": [choice]}) + "\n\n"
+
+    if chat:
+        for i in range(len(counts)):
+            yield chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+    stopped: set[int] = set()
+    while not (waiter.done() and q.empty()):
+        try:
+            i, token, logprob, piece, hit = await asyncio.wait_for(q.get(), 0.05)
+        except TimeoutError:
+            continue
+        if i in stopped:
+            continue
+        counts[i] += 1
+        if hit:
+            stopped.add(i)
+            piece = ""
+        entry = _lp_entry(tok, token, logprob)
+        if chat:
+            c = {"index": i, "delta": {"content": piece}, "finish_reason": None, "token_ids": [token],
+                 "logprobs": {"content": [entry]} if req.logprobs else None}
+        else:
+            c = {"index": i, "text": piece, "finish_reason": None, "token_ids": [token],
+                 "logprobs": {"tokens": [entry["token"]], "token_logprobs": [logprob]} if req.logprobs else None}
+        yield chunk(c)
+    await waiter
+    if job.error is not None:
+        yield "data: " + json.dumps({"error": {"message": f"sampling failed: {job.error}"}}) + "\n\n"
+        return
+    for i, s in enumerate(job.result):
+        finish = "stop" if i in stopped else s.finish_reason
+        yield chunk({"index": i, "delta": {}, "finish_reason": finish} if chat else {"index": i, "text": "", "finish_reason": finish})
+    if (req.stream_options or {}).get("include_usage"):
+        prompt_tokens = sum(len(p) for p in prompts)
+        yield "data: " + json.dumps({**base, "choices": [], "policy_version": job.version, "usage": {
+            "prompt_tokens": prompt_tokens, "completion_tokens": sum(counts),
+            "total_tokens": prompt_tokens + sum(counts)}}) + "\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _cut(tok: ByteTokenizer, text: str, s, stops: list[str]):
+    """Apply stop strings: the text ends before the stop; tokens past it are dropped."""
+    tokens, lps = list(s.tokens), list(s.logprobs)
+    hit = min((text.index(x) for x in stops if x and x in text), default=None)
+    if hit is None:
+        return text, tokens, lps, s.finish_reason
+    kept, n = text[:hit], 0
+    while n < len(tokens) and len(tok.decode(tokens[: n + 1])) <= len(kept):
+        n += 1
+    return kept, tokens[:n], lps[:n], "stop"
+
+
+def _lp_entry(tok: ByteTokenizer, token: int, logprob: float) -> dict[str, Any]:
+    return {"token": tok.token_str(token), "logprob": logprob, "bytes": [token] if token < 256 else [],
+            "top_logprobs": []}
+
+
+# --- running it ----------------------------------------------------------------------------------
+
+
+class BackgroundServer:
+    """uvicorn in a thread, for the trainer and for tests: `with BackgroundServer(engine) as url:`."""
+
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0):
+        import socket
+
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind((host, port))
+        self.host, self.port = self.sock.getsockname()[:2]
+        config = uvicorn.Config(create_app(engine), log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+        return self.base_url
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+def engine_from(checkpoint: str | None, config: PolicyConfig | None = None, seed: int = 0,
+                truncate: bool = False) -> Engine:
+    if checkpoint:
+        path = latest_checkpoint(Path(checkpoint)) or Path(checkpoint)
+        return Engine(load_policy(path), version=int((path / "COMPLETE").read_text()), truncate=truncate)
+    torch.manual_seed(seed)
+    return Engine(Policy(config or PolicyConfig()), truncate=truncate)
+
+
+def main(args) -> int:
+    import uvicorn
+
+    engine = engine_from(args.checkpoint, truncate=args.truncate)
+    print(f"policy server: {engine.model.num_params():,} parameters, version {engine.version}, "
+          f"http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
+    return 0

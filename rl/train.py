@@ -1,0 +1,215 @@
+"""RL training: an SFT warm start, then policy-gradient steps on rollouts from the policy server.
+
+    prime-agent rl train examples/reverse_text/config.toml [--loss.name icepop --train.lr 3e-4]
+    prime-agent rl sft   examples/reverse_text/config.toml
+
+One process on the CPU: the policy server runs in a thread beside the trainer, sampling with its
+own copy of the weights, which the trainer replaces after every step (a hot reload).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from rl import losses
+from rl.config import RunConfig
+from rl.envs import load as load_env
+from rl.model import (
+    ByteTokenizer, Policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint, token_logprobs,
+)
+from rl.orchestrator import Batch, Orchestrator
+from rl.serve import BackgroundServer, Engine
+
+
+def pad(rows: list[list[int]], value: int) -> torch.Tensor:
+    out = torch.full((len(rows), max(map(len, rows))), value, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+# --- SFT warm start ----------------------------------------------------------------------------------
+
+
+def sft(cfg: RunConfig, log=print) -> Path:
+    """Cross-entropy on the environment's demonstrations; returns the checkpoint directory."""
+    out = Path(cfg.train.out) / "sft"
+    if (done := latest_checkpoint(out)) is not None:
+        log(f"sft: using {done}")
+        return done
+    torch.manual_seed(cfg.train.seed)
+    torch.set_num_threads(cfg.train.threads)
+    env, tok = load_env(cfg.env.name, **cfg.env.options), ByteTokenizer()
+    model = Policy(cfg.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr)
+    noise = random.Random(cfg.train.seed)
+    started = time.time()
+    for step in range(cfg.sft.steps):
+        tasks = env.tasks(cfg.sft.batch_size, seed=10**9 + step)  # disjoint from RL's task seeds
+        rows, masks = [], []
+        for t in tasks:
+            prompt = tok.chat([{"role": "system", "content": t.system}, {"role": "user", "content": t.prompt}])
+            shown = env.distractor(t) if noise.random() < cfg.sft.noise else env.demonstration(t)
+            answer = tok.encode(shown) + [tok.END]
+            rows.append(prompt + answer)
+            masks.append([0] * (len(prompt) - 1) + [1] * len(answer))
+        ids, mask = pad(rows, tok.PAD), pad(masks, 0).float()
+        model.train()
+        loss = -(token_logprobs(model, ids) * mask).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 50 == 0 or step == cfg.sft.steps - 1:
+            log(f"sft step {step:4d}  loss {loss.item():.3f}  {time.time() - started:.0f}s")
+    path = out / f"step-{cfg.sft.steps}"
+    save_checkpoint(path, model, None, 0)
+    return path
+
+
+# --- one optimizer step ------------------------------------------------------------------------------
+
+
+def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: RunConfig) -> dict[str, float]:
+    """Token-level loss on the batch's samples, normalised by its loss-mask tokens; one AdamW step."""
+    tok = ByteTokenizer()
+    rows = [s.prompt_ids + s.completion_ids for s in batch.samples]
+    ids = pad(rows, tok.PAD)
+    T = ids.shape[1] - 1
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    inference = torch.zeros(len(rows), T)
+    advantages = torch.zeros(len(rows), T)
+    for i, s in enumerate(batch.samples):
+        a, b = len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + len(s.completion_ids)
+        mask[i, a:b] = True  # only tokens the policy sampled; the prompt is masked
+        inference[i, a:b] = torch.tensor(s.inference_logprobs)
+        advantages[i, a:b] = s.advantage
+    model.train()
+    trainer = token_logprobs(model, ids, cfg.train.temperature)
+    out = losses.compute(cfg.loss.name, trainer, inference, advantages, mask, **cfg.loss.overrides())
+    loss = out.per_token.sum() / mask.sum().clamp(min=1)
+    opt.zero_grad()
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+    opt.step()
+    return {"loss": loss.item(), "grad_norm": float(grad_norm), "tokens": int(mask.sum()), **out.metrics}
+
+
+# --- the run -------------------------------------------------------------------------------------------
+
+
+def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
+    out = Path(cfg.train.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.train.threads)
+    env = load_env(cfg.env.name, **cfg.env.options)
+
+    # --- weights: resume, else a named start, else the SFT warm start, else fresh
+    resume = latest_checkpoint(out / "checkpoints")
+    start, state = 0, None
+    if resume is not None:
+        model, state = load_policy(resume), load_trainer_state(resume)
+        start = state["step"]
+        log(f"resuming from {resume} (step {start})")
+    elif cfg.train.init_from:
+        model = load_policy(latest_checkpoint(Path(cfg.train.init_from)) or Path(cfg.train.init_from))
+    elif cfg.sft.steps > 0:
+        model = load_policy(sft(cfg, log))
+    else:
+        torch.manual_seed(cfg.train.seed)
+        model = Policy(cfg.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+    torch.manual_seed(cfg.train.seed + start)
+
+    metrics_path = out / "metrics.jsonl"
+    history = [json.loads(line) for line in metrics_path.read_text().splitlines()] if resume and metrics_path.exists() else []
+    history = [h for h in history if h["step"] < start]
+    metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
+
+    engine = Engine(copy.deepcopy(model), version=start)  # the sampler's own weights
+    with BackgroundServer(engine) as base_url, _Progress(cfg.train.steps, start, progress) as bar:
+        orchestrator = Orchestrator(base_url, env, cfg.train)
+        for batch in orchestrator.batches(start, cfg.train.steps):
+            step = batch.step
+            t = time.time()
+            m = train_step(model, opt, batch, cfg) if batch.samples else {"loss": 0.0, "tokens": 0}
+            engine.update(model.state_dict(), version=step + 1)  # the next rollouts sample the new policy
+            m.update(step=step, reward_mean=_mean(batch.rewards), off_policy_max=max(
+                (step - s.version for s in batch.samples), default=0), samples=len(batch.samples), **batch.counts,
+                seconds=time.time() - t)
+            m["tokens_per_s"] = m["tokens"] / max(m["seconds"], 1e-9)
+            _check_finite(m)
+            history.append(m)
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(m) + "\n")
+            bar.line(f"step {step:4d}  reward {m['reward_mean']:.3f}  loss {m['loss']:+.4f}  "
+                     f"mismatch_kl {m.get('mismatch_kl', 0):.2e}  masked {m.get('masked_fraction', 0):.3f}  "
+                     f"off_policy {m['off_policy_max']}  {m['tokens_per_s']:,.0f} tok/s")
+            if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
+                save_checkpoint(out / "checkpoints" / f"step-{step + 1}", model, opt, step + 1)
+    plot(history, out / "reward.png")
+    return history
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _check_finite(m: dict) -> None:
+    bad = [k for k, v in m.items() if isinstance(v, float) and not math.isfinite(v) and k != "reward_mean"]
+    if bad:
+        raise FloatingPointError(f"step {m['step']}: non-finite {', '.join(bad)}")
+
+
+def plot(history: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([h["step"] for h in history], [h["reward_mean"] for h in history])
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward mean")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+class _Progress:
+    """A rich progress bar with a console line per step (or plain lines when off)."""
+
+    def __init__(self, total: int, start: int, enabled: bool):
+        self.total, self.start, self.enabled = total, start, enabled
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, Progress, TimeRemainingColumn
+
+            self.progress = Progress("[progress.description]{task.description}", BarColumn(), "{task.completed}/{task.total}",
+                                     TimeRemainingColumn())
+            self.progress.start()
+            self.task = self.progress.add_task("training", total=self.total, completed=self.start)
+        return self
+
+    def line(self, text: str) -> None:
+        if self.enabled:
+            self.progress.console.print(text, soft_wrap=True)
+            self.progress.advance(self.task)
+        else:
+            print(text, flush=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.progress.stop()

@@ -1,0 +1,113 @@
+"""The policy, its sampler, checkpoints, and the OpenAI-compatible server in front of it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+
+from rl.model import ByteTokenizer, Policy, PolicyConfig, generate, latest_checkpoint, load_policy, save_checkpoint, token_logprobs
+from rl.serve import BackgroundServer, Engine
+
+SMALL = PolicyConfig(d_model=32, n_layer=2, n_head=2, max_seq=64)
+
+
+@pytest.fixture
+def policy() -> Policy:
+    torch.manual_seed(0)
+    return Policy(SMALL)
+
+
+def test_sampler_logprobs_match_the_trainer(policy: Policy):
+    tok = ByteTokenizer()
+    prompts = [tok.chat([{"role": "user", "content": t}]) for t in ["hi", "a longer prompt"]]
+    out = generate(policy, prompts, max_tokens=10, temperature=0.8, generator=torch.Generator().manual_seed(1))
+    for p, s in zip(prompts, out):
+        ids = torch.tensor([p + s.tokens])
+        trainer = token_logprobs(policy, ids, temperature=0.8)[0, len(p) - 1 :]
+        assert torch.allclose(trainer, torch.tensor(s.logprobs), atol=1e-4)  # left padding and the KV cache change nothing
+
+
+def test_checkpoints_are_complete_or_ignored(policy: Policy, tmp_path: Path):
+    opt = torch.optim.AdamW(policy.parameters())
+    save_checkpoint(tmp_path / "step-3", policy, opt, 3)
+    (tmp_path / "step-9.partial").mkdir()  # a save cut short
+    (tmp_path / "step-9").mkdir()
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-3"
+    loaded = load_policy(tmp_path / "step-3")
+    assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), loaded.state_dict().values()))
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        load_policy(tmp_path / "step-9")
+
+
+def test_the_openai_client_works_against_the_server(policy: Policy, tmp_path: Path):
+    engine = Engine(policy)
+    with BackgroundServer(engine) as url:
+        client = openai.OpenAI(base_url=url, api_key="none")
+        assert client.models.list().data[0].id == "prime-policy"
+        r = client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hello"}], n=3,
+                                           max_tokens=8, logprobs=True, temperature=1.0)
+        assert len(r.choices) == 3 and r.usage.completion_tokens == sum(len(c.model_extra["token_ids"]) for c in r.choices)
+        first = r.choices[0]
+        assert len(first.logprobs.content) == len(first.model_extra["token_ids"]) and all(t.logprob <= 0 for t in first.logprobs.content)
+        seeded = [client.completions.create(model="p", prompt="abc", max_tokens=6, seed=5, logprobs=1) for _ in range(2)]
+        assert seeded[0].choices[0].text == seeded[1].choices[0].text
+        assert seeded[0].choices[0].logprobs.token_logprobs == seeded[1].choices[0].logprobs.token_logprobs
+        stopped = client.completions.create(model="p", prompt="abc", max_tokens=40, temperature=0, stop=["\x00never"])
+        assert stopped.choices[0].finish_reason in ("stop", "length")
+        chunks = list(client.chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}], max_tokens=5,
+                                                     stream=True, logprobs=True, stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens >= 1 and chunks[0].choices[0].delta.role == "assistant"
+
+        # Hot reload: new weights, a new version, and a request in flight meanwhile still completes.
+        save_checkpoint(tmp_path / "step-7", Policy(SMALL), None, 7)
+
+        async def during_reload():
+            ac = openai.AsyncOpenAI(base_url=url, api_key="none")
+            slow = asyncio.create_task(ac.completions.create(model="p", prompt="abc", max_tokens=40, temperature=1.0))
+            reloaded = await ac.post("/reload", body={"path": str(tmp_path)}, cast_to=object)
+            return await slow, reloaded
+
+        done, reloaded = asyncio.run(during_reload())
+        assert reloaded == {"policy_version": 7} and done.choices[0].text is not None
+        after = client.completions.create(model="p", prompt="abc", max_tokens=2)
+        assert after.model_extra["policy_version"] == 7
+        bad = client.with_options(max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="longer than the policy's context"):
+            bad.completions.create(model="p", prompt="x" * 100, max_tokens=2)
+
+
+def test_prime_agent_run_works_against_prime_agent_rl_serve(project: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bin_dir = Path(sys.executable).parent
+    server = subprocess.Popen([str(bin_dir / "prime-agent"), "rl", "serve", "--port", str(port), "--truncate"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, server.stdout.read()
+                time.sleep(0.2)
+        env = {**os.environ, "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "PRIME_AGENT_MODEL": "prime-policy"}
+        run = subprocess.run([str(bin_dir / "prime-agent"), "run", "--json", "-c", "model.max_completion_tokens=16",
+                              "say something"], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        finished = json.loads(run.stdout.splitlines()[-1])
+        assert finished["type"] == "turn.finished" and finished["data"]["outcome"] == "completed"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
