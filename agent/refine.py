@@ -101,9 +101,9 @@ class SessionRefiner:
     # --- triggers -------------------------------------------------------------------------------
 
     def request(self, instructions: str | None = None, trigger: str = "explicit") -> str:
-        """Start planning in the background (unless a plan is already in flight)."""
-        if self.task is not None and not self.task.done():
-            return "a refinement is already being planned; it applies at a turn boundary"
+        """Start planning in the background (unless a plan is already in flight or waiting to apply)."""
+        if (self.task is not None and not self.task.done()) or self.ready is not None:
+            return "a refinement is already being planned or waits for the turn boundary; it applies then"
         self.task = asyncio.create_task(self._plan(instructions, trigger, review=False))
         return "refinement planning started; it applies at the next turn boundary"
 
@@ -119,11 +119,15 @@ class SessionRefiner:
             self.task = asyncio.create_task(self._plan(None, "auto", review=True))
 
     def invalidate(self, why: str) -> None:
-        """Interrupts, rollbacks and resets make what was planned before them stale."""
+        """Interrupts, rollbacks and resets make what was planned before them stale (pending reviews too)."""
         self.generation += 1
-        if self.ready is not None:
-            self._finish(Outcome(self.ready.plan, "rejected", reason=f"stale: {why} since planning"), None)
-            self.ready = None
+        stale = [self.ready.plan] if self.ready is not None else []
+        self.ready = None
+        for path in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []:
+            stale.append(Plan.from_json(path.read_text()))
+            path.unlink()
+        for plan in stale:
+            self._finish(Outcome(plan, "rejected", reason=f"stale: {why} since planning"), None)
 
     # --- background -----------------------------------------------------------------------------
 
@@ -148,12 +152,18 @@ class SessionRefiner:
         except Exception as e:  # a crash of the planning task is a failed refinement, never a dead session
             self._failed(trigger, f"internal error: {type(e).__name__}: {e}")
             return
-        if outcome.status == "ready":
-            self.ready = outcome
-            if s.turn is None:  # idle: this is a turn boundary
-                self.at_boundary()
-        else:
+        self._ready_or_finish(outcome)
+
+    def _ready_or_finish(self, outcome: Outcome) -> None:
+        if outcome.status != "ready":
             self._finish(outcome, None)
+            return
+        self.ready = outcome
+        if self.s.turn is None:  # idle: this is a turn boundary
+            try:
+                self.at_boundary()
+            except Exception as e:
+                self._failed(outcome.plan.trigger, f"could not apply: {type(e).__name__}: {e}")
 
     def at_boundary(self) -> None:
         """Commit a ready refinement (called between turns)."""
@@ -166,16 +176,18 @@ class SessionRefiner:
     # --- review mode ----------------------------------------------------------------------------
 
     async def decide(self, refinement_id: str, approve: bool) -> Outcome:
+        """Approve (it applies at the next turn boundary, now if idle) or reject a pending refinement."""
         path = self.dir / f"{refinement_id}.json"
         if not path.is_file():
             raise KeyError(f"no pending refinement {refinement_id!r} in session {self.s.id}")
         plan = Plan.from_json(path.read_text())
-        if approve:
-            outcome = await self.refiner.apply(plan, session=self.s.id, generation=plan.generation, approved=True)
-        else:
-            outcome = Outcome(plan, "rejected", reason="rejected by the user")
         path.unlink()
-        self._finish(outcome, self.s.turn)
+        if not approve:
+            outcome = Outcome(plan, "rejected", reason="rejected by the user")
+            self._finish(outcome, self.s.turn)
+            return outcome
+        outcome = await self.refiner.prepare(plan, approved=True)
+        self._ready_or_finish(outcome)
         return outcome
 
     # --- records --------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.config import Config

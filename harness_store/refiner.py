@@ -109,6 +109,9 @@ class Outcome:
     """The validated store edits, for commit()."""
 
 
+NEGATION = re.compile(r"(?i)\b(never|not|don'?t|do not|avoid|no)\b")
+
+
 class Rules(BaseModel):
     """Deterministic policy: edits matching any pattern are refused with the rule's name."""
 
@@ -129,11 +132,14 @@ class Rules(BaseModel):
     """Edits that weaken tests, checks, evaluation or permissions."""
 
     def violation(self, text: str) -> str | None:
-        for name, patterns in (("a secret", self.secrets), ("weakening tests, checks or permissions", self.weakening)):
-            for p in patterns:
-                m = re.search(p, text)
-                if m:
-                    return f"policy: looks like {name} ({m.group(0)[:40]!r})"
+        for p in self.secrets:
+            if m := re.search(p, text):
+                return f"policy: looks like a secret ({m.group(0)[:12]!r}...)"
+        for p in self.weakening:
+            for m in re.finditer(p, text):
+                sentence = text[max(text.rfind(".", 0, m.start()), text.rfind("\n", 0, m.start())) + 1 : m.start()]
+                if not NEGATION.search(sentence):  # "never skip the tests" is the opposite of weakening them
+                    return f"policy: looks like weakening tests, checks or permissions ({m.group(0)[:40]!r})"
         return None
 
 
@@ -290,6 +296,11 @@ class Refiner:
         by_scope: dict[Scope, list[Edit]] = {}
         for _, scope, edit in outcome.edits:
             by_scope.setdefault(scope, []).append(edit)
+        try:  # every scope still accepts its edits (nothing changed since validation), or none lands
+            for _, scope, edit in outcome.edits:
+                self.stores[scope].dry_run(edit)
+        except HarnessError as e:
+            return Outcome(plan, "rejected", refused=[(pe, str(e)) for pe in outcome.applied], reason=str(e))
         diffs = []
         try:
             for scope, edits in by_scope.items():

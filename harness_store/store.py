@@ -12,6 +12,7 @@ import fcntl
 import os
 import secrets
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -94,6 +95,9 @@ class HarnessStore:
         self.scope = scope
         self._parsed: dict[str, tuple[tuple[int, int], Entry | None]] = {}
         self._repo: git.Repo | None = None
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self._fd = -1
 
     # --- repository ----------------------------------------------------------------------------
 
@@ -123,15 +127,20 @@ class HarnessStore:
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
-        """Exclusive across threads and processes for the store's lifetime in this block."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / ".harness.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        """Exclusive across threads and processes; re-entrant within one thread of this store."""
+        with self._thread_lock:
+            if self._depth == 0:
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.root / ".harness.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    os.close(self._fd)
 
     def _git(self, *args: str) -> str:
         """Run git in the scope (plain subprocess: gitpython's wrapper costs ~1 ms a call)."""
@@ -221,8 +230,8 @@ class HarnessStore:
         """Validate every edit, then land them all in one commit; nothing is written on refusal."""
         if not edits:
             raise InvalidEntry("a change needs at least one edit")
-        self.repo  # noqa: B018 - created on first use
         with self._lock():
+            self.repo  # noqa: B018 - the scope's repository exists from here on
             self._commit_user_edits()  # a person's unsaved-to-git edit lands in history before ours
             writes: dict[str, Write] = {}
             touched: list[str] = []
@@ -382,7 +391,6 @@ class HarnessStore:
 
     def rollback(self, ref: str, *, session: str | None = None) -> Change:
         """Undo exactly the files one change touched (a new commit); later changes elsewhere stay."""
-        repo = self.repo
         with self._lock():
             target = self.resolve(ref)
             if not target.parents:
@@ -431,8 +439,8 @@ class HarnessStore:
         Returns the change (None when nothing valid changed) and a message per refused file;
         refused files stay uncommitted, and the prompt view keeps the last committed version.
         """
-        self.repo  # noqa: B018 - created on first use
         with self._lock():
+            self.repo  # noqa: B018 - the scope's repository exists from here on
             return self._commit_user_edits()
 
     def _commit_user_edits(self) -> tuple[Change | None, list[str]]:

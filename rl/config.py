@@ -66,7 +66,7 @@ class TrainConfig(_Section):
     lr: float = 3e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    temperature: float = 1.0
+    temperature: float = Field(1.0, gt=0)
     """Sampling temperature; the trainer scores tokens at the same temperature."""
     max_tokens: int = 24
     """Longest completion."""

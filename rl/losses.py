@@ -54,7 +54,7 @@ def compute(name: str, trainer_logprobs: torch.Tensor, inference_logprobs: torch
             keep = diff.abs() <= h["eps"]
         else:
             keep = torch.where(adv > 0, diff <= h["delta_high"], diff >= -h["delta_low"])
-        per = -adv * _capped(r, h["max_ratio"])
+        per = -adv * _capped(log_r, h["max_ratio"])
         clipped = r_det > h["max_ratio"]
     elif name == "icepop":
         keep = (r_det >= h["ratio_low"]) & (r_det <= h["ratio_high"])
@@ -62,7 +62,7 @@ def compute(name: str, trainer_logprobs: torch.Tensor, inference_logprobs: torch
         clipped = torch.zeros_like(mask)
     elif name == "ppo":
         keep = torch.ones_like(mask)
-        rc = _capped(r, h["max_ratio"])
+        rc = _capped(log_r, h["max_ratio"])
         per = -torch.minimum(adv * rc, adv * rc.clamp(h["ratio_low"], h["ratio_high"]))
         clipped = (r_det < h["ratio_low"]) | (r_det > h["ratio_high"])
     else:  # cispo: a stop-gradient weight on the REINFORCE term, so every token keeps a gradient
@@ -88,10 +88,13 @@ def compute(name: str, trainer_logprobs: torch.Tensor, inference_logprobs: torch
 
 
 def _prob_diff(lp: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
-    """p - q = q * (exp(lp - lq) - 1), with expm1 keeping precision when p and q are close."""
-    return torch.exp(lq) * torch.expm1((lp - lq).clamp(max=50.0))
+    """p - q from the logprobs, factored from the larger side so nothing overflows and expm1
+    keeps precision when p and q are close: p(1 - e^-d) if d = lp - lq > 0, else q(e^d - 1)."""
+    d = lp - lq
+    return torch.where(d > 0, torch.exp(lp) * -torch.expm1(-d.clamp(min=0)), torch.exp(lq) * torch.expm1(d.clamp(max=0)))
 
 
-def _capped(r: torch.Tensor, cap: float) -> torch.Tensor:
-    """min(r, cap) in value; gradient min(r, cap) * grad(log p) (not zero past the cap)."""
-    return r.clamp(max=cap).detach() * (1 + (torch.log(r) - torch.log(r).detach()))
+def _capped(log_r: torch.Tensor, cap: float) -> torch.Tensor:
+    """min(r, cap) in value, with gradient min(r, cap) * grad(log p), also past the cap."""
+    r = torch.exp(log_r.detach().clamp(max=math.log(cap) + 1))
+    return r.clamp(max=cap) * (1 + log_r - log_r.detach())

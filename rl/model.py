@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,10 +124,15 @@ class Policy(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def token_logprobs(model: Policy, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(ids[:, t] | ids[:, :t]) for t >= 1, shape [B, T-1], under the temperature-scaled policy."""
-    logits = model(ids[:, :-1]).float() / temperature
-    return torch.gather(F.log_softmax(logits, dim=-1), 2, ids[:, 1:, None]).squeeze(2)
+def token_logprobs(model: Policy, ids: torch.Tensor, temperature: float = 1.0, entropy: bool = False):
+    """log p(ids[:, t] | ids[:, :t]) for t >= 1, shape [B, T-1], under the temperature-scaled policy;
+    with `entropy`, also the (detached) entropy of each position's distribution."""
+    logp = F.log_softmax(model(ids[:, :-1]).float() / temperature, dim=-1)
+    picked = torch.gather(logp, 2, ids[:, 1:, None]).squeeze(2)
+    if not entropy:
+        return picked
+    with torch.no_grad():
+        return picked, -(logp.exp() * logp).sum(-1)
 
 
 # --- sampling -------------------------------------------------------------------------------------
@@ -157,7 +163,9 @@ def generate(
     computes the same). `on_token(row, token, logprob)` streams; returning True stops that row."""
     model.eval()
     B, longest = len(prompts), max(len(p) for p in prompts)
-    max_tokens = max(0, min(max_tokens, model.config.max_seq - longest))
+    room = [model.config.max_seq - len(p) for p in prompts]  # each row's own context limit
+    limits = [max(0, min(lim, r)) for lim, r in zip(row_max_tokens or [max_tokens] * B, room)]
+    max_tokens = max(limits)
     ids = torch.full((B, longest), ByteTokenizer.PAD, dtype=torch.long)
     valid = torch.zeros(B, longest, dtype=torch.bool)
     for i, p in enumerate(prompts):
@@ -170,8 +178,7 @@ def generate(
     caches = [[None, None] for _ in model.blocks]
     logits = model(ids, positions, mask, caches)[:, -1]
     out = [Sampled([], [], "length") for _ in range(B)]
-    done = torch.zeros(B, dtype=torch.bool)
-    limits = row_max_tokens or [max_tokens] * B
+    done = torch.tensor([lim == 0 for lim in limits], dtype=torch.bool)
     next_pos = positions[:, -1] + 1
     for _ in range(max_tokens):
         logp = F.log_softmax(logits.float() / max(temperature, 1e-6), dim=-1)
@@ -194,6 +201,8 @@ def generate(
                 out[i].logprobs.append(float(lp[i]))
                 out[i].finish_reason = "stop"
                 done[i] = True
+                if on_token:
+                    on_token(i, t, float(lp[i]))
                 continue
             out[i].tokens.append(t)
             out[i].logprobs.append(float(lp[i]))
@@ -249,5 +258,6 @@ def load_trainer_state(path: Path) -> dict:
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    done = [p for p in root.glob("step-*") if (p / MARKER).is_file()] if root.is_dir() else []
+    done = [p for p in root.glob("step-*") if re.fullmatch(r"step-\d+", p.name) and (p / MARKER).is_file()] \
+        if root.is_dir() else []
     return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)

@@ -46,6 +46,7 @@ class Orchestrator:
         self.env, self.config = env, config
         self.tok = ByteTokenizer()
         self.client = openai.OpenAI(base_url=base_url, api_key="local", max_retries=2, timeout=config.request_timeout)
+        self._timeout = openai.APITimeoutError
         self._queue: queue.Queue[Batch | BaseException] | None = None
 
     # --- one batch -------------------------------------------------------------------------------
@@ -55,14 +56,15 @@ class Orchestrator:
         tasks = self.env.tasks(c.batch_size, seed=c.seed * 1_000_003 + step)
         prompts = [self.tok.chat(([{"role": "system", "content": t.system}] if t.system else [])
                                  + [{"role": "user", "content": t.prompt}]) for t in tasks]
-        counts = {"rollouts": len(tasks) * c.group_size, "errored": 0, "zero_advantage_groups": 0, "stale": 0}
+        counts = {"rollouts": len(tasks) * c.group_size, "errored": 0, "timed_out": 0, "zero_advantage_groups": 0,
+                  "stale": 0}
         try:
             resp = self.client.completions.create(
                 model="policy", prompt=prompts, n=c.group_size, max_tokens=c.max_tokens, temperature=c.temperature,
                 logprobs=1, seed=c.seed * 1_000_003 + step,
             )
-        except Exception:  # a failed or timed-out request: its rollouts are excluded and counted
-            counts["errored"] = counts["rollouts"]
+        except Exception as e:  # a failed or timed-out request: its rollouts are excluded and counted
+            counts["timed_out" if isinstance(e, self._timeout) else "errored"] = counts["rollouts"]
             return Batch(step, [], [], -1, counts)
         version = int((resp.model_extra or {}).get("policy_version", 0))
         samples, rewards = [], []
@@ -101,11 +103,15 @@ class Orchestrator:
             for step in range(start, stop):
                 yield self.collect(step)
             return
-        q: queue.Queue = queue.Queue(maxsize=c.async_level)
+        q: queue.Queue = queue.Queue()
+        # Sampling for step s may start once step s - async_level - 1 is trained: the sampler then
+        # uses weights at most async_level steps old.
+        ahead = threading.Semaphore(c.async_level + 1)
 
         def run() -> None:
             try:
                 for step in range(start, stop):
+                    ahead.acquire()
                     q.put(self.collect(step))
             except BaseException as e:  # surfaced to the trainer, never lost in a thread
                 q.put(e)
@@ -119,3 +125,4 @@ class Orchestrator:
             item.counts["stale"] = len(item.samples) - len(fresh)
             item.samples, item.step = fresh, step
             yield item
+            ahead.release()  # the trainer asked for the next batch: this step is trained

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import json
 import queue
 import threading
 import time
@@ -65,7 +66,13 @@ class Engine:
     # --- weights -------------------------------------------------------------------------------
 
     def update(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """New weights, swapped in before the next batch (never under a batch in flight)."""
+        """New weights, swapped in before the next batch (never under a batch in flight).
+        Raises ValueError, and keeps the current weights, when they do not fit this policy."""
+        current = self.model.state_dict()
+        wrong = sorted(k for k in current.keys() | state_dict.keys()
+                       if k not in state_dict or k not in current or state_dict[k].shape != current[k].shape)
+        if wrong:
+            raise ValueError(f"the weights do not fit this policy (e.g. {', '.join(wrong[:3])})")
         with self._lock:
             self._pending = ({k: v.detach().clone() for k, v in state_dict.items()}, version)
 
@@ -90,10 +97,13 @@ class Engine:
             while not self._jobs.empty() and sum(len(j.prompts) for j in batch) < MAX_BATCH_ROWS:
                 batch.append(self._jobs.get_nowait())
             with self._lock:
-                if self._pending is not None:
-                    self.model.load_state_dict(self._pending[0])
-                    self.version = self._pending[1]
-                    self._pending = None
+                pending, self._pending = self._pending, None
+            if pending is not None:
+                try:
+                    self.model.load_state_dict(pending[0])
+                    self.version = pending[1]
+                except (RuntimeError, ValueError) as e:  # keep serving the weights it has
+                    print(f"policy server: could not load new weights: {e}", flush=True)
             groups: dict[tuple, list[Job]] = {}
             for j in batch:  # one forward pass per compatible group; a seeded job samples alone (reproducible)
                 key = (j.temperature, j.top_p) if j.seed is None else ("seeded", id(j))
@@ -182,7 +192,7 @@ def create_app(engine: Engine) -> FastAPI:
     async def reload(body: dict) -> dict:
         try:
             return {"policy_version": await asyncio.to_thread(engine.load, Path(body["path"]))}
-        except (KeyError, FileNotFoundError, OSError) as e:
+        except (KeyError, FileNotFoundError, OSError, ValueError) as e:
             raise HTTPException(400, f"cannot load weights: {e}") from None
 
     @app.post("/v1/chat/completions")
@@ -215,7 +225,7 @@ async def _respond(engine: Engine, req: _Request, prompts: list[list[int]], chat
     tok = engine.tok
     limit = engine.model.config.max_seq
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    max_tokens = req.max_completion_tokens or req.max_tokens or (256 if chat else 16)
+    max_tokens = next((m for m in (req.max_completion_tokens, req.max_tokens) if m is not None), 256 if chat else 16)
     keep = req.truncate_prompt_tokens or (max(1, limit - min(max_tokens, limit // 2)) if engine.truncate else None)
     if keep is not None:
         prompts = [p if len(p) <= keep else [tok.BOS, *p[len(p) - keep + 1 :]] if p[0] == tok.BOS else p[-keep:]
@@ -230,19 +240,22 @@ async def _respond(engine: Engine, req: _Request, prompts: list[list[int]], chat
     stream_q: asyncio.Queue | None = asyncio.Queue() if req.stream else None
     decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in expanded]
     texts = [""] * len(expanded)
+    sent = [0] * len(expanded)  # characters of each row's text already streamed
 
     def on_token(i: int, token: int, logprob: float) -> bool:
-        piece = decoders[i].decode(bytes([token])) if token < 256 else ""
-        texts[i] += piece
-        hit = next((s for s in stops if s and s in texts[i]), None)
+        texts[i] += decoders[i].decode(bytes([token])) if token < 256 else ""
+        hit = min((texts[i].index(s) for s in stops if s and s in texts[i]), default=None)
+        # Stream only text that cannot turn out to be the start of a stop string.
+        safe = hit if hit is not None else len(texts[i]) - _held(texts[i], stops)
+        piece, sent[i] = texts[i][sent[i] : max(safe, sent[i])], max(safe, sent[i])
         if stream_q is not None:
-            loop.call_soon_threadsafe(stream_q.put_nowait, (i, token, logprob, piece, hit))
+            loop.call_soon_threadsafe(stream_q.put_nowait, (i, token, logprob, piece, hit is not None))
         return hit is not None
 
     job = engine.submit(Job(expanded, max_tokens, req.temperature, req.top_p, req.seed, stops, on_token))
     waiter = asyncio.ensure_future(asyncio.to_thread(job.done.wait))
     if stream_q is not None:
-        return StreamingResponse(_stream(engine, req, job, waiter, stream_q, rid, created, chat, prompts),
+        return StreamingResponse(_stream(engine, req, job, waiter, stream_q, rid, created, chat, prompts, texts, sent),
                                  media_type="text/event-stream")
     await waiter
     if job.error is not None:
@@ -270,9 +283,7 @@ async def _respond(engine: Engine, req: _Request, prompts: list[list[int]], chat
     })
 
 
-async def _stream(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat, prompts):
-    import json
-
+async def _stream(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat, prompts, texts, sent):
     tok = engine.tok
     obj = "chat.completion.chunk" if chat else "text_completion"
     counts = [0] * (len(prompts) * req.n)
@@ -295,7 +306,6 @@ async def _stream(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat
         counts[i] += 1
         if hit:
             stopped.add(i)
-            piece = ""
         entry = _lp_entry(tok, token, logprob)
         if chat:
             c = {"index": i, "delta": {"content": piece}, "finish_reason": None, "token_ids": [token],
@@ -310,13 +320,20 @@ async def _stream(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat
         return
     for i, s in enumerate(job.result):
         finish = "stop" if i in stopped else s.finish_reason
-        yield chunk({"index": i, "delta": {}, "finish_reason": finish} if chat else {"index": i, "text": "", "finish_reason": finish})
+        rest = "" if i in stopped else texts[i][sent[i]:]  # text held back for a stop string that never came
+        yield chunk({"index": i, "delta": {"content": rest} if rest else {}, "finish_reason": finish} if chat
+                    else {"index": i, "text": rest, "finish_reason": finish})
     if (req.stream_options or {}).get("include_usage"):
         prompt_tokens = sum(len(p) for p in prompts)
         yield "data: " + json.dumps({**base, "choices": [], "policy_version": job.version, "usage": {
             "prompt_tokens": prompt_tokens, "completion_tokens": sum(counts),
             "total_tokens": prompt_tokens + sum(counts)}}) + "\n\n"
     yield "data: [DONE]\n\n"
+
+
+def _held(text: str, stops: list[str]) -> int:
+    """How many trailing characters of `text` could begin one of the stop strings."""
+    return max((n for s in stops for n in range(min(len(s), len(text)), 0, -1) if text.endswith(s[:n])), default=0)
 
 
 def _cut(tok: ByteTokenizer, text: str, s, stops: list[str]):

@@ -91,14 +91,15 @@ def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: Run
         inference[i, a:b] = torch.tensor(s.inference_logprobs)
         advantages[i, a:b] = s.advantage
     model.train()
-    trainer = token_logprobs(model, ids, cfg.train.temperature)
+    trainer, entropy = token_logprobs(model, ids, cfg.train.temperature, entropy=True)
     out = losses.compute(cfg.loss.name, trainer, inference, advantages, mask, **cfg.loss.overrides())
     loss = out.per_token.sum() / mask.sum().clamp(min=1)
     opt.zero_grad()
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
     opt.step()
-    return {"loss": loss.item(), "grad_norm": float(grad_norm), "tokens": int(mask.sum()), **out.metrics}
+    return {"loss": loss.item(), "grad_norm": float(grad_norm), "tokens": int(mask.sum()),
+            "entropy": float(entropy[mask].mean()), **out.metrics}
 
 
 # --- the run -------------------------------------------------------------------------------------------
@@ -128,7 +129,6 @@ def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
     if state is not None:
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
-    torch.manual_seed(cfg.train.seed + start)
 
     metrics_path = out / "metrics.jsonl"
     history = [json.loads(line) for line in metrics_path.read_text().splitlines()] if resume and metrics_path.exists() else []

@@ -199,3 +199,13 @@ def test_replies_are_parsed_tolerantly_but_strictly():
                         ('{"edits": []}', "summary: Field required")]:
         with pytest.raises(RefinementFailed, match=reason):
             parse_json_reply(bad, Proposal)
+
+
+def test_policy_rules_read_negations():
+    from harness_store.refiner import Rules
+
+    rules = Rules()
+    assert rules.violation("Never skip the tests, even when they are slow.") is None
+    assert rules.violation("Do not disable the linters.") is None
+    assert "weakening" in rules.violation("When CI is slow, skip the tests and push.")
+    assert "secret" in rules.violation("token = 'ghp_" + "a" * 36 + "'")

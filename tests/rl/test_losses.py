@@ -116,3 +116,18 @@ def test_unknown_names_and_options_are_refused():
         losses.compute("grpo", lp, lq, adv, mask)
     with pytest.raises(ValueError, match="takes"):
         losses.compute("ipo", lp, lq, adv, mask, ratio_high=2.0)
+
+
+@pytest.mark.parametrize("name", list(losses.DEFAULTS))
+def test_extreme_ratios_on_loss_tokens_stay_finite(name: str):
+    lp = torch.tensor([[-110.0, -0.01, -2.0]], requires_grad=True)
+    lq = torch.tensor([[-2.0, -60.0, -110.0]])
+    out = losses.compute(name, lp, lq, torch.tensor([[1.0, 1.0, -1.0]]), torch.tensor([[True, True, True]]))
+    out.per_token.sum().backward()
+    assert torch.isfinite(out.per_token).all() and torch.isfinite(lp.grad).all()
+
+
+def test_ipo_judges_p_minus_q_right_when_q_is_tiny():
+    lp, lq, adv, mask = inputs([-0.01], [-60.0], [1.0])  # |p - q| ~ 0.99
+    out = losses.compute("ipo", lp, lq, adv, mask)
+    assert out.per_token.item() == 0.0 and out.metrics["masked_fraction"] == 1.0

@@ -111,3 +111,32 @@ def test_prime_agent_run_works_against_prime_agent_rl_serve(project: Path):
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_bad_reloads_are_refused_and_streams_match_plain_replies(policy: Policy, tmp_path: Path):
+    save_checkpoint(tmp_path / "wide" / "step-1", Policy(PolicyConfig(d_model=64, n_layer=2, n_head=2, max_seq=64)), None, 1)
+    with BackgroundServer(Engine(policy)) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="do not fit this policy"):
+            client.post("/reload", body={"path": str(tmp_path / "wide")}, cast_to=object)
+        assert client.completions.create(model="p", prompt="abc", max_tokens=3).model_extra["policy_version"] == 0
+        for stop in (None, ["a"], ["zz", "b"]):
+            plain = client.completions.create(model="p", prompt="abc", max_tokens=30, seed=11, stop=stop)
+            streamed = "".join(c.choices[0].text for c in client.completions.create(
+                model="p", prompt="abc", max_tokens=30, seed=11, stop=stop, stream=True) if c.choices)
+            assert streamed == plain.choices[0].text
+
+
+def test_one_long_prompt_does_not_cut_another_rows_completion(policy: Policy):
+    tok = ByteTokenizer()
+    short, long = tok.encode("hi"), tok.encode("x" * 60)  # max_seq 64
+    out = generate(policy, [short, long], max_tokens=20, stop_ids=(), generator=torch.Generator().manual_seed(0))
+    assert len(out[0].tokens) == 20 and len(out[1].tokens) == 4
+
+
+def test_a_checkpoint_interrupted_before_its_rename_is_ignored(policy: Policy, tmp_path: Path):
+    save_checkpoint(tmp_path / "step-2", policy, None, 2)
+    partial = tmp_path / "step-4.partial"
+    partial.mkdir()
+    (partial / "COMPLETE").write_text("4")
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-2"
