@@ -218,8 +218,9 @@ class Kernel:
                 res.traceback = tb.text()
             elif kind == "status" and content["execution_state"] == "idle":
                 break
-        while await kc.shell_channel.msg_ready():  # execute replies: iopub already told us all
-            await kc.shell_channel.get_msg()
+        shell = kc.shell_channel.socket
+        while await shell.poll(0):  # the execute reply: iopub told us everything, so skip decoding it
+            await shell.recv_multipart(copy=False)
         for name, s in streams.items():
             setattr(res, name, s.text())
             if s.cut:

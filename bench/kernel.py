@@ -70,6 +70,23 @@ async def runtime_figures(n_cells: int, n_starts: int) -> dict[str, float]:
             p50, p99 = map(float, r.stdout.split())
             out["host_call_p50_ms"], out["host_call_p99_ms"] = p50 * 1e3, p99 * 1e3
 
+            # The same cell through bare jupyter_client on the same kernel: the floor we build on,
+            # measured in the same conditions (this machine's speed varies by 2x over a day).
+            kc = k._kc
+            raw = []
+            for i in range(n_cells + 50):
+                t = time.perf_counter()
+                msg_id = kc.execute("1+1")
+                while True:
+                    m = await kc.get_iopub_msg()
+                    if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "status" \
+                            and m["content"]["execution_state"] == "idle":
+                        break
+                raw.append(time.perf_counter() - t)
+            while await kc.shell_channel.msg_ready():
+                await kc.shell_channel.get_msg()
+            out["raw_jupyter_client_p50_ms"] = pct(raw[50:], 0.5) * 1e3
+
             mb = []
             for _ in range(5):
                 t = time.perf_counter()
@@ -149,6 +166,7 @@ TARGETS = {
     "kernel_start_s": ("kernel start to ready (s)", None),
     "cell_p50_ms": ("runtime cell round trip p50 (ms)", 5.0),
     "cell_p99_ms": ("runtime cell round trip p99 (ms)", None),
+    "raw_jupyter_client_p50_ms": ("bare jupyter_client round trip p50 (ms)", None),
     "host_call_p50_ms": ("host-bridge call p50 from a cell (ms)", 0.5),
     "host_call_p99_ms": ("host-bridge call p99 from a cell (ms)", None),
     "output_1mb_ms": ("cell printing 1 MB (ms)", None),
