@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agent.config import merge, parse_override
 from rl.model import PolicyConfig
 
 
@@ -104,18 +105,9 @@ def load(path: str | None, overrides: list[str]) -> RunConfig:
         if not flag.startswith("--") or "." not in flag:
             raise ValueError(f"override {flag!r}: expected --section.field VALUE")
         try:
-            raw = next(it)
+            merge(data, parse_override(f"{flag[2:]}={next(it)}"))
         except StopIteration:
             raise ValueError(f"override {flag!r} has no value") from None
-        try:
-            value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw
-        node = data
-        *parents, leaf = flag[2:].split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
