@@ -34,6 +34,33 @@ ENV_SKILLS = "PRIME_AGENT_SKILL_DIRS"
 ENV_SESSION_DIR = "PRIME_AGENT_SESSION_DIR"
 
 
+def _interruptible_async_cells() -> None:
+    """Let an interrupt stop a cell blocked in a top-level `await` (e.g. `await handle`).
+
+    ipykernel 7.4 routes SIGINT during an async cell through a loop that is not the one running
+    the cell, so the cell never stops and the kernel must be restarted (ipykernel#881). Cancel
+    the cell's future on its own loop instead: the cell ends with CancelledError, state intact.
+    """
+    import contextlib
+    import signal
+
+    from IPython import get_ipython
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is None or not hasattr(kernel, "_cancel_on_sigint"):
+        return
+
+    @contextlib.contextmanager
+    def cancel_on_sigint(future):
+        old = signal.signal(signal.SIGINT, lambda *_: future.get_loop().call_soon_threadsafe(future.cancel))
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+    kernel._cancel_on_sigint = cancel_on_sigint
+
+
 def bootstrap(namespace: dict) -> None:
     host = Host(os.environ[ENV_PATH], os.environ[ENV_TOKEN])
     # ipykernel asks subprocesses for colour (FORCE_COLOR, CLICOLOR_FORCE); escape codes are
@@ -42,6 +69,7 @@ def bootstrap(namespace: dict) -> None:
         os.environ.pop(var, None)
     os.environ.update(NO_COLOR="1", TERM="dumb", PAGER="cat", GIT_PAGER="cat")
     install_skill_finder([d for d in os.environ.get(ENV_SKILLS, "").split(os.pathsep) if d])
+    _interruptible_async_cells()
 
     def final(answer) -> None:
         """End the turn with `answer` (converted to text) as the final answer."""

@@ -69,6 +69,13 @@ async def test_timeout_interrupts_and_keeps_state(kernel: Kernel):
     assert (await run(kernel, "kept")).result == "'yes'"
 
 
+async def test_a_cell_blocked_in_await_is_interrupted_with_state_intact(kernel: Kernel):
+    await run(kernel, "kept = 'still here'")
+    r = await run(kernel, "import asyncio\nawait asyncio.sleep(60)", timeout=1)
+    assert r.kernel_events == ["timed_out"] and r.error_name == "CancelledError"
+    assert (await run(kernel, "kept")).result == "'still here'"
+
+
 async def test_cell_that_ignores_interrupts_gets_a_restart(kernel: Kernel):
     await run(kernel, "lost = 1")
     code = "import time\nwhile True:\n    try:\n        time.sleep(5)\n    except KeyboardInterrupt:\n        pass"
