@@ -11,11 +11,9 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import tempfile
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent.bridge import BridgeServer
 from agent.config import Config
@@ -24,7 +22,7 @@ from agent.model import Model, ModelError
 from agent.runtime import ENV_PATH, ENV_TOKEN
 from agent.trajectory import RefinementRecord
 from agent.types import Cell, Message
-from harness_store.refiner import Outcome, Plan, RefinementFailed, Refiner, Verdict
+from harness_store.refiner import Outcome, Plan, RefinementFailed, Refiner
 
 if TYPE_CHECKING:
     from agent.session import Session, Turn
@@ -88,7 +86,7 @@ class SessionRefiner:
         self.refiner = Refiner(
             session.harness.stores, model_caller(session.model, session.config, self._account),
             mode=cfg.mode, default_scope=cfg.default_scope, check_skill=check_skill,
-            gate=self._gate if cfg.gate_tasks else None,
+            gate=None,
         )
         self.generation = 0
         """Bumped by interrupts, rollbacks and resets: plans from before are stale."""
@@ -97,6 +95,10 @@ class SessionRefiner:
         self.turns_since = 0
         self.last_auto_turn = -10**9
         self.dir = session.dir / "refinements"
+
+    def use_gate(self, gate) -> None:
+        """A regression gate (`evals.gate.make_gate`) every refinement must pass before it applies."""
+        self.refiner.gate = gate
 
     # --- triggers -------------------------------------------------------------------------------
 
@@ -214,65 +216,6 @@ class SessionRefiner:
 
     def _account(self, completion) -> None:
         self.s.usage += completion.usage
-
-    # --- the gate -------------------------------------------------------------------------------
-
-    async def _gate(self, plan: Plan) -> Verdict:
-        tasks = [json.loads(line) for line in Path(self.config.gate_tasks).read_text().splitlines() if line.strip()]
-        before = await run_task_set(self.s, tasks, plan=None)
-        after = await run_task_set(self.s, tasks, plan=plan)
-        if after < before:
-            return Verdict(False, f"the change lowers the task set's pass count from {before} to {after} of {len(tasks)}")
-        return Verdict(True, f"{after} of {len(tasks)} pass with the change ({before} without)")
-
-
-async def run_task_set(parent: Session, tasks: list[dict[str, Any]], plan: Plan | None) -> int:
-    """Run each task in a fresh session over a copy of the harness (with `plan` applied, if given);
-    how many pass their check. A check is a shell command (exit 0 passes) or a Python expression
-    over `answer` (truthy passes)."""
-    from agent.session import Session
-
-    passed = 0
-    with tempfile.TemporaryDirectory(prefix="pa-gate-") as tmp:
-        roots = {}
-        for scope, store in parent.harness.stores.items():
-            roots[scope] = Path(tmp) / "harness" / scope
-            if store.root.is_dir():
-                shutil.copytree(store.root, roots[scope], ignore=shutil.ignore_patterns(".harness.lock"))
-        if plan is not None:
-            from harness_store.store import HarnessStore
-
-            gate = Refiner({sc: HarnessStore(r, sc) for sc, r in roots.items()}, _never, mode="auto",
-                           default_scope=parent.config.refine.default_scope)
-            outcome = await gate.apply(plan, generation=plan.generation)
-            for st in gate.stores.values():
-                st.close()
-            if outcome.status != "applied":
-                raise RefinementFailed(f"the change could not be applied to the gate's copy: {outcome.reason}")
-        config = parent.config.model_copy(update={"refine": parent.config.refine.model_copy(update={"auto_every": 0})})
-        for i, task in enumerate(tasks):
-            work = Path(tmp) / f"task-{i}"
-            work.mkdir()
-            async with Session(config, parent.model, cwd=work, session_dir=Path(tmp) / f"s-{i}-{time.time_ns()}",
-                               harness_roots=roots) as s:
-                result = await s.prompt(task["prompt"])
-            passed += await _check(task.get("check", "True"), result.answer or "", work)
-    return passed
-
-
-async def _check(check: str | dict, answer: str, cwd: Path) -> bool:
-    if isinstance(check, dict) and "shell" in check:
-        proc = await asyncio.create_subprocess_shell(check["shell"], cwd=cwd)
-        return await proc.wait() == 0
-    expr = check["python"] if isinstance(check, dict) else check
-    try:
-        return bool(eval(expr, {"answer": answer}))  # the task set is the user's own file
-    except Exception:
-        return False
-
-
-async def _never(messages):
-    raise RefinementFailed("the gate's copy never plans")
 
 
 def transcript(messages: list[Message], limit: int) -> str:

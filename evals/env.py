@@ -1,12 +1,15 @@
 """The Environment protocol: a task set that evaluation, the refiner's gate and RL training share.
 
-An environment deals tasks (deterministically from a seed) and scores an answer. RL environments
-also give the chat messages a policy samples from.
+An environment deals tasks deterministically from a seed (`tasks(n, seed=...)`) and checks a
+finished rollout in its workspace (`check`). RL environments also score a bare answer (`reward`)
+and give the system prompt a policy samples with.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -17,17 +20,41 @@ class Task:
     """The user's request."""
     system: str | None = None
     """A system prompt for environments sampled without the agent harness."""
+    files: dict[str, str] = field(default_factory=dict)
+    """Files laid out in the rollout's fresh workspace (relative path -> text)."""
     data: dict[str, Any] = field(default_factory=dict)
-    """What scoring needs (the expected answer, ...)."""
+    """What scoring needs (the expected answer, a check command, ...)."""
+
+
+@dataclass
+class Check:
+    passed: bool
+    reward: float
+    detail: str = ""
 
 
 class Environment(Protocol):
     name: str
 
-    def tasks(self, n: int, *, seed: int) -> list[Task]:
-        """`n` tasks; the same seed and n always give the same tasks."""
+    def tasks(self, n: int | None, *, seed: int) -> list[Task]:
+        """`n` tasks (None: the set's default size); the same seed and n always give the same tasks."""
         ...
+
+    def check(self, task: Task, answer: str, workspace: Path) -> Check:
+        """Judge a finished rollout: its final answer and what it left in the workspace."""
+        ...
+
+
+class RLEnvironment(Environment, Protocol):
+    """An environment a bare policy can be trained on: its reward needs only the answer."""
 
     def reward(self, task: Task, answer: str) -> float:
         """A score in [0, 1] for a final answer."""
         ...
+
+
+def pick(tasks: list[Task], n: int | None, seed: int) -> list[Task]:
+    """The deterministic selection of a fixed task list: shuffled by the seed, first n."""
+    order = list(tasks)
+    random.Random(seed).shuffle(order)
+    return order if n is None else order[:n]

@@ -13,7 +13,7 @@ import statistics
 import threading
 from dataclasses import dataclass, field
 
-from evals.env import Environment
+from evals.env import RLEnvironment
 from rl.config import TrainConfig
 from rl.model import ByteTokenizer
 
@@ -40,7 +40,7 @@ class Batch:
 
 
 class Orchestrator:
-    def __init__(self, base_url: str, env: Environment, config: TrainConfig):
+    def __init__(self, base_url: str, env: RLEnvironment, config: TrainConfig):
         import openai
 
         self.env, self.config = env, config

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from evals.tasksets import select
 from rl import losses
 from rl.config import RunConfig
 from rl.envs import load as load_env
@@ -33,6 +34,12 @@ def pad(rows: list[list[int]], value: int) -> torch.Tensor:
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
     return out
+
+
+def evaluation_tasks(taskset: str, n: int | None, seed: int):
+    """The tasks RL evaluates a checkpoint on: evaluation's own selection, so the same task set,
+    seed and n mean the same tasks in `prime-agent eval`, the refiner's gate and here."""
+    return select(taskset, n, seed)
 
 
 # --- SFT warm start ----------------------------------------------------------------------------------

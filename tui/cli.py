@@ -36,6 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
     refine.add_argument("--instructions", help="what the refinement should focus on")
     refine.add_argument("--mode", choices=["auto", "review", "dry-run"], help="override refine.mode")
 
+    ev = sub.add_parser("eval", help="evaluate the agent on a task set (or: eval compare RUN_A RUN_B)")
+    ev.add_argument("taskset", help="reverse_text, kernel_tasks, repo_fix, a .jsonl file or a .py module; or 'compare'")
+    ev.add_argument("runs", nargs="*", help="with compare: two run directories")
+    ev.add_argument("--model", help="model name (PRIME_AGENT_MODEL)")
+    ev.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
+    ev.add_argument("-n", type=int, help="how many tasks (default: the set's own size)")
+    ev.add_argument("-r", "--rollouts", type=int, default=1, help="rollouts per task")
+    ev.add_argument("-c", "--concurrency", type=int, default=4, help="rollouts at once")
+    ev.add_argument("--seed", type=int, default=0, help="task selection seed")
+    ev.add_argument("--timeout", type=float, default=600.0, help="seconds per rollout")
+    ev.add_argument("--out", help="run directory (default: outputs/evals/<taskset>--<model>/<run id>)")
+    ev.add_argument("--resume", metavar="DIR", help="finish a run: keep its results, rerun errored and missing rollouts")
+
     rl = sub.add_parser("rl", help="train the policy with RL, or serve it")
     rl_sub = rl.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, text in [("train", "SFT warm start (if configured), then RL"), ("sft", "only the SFT warm start")]:
@@ -90,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         from tui.commands.refine import main as command
     elif args.command == "rl":
         from tui.commands.rl import main as command
+    elif args.command == "eval":
+        from tui.commands.eval import main as command
     else:
         from tui.commands.trajectory import main as command
     return command(args)

@@ -131,26 +131,6 @@ async def test_a_failed_plan_leaves_the_session_and_harness_alone(project: Path,
     assert not (project / ".prime-agent" / "harness").exists()
 
 
-async def test_the_gate_refuses_a_change_that_breaks_a_passing_task(project: Path, tmp_path: Path):
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text(json.dumps({"id": "answer", "prompt": "What is the answer?", "check": "answer.strip() == '42'"}) + "\n")
-    bad = {"action": "create", "kind": "prompt", "id": "zero", "title": "Zero", "content": "Always answer 0.",
-           "scope": "project", "reason": "none"}
-
-    def respond(messages: list[Message]):
-        if messages[0].content.startswith(PLANNER):
-            return proposal(bad, summary="answer zero")
-        return "0" if "Always answer 0." in messages[0].content else "42"
-
-    events: list[Event] = []
-    config = make_config(refine={"gate_tasks": str(tasks)})
-    async with Session(config, ScriptedModel([respond] * 50), cwd=project, on_event=events.append) as s:
-        s.refiner.request()
-        rejected = await wait_for(events, "refinement.rejected")
-    assert "gate: the change lowers the task set's pass count from 1 to 0 of 1" in rejected.data["reason"]
-    assert not (project / ".prime-agent" / "harness" / "prompt" / "zero.md").exists()
-
-
 async def test_review_mode_waits_for_approval_and_dry_run_applies_nothing(project: Path):
     events: list[Event] = []
     async with Session(make_config(refine={"mode": "review"}), agent_model(proposal(MEMORY), []), cwd=project,

@@ -10,7 +10,7 @@ import pytest
 
 from rl.config import load
 from rl.orchestrator import Orchestrator
-from rl.envs.reverse_text import ReverseText
+from evals.tasksets.reverse_text import ReverseText
 from rl.serve import BackgroundServer, engine_from
 from rl.train import train
 

@@ -69,6 +69,11 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
 
     model = OpenAIModel(config.model)
     session = Session(config, model, cwd=cwd, session_dir=session_dir, on_event=show)
+    if config.refine.gate_taskset:
+        from evals.gate import make_gate
+
+        session.refiner.use_gate(make_gate(session, config.refine.gate_taskset, config.refine.gate_n,
+                                           config.refine.gate_seed))
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
     presses = 0

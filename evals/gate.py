@@ -1,0 +1,60 @@
+"""The refiner's regression gate: run a task set with and without a proposed change to the
+harness, each on a private copy of it, and refuse a change that lowers the pass count.
+
+The selection is `evals.tasksets.select`, the same as `prime-agent eval` and RL evaluation.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from agent.session import Session
+from evals.runner import EvalSpec, rollout
+from evals.tasksets import load_taskset
+from harness_store.refiner import Plan, RefinementFailed, Refiner, Verdict
+from harness_store.store import HarnessStore
+
+
+def make_gate(session: Session, taskset: str, n: int | None = None, seed: int = 0,
+              timeout: float = 600.0) -> Callable[[Plan], Awaitable[Verdict]]:
+    async def gate(plan: Plan) -> Verdict:
+        before = await passes(session, taskset, n, seed, timeout, plan=None)
+        after = await passes(session, taskset, n, seed, timeout, plan=plan)
+        total = len(load_taskset(taskset).tasks(n, seed=seed))
+        if after < before:
+            return Verdict(False, f"the change lowers the task set's pass count from {before} to {after} of {total}")
+        return Verdict(True, f"{after} of {total} pass with the change ({before} without)")
+
+    return gate
+
+
+async def passes(session: Session, taskset: str, n: int | None, seed: int, timeout: float, plan: Plan | None) -> int:
+    """How many selected tasks pass in fresh sessions over a copy of `session`'s harness (with `plan` applied)."""
+    env = load_taskset(taskset)
+    spec = EvalSpec(taskset, n, 1, 1, seed, timeout)
+    config = session.config.model_copy(update={"refine": session.config.refine.model_copy(update={"auto_every": 0})})
+    with tempfile.TemporaryDirectory(prefix="pa-gate-") as tmp:
+        roots = {}
+        for scope, store in session.harness.stores.items():
+            roots[scope] = Path(tmp) / "harness" / scope
+            if store.root.is_dir():
+                shutil.copytree(store.root, roots[scope], ignore=shutil.ignore_patterns(".harness.lock"))
+        if plan is not None:
+            copy = Refiner({sc: HarnessStore(r, sc) for sc, r in roots.items()}, _no_planning)
+            outcome = await copy.apply(plan, generation=plan.generation)
+            for store in copy.stores.values():
+                store.close()
+            if outcome.status != "applied":
+                raise RefinementFailed(f"the change could not be applied to the gate's copy: {outcome.reason}")
+        count = 0
+        for task in env.tasks(n, seed=seed):
+            result = await rollout(env, task, 0, "", spec, config, session.model, Path(tmp) / "runs", harness_roots=roots)
+            count += result.outcome == "passed"
+        return count
+
+
+async def _no_planning(messages):
+    raise RefinementFailed("the gate's copy of the harness never plans")

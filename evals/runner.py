@@ -1,0 +1,224 @@
+"""Run a task set through real agent sessions, and summarise the outcomes.
+
+Each rollout is a session in a fresh temporary workspace. Outcomes: `passed | failed` (the
+model's answer, judged), `timed_out` (the rollout ran past its time) and `error` (the model or
+the runtime failed). Timed-out and errored rollouts are counted apart, never scored as failures
+and never used as training data. Results append to `results.jsonl` as they finish; a resumed
+run keeps finished rollouts and reruns the errored and missing ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.config import Config
+from agent.model import Model
+from agent.session import Session
+from evals.env import Environment, Task
+from evals.tasksets import load_taskset, task_key
+
+KEPT = ("passed", "failed", "timed_out")
+"""Outcomes a resumed run keeps; errored and missing rollouts run again."""
+
+
+@dataclass
+class EvalSpec:
+    taskset: str
+    n: int | None = None
+    rollouts: int = 1
+    concurrency: int = 4
+    seed: int = 0
+    timeout: float = 600.0
+
+    def identity(self, model: str, base_url: str | None) -> dict[str, Any]:
+        """What must match for a resumed rollout to count as the same."""
+        return {"taskset": self.taskset, "seed": self.seed, "timeout": self.timeout, "model": model, "base_url": base_url}
+
+
+@dataclass
+class Result:
+    task_id: str
+    rollout: int
+    key: str
+    outcome: str
+    reward: float | None = None
+    check: str = ""
+    turns: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    session_id: str = ""
+    harness_version: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Summary:
+    counts: dict[str, int]
+    pass_rate: float | None
+    pass_rate_ci: tuple[float, float] | None
+    mean_reward: float | None
+    mean_reward_ci: tuple[float, float] | None
+    pass_at_k: dict[int, float]
+    mean_tokens: float
+    mean_seconds: float
+    tasks: int
+    rollouts: int
+    per_task: dict[str, float] = field(default_factory=dict)
+    """Each task's pass fraction over its scored rollouts."""
+
+
+async def evaluate(spec: EvalSpec, config: Config, model: Model, run_dir: Path,
+                   on_result: Callable[[Result], None] | None = None) -> list[Result]:
+    """Run what `run_dir/results.jsonl` does not hold yet; return every result, in task order."""
+    env = load_taskset(spec.taskset)
+    tasks = env.tasks(spec.n, seed=spec.seed)
+    identity = spec.identity(model.name, config.model.base_url)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    results_path = run_dir / "results.jsonl"
+    wanted = {(t.id, r): task_key(t, identity) for t in tasks for r in range(spec.rollouts)}
+    kept = {(r.task_id, r.rollout): r for r in read_results(results_path)
+            if r.outcome in KEPT and wanted.get((r.task_id, r.rollout)) == r.key}
+    _write(results_path, list(kept.values()))  # drop errored, stale and torn rows before appending
+    owed = [(t, r) for t in tasks for r in range(spec.rollouts) if (t.id, r) not in kept]
+    slots = asyncio.Semaphore(spec.concurrency)
+    lock = asyncio.Lock()
+
+    async def one(task: Task, r: int) -> None:
+        async with slots:
+            result = await rollout(env, task, r, wanted[(task.id, r)], spec, config, model, run_dir)
+        async with lock:
+            kept[(task.id, r)] = result
+            with open(results_path, "a") as f:
+                f.write(json.dumps(asdict(result)) + "\n")
+        if on_result:
+            on_result(result)
+
+    await asyncio.gather(*(one(t, r) for t, r in owed))
+    ordered = [kept[(t.id, r)] for t in tasks for r in range(spec.rollouts)]
+    _write(results_path, ordered)  # the final file: complete, in order, replaced atomically
+    return ordered
+
+
+async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec, config: Config, model: Model,
+                  run_dir: Path, harness_roots: dict | None = None) -> Result:
+    started = time.monotonic()
+    result = Result(task.id, r, key, "error")
+    with tempfile.TemporaryDirectory(prefix="pa-eval-") as tmp:
+        work = Path(tmp)
+        for rel, text in task.files.items():
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / rel).write_text(text)
+        prompt = f"{task.system}\n\n{task.prompt}" if task.system else task.prompt
+        session = Session(config, model, cwd=work, session_dir=run_dir / "sessions" / f"{task.id}-{r}",
+                          harness_roots=harness_roots)
+        result.session_id = session.id
+        try:
+            async with session:
+                result.harness_version = session.harness_version
+                turn = await asyncio.wait_for(session.prompt(prompt), spec.timeout)
+            result.turns, result.tokens = turn.steps, turn.usage.total_tokens
+            if turn.outcome in ("completed", "budget_exhausted"):
+                check = await asyncio.to_thread(env.check, task, turn.answer or "", work)
+                result.outcome = "passed" if check.passed else "failed"
+                result.reward, result.check = check.reward, check.detail
+            elif turn.outcome == "timed_out":
+                result.outcome, result.error = "timed_out", turn.error
+            else:
+                result.error = turn.error
+        except TimeoutError:
+            result.outcome, result.error = "timed_out", f"the rollout ran past {spec.timeout:g}s"
+        except Exception as e:  # a rollout that cannot run is an error of the run, not of the model
+            result.error = f"{type(e).__name__}: {e}"
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def read_results(path: Path) -> list[Result]:
+    """The results on disk; a torn last line (a killed run) is a rollout still owed."""
+    out = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(Result(**json.loads(line)))
+            except (ValueError, TypeError):
+                continue
+    return out
+
+
+def _write(path: Path, results: list[Result]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(asdict(r)) + "\n" for r in results))
+    os.replace(tmp, path)
+
+
+def summarize(results: list[Result]) -> Summary:
+    counts = {o: sum(r.outcome == o for r in results) for o in ("passed", "failed", "timed_out", "error")}
+    scored = [r for r in results if r.outcome in ("passed", "failed")]
+    passed = counts["passed"]
+    by_task: dict[str, list[Result]] = {}
+    for r in scored:
+        by_task.setdefault(r.task_id, []).append(r)
+    rewards = [r.reward for r in scored if r.reward is not None]
+    k_max = max((len(v) for v in by_task.values()), default=0)
+    pass_at_k = {k: sum(_pass_at_k(len(v), sum(x.outcome == "passed" for x in v), k) for v in by_task.values())
+                 / len(by_task) for k in range(1, k_max + 1)} if by_task else {}
+    return Summary(
+        counts=counts,
+        pass_rate=passed / len(scored) if scored else None,
+        pass_rate_ci=_wilson(passed, len(scored)) if scored else None,
+        mean_reward=sum(rewards) / len(rewards) if rewards else None,
+        mean_reward_ci=_mean_ci(rewards) if rewards else None,
+        pass_at_k=pass_at_k,
+        mean_tokens=sum(r.tokens for r in results) / len(results) if results else 0.0,
+        mean_seconds=sum(r.seconds for r in results) / len(results) if results else 0.0,
+        tasks=len({r.task_id for r in results}),
+        rollouts=len(results),
+        per_task={t: sum(x.outcome == "passed" for x in v) / len(v) for t, v in by_task.items()},
+    )
+
+
+def _pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al., 2021)."""
+    if n < k:
+        return float(c > 0)
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _wilson(passed: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    p = passed / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _mean_ci(xs: list[float], z: float = 1.96) -> tuple[float, float]:
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return (m, m)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    return (m - z * sd / math.sqrt(len(xs)), m + z * sd / math.sqrt(len(xs)))
+
+
+def compare(a: list[Result], b: list[Result]) -> dict[str, Any]:
+    """Per-task differences between two runs, and an exact McNemar test on tasks both scored:
+    is the change in pass rate beyond noise?"""
+    sa, sb = summarize(a).per_task, summarize(b).per_task
+    common = sorted(set(sa) & set(sb))
+    diffs = {t: (sa[t], sb[t]) for t in common if sa[t] != sb[t]}
+    gained = sum(1 for t in common if sa[t] < 0.5 <= sb[t])
+    lost = sum(1 for t in common if sb[t] < 0.5 <= sa[t])
+    m = gained + lost
+    p = min(1.0, 2 * sum(math.comb(m, i) for i in range(min(gained, lost) + 1)) / 2**m) if m else 1.0
+    return {"tasks": len(common), "differences": diffs, "gained": gained, "lost": lost, "p_value": p,
+            "beyond_noise": p < 0.05}

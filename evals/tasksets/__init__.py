@@ -1,0 +1,84 @@
+"""Task sets by name (built-ins) or by path (a JSONL file of tasks, or a Python module)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from evals.env import Check, Environment, Task, pick
+
+BUILTINS = ("reverse_text", "kernel_tasks", "repo_fix")
+
+
+def load_taskset(spec: str) -> Environment:
+    if spec == "reverse_text":
+        from evals.tasksets.reverse_text import ReverseText
+
+        return ReverseText()
+    if spec == "kernel_tasks":
+        from evals.tasksets.kernel_tasks import KernelTasks
+
+        return KernelTasks()
+    if spec == "repo_fix":
+        from evals.tasksets.repo_fix import RepoFix
+
+        return RepoFix()
+    path = Path(spec)
+    if path.suffix == ".jsonl" and path.is_file():
+        return JsonlTasks(path)
+    if path.suffix == ".py" and path.is_file():
+        module_spec = importlib.util.spec_from_file_location(f"taskset_{path.stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        if not hasattr(module, "environment"):
+            raise ValueError(f"{path}: a task-set module must define `environment` (tasks(n, seed=...), check(...))")
+        return module.environment
+    raise ValueError(f"unknown task set {spec!r}: a built-in ({', '.join(BUILTINS)}), a .jsonl file or a .py module")
+
+
+def select(spec: str, n: int | None, seed: int) -> list[Task]:
+    """The tasks a configuration means: the same everywhere (eval, the refiner's gate, RL evaluation)."""
+    return load_taskset(spec).tasks(n, seed=seed)
+
+
+def task_key(task: Task, config: dict[str, Any]) -> str:
+    """Identifies a rollout's task and configuration, for resuming."""
+    blob = json.dumps({"id": task.id, "prompt": task.prompt, "files": task.files, "config": config}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class JsonlTasks:
+    """One task per line: {"id", "prompt", "files"?: {path: text}, "check": {"shell": cmd} | {"python": expr}}.
+    A shell check passes on exit 0 in the workspace; a Python expression over `answer` passes when truthy."""
+
+    def __init__(self, path: Path):
+        self.name = path.stem
+        self.items = []
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                self.items.append(Task(id=str(d["id"]), prompt=d["prompt"], files=d.get("files", {}),
+                                       data={"check": d.get("check", "True")}))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{n}: not a task ({e})") from None
+
+    def tasks(self, n: int | None, *, seed: int) -> list[Task]:
+        return pick(self.items, n, seed)
+
+    def check(self, task: Task, answer: str, workspace: Path) -> Check:
+        check = task.data["check"]
+        if isinstance(check, dict) and "shell" in check:
+            done = subprocess.run(check["shell"], shell=True, cwd=workspace, capture_output=True, text=True, timeout=300)
+            return Check(done.returncode == 0, float(done.returncode == 0), (done.stdout + done.stderr).strip()[-300:])
+        expr = check["python"] if isinstance(check, dict) else str(check)
+        try:
+            ok = bool(eval(expr, {"answer": answer}))  # the task file is the user's own
+        except Exception as e:
+            return Check(False, 0.0, f"check raised {type(e).__name__}: {e}")
+        return Check(ok, float(ok), expr)

@@ -1,0 +1,148 @@
+"""`prime-agent eval`: real sessions over task sets, exact outcome counts, resume, selection, compare."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.config import Config
+from agent.model import OpenAIModel
+from agent.testing.openai_server import OpenAIServer, Reply
+from evals.runner import EvalSpec, compare, evaluate, read_results, summarize
+from evals.tasksets import select
+from evals.tasksets.repo_fix import REPOS
+
+PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
+FIXES = {"add": ("a - b", "a + b"), "reverse": ("s[::1]", "s[::-1]"), "is_even": ("== 1", "== 0")}
+FIXED = set(FIXES)  # the scripted model fixes these, and gives up on the rest
+HANGS, BREAKS = "mean", "last"  # one rollout never hears back; one meets a server error
+
+
+def which(messages: list[dict]) -> str | None:
+    """The repo_fix task a conversation is about, from the lib.py the agent printed."""
+    for m in messages:
+        if m.get("role") == "tool":
+            for name, (lib, _) in REPOS.items():
+                if lib.strip() in m["content"]:
+                    return name
+    return None
+
+
+def scripted(request: dict) -> Reply:
+    messages = request["messages"]
+    task = which(messages)
+    if task is None:
+        return Reply(code=["print(read('lib.py'))"])
+    if task == HANGS:
+        return Reply(hang=True)
+    if task == BREAKS:
+        return Reply(status=500, content="the server fell over")
+    if task in FIXED:
+        done = sum(m["role"] == "tool" for m in messages)
+        old, new = FIXES[task]
+        return Reply(code=[f"edit('lib.py', {old!r}, {new!r})"]) if done == 1 else Reply(content="Fixed it.")
+    return Reply(content="I could not find the bug.")
+
+
+REQUESTS = {name: 3 if name in FIXED else 2 for name in REPOS}  # calls each rollout makes
+
+
+def agent_config(server: OpenAIServer) -> Config:
+    return Config.model_validate({"model": {"name": "fake", "base_url": server.base_url, "max_retries": 0},
+                                  "kernel": {"interrupt_grace": 1.0}, "refine": {"auto_every": 0}})
+
+
+@pytest.mark.slow
+async def test_repo_fix_outcomes_are_counted_exactly(tmp_path: Path):
+    with OpenAIServer(scripted) as server:
+        config = agent_config(server)
+        model = OpenAIModel(config.model)
+        spec = EvalSpec("repo_fix", n=None, rollouts=1, concurrency=4, seed=0, timeout=4.0)
+        results = await evaluate(spec, config, model, tmp_path / "run")
+        await model.close()
+    by_task = {r.task_id: r.outcome for r in results}
+    assert {t for t, o in by_task.items() if o == "passed"} == FIXED
+    assert by_task[HANGS] == "timed_out" and by_task[BREAKS] == "error"
+    s = summarize(results)
+    assert s.counts == {"passed": 3, "failed": 7, "timed_out": 1, "error": 1}
+    assert s.pass_rate == pytest.approx(3 / 10)  # timed-out and errored rollouts are not failures
+    on_disk = read_results(tmp_path / "run" / "results.jsonl")
+    assert [(r.task_id, r.outcome) for r in on_disk] == [(r.task_id, r.outcome) for r in results]
+    assert all(r.session_id and (tmp_path / "run" / "sessions").is_dir() for r in on_disk)
+
+
+@pytest.mark.slow
+def test_a_killed_eval_resumes_with_only_what_is_owed(project: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    with OpenAIServer(scripted) as server:
+        env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "PRIME_AGENT_MODEL": "fake"}
+        args = [PRIME_AGENT, "eval", "repo_fix", "-n", "6", "--seed", "3", "-c", "1", "--timeout", "4", "--out", str(run)]
+        p = subprocess.Popen(args, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)
+        deadline = time.monotonic() + 60
+        while len(read_results(run / "results.jsonl")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        kept = [r for r in read_results(run / "results.jsonl") if r.outcome in ("passed", "failed", "timed_out")]
+        before = len(server.requests)
+        resumed = subprocess.run([PRIME_AGENT, "eval", "repo_fix", "--resume", str(run)], cwd=project, env=env,
+                                 capture_output=True, text=True, timeout=120)
+        assert resumed.returncode == 0, resumed.stderr
+        spent = len(server.requests) - before
+    selected = [t.id for t in select("repo_fix", 6, 3)]
+    owed = [t for t in selected if t not in {r.task_id for r in kept}]
+    assert owed and spent == sum(REQUESTS[t] for t in owed)
+    final = read_results(run / "results.jsonl")
+    assert [r.task_id for r in final] == selected
+    expected = {t: ("passed" if t in FIXED else "timed_out" if t == HANGS else "error" if t == BREAKS else "failed")
+                for t in selected}
+    assert {r.task_id: r.outcome for r in final} == expected
+    assert "pass rate" in resumed.stderr or "pass rate" in resumed.stdout
+
+
+def test_the_same_seed_selects_the_same_tasks_everywhere(tmp_path: Path):
+    from rl.train import evaluation_tasks
+
+    cli = [t.id for t in select("kernel_tasks", 5, 7)]
+    assert cli == [t.id for t in evaluation_tasks("kernel_tasks", 5, 7)]
+    assert [t.id for t in select("repo_fix", 5, 7)] == [t.id for t in select("repo_fix", 5, 7)]
+    assert [t.id for t in select("repo_fix", 5, 7)] != [t.id for t in select("repo_fix", 5, 8)]
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text("\n".join(json.dumps({"id": f"q{i}", "prompt": "p", "check": "True"}) for i in range(9)))
+    assert [t.id for t in select(str(tasks), 3, 1)] == [t.id for t in select(str(tasks), 3, 1)]
+
+
+def test_compare_reports_per_task_differences_and_noise():
+    from evals.runner import Result
+
+    def run(passing: set[str]) -> list[Result]:
+        return [Result(f"t{i}", 0, "k", "passed" if f"t{i}" in passing else "failed", 1.0) for i in range(12)]
+
+    small = compare(run({"t1", "t2"}), run({"t1", "t3"}))
+    assert small["differences"] == {"t2": (1.0, 0.0), "t3": (0.0, 1.0)} and not small["beyond_noise"]
+    big = compare(run(set()), run({f"t{i}" for i in range(10)}))
+    assert big["gained"] == 10 and big["beyond_noise"]
+
+
+def test_builtin_checks_judge_answers_and_workspaces(tmp_path: Path):
+    from evals.tasksets import load_taskset
+
+    kernel = load_taskset("kernel_tasks")
+    task = kernel.tasks(1, seed=0)[0]
+    assert kernel.check(task, task.data["answer"] + ".", tmp_path).passed
+    assert not kernel.check(task, "41", tmp_path).passed
+    repo = load_taskset("repo_fix")
+    add = next(t for t in repo.tasks(None, seed=0) if t.id == "add")
+    for rel, text in add.files.items():
+        (tmp_path / rel).write_text(text)
+    assert not repo.check(add, "", tmp_path).passed
+    (tmp_path / "lib.py").write_text(add.files["lib.py"].replace("a - b", "a + b"))
+    assert repo.check(add, "", tmp_path).passed

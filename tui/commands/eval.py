@@ -1,0 +1,119 @@
+"""`prime-agent eval TASKSET ...` and `prime-agent eval compare RUN_A RUN_B`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import re
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from agent.config import ConfigError, load_config
+from tui.commands.run import NO_MODEL
+
+EXIT_CONFIG = 2
+
+
+def main(args: argparse.Namespace) -> int:
+    from evals.runner import EvalSpec, compare, read_results
+
+    if args.taskset == "compare":
+        if len(args.runs) != 2:
+            print("prime-agent: usage: prime-agent eval compare RUN_A RUN_B", file=sys.stderr)
+            return EXIT_CONFIG
+        a, b = (read_results(Path(r) / "results.jsonl") for r in args.runs)
+        report = compare(a, b)
+        for task, (pa, pb) in sorted(report["differences"].items()):
+            print(f"{task:<32} {pa:.2f} -> {pb:.2f}")
+        verdict = "beyond noise" if report["beyond_noise"] else "within noise"
+        print(f"{report['tasks']} tasks in both: {report['gained']} gained, {report['lost']} lost; "
+              f"exact McNemar p = {report['p_value']:.3f} ({verdict})")
+        return 0
+    try:
+        overrides: dict = {}
+        if args.model:
+            overrides.setdefault("model", {})["name"] = args.model
+        if args.base_url:
+            overrides.setdefault("model", {})["base_url"] = args.base_url
+        config = load_config(Path("."), overrides)
+    except ConfigError as e:
+        print(f"prime-agent: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    if not config.model.name or not (config.model.base_url or config.model.api_key):
+        print(NO_MODEL, file=sys.stderr)
+        return EXIT_CONFIG
+    spec = EvalSpec(args.taskset, args.n, args.rollouts, args.concurrency, args.seed, args.timeout)
+    if args.resume:
+        run_dir = Path(args.resume)
+        meta = json.loads((run_dir / "metadata.json").read_text())
+        spec = EvalSpec(**meta["spec"])
+    else:
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{Path(args.taskset).stem}--{config.model.name}")
+        run_dir = Path(args.out) if args.out else Path("outputs/evals") / slug / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        return asyncio.run(_run(spec, config, run_dir))
+    except ValueError as e:
+        print(f"prime-agent: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+async def _run(spec, config, run_dir: Path) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from agent.model import OpenAIModel
+    from evals.runner import evaluate, read_results, summarize
+    from evals.tasksets import load_taskset
+
+    tasks = load_taskset(spec.taskset).tasks(spec.n, seed=spec.seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metadata.json").write_text(json.dumps({
+        "spec": asdict(spec), "model": config.model.name, "base_url": config.model.base_url,
+        "task_ids": [t.id for t in tasks], "python": platform.python_version(), "prime_agent": _version(),
+        "config": config.model_dump(mode="json", exclude={"model": {"api_key"}}),
+    }, indent=1))
+    model = OpenAIModel(config.model)
+    console = Console(stderr=True)
+    done_before = sum(r.outcome in ("passed", "failed", "timed_out") for r in read_results(run_dir / "results.jsonl"))
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        bar = progress.add_task(spec.taskset, total=len(tasks) * spec.rollouts, completed=done_before)
+        try:
+            results = await evaluate(spec, config, model, run_dir, on_result=lambda r: progress.advance(bar))
+        finally:
+            await model.close()
+    _print_summary(console, summarize(results), run_dir)
+    return 0
+
+
+def _print_summary(console, s, run_dir: Path) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{s.tasks} tasks, {s.rollouts} rollouts")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    if s.pass_rate is not None:
+        t.add_row("pass rate (95% CI)", f"{s.pass_rate:.3f} ({s.pass_rate_ci[0]:.3f}-{s.pass_rate_ci[1]:.3f})")
+    if s.mean_reward is not None:
+        t.add_row("mean reward (95% CI)", f"{s.mean_reward:.3f} ({s.mean_reward_ci[0]:.3f}-{s.mean_reward_ci[1]:.3f})")
+    for k, v in s.pass_at_k.items():
+        t.add_row(f"pass@{k}", f"{v:.3f}")
+    t.add_row("mean tokens", f"{s.mean_tokens:,.0f}")
+    t.add_row("mean seconds", f"{s.mean_seconds:.2f}")
+    for outcome, n in s.counts.items():
+        t.add_row(outcome, str(n))
+    console.print(t)
+    console.print(f"results: {run_dir / 'results.jsonl'}")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("prime-agent")
+    except PackageNotFoundError:
+        return "unknown"
