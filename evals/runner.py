@@ -77,8 +77,11 @@ class Summary:
 
 
 async def evaluate(spec: EvalSpec, config: Config, model: Model, run_dir: Path,
-                   on_result: Callable[[Result], None] | None = None) -> list[Result]:
-    """Run what `run_dir/results.jsonl` does not hold yet; return every result, in task order."""
+                   on_result: Callable[[Result], None] | None = None, harness_roots: dict | None = None) -> list[Result]:
+    """Run what `run_dir/results.jsonl` does not hold yet; return every result, in task order.
+
+    The Python API for the other users: the refiner's gate and RL evaluation pass their own
+    harness (`harness_roots`) or model (a policy server serving a checkpoint) and `summarize()`."""
     env = load_taskset(spec.taskset)
     tasks = env.tasks(spec.n, seed=spec.seed)
     identity = spec.identity(model.name, config.model.base_url)
@@ -94,7 +97,7 @@ async def evaluate(spec: EvalSpec, config: Config, model: Model, run_dir: Path,
 
     async def one(task: Task, r: int) -> None:
         async with slots:
-            result = await rollout(env, task, r, wanted[(task.id, r)], spec, config, model, run_dir)
+            result = await rollout(env, task, r, wanted[(task.id, r)], spec, config, model, run_dir, harness_roots)
         async with lock:
             kept[(task.id, r)] = result
             with open(results_path, "a") as f:
@@ -207,7 +210,8 @@ def _mean_ci(xs: list[float], z: float = 1.96) -> tuple[float, float]:
     if len(xs) < 2:
         return (m, m)
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
-    return (m - z * sd / math.sqrt(len(xs)), m + z * sd / math.sqrt(len(xs)))
+    half = z * sd / math.sqrt(len(xs))
+    return (max(0.0, m - half), min(1.0, m + half))  # rewards live in [0, 1]
 
 
 def compare(a: list[Result], b: list[Result]) -> dict[str, Any]:

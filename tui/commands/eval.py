@@ -86,7 +86,7 @@ async def _run(spec, config, run_dir: Path) -> int:
             results = await evaluate(spec, config, model, run_dir, on_result=lambda r: progress.advance(bar))
         finally:
             await model.close()
-    _print_summary(console, summarize(results), run_dir)
+    _print_summary(Console(), summarize(results), run_dir)  # the summary is the output: stdout
     return 0
 
 
