@@ -105,8 +105,10 @@ class Subagents:
         child_model = parent.model.variant(model) if model else parent.model
         config = self._child_config(budget)
         note = self._child_note(name, context_about if context_path else None)
+        roots = {scope: store.root for scope, store in parent.harness.stores.items() if scope != "session"}
         child = Session(config, child_model, cwd=parent.cwd, session_dir=child_dir, session_id=f"{parent.id}.{name}",
-                        parent=parent, instructions=note, on_event=None)
+                        parent=parent, instructions=note, on_event=None,
+                        harness_roots={**roots, "session": child_dir / "harness"})
         if context_path:
             child.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             target = child.dir / "context.pkl"

@@ -55,6 +55,8 @@ class RLEnvironment(Environment, Protocol):
 
 def pick(tasks: list[Task], n: int | None, seed: int) -> list[Task]:
     """The deterministic selection of a fixed task list: shuffled by the seed, first n."""
+    if n is not None and n < 1:
+        raise ValueError(f"n must be at least 1, not {n}")
     order = list(tasks)
     random.Random(seed).shuffle(order)
     return order if n is None else order[:n]

@@ -21,9 +21,12 @@ from harness_store.store import HarnessStore
 def make_gate(session: Session, taskset: str, n: int | None = None, seed: int = 0,
               timeout: float = 600.0) -> Callable[[Plan], Awaitable[Verdict]]:
     async def gate(plan: Plan) -> Verdict:
-        before = await passes(session, taskset, n, seed, timeout, plan=None)
-        after = await passes(session, taskset, n, seed, timeout, plan=plan)
+        before, unjudged_before = await passes(session, taskset, n, seed, timeout, plan=None)
+        after, unjudged_after = await passes(session, taskset, n, seed, timeout, plan=plan)
         total = len(load_taskset(taskset).tasks(n, seed=seed))
+        if unjudged_before or unjudged_after:  # an error is not evidence either way: do not apply blind
+            return Verdict(False, f"the gate could not judge the change: {unjudged_before + unjudged_after} "
+                                  "rollouts errored or timed out")
         if after < before:
             return Verdict(False, f"the change lowers the task set's pass count from {before} to {after} of {total}")
         return Verdict(True, f"{after} of {total} pass with the change ({before} without)")
@@ -31,8 +34,10 @@ def make_gate(session: Session, taskset: str, n: int | None = None, seed: int = 
     return gate
 
 
-async def passes(session: Session, taskset: str, n: int | None, seed: int, timeout: float, plan: Plan | None) -> int:
-    """How many selected tasks pass in fresh sessions over a copy of `session`'s harness (with `plan` applied)."""
+async def passes(session: Session, taskset: str, n: int | None, seed: int, timeout: float,
+                 plan: Plan | None) -> tuple[int, int]:
+    """(passed, unjudged) of the selected tasks in fresh sessions over a copy of `session`'s harness
+    (with `plan` applied); unjudged rollouts errored or timed out."""
     env = load_taskset(taskset)
     spec = EvalSpec(taskset, n, 1, 1, seed, timeout)
     config = session.config.model_copy(update={"refine": session.config.refine.model_copy(update={"auto_every": 0})})
@@ -49,11 +54,12 @@ async def passes(session: Session, taskset: str, n: int | None, seed: int, timeo
                 store.close()
             if outcome.status != "applied":
                 raise RefinementFailed(f"the change could not be applied to the gate's copy: {outcome.reason}")
-        count = 0
+        passed = unjudged = 0
         for task in env.tasks(n, seed=seed):
             result = await rollout(env, task, 0, "", spec, config, session.model, Path(tmp) / "runs", harness_roots=roots)
-            count += result.outcome == "passed"
-        return count
+            passed += result.outcome == "passed"
+            unjudged += result.outcome in ("error", "timed_out")
+        return passed, unjudged
 
 
 async def _no_planning(messages):

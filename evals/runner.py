@@ -117,24 +117,27 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
     result = Result(task.id, r, key, "error")
     with tempfile.TemporaryDirectory(prefix="pa-eval-") as tmp:
         work = Path(tmp)
-        for rel, text in task.files.items():
-            (work / rel).parent.mkdir(parents=True, exist_ok=True)
-            (work / rel).write_text(text)
         prompt = f"{task.system}\n\n{task.prompt}" if task.system else task.prompt
         session = Session(config, model, cwd=work, session_dir=run_dir / "sessions" / f"{task.id}-{r}",
                           harness_roots=harness_roots)
         result.session_id = session.id
-        try:
+
+        async def run_session():
             async with session:
                 result.harness_version = session.harness_version
-                turn = await asyncio.wait_for(session.prompt(prompt), spec.timeout)
+                return await session.prompt(prompt)
+
+        try:
+            lay_out(task.files, work)
+            turn = await asyncio.wait_for(run_session(), spec.timeout)  # the start counts against the timeout too
             result.turns, result.tokens = turn.steps, turn.usage.total_tokens
-            if turn.outcome in ("completed", "budget_exhausted"):
+            ran_out_of_time = turn.outcome == "budget_exhausted" and "max_seconds" in (turn.error or "")
+            if turn.outcome == "timed_out" or ran_out_of_time:
+                result.outcome, result.error = "timed_out", turn.error
+            elif turn.outcome in ("completed", "budget_exhausted"):
                 check = await asyncio.to_thread(env.check, task, turn.answer or "", work)
                 result.outcome = "passed" if check.passed else "failed"
                 result.reward, result.check = check.reward, check.detail
-            elif turn.outcome == "timed_out":
-                result.outcome, result.error = "timed_out", turn.error
             else:
                 result.error = turn.error
         except TimeoutError:
@@ -143,6 +146,16 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
             result.error = f"{type(e).__name__}: {e}"
     result.seconds = time.monotonic() - started
     return result
+
+
+def lay_out(files: dict[str, str], work: Path) -> None:
+    """A task's files in its workspace; a path that would land outside it is refused."""
+    for rel, text in files.items():
+        target = (work / rel).resolve()
+        if not target.is_relative_to(work.resolve()):
+            raise ValueError(f"task file {rel!r} would be written outside the workspace")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
 
 
 def read_results(path: Path) -> list[Result]:

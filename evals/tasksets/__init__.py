@@ -47,7 +47,8 @@ def select(spec: str, n: int | None, seed: int) -> list[Task]:
 
 def task_key(task: Task, config: dict[str, Any]) -> str:
     """Identifies a rollout's task and configuration, for resuming."""
-    blob = json.dumps({"id": task.id, "prompt": task.prompt, "files": task.files, "config": config}, sort_keys=True)
+    blob = json.dumps({"id": task.id, "prompt": task.prompt, "files": task.files, "data": task.data, "config": config},
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -67,6 +68,8 @@ class JsonlTasks:
                                        data={"check": d.get("check", "True")}))
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{path}:{n}: not a task ({e})") from None
+            if sum(t.id == self.items[-1].id for t in self.items) > 1:
+                raise ValueError(f"{path}:{n}: task id {self.items[-1].id!r} is used twice")
 
     def tasks(self, n: int | None, *, seed: int) -> list[Task]:
         return pick(self.items, n, seed)

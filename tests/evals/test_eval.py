@@ -146,3 +146,28 @@ def test_builtin_checks_judge_answers_and_workspaces(tmp_path: Path):
     assert not repo.check(add, "", tmp_path).passed
     (tmp_path / "lib.py").write_text(add.files["lib.py"].replace("a - b", "a + b"))
     assert repo.check(add, "", tmp_path).passed
+
+
+def test_bad_input_is_refused_clearly(project: Path, tmp_path: Path):
+    env = {**os.environ, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "PRIME_AGENT_MODEL": "m"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([PRIME_AGENT, "eval", *args], cwd=project, env=env, capture_output=True, text=True, timeout=60)
+
+    assert "must be at least 1" in cli("repo_fix", "-c", "0").stderr
+    assert "not an eval run to resume" in cli("repo_fix", "--resume", str(tmp_path / "nope")).stderr
+    assert "not an eval run (no results.jsonl)" in cli("compare", str(tmp_path), str(tmp_path)).stderr
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "results.jsonl").write_text("")
+    assert "is not empty; pass --resume" in cli("repo_fix", "--out", str(tmp_path / "busy")).stderr
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"id": "a", "prompt": "p"}\n{"id": "a", "prompt": "q"}\n')
+    assert "task id 'a' is used twice" in cli(str(dup), "--out", str(tmp_path / "o")).stderr
+
+
+async def test_a_task_file_outside_the_workspace_is_an_error_not_a_write(tmp_path: Path):
+    from evals.runner import lay_out
+
+    with pytest.raises(ValueError, match="outside the workspace"):
+        lay_out({"../escape.txt": "x"}, tmp_path / "work")
+    assert not (tmp_path / "escape.txt").exists()

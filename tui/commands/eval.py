@@ -23,8 +23,10 @@ def main(args: argparse.Namespace) -> int:
 
     if args.taskset == "compare":
         if len(args.runs) != 2:
-            print("prime-agent: usage: prime-agent eval compare RUN_A RUN_B", file=sys.stderr)
-            return EXIT_CONFIG
+            return _fail("usage: prime-agent eval compare RUN_A RUN_B")
+        missing = [r for r in args.runs if not (Path(r) / "results.jsonl").is_file()]
+        if missing:
+            return _fail(f"not an eval run (no results.jsonl): {', '.join(missing)}")
         a, b = (read_results(Path(r) / "results.jsonl") for r in args.runs)
         report = compare(a, b)
         for task, (pa, pb) in sorted(report["differences"].items()):
@@ -33,32 +35,40 @@ def main(args: argparse.Namespace) -> int:
         print(f"{report['tasks']} tasks in both: {report['gained']} gained, {report['lost']} lost; "
               f"exact McNemar p = {report['p_value']:.3f} ({verdict})")
         return 0
+    for flag, value in (("-n", args.n), ("--rollouts", args.rollouts), ("--concurrency", args.concurrency)):
+        if value is not None and value < 1:
+            return _fail(f"{flag} must be at least 1")
+    if args.timeout <= 0:
+        return _fail("--timeout must be positive")
+    meta = {}
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "metadata.json").is_file():
+            return _fail(f"{run_dir}: not an eval run to resume (no metadata.json)")
+        meta = json.loads((run_dir / "metadata.json").read_text())
     try:
-        overrides: dict = {}
-        if args.model:
-            overrides.setdefault("model", {})["name"] = args.model
-        if args.base_url:
-            overrides.setdefault("model", {})["base_url"] = args.base_url
+        overrides: dict = {}  # a resumed run keeps its model unless told otherwise
+        for key, flag, saved in (("name", args.model, meta.get("model")), ("base_url", args.base_url, meta.get("base_url"))):
+            if flag or saved:
+                overrides.setdefault("model", {})[key] = flag or saved
         config = load_config(Path("."), overrides)
     except ConfigError as e:
-        print(f"prime-agent: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return _fail(str(e))
     if not config.model.name or not (config.model.base_url or config.model.api_key):
         print(NO_MODEL, file=sys.stderr)
         return EXIT_CONFIG
-    spec = EvalSpec(args.taskset, args.n, args.rollouts, args.concurrency, args.seed, args.timeout)
     if args.resume:
-        run_dir = Path(args.resume)
-        meta = json.loads((run_dir / "metadata.json").read_text())
         spec = EvalSpec(**meta["spec"])
     else:
+        spec = EvalSpec(args.taskset, args.n, args.rollouts, args.concurrency, args.seed, args.timeout)
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{Path(args.taskset).stem}--{config.model.name}")
         run_dir = Path(args.out) if args.out else Path("outputs/evals") / slug / time.strftime("%Y%m%d-%H%M%S")
+        if run_dir.is_dir() and any(run_dir.iterdir()):
+            return _fail(f"{run_dir} is not empty; pass --resume {run_dir} to finish that run, or another --out")
     try:
         return asyncio.run(_run(spec, config, run_dir))
     except ValueError as e:
-        print(f"prime-agent: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return _fail(str(e))
 
 
 async def _run(spec, config, run_dir: Path) -> int:
@@ -108,6 +118,11 @@ def _print_summary(console, s, run_dir: Path) -> None:
         t.add_row(outcome, str(n))
     console.print(t)
     console.print(f"results: {run_dir / 'results.jsonl'}")
+
+
+def _fail(message: str) -> int:
+    print(f"prime-agent: {message}", file=sys.stderr)
+    return EXIT_CONFIG
 
 
 def _version() -> str:
