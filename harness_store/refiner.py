@@ -10,6 +10,7 @@ the model, and optionally a `gate(plan) -> Verdict` for a regression check and a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import secrets
@@ -278,8 +279,9 @@ class Refiner:
         outcome.edits = ok
         if self.mode == "dry-run":
             outcome.status = "dry-run"
-        elif self.gate is not None:
-            verdict = await self.gate(plan)
+        elif self.gate is not None:  # judge exactly the edits that passed validation
+            valid = Proposal.model_validate({**plan.proposal.model_dump(), "edits": [pe.model_dump() for pe, _, _ in ok]})
+            verdict = await self.gate(dataclasses.replace(plan, proposal=valid))
             if not verdict.accept:
                 return Outcome(plan, "rejected", refused=refused + [(pe, f"gate: {verdict.reason}") for pe, _, _ in ok],
                                reason=f"gate: {verdict.reason}")
