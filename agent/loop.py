@@ -276,9 +276,9 @@ async def compact(s: Session, turn: Turn) -> bool:
         cut = next((i for i in steps[1:] if _chars(messages[i:]) <= room), steps[-1])
         folded, kept = [*messages[1:current], *messages[current + 1 : cut]], [messages[current], *messages[cut:]]
     transcript = _transcript(folded, s.config.model.context_window * 2)  # ~half the window in tokens
-    completion = await s.model.complete(
+    completion = await within_budget(s, turn, s.model.complete(
         [Message(role="system", content=SUMMARY_PROMPT), Message(role="user", content=transcript)], tools=False
-    )
+    ))  # the summary counts against the turn's time like any model call
     account(s, turn, completion)
     summary = completion.message.content.strip()
     head = Message(
