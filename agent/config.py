@@ -195,10 +195,12 @@ def _parse(data: dict[str, Any], source: str) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(
-            f"field {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
-        )
-        raise ConfigError(f"{source}: {problems}") from None
+        raise ConfigError(f"{source}: {describe(e)}") from None
+
+
+def describe(e: ValidationError) -> str:
+    """A pydantic error as one line naming each bad field."""
+    return "; ".join(f"field {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
 
 
 def merge(into: dict[str, Any], new: dict[str, Any]) -> None:

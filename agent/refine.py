@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.bridge import BridgeServer
-from agent.config import Config
+from agent.config import Config, KernelConfig
 from agent.kernel import Kernel
 from agent.model import Model, ModelError
 from agent.runtime import ENV_PATH, ENV_TOKEN
@@ -62,8 +62,6 @@ async def check_skill(skill_id: str, body: str, files: dict[str, str], timeout: 
         bridge = BridgeServer(Path(tmp), {})
         await bridge.start()
         env = {**os.environ, ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
-        from agent.config import KernelConfig
-
         kernel = Kernel(root, Path(tmp), KernelConfig(cell_timeout=timeout, interrupt_grace=1.0), env)
         try:
             await kernel.start()

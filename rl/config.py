@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent.config import merge, parse_override
+from agent.config import describe, merge, parse_override
 from rl.model import PolicyConfig
 
 
@@ -111,5 +111,4 @@ def load(path: str | None, overrides: list[str]) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise ValueError(f"{path or 'config'}: {problems}") from None
+        raise ValueError(f"{path or 'config'}: {describe(e)}") from None
