@@ -113,6 +113,22 @@ class RefineConfig(_Section):
     gate_seed: int = 0
 
 
+class DaemonConfig(_Section):
+    pool_size: int = Field(2, ge=0)
+    """Kernels the daemon keeps started ahead of time, so creating a session does not wait for one."""
+    max_sessions: int = Field(64, ge=1)
+    """Sessions with a live kernel at once; creating or waking another past this is refused (429)."""
+    max_running_turns: int = Field(8, ge=1)
+    """Turns running at once across all sessions; more wait their turn in order."""
+    client_buffer: int = Field(10_000, ge=16)
+    """Events held for one event-stream client; a client this far behind is dropped (it reconnects
+    with Last-Event-ID and replays from the journal, losing nothing)."""
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    """Largest request body accepted (413 past it)."""
+    drain_timeout: float = 10.0
+    """Seconds a stopping daemon waits for interrupted turns to end and be recorded."""
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     kernel: KernelConfig = Field(default_factory=KernelConfig)
@@ -120,6 +136,7 @@ class Config(_Section):
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     subagents: SubagentsConfig = Field(default_factory=SubagentsConfig)
     refine: RefineConfig = Field(default_factory=RefineConfig)
+    daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     project_instructions: list[str] = Field(default_factory=lambda: ["AGENTS.md", "CLAUDE.md"])
     """Files in the project root whose text follows the base prompt."""
 

@@ -11,10 +11,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import enum
+import logging
+import os
 import queue
 import re
+import secrets
+import shutil
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +36,9 @@ OutputCallback = Callable[[str, str], None]
 POLL = 0.2  # seconds between liveness checks while a cell is quiet
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 RULE = re.compile(r"^-{20,}\n", re.MULTILINE)  # IPython's banner line above a traceback
+KERNEL_ENV_EXCLUDED = {"OPENAI_API_KEY"}
+"""Secrets of the session host that code the model writes has no business reading."""
+log = logging.getLogger(__name__)
 KERNEL_ARGS = [
     "--HistoryManager.enabled=False",  # no sqlite write per cell
     "--InteractiveShell.colors=nocolor",
@@ -95,18 +103,90 @@ class CappedText:
         return f"{head}\n[... {self.cut:,} of {self.total:,} characters cut from the middle ...]\n{self.tail}"
 
 
+def _launch_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in KERNEL_ENV_EXCLUDED}
+
+
+def _manager(runtime_dir: Path) -> _Manager:
+    return _Manager(
+        transport="ipc", ip=str(socket_path(runtime_dir, "kernel")), connection_file=str(runtime_dir / "kernel.json")
+    )
+
+
+class KernelPool:
+    """Kernels started ahead of time, so that a new session does not wait for a kernel to boot.
+
+    A pooled kernel is a bare ipykernel; `Kernel.start` makes it a session's own (working directory,
+    environment, runtime bootstrap) with a few lines of code, in ~10 ms instead of ~0.6 s.
+    """
+
+    def __init__(self, root: Path, size: int, config: KernelConfig):
+        self.root = root
+        self.size = size
+        self.config = config
+        self._starting: deque[asyncio.Task[_Manager]] = deque()
+        self._closed = False
+
+    def fill(self) -> None:
+        while len(self._starting) < self.size and not self._closed:
+            self._starting.append(asyncio.ensure_future(self._launch()))
+
+    @property
+    def ready(self) -> int:
+        return sum(1 for t in self._starting if t.done() and not t.exception())
+
+    async def _launch(self) -> _Manager:
+        directory = self.root / secrets.token_hex(4)
+        directory.mkdir(mode=0o700, parents=True)
+        km = _manager(directory)
+        try:
+            await km.start_kernel(cwd=str(self.root), env=_launch_env())
+            kc = km.client()
+            kc.start_channels()
+            try:
+                await kc.wait_for_ready(timeout=self.config.startup_timeout)
+            finally:
+                kc.stop_channels()
+        except BaseException:
+            if km.has_kernel:
+                await km.shutdown_kernel(now=True)
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        return km
+
+    async def take(self) -> _Manager | None:
+        """A started kernel: a ready one, else the one that began first; None when the pool is empty
+        or its kernel failed (the caller starts its own)."""
+        if not self._starting:
+            return None
+        task = next((t for t in self._starting if t.done()), self._starting[0])
+        self._starting.remove(task)
+        self.fill()
+        try:
+            return await asyncio.shield(task)
+        except Exception:
+            log.exception("a pooled kernel failed to start")
+            return None
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = list(self._starting)
+        self._starting.clear()
+        for km in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(km, _Manager):
+                await km.shutdown_kernel(now=True)
+                shutil.rmtree(Path(km.connection_file).parent, ignore_errors=True)
+
+
 class Kernel:
     def __init__(self, cwd: Path, runtime_dir: Path, config: KernelConfig, env: dict[str, str]):
         self.cwd = cwd
         self.config = config
         self.env = env
+        """This session's variables, set by code in every new or restarted kernel before the bootstrap."""
         self.state = KernelState.NEW
-        self.connection_file = runtime_dir / "kernel.json"
-        self._km = _Manager(
-            transport="ipc",
-            ip=str(socket_path(runtime_dir, "kernel")),
-            connection_file=str(self.connection_file),
-        )
+        self._km = _manager(runtime_dir)
+        self._pooled = False
         self._kc = None
         self._user_interrupt = False
         self._grace_end: float | None = None
@@ -116,9 +196,18 @@ class Kernel:
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    @property
+    def connection_file(self) -> Path:
+        """The live kernel's connection file: any Jupyter client can attach with it."""
+        return Path(self._km.connection_file)
+
+    async def start(self, pool: KernelPool | None = None) -> None:
         self.state = KernelState.STARTING
-        await self._km.start_kernel(cwd=str(self.cwd), env=self.env)
+        km = await pool.take() if pool is not None else None
+        if km is not None:
+            self._km, self._pooled = km, True
+        else:
+            await self._km.start_kernel(cwd=str(self.cwd), env=_launch_env())
         self._kc = self._km.client()
         self._kc.start_channels()
         await self._ready()
@@ -138,6 +227,8 @@ class Kernel:
         if self._km.has_kernel:
             await self._km.shutdown_kernel(now=True)
         self.connection_file.unlink(missing_ok=True)
+        if self._pooled:
+            shutil.rmtree(self.connection_file.parent, ignore_errors=True)
 
     async def interrupt(self) -> None:
         """Interrupt the running cell on the user's behalf (KeyboardInterrupt in the kernel)."""
@@ -154,7 +245,8 @@ class Kernel:
             await self._kc.wait_for_ready(timeout=self.config.startup_timeout)
         except RuntimeError as e:
             raise KernelError(f"kernel did not become ready: {e}") from None
-        for code in ["import agent.runtime as _pa; _pa.bootstrap(globals()); del _pa", *self.setup]:
+        prelude = f"import os as _os; _os.chdir({str(self.cwd)!r}); _os.environ.update({self.env!r}); del _os"
+        for code in [prelude, "import agent.runtime as _pa; _pa.bootstrap(globals()); del _pa", *self.setup]:
             boot = await self._run(code, None, None)
             if boot.error_name:
                 raise KernelError(f"kernel bootstrap failed: {boot.error_name}: {boot.error_value}\n{boot.traceback}")

@@ -35,8 +35,8 @@ class Interrupted(Exception):
     """The user interrupted the turn."""
 
 
-async def run_turn(s: Session, prompt: str) -> TurnResult:
-    turn = s.begin_turn(prompt)
+async def run_turn(s: Session, prompt: str, turn_id: str | None = None) -> TurnResult:
+    turn = s.begin_turn(prompt, turn_id)
     outcome, answer, error = "error", None, None
     try:
         while True:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import tempfile
 from pathlib import Path
@@ -61,7 +60,7 @@ async def check_skill(skill_id: str, body: str, files: dict[str, str], timeout: 
             steps.append(("run its example", example.group(1)))
         bridge = BridgeServer(Path(tmp), {})
         await bridge.start()
-        env = {**os.environ, ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
+        env = {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
         kernel = Kernel(root, Path(tmp), KernelConfig(cell_timeout=timeout, interrupt_grace=1.0), env)
         try:
             await kernel.start()
@@ -100,11 +99,12 @@ class SessionRefiner:
 
     # --- triggers -------------------------------------------------------------------------------
 
-    def request(self, instructions: str | None = None, trigger: str = "explicit") -> str:
-        """Start planning in the background (unless a plan is already in flight or waiting to apply)."""
+    def request(self, instructions: str | None = None, trigger: str = "explicit", mode: str | None = None) -> str:
+        """Start planning in the background (unless a plan is already in flight or waiting to apply);
+        `mode` overrides `refine.mode` for this one."""
         if (self.task is not None and not self.task.done()) or self.ready is not None:
             return "a refinement is already being planned or waits for the turn boundary; it applies then"
-        self.task = asyncio.create_task(self._plan(instructions, trigger, review=False))
+        self.task = asyncio.create_task(self._plan(instructions, trigger, review=False, mode=mode))
         return "refinement planning started; it applies at the next turn boundary"
 
     def after_turn(self, turn: Turn, compacted: bool) -> None:
@@ -131,7 +131,7 @@ class SessionRefiner:
 
     # --- background -----------------------------------------------------------------------------
 
-    async def _plan(self, instructions: str | None, trigger: str, review: bool) -> None:
+    async def _plan(self, instructions: str | None, trigger: str, review: bool, mode: str | None = None) -> None:
         s, generation = self.s, self.generation
         evidence = transcript(s.messages, self.config.window_chars)
         try:
@@ -145,7 +145,7 @@ class SessionRefiner:
                                            instructions=instructions, generation=generation)
             s.emit("refinement.proposed", None, id=plan.id, trigger=trigger, summary=plan.proposal.summary,
                    rationale=plan.proposal.rationale, edits=[e.model_dump() for e in plan.proposal.edits])
-            outcome = await self.refiner.prepare(plan)
+            outcome = await self.refiner.prepare(plan, mode=mode)
         except (RefinementFailed, ModelError) as e:
             self._failed(trigger, str(e))
             return

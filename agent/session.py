@@ -21,22 +21,29 @@ from agent import loop
 from agent.bridge import BridgeServer
 from agent.config import Config, home, project_root
 from agent.harness import SessionHarness, scope_roots
-from agent.kernel import Kernel, KernelState
+from agent.kernel import Kernel, KernelPool, KernelState
 from agent.model import Model
 from agent.prompt import system_prompt
 from agent.refine import SessionRefiner
 from agent.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
 from agent.subagents import Subagents
 from agent.trajectory import (
-    MessageRecord, SessionRecord, SystemPromptRecord, TrajectoryWriter, TurnFinished, TurnStarted, _Record,
+    MessageRecord,
+    Record,
+    ResumedRecord,
+    SessionRecord,
+    SystemPromptRecord,
+    TrajectoryWriter,
+    TurnFinished,
+    TurnStarted,
+    _Record,
+    contexts,
 )
+from agent.types import Event, EventType, Message, Outcome, Usage
 from harness_store.store import Change, HarnessStore
 from harness_store.watch import HarnessWatcher
-from agent.types import Event, EventType, Message, Outcome, Usage
 
 Listener = Callable[[Event], None]
-KERNEL_ENV_EXCLUDED = {"OPENAI_API_KEY"}
-"""Secrets of the session host that code the model writes has no business reading."""
 log = logging.getLogger(__name__)
 
 
@@ -84,11 +91,13 @@ class Session:
         instructions: str = "",
         subagent_slots: dict[int, asyncio.Semaphore] | None = None,
         harness_roots: dict | None = None,
+        kernel_pool: KernelPool | None = None,
     ):
         """`parent` makes this a subagent; `instructions` follow the base prompt; `subagent_slots`
         holds the per-process limits on running children, one pool per depth (share one dict across
         the sessions of a process);
-        `harness_roots` replaces the usual user/project/session scopes (the refiner's gate)."""
+        `harness_roots` replaces the usual user/project/session scopes (the refiner's gate);
+        `kernel_pool` supplies kernels started ahead of time (the daemon's, shared with subagents)."""
         self.id = session_id or new_session_id()
         self.dir = session_dir or home() / "sessions" / self.id
         self.cwd = cwd.resolve()
@@ -128,6 +137,11 @@ class Session:
         )
         self._watcher: HarnessWatcher | None = None
         self.kernel = Kernel(self.cwd, self.dir, config.kernel, env={})
+        self.kernel_pool = kernel_pool if kernel_pool is not None else (parent.kernel_pool if parent else None)
+        self.notices: list[str] = []
+        """Told to the model at the start of the next turn (e.g. that its kernel is new)."""
+        self._resumed: str | None = None
+        """Why this session was resumed from its trajectory, when it was."""
         self._seq = 0
         self._trajectory: TrajectoryWriter | None = None
         self._task: asyncio.Task | None = None
@@ -145,15 +159,26 @@ class Session:
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._trajectory = TrajectoryWriter(self.dir / "trajectory.jsonl")
         await self.bridge.start()
-        env = {k: v for k, v in os.environ.items() if k not in KERNEL_ENV_EXCLUDED}
         self.kernel.env = {
-            **env,
             ENV_PATH: str(self.bridge.path),
             ENV_TOKEN: self.bridge.token,
             ENV_SKILLS: os.pathsep.join(self.harness.skill_dirs()),
             ENV_SESSION_DIR: str(self.dir),
             "PRIME_AGENT_SESSION": self.id,
         }
+        if self._resumed is not None:
+            self.record(ResumedRecord(reason=self._resumed, harness_version=self.harness_version))
+            self._close_open_tool_calls()
+        else:
+            self._record_start()
+        self._watch_harness()
+        await self.kernel.start(self.kernel_pool)
+        if self._resumed is not None:
+            self.emit("session.resumed", None, reason=self._resumed, turns=self.turns)
+        else:
+            self.emit("session.started", None, dir=str(self.dir), cwd=str(self.cwd), model=self.model.name)
+
+    def _record_start(self) -> None:
         self.harness_version = self.harness.view.version()
         self.record(
             SessionRecord(
@@ -167,9 +192,45 @@ class Session:
             )
         )
         self.append(Message(role="system", content=self._system_prompt()), None)
-        self._watch_harness()
-        await self.kernel.start()
-        self.emit("session.started", None, dir=str(self.dir), cwd=str(self.cwd), model=self.model.name)
+
+    def resume(self, records: list[Record], last_seq: int, reason: str) -> None:
+        """Before `start`: take up a session from its trajectory in a new process.
+
+        The model's context, turn count, usage and last outcome come back; the kernel cannot (its
+        namespace died with the old process), so the model is told at its next turn. Events go on
+        numbering after `last_seq`. A turn the old process never finished must already be closed
+        (`finish_cut_turn`).
+        """
+        conversations = list(contexts(records))
+        self.messages = conversations[-1] if conversations else []
+        self.harness_version = next(
+            (r.harness_version for r in reversed(records) if isinstance(r, SystemPromptRecord | SessionRecord)), None
+        )
+        turn_of = {}
+        for r in records:
+            if isinstance(r, TurnStarted):
+                self.turns += 1
+            elif isinstance(r, TurnFinished):
+                self.usage += r.usage
+                self.last_result = TurnResult(r.turn_id, r.outcome, r.answer, r.error, r.usage, r.duration, r.steps, r.cells)
+            elif isinstance(r, MessageRecord) and r.turn_id is not None:
+                turn_of.setdefault(r.turn_id, r.message)
+        firsts = {id(m) for m in turn_of.values()}
+        self.turn_starts = [i for i, m in enumerate(self.messages) if id(m) in firsts]
+        self.subagents.interrupt_orphans(reason)
+        self._seq = last_seq
+        self._resumed = reason
+        self.notices.append(f"[{reason}. This session goes on in a new kernel: every variable, import and "
+                            "running subagent from before is gone; files on disk are as they were.]")
+
+    def _close_open_tool_calls(self) -> None:
+        """Answer tool calls the old process never answered: a model API refuses a context without."""
+        answered = {m.tool_call_id for m in self.messages if m.role == "tool"}
+        last = next((m for m in reversed(self.messages) if m.role == "assistant"), None)
+        for call in last.tool_calls if last else []:
+            if call.id not in answered:
+                self.append(Message(role="tool", tool_call_id=call.id,
+                                    content="[lost: the session's process stopped while this cell ran]"), None)
 
     async def close(self) -> None:
         if self.refiner.task is not None and not self.refiner.task.done():
@@ -194,13 +255,14 @@ class Session:
 
     # --- what a client does ----------------------------------------------------------------
 
-    async def prompt(self, text: str) -> TurnResult:
-        """Run one turn to its end; never raises for model, kernel or budget failures."""
+    async def prompt(self, text: str, turn_id: str | None = None) -> TurnResult:
+        """Run one turn to its end; never raises for model, kernel or budget failures.
+        `turn_id` names the turn when a client numbered it in advance (the daemon's queue)."""
         if self.turn is not None:
             raise RuntimeError("a turn is already running in this session; steer it or wait")
         self._task = asyncio.current_task()
         try:
-            return await loop.run_turn(self, text)
+            return await loop.run_turn(self, text, turn_id)
         finally:
             self._task = None
 
@@ -239,9 +301,9 @@ class Session:
         self.messages.append(message)
         self.record(MessageRecord(turn_id=turn.id if turn else None, message=message))
 
-    def begin_turn(self, prompt: str) -> Turn:
+    def begin_turn(self, prompt: str, turn_id: str | None = None) -> Turn:
         self.turns += 1
-        turn = Turn(id=f"t{self.turns}", prompt=prompt)
+        turn = Turn(id=turn_id or f"t{self.turns}", prompt=prompt)
         self.turn = turn
         self.record(TurnStarted(turn_id=turn.id, prompt=prompt))
         self.emit("turn.started", turn.id, prompt=prompt)
@@ -252,10 +314,12 @@ class Session:
             log.exception("harness reload failed")
             self.emit("error", turn.id, message=f"the harness could not be reloaded ({type(e).__name__}: {e}); "
                                                "the previous system prompt stays in force")
-        text = prompt
+        notes = self.notices
+        self.notices = []
         last = self.last_result
         if last is not None and last.outcome != "completed":
-            text = f"[Your previous turn ended early ({last.outcome}): {last.error}]\n\n{prompt}"
+            notes.insert(0, f"[Your previous turn ended early ({last.outcome}): {last.error}]")
+        text = "\n\n".join([*notes, prompt])
         self.turn_starts.append(len(self.messages))
         self.append(Message(role="user", content=text), turn)
         return turn

@@ -201,6 +201,14 @@ class Subagents:
                 t.cancel()
             await asyncio.gather(*running, return_exceptions=True)
 
+    def interrupt_orphans(self, why: str) -> None:
+        """Children the registry lists as queued or running when none can be (a new process)."""
+        orphans = [c for c in self.children.values() if c.status in ("queued", "running")]
+        for c in orphans:
+            c.status, c.error, c.finished = "interrupted", why, time.time()
+        if orphans:
+            self._save()
+
     def _save(self) -> None:
         tmp = self.registry.with_suffix(".tmp")
         tmp.write_text(json.dumps([asdict(c) for c in self.children.values()], indent=1))

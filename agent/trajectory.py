@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TextIO
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -132,18 +132,48 @@ class TurnFinished(_Record):
     cells: int
 
 
+class ResumedRecord(_Record):
+    """The session was brought back in a new process (a daemon restart): its kernel is new."""
+
+    kind: Literal["resumed"] = "resumed"
+    reason: str
+    harness_version: str | None = None
+
+
 Record = Annotated[
     SessionRecord | TurnStarted | MessageRecord | SystemPromptRecord | ModelCall | CellRecord | SubagentRecord
-    | RefinementRecord | CompactionRecord | TurnFinished,
+    | RefinementRecord | CompactionRecord | TurnFinished | ResumedRecord,
     Field(discriminator="kind"),
 ]
 _adapter: TypeAdapter[Record] = TypeAdapter(Record)
 
 
+def open_append(path: Path) -> TextIO:
+    """Open a JSONL file for appending, first cutting a torn last line (a crash mid-write), so the
+    next record starts on a line of its own."""
+    if path.exists():
+        with open(path, "rb+") as f:
+            end = pos = f.seek(0, os.SEEK_END)
+            while pos > 0:
+                step = min(65536, pos)
+                f.seek(pos - step)
+                chunk = f.read(step)
+                if pos == end and chunk.endswith(b"\n"):
+                    break
+                cut = chunk.rfind(b"\n")
+                if cut >= 0:
+                    f.truncate(pos - step + cut + 1)
+                    break
+                pos -= step
+            else:
+                f.truncate(0)
+    return open(path, "a", encoding="utf-8")
+
+
 class TrajectoryWriter:
     def __init__(self, path: Path):
         self.path = path
-        self._file = open(path, "a", encoding="utf-8")
+        self._file = open_append(path)
 
     def append(self, record: _Record) -> None:
         self._file.write(record.model_dump_json(exclude_none=True) + "\n")
@@ -177,6 +207,29 @@ def read_records(path: Path) -> list[Record]:
                 break
             raise TrajectoryError(f"{path}:{n}: not a trajectory record: {str(e)[:200]}") from None
     return out
+
+
+def finish_cut_turn(path: Path, turn_id: str, error: str) -> TurnFinished | None:
+    """The record that closes turn `turn_id`: its own, or, for a turn a dead process left open, a new
+    `interrupted` one written now. None when the turn never began."""
+    records = read_records(path) if path.exists() else []
+    started = next((r for r in records if isinstance(r, TurnStarted) and r.turn_id == turn_id), None)
+    if started is None:
+        return None
+    finished = next((r for r in records if isinstance(r, TurnFinished) and r.turn_id == turn_id), None)
+    if finished is not None:
+        return finished
+    calls = [r for r in records if isinstance(r, ModelCall) and r.turn_id == turn_id]
+    finished = TurnFinished(
+        turn_id=turn_id, outcome="interrupted", error=error,
+        usage=sum((c.usage for c in calls), Usage()), duration=records[-1].ts - started.ts,
+        steps=sum(1 for c in calls if c.purpose == "turn"),
+        cells=sum(1 for r in records if isinstance(r, CellRecord) and r.turn_id == turn_id),
+    )
+    writer = TrajectoryWriter(path)
+    writer.append(finished)
+    writer.close()
+    return finished
 
 
 def contexts(records: list[Record]) -> Iterator[list[Message]]:

@@ -138,6 +138,8 @@ class Budget(BaseModel):
 
 EventType = Literal[
     "session.started",
+    "session.resumed",
+    "turn.queued",
     "turn.started",
     "model.started",
     "model.delta",

@@ -269,15 +269,17 @@ class Refiner:
         store.dry_run(edit)  # schema, size caps, kind rules: everything apply() would refuse
         return scope, edit
 
-    async def prepare(self, plan: Plan, *, approved: bool = False) -> Outcome:
+    async def prepare(self, plan: Plan, *, approved: bool = False, mode: str | None = None) -> Outcome:
         """Everything but the commit (validation, skill checks, the gate): safe to run in the
-        background while the session works. `approved` skips review mode's wait."""
+        background while the session works. `approved` skips review mode's wait; `mode` overrides
+        the refiner's for this plan."""
+        mode = mode or self.mode
         ok, refused = await self.validate(plan)
         if not ok:
             return Outcome(plan, "rejected", refused=refused, reason="no valid edits" if refused else "the proposal has no edits")
         outcome = Outcome(plan, "ready", [pe for pe, _, _ in ok], refused, diff=render_edits(ok))
         outcome.edits = ok
-        if self.mode == "dry-run":
+        if mode == "dry-run":
             outcome.status = "dry-run"
         elif self.gate is not None:  # judge exactly the edits that passed validation
             valid = Proposal.model_validate({**plan.proposal.model_dump(), "edits": [pe.model_dump() for pe, _, _ in ok]})
@@ -285,7 +287,7 @@ class Refiner:
             if not verdict.accept:
                 return Outcome(plan, "rejected", refused=refused + [(pe, f"gate: {verdict.reason}") for pe, _, _ in ok],
                                reason=f"gate: {verdict.reason}")
-        if outcome.status == "ready" and self.mode == "review" and not approved:
+        if outcome.status == "ready" and mode == "review" and not approved:
             outcome.status = "pending"
         return outcome
 

@@ -21,7 +21,7 @@ async def kernel(project: Path, tmp_path: Path):
 
     bridge = BridgeServer(tmp_path / "run", {"final": final})
     await bridge.start()
-    env = {**os.environ, ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
+    env = {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
     k = Kernel(project, tmp_path / "run", KernelConfig(cell_timeout=30, interrupt_grace=1.0, output_limit=4096), env)
     await k.start()
     yield k

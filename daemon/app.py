@@ -1,0 +1,335 @@
+"""The daemon's HTTP API (FastAPI): a thin face on `SessionManager`.
+
+Errors are `{"error": {"code", "message"}}` with a 4xx for what the client got wrong and a 5xx
+only for what the daemon did. Events stream as Server-Sent Events whose `id` is the event's `seq`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Body, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from agent.config import home, project_root
+from agent.harness import SessionHarness, scope_roots
+from agent.trajectory import read_records
+from daemon.schemas import (
+    CreateSession,
+    ErrorBody,
+    Interrupt,
+    Interrupted,
+    KernelInfo,
+    MessageAccepted,
+    RefineRequest,
+    RefineStarted,
+    Rollback,
+    RolledBack,
+    SendMessage,
+    SessionInfo,
+    Status,
+)
+from daemon.sessions import ApiError, SessionManager
+from harness_store.entries import HarnessError
+
+log = logging.getLogger(__name__)
+VERSION = "0.1.0"
+KEEPALIVE = 15.0
+"""Seconds between comments on a quiet event stream (proxies and dead peers notice)."""
+REPLAY_CHUNK = 1000
+"""Events per write when replaying the journal."""
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 404, 409, 413, 422, 429, 503)
+}
+
+
+def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = None) -> FastAPI:
+    app = FastAPI(title="Prime Agent daemon", version=VERSION, responses=ERRORS,
+                  description="Sessions that outlive their terminal: create, prompt, steer, interrupt, stream events.")
+    started = time.monotonic()
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        return _error(e.status, e.code, e.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()[:5])
+        return _error(422, "invalid_request", problems or "invalid request")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        return _error(e.status_code, _CODES.get(e.status_code, "http_error"), str(e.detail))
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, e: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return _error(500, "internal", f"{type(e).__name__}: {e}")
+
+    # --- the daemon ----------------------------------------------------------------------------
+
+    @app.get("/v1/status")
+    async def status() -> Status:
+        return Status(
+            pid=os.getpid(), version=VERSION, socket=socket, tcp=tcp, uptime=time.monotonic() - started,
+            sessions=len(manager.sessions), live_sessions=manager.live(),
+            running_turns=sum(1 for s in manager.sessions.values() if s.session and s.session.turn),
+            pool_ready=manager.pool.ready,
+        )
+
+    # --- sessions ------------------------------------------------------------------------------
+
+    @app.post("/v1/sessions", status_code=201)
+    async def create_session(req: CreateSession) -> SessionInfo:
+        return (await manager.create(req)).info()
+
+    @app.get("/v1/sessions")
+    async def list_sessions() -> list[SessionInfo]:
+        return [s.info() for s in sorted(manager.sessions.values(), key=lambda s: s.meta.created)]
+
+    @app.get("/v1/sessions/{session_id}")
+    async def get_session(session_id: str) -> SessionInfo:
+        return manager.get(session_id).info()
+
+    @app.delete("/v1/sessions/{session_id}", status_code=204)
+    async def delete_session(session_id: str) -> Response:
+        await manager.delete(session_id)
+        return Response(status_code=204)
+
+    @app.post("/v1/sessions/{session_id}/messages", status_code=202)
+    async def send_message(session_id: str, req: SendMessage) -> MessageAccepted:
+        if manager.stopping:
+            raise ApiError(503, "stopping", "the daemon is stopping")
+        return manager.get(session_id).send(req.text, req.mode)
+
+    @app.post("/v1/sessions/{session_id}/interrupt")
+    async def interrupt(session_id: str, req: Annotated[Interrupt | None, Body()] = None) -> Interrupted:
+        return await manager.get(session_id).interrupt((req or Interrupt()).drop_queued)
+
+    @app.get("/v1/sessions/{session_id}/events", response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}})
+    async def events(
+        session_id: str,
+        after: Annotated[int | None, Query(ge=0, description="Replay events after this seq, then stream.")] = None,
+        last_event_id: Annotated[str | None, Header()] = None,
+    ) -> StreamingResponse:
+        if after is None and last_event_id is not None:
+            if not last_event_id.strip().isdigit():
+                raise ApiError(400, "bad_last_event_id", f"Last-Event-ID must be an event seq, not {last_event_id!r}")
+            after = int(last_event_id)
+        managed = manager.get(session_id)
+        replay, sub = managed.subscribe(after or 0)
+
+        async def stream() -> AsyncIterator[str]:
+            try:
+                for i in range(0, len(replay), REPLAY_CHUNK):
+                    yield "".join(_frame(seq, line) for seq, line in replay[i : i + REPLAY_CHUNK])
+                while True:
+                    try:
+                        batch = [await asyncio.wait_for(sub.queue.get(), KEEPALIVE)]
+                    except TimeoutError:
+                        yield ": keepalive\n\n"
+                        continue
+                    while batch[-1] is not None and not sub.queue.empty():
+                        batch.append(sub.queue.get_nowait())
+                    frames = "".join(_frame(*item) for item in batch if item is not None)
+                    if frames:
+                        yield frames
+                    if batch[-1] is None:  # the session was deleted, the daemon stops, or this client fell behind
+                        return
+            finally:
+                managed.unsubscribe(sub)
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.get("/v1/sessions/{session_id}/transcript")
+    async def transcript(session_id: str) -> dict[str, Any]:
+        """The session's whole trajectory: every record, in order (see agent/trajectory.py)."""
+        managed = manager.get(session_id)
+        path = managed.dir / "trajectory.jsonl"
+        records = await asyncio.to_thread(read_records, path) if path.is_file() else []
+        return {"session": managed.info().model_dump(), "records": [r.model_dump(mode="json") for r in records]}
+
+    @app.get("/v1/sessions/{session_id}/subagents")
+    async def subagents(session_id: str) -> list[dict[str, Any]]:
+        managed = manager.get(session_id)
+        if managed.session is not None:
+            return await managed.session.subagents.list()
+        registry = managed.dir / "subagents.json"
+        return json.loads(registry.read_text()) if registry.is_file() else []
+
+    @app.get("/v1/sessions/{session_id}/kernel")
+    async def kernel(session_id: str) -> KernelInfo:
+        """The live kernel's connection file (`jupyter console --existing FILE`); wakes a dormant session."""
+        session = await manager.get(session_id).wake()
+        return KernelInfo(connection_file=str(session.kernel.connection_file), state=session.kernel.state.value)
+
+    @app.post("/v1/sessions/{session_id}/refine", status_code=202)
+    async def refine(session_id: str, req: Annotated[RefineRequest | None, Body()] = None) -> RefineStarted:
+        req = req or RefineRequest()
+        session = await manager.get(session_id).wake()
+        return RefineStarted(message=session.refiner.request(req.instructions, trigger="api", mode=req.mode))
+
+    # --- the harness ---------------------------------------------------------------------------
+
+    def harness_for(session_id: str | None, project: str | None) -> tuple[SessionHarness, bool]:
+        """The harness a session sees (its own, when live), or the user's and a project's."""
+        if session_id is not None:
+            managed = manager.get(session_id)
+            if managed.session is not None:
+                return managed.session.harness, False
+            cwd, session_dir = Path(managed.meta.cwd), managed.dir
+        else:
+            cwd, session_dir = Path(project or home()), None
+        if project is not None and not Path(project).is_dir():
+            raise ApiError(400, "bad_project", f"project {project!r} is not a directory")
+        return SessionHarness(scope_roots(home(), project_root(cwd), session_dir), session_id), True
+
+    @app.get("/v1/harness")
+    async def harness_view(session: str | None = None, project: str | None = None) -> list[dict[str, Any]]:
+        """The entries in force, narrowest scope first."""
+        harness, own = harness_for(session, project)
+        try:
+            return await asyncio.to_thread(harness.list)
+        finally:
+            if own:
+                harness.close()
+
+    @app.get("/v1/harness/log")
+    async def harness_log(scope: Annotated[str, Query(pattern="^(user|project|session)$")] = "user",
+                          n: Annotated[int, Query(ge=1, le=1000)] = 20,
+                          session: str | None = None, project: str | None = None) -> list[dict[str, Any]]:
+        harness, own = harness_for(session, project)
+        try:
+            store = _scope(harness, scope)
+            if not (store.root / ".git").is_dir():
+                return []
+            return [_change(c) for c in await asyncio.to_thread(store.log, n)]
+        finally:
+            if own:
+                harness.close()
+
+    @app.get("/v1/harness/diff", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    async def harness_diff(scope: Annotated[str, Query(pattern="^(user|project|session)$")] = "user",
+                           a: str | None = None, b: str | None = None,
+                           session: str | None = None, project: str | None = None) -> Response:
+        harness, own = harness_for(session, project)
+        try:
+            text = await asyncio.to_thread(_scope(harness, scope).diff, a, b)
+        except HarnessError as e:
+            raise ApiError(400, "harness", str(e)) from None
+        finally:
+            if own:
+                harness.close()
+        return Response(text, media_type="text/plain")
+
+    @app.post("/v1/harness/rollback")
+    async def harness_rollback(req: Rollback) -> RolledBack:
+        """Undo one change (or restore a whole earlier state); a live session picks it up next turn."""
+        live = manager.get(req.session).session if req.session else None
+        try:
+            if live is not None:
+                rid = live.rollback(req.ref, req.scope, req.to)
+                change = next(c for c in live.harness.store(req.scope).log(5) if c.refinement_id == rid)
+            else:
+                harness, _ = harness_for(req.session, None)
+                try:
+                    store = _scope(harness, req.scope)
+                    rollback = store.rollback_to if req.to else store.rollback
+                    change = await asyncio.to_thread(rollback, req.ref, session=req.session)
+                finally:
+                    harness.close()
+        except HarnessError as e:
+            raise ApiError(400, "harness", str(e)) from None
+        return RolledBack(refinement_id=change.refinement_id, scope=req.scope, entries=change.entries)
+
+    return app
+
+
+def _scope(harness: SessionHarness, scope: str):
+    try:
+        return harness.store(scope)
+    except (KeyError, HarnessError) as e:
+        raise ApiError(400, "bad_scope", str(e)) from None
+
+
+def _change(c) -> dict[str, Any]:
+    return {"commit": c.commit, "refinement_id": c.refinement_id, "trigger": c.trigger, "summary": c.summary,
+            "date": c.date.isoformat(), "entries": c.entries}
+
+
+def _frame(seq: int, line: str) -> str:
+    return f"id: {seq}\ndata: {line}\n\n"
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 401: "unauthorized"}
+
+
+class TokenAuth:
+    """ASGI middleware for the TCP listener: every request needs `Authorization: Bearer TOKEN`."""
+
+    def __init__(self, app, token: str):
+        self.app, self.token = app, token
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            scheme, _, given = header.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), self.token):
+                response = _error(401, "unauthorized", "this listener needs `Authorization: Bearer <token>`; "
+                                  f"the token is in {home() / 'run' / 'token'}")
+                response.headers["WWW-Authenticate"] = "Bearer"
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body past `limit` bytes gets 413 before the app sees any of it."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await self._refuse(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                return await self._refuse(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope, receive, send) -> None:
+        await _error(413, "too_large", f"request bodies are limited to {self.limit} bytes")(scope, receive, send)

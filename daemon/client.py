@@ -1,0 +1,247 @@
+"""Python client of the daemon API, used by the CLI and the TUI.
+
+    client = await connect()              # starts the daemon when it is not running
+    s = await client.create_session(cwd="/src/app")
+    turn = await client.send(s["id"], "fix the failing test")
+    async for event in client.events(s["id"]):
+        ...
+
+Async first; `SyncClient` is the same API for code without an event loop. An event stream
+reconnects by itself (with `Last-Event-ID`) when the daemon restarts or drops a slow reader, so
+a caller sees every event once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+
+from agent.types import Event
+from daemon.paths import log_file, pid_file, socket_file
+
+
+class DaemonError(RuntimeError):
+    """The daemon refused a request: `status` and `code` as it sent them."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class DaemonUnavailable(DaemonError):
+    def __init__(self, message: str):
+        super().__init__(0, "unavailable", message)
+
+
+class Client:
+    def __init__(self, url: str | None = None, token: str | None = None, socket: Path | None = None,
+                 timeout: float = 60.0):
+        """Over the Unix socket (default), or `url` (TCP) with `token`."""
+        self.socket = socket or socket_file()
+        transport = None if url else httpx2.AsyncHTTPTransport(uds=str(self.socket))
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx2.AsyncClient(base_url=url or "http://daemon", transport=transport, headers=headers,
+                                        timeout=timeout)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = await self._http.request(method, path, **kw)
+        except (httpx2.ConnectError, httpx2.RemoteProtocolError, FileNotFoundError) as e:
+            raise DaemonUnavailable(f"the daemon is not running ({self.socket}): {e}") from None
+        if r.status_code >= 400:
+            raise _error(r.status_code, r.content)
+        return r.json() if r.content else None
+
+    # --- the daemon and its sessions ---------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        return await self._call("GET", "/v1/status")
+
+    async def create_session(self, cwd: str | Path, model: str | None = None, base_url: str | None = None,
+                             title: str | None = None, budget: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = {"cwd": str(Path(cwd).resolve()), "model": model, "base_url": base_url, "title": title, "budget": budget}
+        return await self._call("POST", "/v1/sessions", json={k: v for k, v in body.items() if v is not None})
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        return await self._call("GET", "/v1/sessions")
+
+    async def session(self, session_id: str) -> dict[str, Any]:
+        return await self._call("GET", f"/v1/sessions/{session_id}")
+
+    async def delete(self, session_id: str) -> None:
+        await self._call("DELETE", f"/v1/sessions/{session_id}")
+
+    async def send(self, session_id: str, text: str, mode: str = "prompt") -> dict[str, Any]:
+        """Returns `{"turn_id", "mode", "queued"}`."""
+        return await self._call("POST", f"/v1/sessions/{session_id}/messages", json={"text": text, "mode": mode})
+
+    async def interrupt(self, session_id: str, drop_queued: bool = False) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/sessions/{session_id}/interrupt", json={"drop_queued": drop_queued})
+
+    async def transcript(self, session_id: str) -> dict[str, Any]:
+        return await self._call("GET", f"/v1/sessions/{session_id}/transcript")
+
+    async def subagents(self, session_id: str) -> list[dict[str, Any]]:
+        return await self._call("GET", f"/v1/sessions/{session_id}/subagents")
+
+    async def kernel(self, session_id: str) -> dict[str, Any]:
+        return await self._call("GET", f"/v1/sessions/{session_id}/kernel")
+
+    async def refine(self, session_id: str, instructions: str | None = None, mode: str | None = None) -> dict[str, Any]:
+        body = {k: v for k, v in {"instructions": instructions, "mode": mode}.items() if v is not None}
+        return await self._call("POST", f"/v1/sessions/{session_id}/refine", json=body)
+
+    async def harness(self, session: str | None = None, project: str | None = None) -> list[dict[str, Any]]:
+        return await self._call("GET", "/v1/harness", params=_params(session=session, project=project))
+
+    async def harness_log(self, scope: str = "user", n: int = 20, session: str | None = None) -> list[dict[str, Any]]:
+        return await self._call("GET", "/v1/harness/log", params=_params(scope=scope, n=n, session=session))
+
+    async def rollback(self, ref: str, scope: str = "user", to: bool = False, session: str | None = None) -> dict[str, Any]:
+        return await self._call("POST", "/v1/harness/rollback",
+                                json={"ref": ref, "scope": scope, "to": to, "session": session})
+
+    # --- events --------------------------------------------------------------------------------
+
+    async def events(self, session_id: str, after: int | None = None, reconnect: float = 30.0) -> AsyncIterator[Event]:
+        """Every event after `after` (from the first without it), then live ones, forever.
+
+        A dropped stream is resumed from the last event seen; `reconnect` is how many seconds to
+        keep trying before `DaemonUnavailable` (0: do not reconnect).
+        """
+        last = after
+        down_since: float | None = None
+        while True:
+            headers = {"Last-Event-ID": str(last)} if last is not None else {}
+            try:
+                async with self._http.stream("GET", f"/v1/sessions/{session_id}/events", headers=headers,
+                                             timeout=httpx2.Timeout(10.0, read=None)) as r:
+                    if r.status_code >= 400:
+                        raise _error(r.status_code, await r.aread())
+                    down_since = None
+                    data: list[str] = []
+                    async for line in r.aiter_lines():
+                        if line.startswith("data:"):
+                            data.append(line[5:].lstrip())
+                        elif not line and data:
+                            event = Event.model_validate_json("\n".join(data))
+                            data = []
+                            last = event.seq
+                            yield event
+            except (httpx2.TransportError, FileNotFoundError) as e:
+                if down_since is None:
+                    down_since = time.monotonic()
+                if time.monotonic() - down_since >= reconnect:
+                    raise DaemonUnavailable(f"lost the event stream of {session_id}: {e}") from None
+            await asyncio.sleep(0.2 if down_since else 0)
+
+    async def wait_turn(self, session_id: str, turn_id: str, after: int | None = None) -> Event:
+        """Follow the events until `turn_id` finishes; its `turn.finished` event."""
+        async for event in self.events(session_id, after):
+            if event.type == "turn.finished" and event.turn_id == turn_id:
+                return event
+        raise AssertionError("unreachable: the event stream does not end")
+
+
+def _params(**kw: Any) -> dict[str, Any]:
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def _error(status: int, body: bytes) -> DaemonError:
+    try:
+        err = httpx2.Response(status, content=body).json()["error"]
+        return DaemonError(status, err["code"], err["message"])
+    except (ValueError, KeyError, TypeError):
+        return DaemonError(status, "http_error", body.decode(errors="replace")[:500] or f"HTTP {status}")
+
+
+# --- starting the daemon ---------------------------------------------------------------------
+
+
+async def connect(autostart: bool = True, timeout: float = 30.0) -> Client:
+    """A client of this home's daemon; with `autostart`, start the daemon when it is not running."""
+    client = Client()
+    try:
+        await client.status()
+        return client
+    except DaemonUnavailable:
+        if not autostart:
+            await client.close()
+            raise
+    spawn()
+    deadline = time.monotonic() + timeout
+    while True:
+        await asyncio.sleep(0.05)
+        try:
+            await client.status()
+            return client
+        except DaemonUnavailable:
+            if time.monotonic() > deadline:
+                await client.close()
+                raise DaemonUnavailable(f"the daemon did not start within {timeout:g}s; see {log_file()}") from None
+
+
+def spawn(tcp: str | None = None) -> subprocess.Popen:
+    """Start the daemon in the background, detached from this terminal; its log is `run/daemon.log`."""
+    argv = [sys.executable, "-m", "daemon", *(["--tcp", tcp] if tcp else [])]
+    with open(log_file(), "ab") as log:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd="/")
+
+
+def daemon_pid() -> int | None:
+    """The running daemon's pid, from its pid file (None when it is not running)."""
+    try:
+        pid = int(pid_file().read_text())
+        os.kill(pid, 0)
+        return pid
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+
+
+# --- the sync face ---------------------------------------------------------------------------
+
+
+class SyncClient:
+    """`Client` for code without an event loop: the same methods, blocking."""
+
+    def __init__(self, client: Client | None = None, autostart: bool = True):
+        self._loop = asyncio.new_event_loop()
+        self._client = client or self._loop.run_until_complete(connect(autostart))
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if inspect.iscoroutinefunction(attr):
+            return lambda *a, **kw: self._loop.run_until_complete(attr(*a, **kw))
+        return attr
+
+    def events(self, session_id: str, after: int | None = None, reconnect: float = 30.0) -> Iterator[Event]:
+        stream = self._client.events(session_id, after, reconnect)
+        try:
+            while True:
+                yield self._loop.run_until_complete(anext(stream))
+        except StopAsyncIteration:
+            return
+        finally:
+            self._loop.run_until_complete(stream.aclose())
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._client.close())
+        self._loop.close()

@@ -1,0 +1,114 @@
+"""The daemon API's wire format: request and response bodies (the OpenAPI spec is built from these)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.types import Budget, Usage
+
+SessionState = Literal["idle", "queued", "running", "dormant"]
+"""dormant: known from disk, no kernel yet (after a daemon restart); it wakes on the next prompt."""
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSession(_Body):
+    cwd: str = Field(min_length=1, description="The project directory the session works in (absolute).")
+    model: str | None = Field(None, min_length=1, description="Model name; default: the daemon's configuration.")
+    base_url: str | None = Field(None, min_length=1, description="OpenAI-compatible endpoint for this session.")
+    title: str | None = Field(None, max_length=200)
+    budget: Budget | None = Field(None, description="Per-turn limits for this session.")
+
+
+class SessionInfo(BaseModel):
+    id: str
+    cwd: str
+    model: str
+    base_url: str | None
+    title: str | None
+    created: float
+    state: SessionState
+    turns: int = Field(description="Turns begun so far.")
+    queued: int = Field(description="Prompts waiting behind the running turn.")
+    last_seq: int = Field(description="Seq of the session's latest event.")
+    usage: Usage
+    dir: str
+
+
+class SendMessage(_Body):
+    text: str = Field(min_length=1, max_length=1_000_000)
+    mode: Literal["prompt", "steer", "follow_up"] = Field(
+        "prompt",
+        description="prompt/follow_up: a new turn, queued behind a running one. steer: reaches the running "
+        "turn at its next model call (with no turn running, it starts one).",
+    )
+
+
+class MessageAccepted(BaseModel):
+    turn_id: str
+    mode: Literal["prompt", "steer", "follow_up"]
+    queued: bool = Field(description="True when the turn waits behind another.")
+
+
+class Interrupt(_Body):
+    drop_queued: bool = Field(False, description="Also drop the prompts queued behind the running turn.")
+
+
+class Interrupted(BaseModel):
+    turn_id: str | None = Field(description="The turn that was running, if any.")
+    dropped: list[str] = Field(description="Queued turns dropped.")
+
+
+class RefineRequest(_Body):
+    instructions: str | None = Field(None, max_length=20_000)
+    mode: Literal["auto", "review", "dry-run"] | None = None
+
+
+class RefineStarted(BaseModel):
+    message: str = Field(description="What the refiner did with the request (planning started, or already busy).")
+
+
+class Rollback(_Body):
+    ref: str = Field(min_length=1, max_length=100, description="A refinement id or a commit.")
+    scope: Literal["user", "project", "session"] = "user"
+    to: bool = Field(False, description="Restore the whole scope as it was at `ref`, not undo one change.")
+    session: str | None = Field(None, description="The session whose session or project scope is meant.")
+
+
+class RolledBack(BaseModel):
+    refinement_id: str
+    scope: str
+    entries: list[str]
+
+
+class KernelInfo(BaseModel):
+    connection_file: str
+    state: str
+
+
+class Status(BaseModel):
+    pid: int
+    version: str
+    socket: str
+    tcp: str | None
+    uptime: float
+    sessions: int = Field(description="Sessions listed (not deleted).")
+    live_sessions: int = Field(description="Sessions with a kernel.")
+    running_turns: int
+    pool_ready: int = Field(description="Pre-started kernels ready to hand out.")
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+Json = dict[str, Any]

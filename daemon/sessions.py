@@ -1,0 +1,423 @@
+"""The daemon's sessions: each an agent `Session` plus what outlives it.
+
+On disk, `$PRIME_AGENT_HOME/sessions/<id>/` holds `session.json` (what the daemon knows about the
+session, rewritten atomically), `events.jsonl` (every event, see daemon.journal), the agent's own
+`trajectory.jsonl` and `harness/`, and children under `sub-*/`. A session is *live* when its agent
+session and kernel run in this process, *dormant* when only its files do (after a daemon restart):
+a dormant session wakes, with a new kernel, on its next prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from agent.config import Config, ConfigError, load_config
+from agent.kernel import KernelPool
+from agent.model import OpenAIModel
+from agent.session import Session, new_session_id
+from agent.trajectory import finish_cut_turn, read_records
+from agent.types import Event, EventType, Usage
+from daemon.journal import EventJournal
+from daemon.schemas import CreateSession, Interrupted, MessageAccepted, SessionInfo
+
+log = logging.getLogger(__name__)
+SCHEMA = 1
+RESTARTED = "The daemon restarted"
+
+
+class ApiError(Exception):
+    """A request the daemon refuses; becomes `{"error": {"code", "message"}}` with `status`."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class SessionMeta(BaseModel):
+    """`session.json`: written when the session is created and at every turn boundary."""
+
+    schema_version: int = SCHEMA
+    id: str
+    cwd: str
+    model: str
+    base_url: str | None = None
+    title: str | None = None
+    overrides: dict[str, Any] = {}
+    """Config overrides the session was created with (model, base_url, budget)."""
+    created: float
+    deleted: bool = False
+    turns: int = 0
+    """Turns begun."""
+    assigned: int = 0
+    """Turn numbers handed out (queued turns included), so an id is never reused."""
+    running_turn: str | None = None
+    """Set before a turn begins and cleared when it ends: a restart finds turns a crash cut."""
+    usage: Usage = Usage()
+
+    def save(self, directory: Path) -> None:
+        tmp = directory / "session.json.tmp"
+        tmp.write_text(self.model_dump_json(indent=1))
+        os.replace(tmp, directory / "session.json")
+
+
+@dataclass
+class _Pending:
+    turn_id: str
+    text: str
+
+
+class Subscriber:
+    """One event-stream client: a bounded queue of (seq, JSON line); None ends the stream."""
+
+    def __init__(self, limit: int):
+        self.queue: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue(limit)
+        self.dropped = False
+
+    def end(self) -> None:
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        self.queue.put_nowait(None)
+
+
+class ManagedSession:
+    def __init__(self, manager: SessionManager, meta: SessionMeta, directory: Path):
+        self.manager = manager
+        self.meta = meta
+        self.dir = directory
+        self.journal = EventJournal(directory / "events.jsonl")
+        self.session: Session | None = None
+        self.model: OpenAIModel | None = None
+        self.pending: deque[_Pending] = deque()
+        self.running: str | None = None
+        """The turn the worker has taken up (waiting for a turn slot, waking, or running)."""
+        self.subscribers: set[Subscriber] = set()
+        self._worker: asyncio.Task | None = None
+        self._waking = asyncio.Lock()
+        self.closed = False
+
+    @property
+    def id(self) -> str:
+        return self.meta.id
+
+    def info(self) -> SessionInfo:
+        m = self.meta
+        if self.session is not None and self.session.turn is not None:
+            state = "running"
+        elif self.running or self.pending:
+            state = "queued"
+        else:
+            state = "idle" if self.session is not None else "dormant"
+        return SessionInfo(
+            id=m.id, cwd=m.cwd, model=m.model, base_url=m.base_url, title=m.title, created=m.created, state=state,
+            turns=m.turns, queued=len(self.pending), last_seq=self.journal.last_seq, usage=m.usage, dir=str(self.dir),
+        )
+
+    # --- events ------------------------------------------------------------------------------
+
+    def emit(self, type: EventType, turn_id: str | None, **data: Any) -> None:
+        """An event of the daemon's own (queueing, recovery), numbered in the session's sequence."""
+        if self.session is not None:
+            self.session.emit(type, turn_id, **data)
+        else:
+            self._on_event(Event(seq=self.journal.last_seq + 1, type=type, session_id=self.id, turn_id=turn_id, data=data))
+
+    def _on_event(self, event: Event) -> None:
+        line = event.model_dump_json()
+        self.journal.append(event.seq, line)
+        if event.type == "turn.started":
+            self.meta.turns += 1
+        elif event.type == "turn.finished":
+            if self.meta.running_turn == event.turn_id:
+                self.meta.running_turn = None
+            self.meta.usage += Usage.model_validate(event.data.get("usage") or {})
+            self.meta.save(self.dir)
+            self.journal.sync()
+        for sub in list(self.subscribers):
+            try:
+                sub.queue.put_nowait((event.seq, line))
+            except asyncio.QueueFull:  # a client this far behind is dropped; it can resume from its last id
+                log.warning("session %s: dropping an event-stream client %d events behind", self.id, sub.queue.qsize())
+                sub.dropped = True
+                self.unsubscribe(sub)
+                sub.end()
+
+    def subscribe(self, after: int) -> tuple[list[tuple[int, str]], Subscriber]:
+        """The journal's events after `after`, and a subscriber for every later one: nothing is
+        missed or repeated between the two (no await separates them)."""
+        if self.closed:
+            raise ApiError(404, "not_found", f"session {self.id} was deleted")
+        sub = Subscriber(self.manager.config.daemon.client_buffer)
+        self.subscribers.add(sub)
+        return self.journal.read_after(after), sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def config(self) -> Config:
+        return load_config(Path(self.meta.cwd), self.meta.overrides)
+
+    async def wake(self) -> Session:
+        """The live agent session: resumed from its trajectory, on a new kernel, if it was dormant."""
+        async with self._waking:
+            if self.session is not None:
+                return self.session
+            if self.closed:
+                raise ApiError(404, "not_found", f"session {self.id} was deleted")
+            if self.manager.live() >= self.manager.config.daemon.max_sessions:
+                raise ApiError(429, "too_many_sessions", f"{self.manager.live()} sessions are live "
+                               "(daemon.max_sessions); delete one, or raise the limit")
+            cwd = Path(self.meta.cwd)
+            if not cwd.is_dir():
+                raise ApiError(409, "cwd_missing", f"the session's directory {cwd} no longer exists")
+            try:
+                config = self.config()
+            except ConfigError as e:
+                raise ApiError(409, "bad_config", str(e)) from None
+            model = OpenAIModel(config.model)
+            session = Session(
+                config, model, cwd=cwd, session_dir=self.dir, session_id=self.id, on_event=self._on_event,
+                subagent_slots=self.manager.subagent_slots, kernel_pool=self.manager.pool,
+            )
+            trajectory = self.dir / "trajectory.jsonl"
+            if trajectory.is_file() and trajectory.stat().st_size:
+                session.resume(read_records(trajectory), self.journal.last_seq, RESTARTED)
+            try:
+                await session.start()
+            except BaseException:
+                await model.close()
+                raise
+            self.session, self.model = session, model
+            return session
+
+    async def close(self) -> None:
+        """Stop the kernel and children; the files stay (trajectories are training data)."""
+        self.closed = True
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+        async with self._waking:
+            if self.session is not None:
+                await self.session.close()
+                self.session = None
+            if self.model is not None:
+                await self.model.close()
+                self.model = None
+        for sub in list(self.subscribers):
+            sub.end()
+        self.subscribers.clear()
+        self.journal.close()
+
+    def recover(self) -> None:
+        """After a crash: close the turn it cut, as interrupted, in the trajectory and the events."""
+        turn_id = self.meta.running_turn
+        if turn_id is None:
+            return
+        why = f"{RESTARTED} while this turn ran; the turn was cut short"
+        finished = finish_cut_turn(self.dir / "trajectory.jsonl", turn_id, why)
+        seen = any(json.loads(line).get("type") == "turn.finished" and json.loads(line).get("turn_id") == turn_id
+                   for _, line in self.journal.read_after(0) if '"turn.finished"' in line)
+        if not seen:
+            if finished is None:  # never began
+                self.emit("turn.finished", turn_id, outcome="interrupted", answer=None, usage=Usage().model_dump(),
+                          error=f"{RESTARTED} before this turn began", duration=0.0, steps=0, cells=0)
+            else:
+                self.emit("turn.finished", turn_id, outcome=finished.outcome, answer=finished.answer,
+                          error=finished.error, usage=finished.usage.model_dump(), duration=finished.duration,
+                          steps=finished.steps, cells=finished.cells)
+        records = read_records(self.dir / "trajectory.jsonl") if (self.dir / "trajectory.jsonl").is_file() else []
+        self.meta.turns = sum(1 for r in records if r.kind == "turn_started")
+        self.meta.running_turn = None
+        self.meta.save(self.dir)
+
+    # --- turns -------------------------------------------------------------------------------
+
+    def send(self, text: str, mode: str) -> MessageAccepted:
+        if self.closed:
+            raise ApiError(404, "not_found", f"session {self.id} was deleted")
+        if mode == "steer" and self.session is not None and self.session.turn is not None:
+            self.session.steer(text)
+            return MessageAccepted(turn_id=self.session.turn.id, mode=mode, queued=False)
+        self.meta.assigned += 1
+        self.meta.save(self.dir)
+        turn_id = f"t{self.meta.assigned}"
+        queued = self.running is not None or bool(self.pending) or self.manager.turn_slots.locked()
+        self.pending.append(_Pending(turn_id, text))
+        if queued:
+            self.emit("turn.queued", turn_id, prompt=text, position=len(self.pending))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._work())
+        return MessageAccepted(turn_id=turn_id, mode=mode, queued=queued)
+
+    async def interrupt(self, drop_queued: bool) -> Interrupted:
+        dropped: list[str] = []
+        while drop_queued and self.pending:
+            p = self.pending.popleft()
+            dropped.append(p.turn_id)
+            self._never_ran(p.turn_id, "dropped from the queue by an interrupt")
+        running = self.running
+        if self.session is not None and self.session.turn is not None:
+            await self.session.interrupt()
+        elif running is not None and self._worker is not None:  # waiting for a turn slot, or waking
+            self._worker.cancel()
+        return Interrupted(turn_id=running, dropped=dropped)
+
+    def _never_ran(self, turn_id: str, why: str) -> None:
+        self.emit("turn.finished", turn_id, outcome="interrupted", answer=None, error=why,
+                  usage=Usage().model_dump(), duration=0.0, steps=0, cells=0)
+
+    async def _work(self) -> None:
+        """Run the queued prompts one after another, each in a daemon-wide turn slot."""
+        while self.pending and not self.closed:
+            p = self.pending.popleft()
+            self.running = p.turn_id
+            self.meta.running_turn = p.turn_id
+            self.meta.save(self.dir)
+            try:
+                async with self.manager.turn_slots:
+                    session = await self.wake()
+                    await session.prompt(p.text, p.turn_id)
+            except asyncio.CancelledError:
+                if self.closed or self.manager.stopping:
+                    raise
+                if self.session is None or self.session.turn is None:
+                    self._never_ran(p.turn_id, "interrupted before it began")
+                    self.meta.running_turn = None
+                    self.meta.save(self.dir)
+                if self.pending:  # an interrupt of a waiting turn: the queue goes on
+                    self._worker = asyncio.create_task(self._work())
+                return
+            except ApiError as e:
+                self._never_ran(p.turn_id, e.message)
+            except Exception as e:  # the session could not wake (kernel, config): this turn fails, not the daemon
+                log.exception("session %s: turn %s could not run", self.id, p.turn_id)
+                self._never_ran(p.turn_id, f"the session could not start: {type(e).__name__}: {e}")
+            finally:
+                self.running = None
+            if self.meta.running_turn == p.turn_id:
+                self.meta.running_turn = None
+                self.meta.save(self.dir)
+
+    async def stop_turns(self, why: str) -> None:
+        """For a stopping daemon: drop what is queued, interrupt what runs, wait for it to be recorded."""
+        while self.pending:
+            self._never_ran(self.pending.popleft().turn_id, why)
+        if self.session is not None and self.session.turn is not None:
+            await self.session.interrupt()
+        if self._worker is not None:
+            await asyncio.gather(self._worker, return_exceptions=True)
+
+
+class SessionManager:
+    """Every session of the daemon, the warm kernel pool and the daemon-wide limits."""
+
+    def __init__(self, config: Config, root: Path):
+        self.config = config
+        self.root = root
+        self.sessions: dict[str, ManagedSession] = {}
+        self.pool = KernelPool(root / "run" / "pool", config.daemon.pool_size, config.kernel)
+        self.turn_slots = asyncio.Semaphore(config.daemon.max_running_turns)
+        self.subagent_slots: dict[int, asyncio.Semaphore] = {}
+        self.stopping = False
+
+    async def start(self) -> None:
+        """Load every session on disk (closing turns a crash cut) and fill the kernel pool."""
+        for stale in (self.root / "run" / "pool").glob("*"):  # a killed daemon's pooled kernels died with it
+            shutil.rmtree(stale, ignore_errors=True)
+        for meta_file in sorted((self.root / "sessions").glob("*/session.json")):
+            try:
+                meta = SessionMeta.model_validate_json(meta_file.read_text())
+            except (ValidationError, OSError) as e:
+                log.error("skipping %s: %s", meta_file, e)
+                continue
+            if meta.deleted:
+                continue
+            managed = ManagedSession(self, meta, meta_file.parent)
+            try:
+                managed.recover()
+            except Exception:
+                log.exception("session %s could not be recovered", meta.id)
+            self.sessions[meta.id] = managed
+        self.pool.fill()
+
+    def live(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.session is not None)
+
+    def get(self, session_id: str) -> ManagedSession:
+        managed = self.sessions.get(session_id)
+        if managed is None:
+            raise ApiError(404, "not_found", f"no session {session_id!r}")
+        return managed
+
+    async def create(self, req: CreateSession) -> ManagedSession:
+        if self.stopping:
+            raise ApiError(503, "stopping", "the daemon is stopping")
+        cwd = Path(req.cwd)
+        if not cwd.is_absolute():
+            raise ApiError(400, "bad_cwd", f"cwd must be an absolute path, not {req.cwd!r}")
+        if not cwd.is_dir():
+            raise ApiError(400, "bad_cwd", f"cwd {req.cwd!r} is not a directory")
+        overrides: dict[str, Any] = {}
+        if req.model:
+            overrides.setdefault("model", {})["name"] = req.model
+        if req.base_url:
+            overrides.setdefault("model", {})["base_url"] = req.base_url
+        if req.budget is not None:
+            overrides["budget"] = req.budget.model_dump(exclude_unset=True)
+        try:
+            config = load_config(cwd, overrides)
+        except ConfigError as e:
+            raise ApiError(400, "bad_config", str(e)) from None
+        if not config.model.name or not (config.model.base_url or config.model.api_key):
+            raise ApiError(400, "no_model", "no model configured: pass `model` and `base_url`, or set them in "
+                           "the daemon's environment (PRIME_AGENT_MODEL, OPENAI_BASE_URL, OPENAI_API_KEY) or config.toml")
+        session_id = new_session_id()
+        directory = self.root / "sessions" / session_id
+        directory.mkdir(mode=0o700, parents=True)
+        meta = SessionMeta(id=session_id, cwd=str(cwd.resolve()), model=config.model.name,
+                           base_url=config.model.base_url, title=req.title, overrides=overrides, created=time.time())
+        meta.save(directory)
+        managed = ManagedSession(self, meta, directory)
+        self.sessions[session_id] = managed
+        try:
+            await managed.wake()
+        except BaseException:
+            self.sessions.pop(session_id, None)
+            meta.deleted = True
+            meta.save(directory)
+            await managed.close()
+            raise
+        return managed
+
+    async def delete(self, session_id: str) -> None:
+        managed = self.get(session_id)
+        del self.sessions[session_id]
+        managed.meta.deleted = True
+        managed.meta.save(managed.dir)
+        await managed.close()
+
+    async def stop(self, timeout: float) -> None:
+        """Interrupt every turn and wait (up to `timeout`) for each to be recorded; then close all."""
+        self.stopping = True
+        stops = [asyncio.ensure_future(s.stop_turns("The daemon stopped before this turn began"))
+                 for s in self.sessions.values()]
+        if stops:
+            _, late = await asyncio.wait(stops, timeout=timeout)
+            for t in late:
+                t.cancel()
+        await asyncio.gather(*(s.close() for s in self.sessions.values()), return_exceptions=True)
+        await self.pool.close()
+
+

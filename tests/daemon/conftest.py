@@ -1,0 +1,83 @@
+"""A real daemon for each test: served in the test's own event loop over its Unix socket, with the
+fake OpenAI server as the model."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.testing.openai_server import OpenAIServer, Reply
+from agent.types import Event
+from daemon.client import Client
+from daemon.server import serve
+from tests.conftest import make_config
+
+
+def agent_script(request: dict[str, Any]) -> Reply:
+    """The fake model: `run: CODE` in the prompt runs CODE in a cell, then answers with its output;
+    any other prompt is echoed back as the answer."""
+    messages = request["messages"]
+    if messages[-1]["role"] == "tool":
+        return Reply(content="ran: " + messages[-1]["content"])
+    prompt = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    if m := re.search(r"run: (.*)", prompt, re.DOTALL):
+        return Reply(code=[m.group(1)])
+    return Reply(content="echo: " + prompt.rsplit("\n\n", 1)[-1])
+
+
+@pytest.fixture
+def model_server():
+    with OpenAIServer(agent_script) as server:
+        yield server
+
+
+@pytest.fixture
+async def daemon(prime_home: Path) -> AsyncIterator[Client]:
+    async with running_daemon() as client:
+        yield client
+
+
+class running_daemon:
+    """`async with running_daemon(**daemon_config) as client`: serve, and stop (draining) at exit."""
+
+    def __init__(self, tcp: str | None = None, **daemon: Any):
+        self.tcp = tcp
+        self.config = make_config(daemon={"pool_size": 1, **daemon})
+        self.stop = asyncio.Event()
+        self.ready: dict = {}
+
+    async def __aenter__(self) -> Client:
+        started = asyncio.Event()
+
+        def on_ready(info: dict) -> None:
+            self.ready = info
+            started.set()
+
+        self.task = asyncio.create_task(serve(self.tcp, self.config, self.stop, on_ready, handle_signals=False))
+        waiter = asyncio.create_task(started.wait())
+        await asyncio.wait([self.task, waiter], return_when=asyncio.FIRST_COMPLETED)
+        if self.task.done():
+            waiter.cancel()
+            self.task.result()
+        self.client = Client()
+        return self.client
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
+        self.stop.set()
+        await self.task
+
+
+async def collect(client: Client, session_id: str, until_turn: str, after: int | None = None) -> list[Event]:
+    """Events from `after` until `until_turn` finishes."""
+    out = []
+    async for e in client.events(session_id, after):
+        out.append(e)
+        if e.type == "turn.finished" and e.turn_id == until_turn:
+            return out
+    raise AssertionError("unreachable")

@@ -1,0 +1,153 @@
+"""The daemon's API against a real daemon, real kernels and the fake model server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from daemon.client import Client, DaemonError
+from daemon.paths import socket_file
+from tests.daemon.conftest import collect, running_daemon
+
+
+async def test_a_session_runs_a_turn_and_streams_its_events(daemon: Client, project: Path, model_server, prime_home):
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url, title="t")
+    assert (s["state"], s["cwd"], s["model"], s["title"]) == ("idle", str(project), "fake", "t")
+    accepted = await daemon.send(s["id"], "run: x = 6 * 7\nprint(x)")
+    assert accepted == {"turn_id": "t1", "mode": "prompt", "queued": False}
+    events = await collect(daemon, s["id"], "t1")
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    types = [e.type for e in events]
+    assert types[0] == "session.started" and "cell.finished" in types
+    assert events[-1].data["outcome"] == "completed" and events[-1].data["answer"] == "ran: 42"
+    info = await daemon.session(s["id"])
+    assert (info["state"], info["turns"], info["last_seq"]) == ("idle", 1, events[-1].seq)
+    assert info["usage"]["prompt_tokens"] > 0
+    on_disk = prime_home / "sessions" / s["id"]
+    assert {"session.json", "events.jsonl", "trajectory.jsonl"} <= {p.name for p in on_disk.iterdir()}
+    transcript = await daemon.transcript(s["id"])
+    assert [r["kind"] for r in transcript["records"]][-1] == "turn_finished"
+    assert [x["id"] for x in await daemon.sessions()] == [s["id"]]
+
+
+async def test_prompts_queue_behind_a_running_turn_and_steering_reaches_it(daemon: Client, project: Path, model_server):
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    first = await daemon.send(s["id"], "run: import time; time.sleep(1.5); print('slept')")
+    second = await daemon.send(s["id"], "second")
+    assert (first["turn_id"], second["turn_id"], second["queued"]) == ("t1", "t2", True)
+    while (await daemon.session(s["id"]))["state"] != "running":
+        await asyncio.sleep(0.02)
+    steer = await daemon.send(s["id"], "also this", mode="steer")
+    assert steer == {"turn_id": "t1", "mode": "steer", "queued": False}
+    events = await collect(daemon, s["id"], "t2")
+    finished = [e for e in events if e.type == "turn.finished"]
+    assert [(e.turn_id, e.data["outcome"]) for e in finished] == [("t1", "completed"), ("t2", "completed")]
+    assert finished[1].data["answer"] == "echo: second"
+    assert any(e.type == "turn.queued" and e.turn_id == "t2" for e in events)
+    assert any(e.type == "steer.delivered" for e in events)
+
+
+async def test_interrupt_stops_the_running_cell_and_can_drop_the_queue(daemon: Client, project: Path, model_server):
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    await daemon.send(s["id"], "run: import time; print('sleeping', flush=True); time.sleep(60)")
+    await daemon.send(s["id"], "never")
+    async for e in daemon.events(s["id"]):
+        if e.type == "cell.output":  # the cell runs (not merely sent to the kernel)
+            break
+    stopped = await daemon.interrupt(s["id"], drop_queued=True)
+    assert stopped == {"turn_id": "t1", "dropped": ["t2"]}
+    events = await collect(daemon, s["id"], "t1")
+    outcomes = {e.turn_id: e.data["outcome"] for e in events if e.type == "turn.finished"}
+    assert outcomes == {"t2": "interrupted", "t1": "interrupted"}
+    # the kernel kept its state; the session takes the next prompt
+    turn = await daemon.send(s["id"], "run: print(time.time() > 0)")
+    assert turn["turn_id"] == "t3"
+    events = await collect(daemon, s["id"], "t3", after=events[-1].seq)
+    assert events[-1].data["answer"] == "ran: True"
+
+
+async def test_replay_from_last_event_id_then_live_with_nothing_repeated(daemon: Client, project: Path, model_server):
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    await daemon.send(s["id"], "one")
+    first = await collect(daemon, s["id"], "t1")
+    await daemon.send(s["id"], "two")
+    rest = await collect(daemon, s["id"], "t2", after=first[3].seq)
+    assert rest[0].seq == first[3].seq + 1
+    seqs = [e.seq for e in rest]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    async with httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(socket_file())), base_url="http://d") as h:
+        async with h.stream("GET", f"/v1/sessions/{s['id']}/events", params={"after": rest[-1].seq - 1}) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            lines = []
+            async for line in r.aiter_lines():
+                lines.append(line)
+                if not line:
+                    break
+    assert lines[0] == f"id: {rest[-1].seq}" and json.loads(lines[1][5:])["type"] == "turn.finished"
+
+
+async def test_bad_requests_get_clear_4xx_errors(daemon: Client, project: Path, model_server, tmp_path: Path):
+    async with httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(socket_file())), base_url="http://d") as h:
+        cases = [
+            (await h.post("/v1/sessions", content=b"{not json"), 422),
+            (await h.post("/v1/sessions", json={"cwd": "relative/dir"}), 400),
+            (await h.post("/v1/sessions", json={"cwd": str(tmp_path / "missing")}), 400),
+            (await h.post("/v1/sessions", json={"cwd": str(project)}), 400),  # no model configured
+            (await h.post("/v1/sessions", json={"cwd": str(project), "budget": {"max_steps": "many"}}), 422),
+            (await h.post("/v1/sessions", json={"cwd": str(project), "colour": "blue"}), 422),
+            (await h.get("/v1/sessions/nope"), 404),
+            (await h.post("/v1/sessions/nope/messages", json={"text": "hi"}), 404),
+            (await h.get("/v1/sessions/nope/events"), 404),
+            (await h.get("/v1/nothing-here"), 404),
+            (await h.put("/v1/sessions"), 405),
+            (await h.post("/v1/sessions", content=b"x" * (2 << 20), headers={"content-type": "application/json"}), 413),
+        ]
+        for response, status in cases:
+            assert response.status_code == status, response.text
+            error = response.json()["error"]
+            assert error["code"] and error["message"]
+        s = await Client().create_session(project, model="fake", base_url=model_server.base_url)
+        r = await h.post(f"/v1/sessions/{s['id']}/messages", json={"text": "hi", "mode": "shout"})
+        assert r.status_code == 422 and "mode" in r.json()["error"]["message"]
+        r = await h.get(f"/v1/sessions/{s['id']}/events", headers={"Last-Event-ID": "abc"})
+        assert r.status_code == 400
+
+
+async def test_socket_is_private_and_tcp_needs_the_token(project: Path, prime_home: Path):
+    async with running_daemon(tcp="127.0.0.1:0") as client:
+        mode = stat.S_IMODE(os.stat(socket_file()).st_mode)
+        assert mode == 0o600 and stat.S_IMODE(os.stat(prime_home / "run").st_mode) == 0o700
+        status = await client.status()
+        url = f"http://{status['tcp']}"
+        token = (prime_home / "run" / "token").read_text().strip()
+        assert stat.S_IMODE(os.stat(prime_home / "run" / "token").st_mode) == 0o600
+        async with httpx2.AsyncClient(base_url=url) as h:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token}):
+                r = await h.get("/v1/sessions", headers=headers)
+                assert r.status_code == 401 and "token" in r.json()["error"]["message"]
+            assert (await h.get("/openapi.json")).status_code == 401
+        async with Client(url=url, token=token) as tcp:
+            assert (await tcp.status())["pid"] == os.getpid()
+            assert await tcp.sessions() == []
+
+
+async def test_deleting_a_session_stops_its_kernel_and_ends_its_streams(daemon: Client, project: Path, model_server,
+                                                                          prime_home: Path):
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    kernel = await daemon.kernel(s["id"])
+    assert Path(kernel["connection_file"]).is_file()
+    stream = daemon.events(s["id"], reconnect=0)
+    assert (await anext(stream)).type == "session.started"
+    await daemon.delete(s["id"])
+    with pytest.raises(DaemonError) as e:
+        await anext(stream)  # the stream ends; reconnecting finds the session gone
+    assert e.value.status == 404
+    assert not Path(kernel["connection_file"]).exists()
+    assert await daemon.sessions() == []
+    assert json.loads((prime_home / "sessions" / s["id"] / "session.json").read_text())["deleted"] is True
