@@ -14,6 +14,7 @@ a caller sees every event once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import subprocess
@@ -44,9 +45,11 @@ class DaemonUnavailable(DaemonError):
 
 class Client:
     def __init__(self, url: str | None = None, token: str | None = None, socket: Path | None = None,
-                 timeout: float = 60.0):
-        """Over the Unix socket (default), or `url` (TCP) with `token`."""
+                 timeout: float = 60.0, autostart: bool = False):
+        """Over the Unix socket (default), or `url` (TCP) with `token`. With `autostart`, a request or
+        event stream that finds no daemon on the socket starts one and tries again."""
         self.socket = socket or socket_file()
+        self.autostart = autostart and url is None
         transport = None if url else httpx2.AsyncHTTPTransport(uds=str(self.socket))
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx2.AsyncClient(base_url=url or "http://daemon", transport=transport, headers=headers,
@@ -61,11 +64,29 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def start_daemon(self, tcp: str | None = None, timeout: float = 30.0) -> None:
+        """Start the daemon in the background and wait until it answers."""
+        spawn(tcp)
+        deadline = time.monotonic() + timeout
+        while True:
+            await asyncio.sleep(0.05)
+            try:
+                await self._http.get("/v1/status")
+                return
+            except (httpx2.ConnectError, FileNotFoundError):
+                if time.monotonic() > deadline:
+                    raise DaemonUnavailable(f"the daemon did not start within {timeout:g}s; see {log_file()}") from None
+
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
         try:
             r = await self._http.request(method, path, **kw)
-        except (httpx2.ConnectError, httpx2.RemoteProtocolError, FileNotFoundError) as e:
-            raise DaemonUnavailable(f"the daemon is not running ({self.socket}): {e}") from None
+        except (httpx2.ConnectError, FileNotFoundError) as e:
+            if not self.autostart:
+                raise DaemonUnavailable(f"the daemon is not running ({self.socket}): {e}") from None
+            await self.start_daemon()
+            r = await self._http.request(method, path, **kw)
+        except httpx2.RemoteProtocolError as e:
+            raise DaemonUnavailable(f"the daemon went away mid-request: {e}") from None
         if r.status_code >= 400:
             raise _error(r.status_code, r.content)
         return r.json() if r.content else None
@@ -149,6 +170,9 @@ class Client:
             except (httpx2.TransportError, FileNotFoundError) as e:
                 if down_since is None:
                     down_since = time.monotonic()
+                    if self.autostart and isinstance(e, httpx2.ConnectError | FileNotFoundError):
+                        with contextlib.suppress(DaemonUnavailable):
+                            await self.start_daemon()
                 if time.monotonic() - down_since >= reconnect:
                     raise DaemonUnavailable(f"lost the event stream of {session_id}: {e}") from None
             await asyncio.sleep(0.2 if down_since else 0)
@@ -176,27 +200,16 @@ def _error(status: int, body: bytes) -> DaemonError:
 # --- starting the daemon ---------------------------------------------------------------------
 
 
-async def connect(autostart: bool = True, timeout: float = 30.0) -> Client:
-    """A client of this home's daemon; with `autostart`, start the daemon when it is not running."""
-    client = Client()
+async def connect(autostart: bool = True) -> Client:
+    """A client of this home's daemon; with `autostart`, start the daemon when it is not running
+    (now, and whenever the client later finds it gone)."""
+    client = Client(autostart=autostart)
     try:
         await client.status()
-        return client
     except DaemonUnavailable:
-        if not autostart:
-            await client.close()
-            raise
-    spawn()
-    deadline = time.monotonic() + timeout
-    while True:
-        await asyncio.sleep(0.05)
-        try:
-            await client.status()
-            return client
-        except DaemonUnavailable:
-            if time.monotonic() > deadline:
-                await client.close()
-                raise DaemonUnavailable(f"the daemon did not start within {timeout:g}s; see {log_file()}") from None
+        await client.close()
+        raise
+    return client
 
 
 def spawn(tcp: str | None = None) -> subprocess.Popen:

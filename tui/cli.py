@@ -18,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-turns", type=int, metavar="N", help="model calls allowed in the turn (budget.max_steps)")
     run.add_argument("--session-dir", help="where to keep the session (default: $PRIME_AGENT_HOME/sessions/<id>)")
     run.add_argument("--json", action="store_true", help="print one JSON event per line instead of text")
+    run.add_argument("--daemon", action="store_true",
+                     help="run in a daemon session, which outlives this command (the daemon starts if needed)")
     run.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config field, e.g. -c model.temperature=0.2 (repeatable)")
 
@@ -28,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=["openai-chat"], default="openai-chat")
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
     _add_harness(sub)
+    _add_daemon(sub)
 
     refine = sub.add_parser("refine", help="refine the harness from a session, or decide a pending refinement")
     refine.add_argument("what", metavar="SESSION|approve|reject", help="a session id (or 'last'), or approve/reject")
@@ -93,6 +96,33 @@ def _add_harness(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path")
 
 
+def _add_daemon(sub: argparse._SubParsersAction) -> None:
+    d = sub.add_parser("daemon", help="the background daemon that keeps sessions alive")
+    actions = d.add_subparsers(dest="action", metavar="ACTION", required=True)
+    start = actions.add_parser("start", help="start it (in the background, unless --foreground)")
+    start.add_argument("--foreground", action="store_true", help="run in this terminal; Ctrl-C or SIGTERM stops it")
+    start.add_argument("--tcp", metavar="HOST:PORT", help="also listen on TCP; requests need the bearer token")
+    actions.add_parser("stop", help="stop it: running turns are interrupted and recorded first")
+    status = actions.add_parser("status", help="pid, socket, version, uptime, sessions")
+    status.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("sessions", help="the daemon's sessions")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("send", help="send a message to a daemon session (prints the turn id)")
+    p.add_argument("session")
+    p.add_argument("text", help="the message; '-' reads it from standard input")
+    p.add_argument("--mode", choices=["prompt", "steer", "follow_up"], default="prompt",
+                   help="steer: reach the running turn at its next model call (default: a new turn, queued)")
+    p.add_argument("--wait", action="store_true", help="show the turn's events and print its answer")
+    p = sub.add_parser("attach", help="follow a session's events; Ctrl-C detaches and leaves it running")
+    p.add_argument("session")
+    p.add_argument("--all", action="store_true", help="replay the whole history first")
+    p.add_argument("--after", type=int, metavar="SEQ", help="replay events after this seq first")
+    p.add_argument("--json", action="store_true", help="one JSON event per line")
+    p = sub.add_parser("kernel", help="print the connection file of a session's live kernel (jupyter console --existing FILE)")
+    p.add_argument("session")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
@@ -105,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         from tui.commands.rl import main as command
     elif args.command == "eval":
         from tui.commands.eval import main as command
+    elif args.command == "daemon":
+        from tui.commands.daemon import main as command
+    elif args.command in ("sessions", "send", "attach", "kernel"):
+        from tui.commands.sessions import main as command
     else:
         from tui.commands.trajectory import main as command
     return command(args)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from agent.config import Config, ConfigError, load_config, merge, parse_override
-from agent.types import Event
+from tui.commands.show import Printer, print_json
 
 EXIT_CODES = {"completed": 0, "error": 3, "budget_exhausted": 4, "timed_out": 5, "interrupted": 130}
 EXIT_CONFIG = 2
@@ -45,7 +45,21 @@ def main(args: argparse.Namespace) -> int:
     if not cwd.is_dir():
         print(f"prime-agent: --cwd {cwd} is not a directory", file=sys.stderr)
         return EXIT_CONFIG
-    show = _print_json if args.json else _Printer().show
+    show = print_json if args.json else Printer().show
+    if args.daemon:
+        from tui.commands.sessions import run_via_daemon
+
+        if args.session_dir or any(not o.startswith("budget.") for o in args.config):
+            print("prime-agent: with --daemon, the daemon keeps the session and reads config.toml itself; "
+                  "only --model, --base-url, --max-turns and -c budget.* pass through", file=sys.stderr)
+            return EXIT_CONFIG
+        from daemon.client import DaemonError
+
+        try:
+            return asyncio.run(run_via_daemon(config, cwd, task, show, print_answer=not args.json))
+        except DaemonError as e:
+            print(f"prime-agent: {e.message}", file=sys.stderr)
+            return EXIT_CONFIG if e.status in (400, 409, 422) else 1
     session_dir = Path(args.session_dir) if args.session_dir else None
     return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=not args.json))
 
@@ -113,67 +127,3 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
         print(f"prime-agent: turn {result.outcome}: {result.error}", file=sys.stderr)
     print(f"[session {session.id}: {session.dir}]", file=sys.stderr)
     return EXIT_CODES[result.outcome]
-
-
-def _print_json(event: Event) -> None:
-    sys.stdout.write(event.model_dump_json() + "\n")
-    sys.stdout.flush()
-
-
-class _Printer:
-    """Human-readable progress on stderr; the final answer alone goes to stdout."""
-
-    MAX_LINES = 20
-
-    def __init__(self) -> None:
-        from rich.console import Console
-
-        self.console = Console(stderr=True, highlight=False)
-        self.streaming = False
-        self.lines = 0
-        """Output lines of the running cell so far (past MAX_LINES they are counted, not shown)."""
-
-    def _output(self, text: str, style: str) -> None:
-        from rich.text import Text
-
-        for line in text.splitlines():
-            self.lines += 1
-            if self.lines <= self.MAX_LINES:
-                self.console.print(Text(line, style=style))
-
-    def show(self, e: Event) -> None:
-        from rich.syntax import Syntax
-        from rich.text import Text
-
-        c, d = self.console, e.data
-        if e.type == "model.delta":
-            self.streaming = True
-            c.print(Text(d["text"], style="dim"), end="")
-            return
-        if self.streaming:
-            c.print()
-            self.streaming = False
-        if e.type == "cell.started":
-            self.lines = 0
-            c.print(Syntax(d["code"], "python", theme="ansi_dark", line_numbers=False, background_color="default"))
-        elif e.type == "cell.output":
-            self._output(d["text"], "red" if d["stream"] == "stderr" else "cyan")
-        elif e.type == "cell.finished":
-            r = d["result"]
-            if r["result"] is not None:
-                self._output(r["result"] + "\n", "cyan")
-            if r["traceback"]:
-                self._output(r["traceback"] + "\n", "red")
-            if self.lines > self.MAX_LINES:
-                c.print(Text(f"... {self.lines - self.MAX_LINES} more lines", style="dim"))
-            if r["kernel_message"]:
-                c.print(Text("kernel: " + r["kernel_message"], style="yellow"))
-            c.print(Text(f"({r['duration']:.2f}s)", style="dim"))
-        elif e.type == "note":
-            c.print(Text("note: " + d["text"], style="bold"))
-        elif e.type == "model.retry":
-            c.print(Text(f"model: {d['reason']}; retry {d['attempt']} in {d['delay']:.1f}s", style="yellow"))
-        elif e.type == "compaction":
-            c.print(Text(f"context compacted ({d['folded_messages']} messages summarised)", style="dim"))
-        elif e.type == "error":
-            c.print(Text(d["message"], style="red"))

@@ -1,0 +1,98 @@
+"""`prime-agent daemon start [--foreground] [--tcp HOST:PORT] | stop | status [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+from daemon.client import Client, DaemonUnavailable, daemon_pid
+from daemon.paths import run_dir
+
+
+def main(args: argparse.Namespace) -> int:
+    return {"start": _start, "stop": _stop, "status": _status}[args.action](args)
+
+
+def _start(args: argparse.Namespace) -> int:
+    from daemon.server import AlreadyRunning, parse_tcp, serve
+
+    try:
+        if args.tcp:
+            parse_tcp(args.tcp)
+    except ValueError as e:
+        print(f"prime-agent: {e}", file=sys.stderr)
+        return 2
+    if daemon_pid() is not None:
+        print(f"prime-agent: the daemon is already running (pid {daemon_pid()})", file=sys.stderr)
+        return 1
+    if args.foreground:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            asyncio.run(serve(args.tcp, on_ready=lambda r: print(f"daemon ready: {json.dumps(r)}", flush=True)))
+        except AlreadyRunning as e:
+            print(f"prime-agent: {e}", file=sys.stderr)
+            return 1
+        return 0
+    async def start() -> dict:
+        async with Client() as client:
+            await client.start_daemon(tcp=args.tcp)
+            return await client.status()
+
+    try:
+        status = asyncio.run(start())
+    except DaemonUnavailable as e:
+        print(f"prime-agent: {e.message}", file=sys.stderr)
+        return 1
+    line = f"daemon running: pid {status['pid']}, socket {status['socket']}"
+    if status["tcp"]:
+        line += f", tcp {status['tcp']} (bearer token in {run_dir() / 'token'})"
+    print(line)
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    pid = daemon_pid()
+    if pid is None:
+        print("prime-agent: the daemon is not running", file=sys.stderr)
+        return 1
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            print(f"daemon stopped (pid {pid})")
+            return 0
+        time.sleep(0.05)
+    print(f"prime-agent: the daemon (pid {pid}) did not stop within 60 s", file=sys.stderr)
+    return 1
+
+
+def _status(args: argparse.Namespace) -> int:
+    async def get() -> dict:
+        async with Client() as client:
+            return await client.status()
+
+    try:
+        status = asyncio.run(get())
+    except DaemonUnavailable:
+        if args.json:
+            print(json.dumps({"running": False}))
+        else:
+            print("the daemon is not running", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"running": True, **status}, indent=2))
+        return 0
+    hours, rest = divmod(int(status["uptime"]), 3600)
+    print(f"pid        {status['pid']}\nversion    {status['version']}\nsocket     {status['socket']}\n"
+          f"tcp        {status['tcp'] or '-'}\nuptime     {hours}h{rest // 60:02d}m{rest % 60:02d}s\n"
+          f"sessions   {status['sessions']} ({status['live_sessions']} live, {status['running_turns']} running)\n"
+          f"pool       {status['pool_ready']} kernels ready")
+    return 0

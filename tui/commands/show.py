@@ -1,0 +1,71 @@
+"""How the command line shows a session's events: one JSON object per line, or for people."""
+
+from __future__ import annotations
+
+import sys
+
+from agent.types import Event
+
+
+def print_json(event: Event) -> None:
+    sys.stdout.write(event.model_dump_json() + "\n")
+    sys.stdout.flush()
+
+
+class Printer:
+    """Human-readable progress on stderr; the final answer alone goes to stdout."""
+
+    MAX_LINES = 20
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True, highlight=False)
+        self.streaming = False
+        self.lines = 0
+        """Output lines of the running cell so far (past MAX_LINES they are counted, not shown)."""
+
+    def _output(self, text: str, style: str) -> None:
+        from rich.text import Text
+
+        for line in text.splitlines():
+            self.lines += 1
+            if self.lines <= self.MAX_LINES:
+                self.console.print(Text(line, style=style))
+
+    def show(self, e: Event) -> None:
+        from rich.syntax import Syntax
+        from rich.text import Text
+
+        c, d = self.console, e.data
+        if e.type == "model.delta":
+            self.streaming = True
+            c.print(Text(d["text"], style="dim"), end="")
+            return
+        if self.streaming:
+            c.print()
+            self.streaming = False
+        if e.type == "cell.started":
+            self.lines = 0
+            c.print(Syntax(d["code"], "python", theme="ansi_dark", line_numbers=False, background_color="default"))
+        elif e.type == "cell.output":
+            self._output(d["text"], "red" if d["stream"] == "stderr" else "cyan")
+        elif e.type == "cell.finished":
+            r = d["result"]
+            if r["result"] is not None:
+                self._output(r["result"] + "\n", "cyan")
+            if r["traceback"]:
+                self._output(r["traceback"] + "\n", "red")
+            if self.lines > self.MAX_LINES:
+                c.print(Text(f"... {self.lines - self.MAX_LINES} more lines", style="dim"))
+            if r["kernel_message"]:
+                c.print(Text("kernel: " + r["kernel_message"], style="yellow"))
+            c.print(Text(f"({r['duration']:.2f}s)", style="dim"))
+        elif e.type == "note":
+            c.print(Text("note: " + d["text"], style="bold"))
+        elif e.type == "model.retry":
+            c.print(Text(f"model: {d['reason']}; retry {d['attempt']} in {d['delay']:.1f}s", style="yellow"))
+        elif e.type == "compaction":
+            c.print(Text(f"context compacted ({d['folded_messages']} messages summarised)", style="dim"))
+        elif e.type == "error":
+            c.print(Text(d["message"], style="red"))
