@@ -241,6 +241,7 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         live = manager.get(req.session).session if req.session else None
         try:
             if live is not None:
+                _scope(live.harness, req.scope)
                 rid = live.rollback(req.ref, req.scope, req.to)
                 change = next(c for c in live.harness.store(req.scope).log(5) if c.refinement_id == rid)
             else:
@@ -261,7 +262,7 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
 def _scope(harness: SessionHarness, scope: str):
     try:
         return harness.store(scope)
-    except (KeyError, HarnessError) as e:
+    except ValueError as e:
         raise ApiError(400, "bad_scope", str(e)) from None
 
 

@@ -130,3 +130,28 @@ async def test_a_cell_that_prints_forever_still_times_out(kernel: Kernel):
     r = await run(kernel, "import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.02)", timeout=1)
     assert r.kernel_events == ["timed_out"] and r.error_name == "KeyboardInterrupt"
     assert r.duration < 5 and r.stdout.startswith("tick\n")
+
+
+async def test_a_pooled_kernel_becomes_the_sessions_own(project: Path, tmp_path: Path, monkeypatch):
+    from agent.kernel import KernelPool
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    pool = KernelPool(tmp_path / "pool", 1, KernelConfig())
+    pool.fill()
+    bridge = BridgeServer(tmp_path / "run", {})
+    await bridge.start()
+    k = Kernel(project, tmp_path / "run", KernelConfig(interrupt_grace=1.0), {ENV_PATH: str(bridge.path),
+                                                                             ENV_TOKEN: bridge.token, "MINE": "1"})
+    try:
+        await k.start(pool)
+        assert k.connection_file.parent.parent == tmp_path / "pool"  # it was started ahead, by the pool
+        code = "import os; print(os.getcwd(), os.environ.get('MINE'), 'OPENAI_API_KEY' in os.environ, callable(final))"
+        assert (await run(k, code)).stdout == f"{project} 1 False True\n"
+        await k.restart()  # a new process: its working directory and environment are set again
+        assert (await run(k, code)).stdout == f"{project} 1 False True\n"
+    finally:
+        await k.shutdown()
+        await pool.close()
+        await bridge.close()
+    assert not k.connection_file.parent.exists()
+    assert list((tmp_path / "pool").iterdir()) == []

@@ -151,3 +151,26 @@ async def test_deleting_a_session_stops_its_kernel_and_ends_its_streams(daemon: 
     assert not Path(kernel["connection_file"]).exists()
     assert await daemon.sessions() == []
     assert json.loads((prime_home / "sessions" / s["id"] / "session.json").read_text())["deleted"] is True
+
+
+async def test_a_jupyter_client_attaches_to_the_agents_kernel(daemon: Client, project: Path, model_server):
+    from jupyter_client import AsyncKernelClient
+
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    await daemon.send(s["id"], "run: answer = 6 * 7\nprint('set')")
+    await collect(daemon, s["id"], "t1")
+    seen: list[dict] = []
+    kc = AsyncKernelClient()
+    kc.load_connection_file((await daemon.kernel(s["id"]))["connection_file"])
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=30)
+        reply = await kc.execute_interactive("answer", timeout=30, output_hook=lambda msg: seen.append(msg))
+    finally:
+        kc.stop_channels()
+    assert reply["content"]["status"] == "ok"
+    results = [m["content"]["data"]["text/plain"] for m in seen if m["msg_type"] == "execute_result"]
+    assert results == ["42"]
+    await daemon.send(s["id"], "run: print(answer + 1)")  # the agent goes on, undisturbed
+    assert (await collect(daemon, s["id"], "t2"))[-1].data["answer"] == "ran: 43"
+

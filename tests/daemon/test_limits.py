@@ -1,0 +1,96 @@
+"""Limits and backpressure: many sessions at once, queued turns, a reader that falls behind."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from daemon.client import Client, DaemonError
+from daemon.schemas import CreateSession
+from daemon.sessions import SessionManager
+from tests.conftest import make_config
+from tests.daemon.conftest import collect, running_daemon
+
+
+@pytest.mark.slow
+async def test_twenty_sessions_at_once_all_complete_with_no_event_lost(project: Path, model_server, prime_home: Path):
+    async with running_daemon(pool_size=2, max_running_turns=8) as client:
+        sessions = await asyncio.gather(*(client.create_session(project, model="fake", base_url=model_server.base_url)
+                                          for _ in range(20)))
+
+        async def drive(s: dict) -> list:
+            await client.send(s["id"], f"run: print('{s['id']}')")
+            await client.send(s["id"], "and again")  # queued behind the first
+            return await collect(client, s["id"], "t2")
+
+        results = await asyncio.gather(*(drive(s) for s in sessions))
+        for s, events in zip(sessions, results):
+            assert [e.seq for e in events] == list(range(1, len(events) + 1))
+            finished = [e for e in events if e.type == "turn.finished"]
+            assert [(e.turn_id, e.data["outcome"]) for e in finished] == [("t1", "completed"), ("t2", "completed")]
+            assert finished[0].data["answer"] == f"ran: {s['id']}"
+        status = await client.status()
+        assert (status["sessions"], status["live_sessions"], status["running_turns"]) == (20, 20, 0)
+
+
+async def test_max_sessions_refuses_with_429_and_turns_wait_for_a_slot(project: Path, model_server, prime_home: Path):
+    async with running_daemon(max_sessions=2, max_running_turns=1) as client:
+        a, b = [await client.create_session(project, model="fake", base_url=model_server.base_url) for _ in range(2)]
+        with pytest.raises(DaemonError) as e:
+            await client.create_session(project, model="fake", base_url=model_server.base_url)
+        assert e.value.status == 429 and "max_sessions" in e.value.message
+        await client.send(a["id"], "run: import time; time.sleep(1)")
+        second = await client.send(b["id"], "waits for the slot")
+        assert second["queued"] is True
+        assert (await collect(client, b["id"], "t1"))[-1].data["outcome"] == "completed"
+        await client.delete(a["id"])
+        assert (await client.create_session(project, model="fake", base_url=model_server.base_url))["state"] == "idle"
+
+
+async def test_a_reader_that_falls_behind_is_dropped_and_never_stalls_the_session(project: Path, model_server,
+                                                                                   prime_home: Path):
+    manager = SessionManager(make_config(daemon={"pool_size": 0, "client_buffer": 32}), prime_home)
+    await manager.start()
+    try:
+        managed = await manager.create(CreateSession(cwd=str(project), model="fake", base_url=model_server.base_url))
+        replay, stalled = managed.subscribe(0)  # and never read from
+        assert [seq for seq, _ in replay] == [1]
+        managed.send("run: import time\nfor i in range(100):\n    print(i, flush=True)\n    time.sleep(0.01)", "prompt")
+        _, reader = managed.subscribe(managed.journal.last_seq)
+        while True:
+            item = await asyncio.wait_for(reader.queue.get(), 60)
+            if '"turn.finished"' in item[1]:
+                break
+        assert stalled.dropped and stalled not in managed.subscribers
+        assert (await stalled.queue.get()) is None  # its stream ends; it may reconnect from its last id
+        assert not reader.dropped
+    finally:
+        await manager.stop(5)
+
+
+async def test_stopping_interrupts_running_turns_and_records_them(project: Path, model_server, prime_home: Path):
+    async with running_daemon() as client:
+        s = await client.create_session(project, model="fake", base_url=model_server.base_url)
+        await client.send(s["id"], "run: import time; print('long', flush=True); time.sleep(60)")
+        await client.send(s["id"], "queued")
+        async for e in client.events(s["id"]):
+            if e.type == "cell.output":
+                break
+    # the daemon drained on the way out: the running turn interrupted, the queued one dropped, both recorded
+    async with running_daemon() as client:
+        events = [e async for e in _until_seq(client, s["id"])]
+        finished = {e.turn_id: e.data for e in events if e.type == "turn.finished"}
+        assert finished["t1"]["outcome"] == "interrupted" and finished["t2"]["outcome"] == "interrupted"
+        assert "stopped" in finished["t2"]["error"]
+        assert [e.type for e in events].count("turn.finished") == 2
+        assert (await client.session(s["id"]))["state"] == "dormant"
+
+
+async def _until_seq(client: Client, session_id: str):
+    last = (await client.session(session_id))["last_seq"]
+    async for e in client.events(session_id):
+        yield e
+        if e.seq == last:
+            return
