@@ -70,7 +70,9 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
-        return _error(e.status_code, _CODES.get(e.status_code, "http_error"), str(e.detail))
+        message = {404: f"no endpoint {request.url.path} (the API is described at /openapi.json)",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+        return _error(e.status_code, _CODES.get(e.status_code, "http_error"), message)
 
     @app.exception_handler(Exception)
     async def crashed(request: Request, e: Exception) -> JSONResponse:

@@ -141,7 +141,11 @@ def test_cli_daemon_start_status_stop_and_run_through_it(prime_home: Path, proje
 
 def test_spawned_daemon_refuses_a_second_instance(prime_home: Path):
     first = spawn()
-    c = SyncClient()  # waits for it to answer
+    deadline = time.monotonic() + 30
+    while daemon_pid() != first.pid:  # the pid file is written once it serves
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    c = SyncClient(autostart=False)
     try:
         second = subprocess.run([sys.executable, "-m", "daemon"], capture_output=True, text=True, timeout=60)
         assert "already runs" in second.stderr
