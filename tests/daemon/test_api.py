@@ -174,3 +174,24 @@ async def test_a_jupyter_client_attaches_to_the_agents_kernel(daemon: Client, pr
     await daemon.send(s["id"], "run: print(answer + 1)")  # the agent goes on, undisturbed
     assert (await collect(daemon, s["id"], "t2"))[-1].data["answer"] == "ran: 43"
 
+
+
+async def test_a_kernel_that_dies_never_takes_the_daemon_down(daemon: Client, project: Path, model_server):
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    await daemon.send(s["id"], "run: import os; os._exit(1)")
+    events = await collect(daemon, s["id"], "t1")
+    assert "restarted" in events[-1].data["answer"]
+    await daemon.send(s["id"], "run: print('alive')")
+    assert (await collect(daemon, s["id"], "t2", after=events[-1].seq))[-1].data["answer"] == "ran: alive"
+    assert (await daemon.status())["live_sessions"] == 1
+
+
+async def test_a_home_too_deep_for_a_socket_path_gets_a_short_private_one(tmp_path: Path, monkeypatch):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    monkeypatch.setenv("PRIME_AGENT_HOME", str(deep))
+    async with running_daemon() as client:
+        path = socket_file()
+        assert len(str(path)) < 100 and not str(path).startswith(str(deep))
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+        assert (await client.status())["socket"] == str(path)
