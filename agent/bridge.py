@@ -90,4 +90,8 @@ def socket_path(directory: Path, name: str) -> Path:
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
     short = Path(tempfile.gettempdir()) / f"prime-agent-{os.getuid()}"
     short.mkdir(mode=0o700, exist_ok=True)
+    st = short.lstat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not short.is_dir() or short.is_symlink():
+        raise PermissionError(f"{short} is not a private directory of this user; remove it, or set a shorter "
+                              "PRIME_AGENT_HOME")
     return short / digest

@@ -22,7 +22,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import zmq
 from jupyter_client import AsyncKernelManager
 from jupyter_client.kernelspec import KernelSpec
 
@@ -103,6 +105,10 @@ class CappedText:
         return f"{head}\n[... {self.cut:,} of {self.total:,} characters cut from the middle ...]\n{self.tail}"
 
 
+_Started = tuple[_Manager, Any]
+"""A launched kernel and a client of it whose channels are open and connected."""
+
+
 def _launch_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in KERNEL_ENV_EXCLUDED}
 
@@ -135,26 +141,21 @@ class KernelPool:
     def ready(self) -> int:
         return sum(1 for t in self._starting if t.done() and not t.exception())
 
-    async def _launch(self) -> _Manager:
+    async def _launch(self) -> _Started:
         directory = self.root / secrets.token_hex(4)
         directory.mkdir(mode=0o700, parents=True)
         km = _manager(directory)
+        kc = None
         try:
             await km.start_kernel(cwd=str(self.root), env=_launch_env())
-            kc = km.client()
-            kc.start_channels()
-            try:
-                await kc.wait_for_ready(timeout=self.config.startup_timeout)
-            finally:
-                kc.stop_channels()
+            kc = _open_client(km)
+            await _handshake(km, kc, self.config.startup_timeout)
         except BaseException:
-            if km.has_kernel:
-                await km.shutdown_kernel(now=True)
-            shutil.rmtree(directory, ignore_errors=True)
+            await _stop((km, kc))
             raise
-        return km
+        return km, kc
 
-    async def take(self) -> _Manager | None:
+    async def take(self) -> _Started | None:
         """A started kernel: a ready one, else the one that began first; None when the pool is empty
         or its kernel failed (the caller starts its own)."""
         if not self._starting:
@@ -164,18 +165,61 @@ class KernelPool:
         self.fill()
         try:
             return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._starting.appendleft(task)  # the caller gave up: the next one (or close) gets it
+            raise
         except Exception:
             log.exception("a pooled kernel failed to start")
             return None
 
     async def close(self) -> None:
         self._closed = True
-        tasks = list(self._starting)
-        self._starting.clear()
-        for km in await asyncio.gather(*tasks, return_exceptions=True):
-            if isinstance(km, _Manager):
-                await km.shutdown_kernel(now=True)
-                shutil.rmtree(Path(km.connection_file).parent, ignore_errors=True)
+        while self._starting:
+            tasks = list(self._starting)
+            self._starting.clear()
+            for started in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(started, tuple):
+                    await _stop(started)
+
+
+def _open_client(km: _Manager):
+    kc = km.client()
+    kc.context.setsockopt(zmq.RCVHWM, 0)  # never drop a cell's output: IOPub's default queue holds 1,000 messages
+    kc.start_channels()
+    return kc
+
+
+async def _handshake(km: _Manager, kc, timeout: float) -> None:
+    """Until the kernel answers on shell and IOPub. Subscriptions connect asynchronously, and a
+    message published before IOPub is connected is lost (a cell's final `idle` with it). Unlike
+    jupyter_client's wait_for_ready, no 0.2 s drain of IOPub afterwards: cells filter by msg_id."""
+    deadline = time.monotonic() + timeout
+    while True:
+        kc.kernel_info()
+        try:
+            reply = await kc.get_shell_msg(timeout=1.0)
+            if reply["msg_type"] == "kernel_info_reply":
+                await kc.get_iopub_msg(timeout=0.2)
+                break
+        except queue.Empty:
+            pass
+        if not await km.is_alive():
+            raise KernelError("the kernel died while starting")
+        if time.monotonic() > deadline:
+            raise KernelError(f"the kernel did not answer within {timeout:g}s")
+    shell = kc.shell_channel.socket
+    while await shell.poll(0):  # replies to repeated kernel_info requests: not a cell's
+        await shell.recv_multipart(copy=False)
+
+
+async def _stop(started: tuple[_Manager, Any]) -> None:
+    """Shut down a pooled kernel nobody took, and remove its directory."""
+    km, kc = started
+    if kc is not None:
+        kc.stop_channels()
+    if km.has_kernel:
+        await km.shutdown_kernel(now=True)
+    shutil.rmtree(Path(km.connection_file).parent, ignore_errors=True)
 
 
 class Kernel:
@@ -203,20 +247,21 @@ class Kernel:
 
     async def start(self, pool: KernelPool | None = None) -> None:
         self.state = KernelState.STARTING
-        km = await pool.take() if pool is not None else None
-        if km is not None:
-            self._km, self._pooled = km, True
+        started = await pool.take() if pool is not None else None
+        if started is not None:  # already answering, with a client connected
+            (self._km, self._kc), self._pooled = started, True
         else:
             await self._km.start_kernel(cwd=str(self.cwd), env=_launch_env())
-        self._kc = self._km.client()
-        self._kc.start_channels()
-        await self._ready()
+            self._kc = _open_client(self._km)
+            await self._handshake()
+        await self._bootstrap()
 
     async def restart(self) -> None:
         """Replace the kernel process (same connection); the namespace is lost."""
         self.state = KernelState.RESTARTING
         await self._km.restart_kernel(now=True)
-        await self._ready()
+        await self._handshake()
+        await self._bootstrap()
 
     async def shutdown(self) -> None:
         if self.state is KernelState.STOPPED:
@@ -240,11 +285,10 @@ class Kernel:
     async def is_alive(self) -> bool:
         return await self._km.is_alive()
 
-    async def _ready(self) -> None:
-        try:
-            await self._kc.wait_for_ready(timeout=self.config.startup_timeout)
-        except RuntimeError as e:
-            raise KernelError(f"kernel did not become ready: {e}") from None
+    async def _handshake(self) -> None:
+        await _handshake(self._km, self._kc, self.config.startup_timeout)
+
+    async def _bootstrap(self) -> None:
         prelude = f"import os as _os; _os.chdir({str(self.cwd)!r}); _os.environ.update({self.env!r}); del _os"
         for code in [prelude, "import agent.runtime as _pa; _pa.bootstrap(globals()); del _pa", *self.setup]:
             boot = await self._run(code, None, None)

@@ -52,8 +52,9 @@ async def run_turn(s: Session, prompt: str, turn_id: str | None = None) -> TurnR
     except (ModelError, KernelError) as e:
         outcome, error = "error", str(e)
     except asyncio.CancelledError:
-        if not turn.interrupted:
-            raise  # the session is being torn down, not interrupted: let cancellation through
+        if not turn.interrupted:  # the session is being torn down, not interrupted: let cancellation through
+            outcome, error = "interrupted", "the session was closed during this turn"
+            raise
         asyncio.current_task().uncancel()
         outcome, error = "interrupted", "interrupted by the user"
     except Exception as e:  # a bug of ours must not lose the session: record it, end the turn
@@ -290,7 +291,8 @@ async def compact(s: Session, turn: Turn) -> bool:
     s.turn_starts = [2 + i - first_kept for i in starts if i >= first_kept] or [2]
     s.context_tokens, s.context_mark = 0, 0
     turn.compacted = True
-    s.record(CompactionRecord(turn_id=turn.id, summary=summary, messages=s.messages, usage=completion.usage))
+    s.record(CompactionRecord(turn_id=turn.id, summary=summary, messages=s.messages, usage=completion.usage,
+                              turn_starts=s.turn_starts))
     s.emit("compaction", turn.id, folded_messages=len(folded), summary=summary)
     return True
 

@@ -38,6 +38,7 @@ from agent.trajectory import (
     TurnStarted,
     _Record,
     contexts,
+    turn_starts,
 )
 from agent.types import Event, EventType, Message, Outcome, Usage
 from harness_store.store import Change, HarnessStore
@@ -92,12 +93,14 @@ class Session:
         subagent_slots: dict[int, asyncio.Semaphore] | None = None,
         harness_roots: dict | None = None,
         kernel_pool: KernelPool | None = None,
+        last_seq: int = 0,
     ):
         """`parent` makes this a subagent; `instructions` follow the base prompt; `subagent_slots`
         holds the per-process limits on running children, one pool per depth (share one dict across
         the sessions of a process);
         `harness_roots` replaces the usual user/project/session scopes (the refiner's gate);
-        `kernel_pool` supplies kernels started ahead of time (the daemon's, shared with subagents)."""
+        `kernel_pool` supplies kernels started ahead of time (the daemon's, shared with subagents);
+        events are numbered after `last_seq` (a daemon's journal goes on across processes)."""
         self.id = session_id or new_session_id()
         self.dir = session_dir or home() / "sessions" / self.id
         self.cwd = cwd.resolve()
@@ -142,7 +145,7 @@ class Session:
         """Told to the model at the start of the next turn (e.g. that its kernel is new)."""
         self._resumed: str | None = None
         """Why this session was resumed from its trajectory, when it was."""
-        self._seq = 0
+        self._seq = last_seq
         self._trajectory: TrajectoryWriter | None = None
         self._task: asyncio.Task | None = None
 
@@ -193,32 +196,26 @@ class Session:
         )
         self.append(Message(role="system", content=self._system_prompt()), None)
 
-    def resume(self, records: list[Record], last_seq: int, reason: str) -> None:
+    def resume(self, records: list[Record], reason: str) -> None:
         """Before `start`: take up a session from its trajectory in a new process.
 
         The model's context, turn count, usage and last outcome come back; the kernel cannot (its
-        namespace died with the old process), so the model is told at its next turn. Events go on
-        numbering after `last_seq`. A turn the old process never finished must already be closed
-        (`finish_cut_turn`).
+        namespace died with the old process), so the model is told at its next turn. A turn the old
+        process never finished must already be closed (`finish_cut_turn`).
         """
         conversations = list(contexts(records))
         self.messages = conversations[-1] if conversations else []
+        self.turn_starts = turn_starts(records)
         self.harness_version = next(
             (r.harness_version for r in reversed(records) if isinstance(r, SystemPromptRecord | SessionRecord)), None
         )
-        turn_of = {}
         for r in records:
             if isinstance(r, TurnStarted):
                 self.turns += 1
             elif isinstance(r, TurnFinished):
                 self.usage += r.usage
                 self.last_result = TurnResult(r.turn_id, r.outcome, r.answer, r.error, r.usage, r.duration, r.steps, r.cells)
-            elif isinstance(r, MessageRecord) and r.turn_id is not None:
-                turn_of.setdefault(r.turn_id, r.message)
-        firsts = {id(m) for m in turn_of.values()}
-        self.turn_starts = [i for i, m in enumerate(self.messages) if id(m) in firsts]
         self.subagents.interrupt_orphans(reason)
-        self._seq = last_seq
         self._resumed = reason
         self.notices.append(f"[{reason}. This session goes on in a new kernel: every variable, import and "
                             "running subagent from before is gone; files on disk are as they were.]")

@@ -118,6 +118,8 @@ class CompactionRecord(_Record):
     summary: str
     messages: list[Message]
     usage: Usage
+    turn_starts: list[int] = Field(default_factory=list)
+    """Where each turn kept verbatim begins in `messages`."""
 
 
 class TurnFinished(_Record):
@@ -246,6 +248,22 @@ def contexts(records: list[Record]) -> Iterator[list[Message]]:
             current[0] = Message(role="system", content=r.content)
     if current:
         yield current
+
+
+def turn_starts(records: list[Record]) -> list[int]:
+    """Where each turn begins in the last context `contexts` yields (what compaction needs to know)."""
+    starts: list[int] = []
+    length = 0
+    seen: set[str] = set()
+    for r in records:
+        if isinstance(r, CompactionRecord):
+            starts, length, seen = list(r.turn_starts), len(r.messages), {r.turn_id}
+        elif isinstance(r, MessageRecord):
+            if r.turn_id is not None and r.turn_id not in seen:
+                seen.add(r.turn_id)
+                starts.append(length)
+            length += 1
+    return starts
 
 
 def export_openai_chat(records: list[Record]) -> Iterator[dict[str, Any]]:

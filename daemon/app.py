@@ -11,6 +11,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -117,18 +118,19 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
 
     @app.post("/v1/sessions/{session_id}/interrupt")
     async def interrupt(session_id: str, req: Annotated[Interrupt | None, Body()] = None) -> Interrupted:
-        return await manager.get(session_id).interrupt((req or Interrupt()).drop_queued)
+        req = req or Interrupt()
+        return await manager.get(session_id).interrupt(req.drop_queued, req.turn_id)
 
     @app.get("/v1/sessions/{session_id}/events", response_class=StreamingResponse,
              responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}})
     async def events(
         session_id: str,
-        after: Annotated[int | None, Query(ge=0, description="Replay events after this seq, then stream.")] = None,
+        after: Annotated[int | None, Query(ge=0, lt=10**18, description="Replay events after this seq, then stream.")] = None,
         last_event_id: Annotated[str | None, Header()] = None,
     ) -> StreamingResponse:
         if after is None and last_event_id is not None:
-            if not last_event_id.strip().isdigit():
-                raise ApiError(400, "bad_last_event_id", f"Last-Event-ID must be an event seq, not {last_event_id!r}")
+            if not re.fullmatch(r"\s*[0-9]{1,18}\s*", last_event_id):
+                raise ApiError(400, "bad_last_event_id", f"Last-Event-ID must be an event seq, not {last_event_id[:40]!r}")
             after = int(last_event_id)
         managed = manager.get(session_id)
         replay, sub = managed.subscribe(after or 0)
@@ -288,13 +290,13 @@ class TokenAuth:
     """ASGI middleware for the TCP listener: every request needs `Authorization: Bearer TOKEN`."""
 
     def __init__(self, app, token: str):
-        self.app, self.token = app, token
+        self.app, self.token = app, token.encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            scheme, _, given = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), self.token):
+            header = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, given = header.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.token):
                 response = _error(401, "unauthorized", "this listener needs `Authorization: Bearer <token>`; "
                                   f"the token is in {home() / 'run' / 'token'}")
                 response.headers["WWW-Authenticate"] = "Bearer"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import inspect
 import os
 import subprocess
@@ -27,7 +28,7 @@ from typing import Any
 import httpx2
 
 from agent.types import Event
-from daemon.paths import log_file, pid_file, socket_file
+from daemon.paths import lock_file, log_file, pid_file, socket_file
 
 
 class DaemonError(RuntimeError):
@@ -114,8 +115,10 @@ class Client:
         """Returns `{"turn_id", "mode", "queued"}`."""
         return await self._call("POST", f"/v1/sessions/{session_id}/messages", json={"text": text, "mode": mode})
 
-    async def interrupt(self, session_id: str, drop_queued: bool = False) -> dict[str, Any]:
-        return await self._call("POST", f"/v1/sessions/{session_id}/interrupt", json={"drop_queued": drop_queued})
+    async def interrupt(self, session_id: str, drop_queued: bool = False, turn_id: str | None = None) -> dict[str, Any]:
+        """Stop the running turn; with `turn_id`, only that turn (dropped if it is still queued)."""
+        body = {"drop_queued": drop_queued, **({"turn_id": turn_id} if turn_id else {})}
+        return await self._call("POST", f"/v1/sessions/{session_id}/interrupt", json=body)
 
     async def transcript(self, session_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/v1/sessions/{session_id}/transcript")
@@ -155,18 +158,15 @@ class Client:
             try:
                 async with self._http.stream("GET", f"/v1/sessions/{session_id}/events", headers=headers,
                                              timeout=httpx2.Timeout(10.0, read=None)) as r:
+                    if r.status_code == 503:  # the daemon is stopping: it will be back
+                        raise httpx2.TransportError("the daemon is stopping")
                     if r.status_code >= 400:
                         raise _error(r.status_code, await r.aread())
                     down_since = None
-                    data: list[str] = []
-                    async for line in r.aiter_lines():
-                        if line.startswith("data:"):
-                            data.append(line[5:].lstrip())
-                        elif not line and data:
-                            event = Event.model_validate_json("\n".join(data))
-                            data = []
-                            last = event.seq
-                            yield event
+                    async for data in _sse_data(r):
+                        event = Event.model_validate_json(data)
+                        last = event.seq
+                        yield event
             except (httpx2.TransportError, FileNotFoundError) as e:
                 if down_since is None:
                     down_since = time.monotonic()
@@ -183,6 +183,22 @@ class Client:
             if event.type == "turn.finished" and event.turn_id == turn_id:
                 return event
         raise AssertionError("unreachable: the event stream does not end")
+
+
+async def _sse_data(response: httpx2.Response) -> AsyncIterator[bytes]:
+    """The data of each Server-Sent Event. Lines end only at LF (or CRLF), so a U+2028 inside an
+    event's JSON does not split it (str.splitlines would)."""
+    buffer, data = b"", []
+    async for chunk in response.aiter_bytes():
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            line = line.removesuffix(b"\r")
+            if line.startswith(b"data:"):
+                data.append(line[5:].removeprefix(b" "))
+            elif not line and data:
+                yield b"\n".join(data)
+                data = []
 
 
 def _params(**kw: Any) -> dict[str, Any]:
@@ -220,13 +236,19 @@ def spawn(tcp: str | None = None) -> subprocess.Popen:
 
 
 def daemon_pid() -> int | None:
-    """The running daemon's pid, from its pid file (None when it is not running)."""
+    """The running daemon's pid (None when it is not running). Its lock says whether it runs, so a
+    pid file a killed daemon left behind never names some other process."""
+    fd = os.open(lock_file(), os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        pid = int(pid_file().read_text())
-        os.kill(pid, 0)
-        return pid
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        return None
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:  # held: a daemon runs (or is starting)
+        try:
+            return int(pid_file().read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+    finally:
+        os.close(fd)
+    return None
 
 
 # --- the sync face ---------------------------------------------------------------------------

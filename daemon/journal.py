@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TextIO
 
 from agent.trajectory import open_append
 
@@ -17,40 +18,68 @@ _SEQ = re.compile(rb'^\{"seq":(\d+),')
 
 
 class EventJournal:
+    """Opened for appending only on the first append, so a daemon with a thousand dormant sessions
+    holds no file of theirs open; the last seq is read from the file's tail."""
+
     def __init__(self, path: Path):
         self.path = path
-        self._file = open_append(path)  # cuts a torn last line first
-        self.last_seq = 0
-        for seq, _ in self._scan(0):
-            self.last_seq = seq
+        self._file: TextIO | None = None
+        self.last_seq = _last_seq(path)
 
     def append(self, seq: int, line: str) -> None:
         """`line` is the event's JSON (no newline); `seq` must be the next number."""
         if seq != self.last_seq + 1:
             raise ValueError(f"event {seq} does not follow {self.last_seq} in {self.path}")
+        if self._file is None:
+            self._file = open_append(self.path)  # cuts a torn last line first
         self._file.write(line + "\n")
         self._file.flush()
         self.last_seq = seq
 
     def sync(self) -> None:
-        os.fsync(self._file.fileno())
+        if self._file is not None:
+            os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        if not self._file.closed:
+        if self._file is not None:
             self.sync()
             self._file.close()
+            self._file = None
 
     def read_after(self, after: int) -> list[tuple[int, str]]:
         """(seq, JSON line) of every event after `after`, in order."""
         return list(self._scan(after))
 
     def _scan(self, after: int):
-        with open(self.path, "rb") as f:
-            data = f.read()
-        for raw in data.split(b"\n"):
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        *whole, _torn = data.split(b"\n")  # after the last newline: nothing, or a line a crash cut
+        for raw in whole:
             m = _SEQ.match(raw)
-            if m is None:
-                continue  # an empty last piece, or a torn line cut at the next open
-            seq = int(m.group(1))
-            if seq > after:
-                yield seq, raw.decode()
+            if m is not None and int(m.group(1)) > after:
+                yield int(m.group(1)), raw.decode()
+
+
+def _last_seq(path: Path) -> int:
+    """The seq of the last whole line, read from the end of the file."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return 0
+    with f:
+        pos = f.seek(0, os.SEEK_END)
+        tail = b""
+        while pos > 0:
+            step = min(65536, pos)
+            pos -= step
+            f.seek(pos)
+            tail = f.read(step) + tail
+            lines = tail[: tail.rfind(b"\n") + 1].split(b"\n")[:-1]  # whole lines; a torn last one dropped
+            if pos > 0:
+                lines = lines[1:]  # may have begun before this chunk
+            for raw in reversed(lines):
+                if m := _SEQ.match(raw):
+                    return int(m.group(1))
+        return 0

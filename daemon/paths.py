@@ -22,6 +22,11 @@ def socket_file() -> Path:
     return socket_path(run_dir(), "daemon.sock")
 
 
+def lock_file() -> Path:
+    """Held (flock) by the running daemon for as long as it lives."""
+    return run_dir() / "daemon.lock"
+
+
 def pid_file() -> Path:
     return run_dir() / "daemon.pid"
 
@@ -33,6 +38,8 @@ def log_file() -> Path:
 def token() -> str:
     """The TCP listener's bearer token: generated once, kept 0600 in `run/token`."""
     path = run_dir() / "token"
+    if path.is_file() and len(path.read_text().strip()) < 32:  # cut short by a crash, or emptied: never accept ""
+        path.unlink()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:

@@ -56,6 +56,8 @@ class MessageAccepted(BaseModel):
 
 class Interrupt(_Body):
     drop_queued: bool = Field(False, description="Also drop the prompts queued behind the running turn.")
+    turn_id: str | None = Field(None, max_length=32, description="Only this turn: interrupt it if it runs, "
+                                "drop it if it is queued (409 if neither).")
 
 
 class Interrupted(BaseModel):

@@ -23,7 +23,7 @@ import uvicorn
 
 from agent.config import Config, home, load_config
 from daemon.app import BodyLimit, TokenAuth, create_app
-from daemon.paths import pid_file, run_dir, socket_file, token
+from daemon.paths import lock_file, pid_file, socket_file, token
 from daemon.sessions import SessionManager
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ async def serve(tcp: str | None = None, config: Config | None = None, stop: asyn
         limit = config.daemon.max_body_bytes
         servers = [_server(BodyLimit(app, limit))]
         if tcp:
-            servers.append(_server(BodyLimit(TokenAuth(app, token()), limit)))
+            servers.append(_server(TokenAuth(BodyLimit(app, limit), token())))
         tasks = [asyncio.create_task(s.serve(sockets=[sock])) for s, sock in zip(servers, sockets)]
         while not all(s.started for s in servers):
             if any(t.done() for t in tasks):
@@ -128,7 +128,7 @@ def _unix_socket(path: str) -> socket.socket:
 
 
 def _lock() -> int:
-    fd = os.open(run_dir() / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(lock_file(), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -15,8 +15,6 @@ import logging
 import os
 import shutil
 import time
-from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ from agent.config import Config, ConfigError, load_config
 from agent.kernel import KernelPool
 from agent.model import OpenAIModel
 from agent.session import Session, new_session_id
-from agent.trajectory import finish_cut_turn, read_records
+from agent.trajectory import SessionRecord, finish_cut_turn, read_records
 from agent.types import Event, EventType, Usage
 from daemon.journal import EventJournal
 from daemon.schemas import CreateSession, Interrupted, MessageAccepted, SessionInfo
@@ -42,6 +40,11 @@ class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str):
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
+
+
+class QueuedTurn(BaseModel):
+    turn_id: str
+    text: str
 
 
 class SessionMeta(BaseModel):
@@ -63,18 +66,17 @@ class SessionMeta(BaseModel):
     """Turn numbers handed out (queued turns included), so an id is never reused."""
     running_turn: str | None = None
     """Set before a turn begins and cleared when it ends: a restart finds turns a crash cut."""
+    queued: list[QueuedTurn] = []
+    """Prompts waiting behind the running turn (a restart closes them, said so)."""
     usage: Usage = Usage()
 
     def save(self, directory: Path) -> None:
         tmp = directory / "session.json.tmp"
-        tmp.write_text(self.model_dump_json(indent=1))
+        with open(tmp, "w") as f:
+            f.write(self.model_dump_json(indent=1))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, directory / "session.json")
-
-
-@dataclass
-class _Pending:
-    turn_id: str
-    text: str
 
 
 class Subscriber:
@@ -98,12 +100,13 @@ class ManagedSession:
         self.journal = EventJournal(directory / "events.jsonl")
         self.session: Session | None = None
         self.model: OpenAIModel | None = None
-        self.pending: deque[_Pending] = deque()
         self.running: str | None = None
         """The turn the worker has taken up (waiting for a turn slot, waking, or running)."""
         self.subscribers: set[Subscriber] = set()
         self._worker: asyncio.Task | None = None
         self._waking = asyncio.Lock()
+        self._cancelled_because = "interrupted before it began"
+        """Why the worker was cancelled, for a turn it had not begun."""
         self.closed = False
 
     @property
@@ -114,13 +117,13 @@ class ManagedSession:
         m = self.meta
         if self.session is not None and self.session.turn is not None:
             state = "running"
-        elif self.running or self.pending:
+        elif self.running or self.meta.queued:
             state = "queued"
         else:
             state = "idle" if self.session is not None else "dormant"
         return SessionInfo(
             id=m.id, cwd=m.cwd, model=m.model, base_url=m.base_url, title=m.title, created=m.created, state=state,
-            turns=m.turns, queued=len(self.pending), last_seq=self.journal.last_seq, usage=m.usage, dir=str(self.dir),
+            turns=m.turns, queued=len(m.queued), last_seq=self.journal.last_seq, usage=m.usage, dir=str(self.dir),
         )
 
     # --- events ------------------------------------------------------------------------------
@@ -155,6 +158,8 @@ class ManagedSession:
     def subscribe(self, after: int) -> tuple[list[tuple[int, str]], Subscriber]:
         """The journal's events after `after`, and a subscriber for every later one: nothing is
         missed or repeated between the two (no await separates them)."""
+        if self.manager.stopping:
+            raise ApiError(503, "stopping", "the daemon is stopping; reconnect once it is back")
         if self.closed:
             raise ApiError(404, "not_found", f"session {self.id} was deleted")
         sub = Subscriber(self.manager.config.daemon.client_buffer)
@@ -176,6 +181,8 @@ class ManagedSession:
                 return self.session
             if self.closed:
                 raise ApiError(404, "not_found", f"session {self.id} was deleted")
+            if self.manager.stopping:
+                raise ApiError(503, "stopping", "the daemon is stopping")
             if self.manager.live() >= self.manager.config.daemon.max_sessions:
                 raise ApiError(429, "too_many_sessions", f"{self.manager.live()} sessions are live "
                                "(daemon.max_sessions); delete one, or raise the limit")
@@ -186,28 +193,32 @@ class ManagedSession:
                 config = self.config()
             except ConfigError as e:
                 raise ApiError(409, "bad_config", str(e)) from None
+            trajectory = self.dir / "trajectory.jsonl"
+            records = read_records(trajectory) if trajectory.is_file() else []
             model = OpenAIModel(config.model)
             session = Session(
                 config, model, cwd=cwd, session_dir=self.dir, session_id=self.id, on_event=self._on_event,
                 subagent_slots=self.manager.subagent_slots, kernel_pool=self.manager.pool,
+                last_seq=self.journal.last_seq,
             )
-            trajectory = self.dir / "trajectory.jsonl"
-            if trajectory.is_file() and trajectory.stat().st_size:
-                session.resume(read_records(trajectory), self.journal.last_seq, RESTARTED)
+            # Live from here: the session numbers every event (the daemon's own too), and counts
+            # against max_sessions before the first await.
+            self.session, self.model = session, model
             try:
+                if any(isinstance(r, SessionRecord) for r in records):
+                    session.resume(records, RESTARTED)
                 await session.start()
             except BaseException:
+                self.session = self.model = None
+                await session.close()
                 await model.close()
                 raise
-            self.session, self.model = session, model
             return session
 
-    async def close(self) -> None:
-        """Stop the kernel and children; the files stay (trajectories are training data)."""
+    async def close(self, why: str = "the session was deleted") -> None:
+        """Stop its turns, kernel and children; the files stay (trajectories are training data)."""
         self.closed = True
-        if self._worker is not None:
-            self._worker.cancel()
-            await asyncio.gather(self._worker, return_exceptions=True)
+        await self.stop_turns(why, self.manager.config.kernel.interrupt_grace + 5)
         async with self._waking:
             if self.session is not None:
                 await self.session.close()
@@ -221,25 +232,26 @@ class ManagedSession:
         self.journal.close()
 
     def recover(self) -> None:
-        """After a crash: close the turn it cut, as interrupted, in the trajectory and the events."""
+        """After a crash: close the turn it cut (as interrupted) and the turns it left queued."""
         turn_id = self.meta.running_turn
-        if turn_id is None:
-            return
-        why = f"{RESTARTED} while this turn ran; the turn was cut short"
-        finished = finish_cut_turn(self.dir / "trajectory.jsonl", turn_id, why)
-        seen = any(json.loads(line).get("type") == "turn.finished" and json.loads(line).get("turn_id") == turn_id
-                   for _, line in self.journal.read_after(0) if '"turn.finished"' in line)
-        if not seen:
-            if finished is None:  # never began
-                self.emit("turn.finished", turn_id, outcome="interrupted", answer=None, usage=Usage().model_dump(),
-                          error=f"{RESTARTED} before this turn began", duration=0.0, steps=0, cells=0)
-            else:
-                self.emit("turn.finished", turn_id, outcome=finished.outcome, answer=finished.answer,
-                          error=finished.error, usage=finished.usage.model_dump(), duration=finished.duration,
-                          steps=finished.steps, cells=finished.cells)
-        records = read_records(self.dir / "trajectory.jsonl") if (self.dir / "trajectory.jsonl").is_file() else []
-        self.meta.turns = sum(1 for r in records if r.kind == "turn_started")
-        self.meta.running_turn = None
+        if turn_id is not None:
+            why = f"{RESTARTED} while this turn ran; the turn was cut short"
+            finished = finish_cut_turn(self.dir / "trajectory.jsonl", turn_id, why)
+            seen = any(json.loads(line).get("turn_id") == turn_id
+                       for _, line in self.journal.read_after(0) if '"turn.finished"' in line)
+            if not seen:
+                if finished is None:
+                    self._never_ran(turn_id, f"{RESTARTED} before this turn began")
+                else:
+                    self.emit("turn.finished", turn_id, outcome=finished.outcome, answer=finished.answer,
+                              error=finished.error, usage=finished.usage.model_dump(), duration=finished.duration,
+                              steps=finished.steps, cells=finished.cells)
+            records = read_records(self.dir / "trajectory.jsonl") if (self.dir / "trajectory.jsonl").is_file() else []
+            self.meta.turns = sum(1 for r in records if r.kind == "turn_started")
+            self.meta.running_turn = None
+        for queued in self.meta.queued:
+            self._never_ran(queued.turn_id, f"{RESTARTED} before this turn began")
+        self.meta.queued = []
         self.meta.save(self.dir)
 
     # --- turns -------------------------------------------------------------------------------
@@ -251,28 +263,39 @@ class ManagedSession:
             self.session.steer(text)
             return MessageAccepted(turn_id=self.session.turn.id, mode=mode, queued=False)
         self.meta.assigned += 1
-        self.meta.save(self.dir)
         turn_id = f"t{self.meta.assigned}"
-        queued = self.running is not None or bool(self.pending) or self.manager.turn_slots.locked()
-        self.pending.append(_Pending(turn_id, text))
+        queued = self.running is not None or bool(self.meta.queued) or self.manager.turn_slots.locked()
+        self.meta.queued.append(QueuedTurn(turn_id=turn_id, text=text))
+        self.meta.save(self.dir)
         if queued:
-            self.emit("turn.queued", turn_id, prompt=text, position=len(self.pending))
+            self.emit("turn.queued", turn_id, prompt=text, position=len(self.meta.queued))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._work())
         return MessageAccepted(turn_id=turn_id, mode=mode, queued=queued)
 
-    async def interrupt(self, drop_queued: bool) -> Interrupted:
-        dropped: list[str] = []
-        while drop_queued and self.pending:
-            p = self.pending.popleft()
-            dropped.append(p.turn_id)
-            self._never_ran(p.turn_id, "dropped from the queue by an interrupt")
+    async def interrupt(self, drop_queued: bool, turn_id: str | None = None) -> Interrupted:
+        """Stop the running turn (or, with `turn_id`, that turn: running, or dropped from the queue)."""
+        if turn_id is not None and turn_id != self.running:
+            if not any(q.turn_id == turn_id for q in self.meta.queued):
+                raise ApiError(409, "not_running", f"turn {turn_id} is neither running nor queued")
+            self._drop([q for q in self.meta.queued if q.turn_id == turn_id], "dropped from the queue by an interrupt")
+            return Interrupted(turn_id=None, dropped=[turn_id])
+        dropped = [q.turn_id for q in self.meta.queued] if drop_queued else []
+        if drop_queued:
+            self._drop(self.meta.queued, "dropped from the queue by an interrupt")
         running = self.running
         if self.session is not None and self.session.turn is not None:
             await self.session.interrupt()
         elif running is not None and self._worker is not None:  # waiting for a turn slot, or waking
+            self._cancelled_because = "interrupted before it began"
             self._worker.cancel()
         return Interrupted(turn_id=running, dropped=dropped)
+
+    def _drop(self, turns: list[QueuedTurn], why: str) -> None:
+        for q in list(turns):
+            self.meta.queued.remove(q)
+            self._never_ran(q.turn_id, why)
+        self.meta.save(self.dir)
 
     def _never_ran(self, turn_id: str, why: str) -> None:
         self.emit("turn.finished", turn_id, outcome="interrupted", answer=None, error=why,
@@ -280,44 +303,57 @@ class ManagedSession:
 
     async def _work(self) -> None:
         """Run the queued prompts one after another, each in a daemon-wide turn slot."""
-        while self.pending and not self.closed:
-            p = self.pending.popleft()
-            self.running = p.turn_id
-            self.meta.running_turn = p.turn_id
+        while self.meta.queued and not self.closed and not self.manager.stopping:
+            q = self.meta.queued.pop(0)
+            self.running = self.meta.running_turn = q.turn_id
             self.meta.save(self.dir)
+            began = False
             try:
                 async with self.manager.turn_slots:
                     session = await self.wake()
-                    await session.prompt(p.text, p.turn_id)
+                    if self.closed or self.manager.stopping:
+                        self._never_ran(q.turn_id, "the daemon stopped before this turn began")
+                        return
+                    began = True
+                    await session.prompt(q.text, q.turn_id)
+                if session.steering:  # steering that came too late for its turn: the next prompt
+                    late, session.steering = session.steering, []
+                    self.send("\n\n".join(late), "prompt")
             except asyncio.CancelledError:
+                if not began:
+                    self._never_ran(q.turn_id, self._cancelled_because)
                 if self.closed or self.manager.stopping:
                     raise
-                if self.session is None or self.session.turn is None:
-                    self._never_ran(p.turn_id, "interrupted before it began")
-                    self.meta.running_turn = None
-                    self.meta.save(self.dir)
-                if self.pending:  # an interrupt of a waiting turn: the queue goes on
+                if self.meta.queued:  # an interrupt of a waiting turn: the queue goes on
                     self._worker = asyncio.create_task(self._work())
                 return
             except ApiError as e:
-                self._never_ran(p.turn_id, e.message)
+                self._never_ran(q.turn_id, e.message)
             except Exception as e:  # the session could not wake (kernel, config): this turn fails, not the daemon
-                log.exception("session %s: turn %s could not run", self.id, p.turn_id)
-                self._never_ran(p.turn_id, f"the session could not start: {type(e).__name__}: {e}")
+                log.exception("session %s: turn %s could not run", self.id, q.turn_id)
+                self._never_ran(q.turn_id, f"the session could not start: {type(e).__name__}: {e}")
             finally:
                 self.running = None
-            if self.meta.running_turn == p.turn_id:
-                self.meta.running_turn = None
-                self.meta.save(self.dir)
+                if self.meta.running_turn == q.turn_id:
+                    self.meta.running_turn = None
+                    self.meta.save(self.dir)
 
-    async def stop_turns(self, why: str) -> None:
-        """For a stopping daemon: drop what is queued, interrupt what runs, wait for it to be recorded."""
-        while self.pending:
-            self._never_ran(self.pending.popleft().turn_id, why)
+    async def stop_turns(self, why: str, timeout: float) -> None:
+        """Drop what is queued, interrupt what runs, and wait (up to `timeout`) for it to be recorded."""
+        if self.meta.queued:
+            self._drop(self.meta.queued, why)
+        worker = self._worker
+        if worker is None or worker.done():
+            return
         if self.session is not None and self.session.turn is not None:
             await self.session.interrupt()
-        if self._worker is not None:
-            await asyncio.gather(self._worker, return_exceptions=True)
+        else:  # waiting for a turn slot, or waking
+            self._cancelled_because = why
+            worker.cancel()
+        await asyncio.wait([worker], timeout=timeout)
+        if not worker.done():
+            worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
 
 
 class SessionManager:
@@ -374,6 +410,8 @@ class SessionManager:
             overrides.setdefault("model", {})["name"] = req.model
         if req.base_url:
             overrides.setdefault("model", {})["base_url"] = req.base_url
+            if req.base_url.rstrip("/") != (_configured_base_url(cwd) or "").rstrip("/"):
+                overrides["model"]["api_key"] = None  # the daemon's key goes only where it was configured to go
         if req.budget is not None:
             overrides["budget"] = req.budget.model_dump(exclude_unset=True)
         try:
@@ -411,13 +449,14 @@ class SessionManager:
     async def stop(self, timeout: float) -> None:
         """Interrupt every turn and wait (up to `timeout`) for each to be recorded; then close all."""
         self.stopping = True
-        stops = [asyncio.ensure_future(s.stop_turns("The daemon stopped before this turn began"))
-                 for s in self.sessions.values()]
-        if stops:
-            _, late = await asyncio.wait(stops, timeout=timeout)
-            for t in late:
-                t.cancel()
-        await asyncio.gather(*(s.close() for s in self.sessions.values()), return_exceptions=True)
+        why = "the daemon stopped before this turn began"
+        await asyncio.gather(*(s.stop_turns(why, timeout) for s in self.sessions.values()))
+        await asyncio.gather(*(s.close(why) for s in self.sessions.values()), return_exceptions=True)
         await self.pool.close()
 
 
+def _configured_base_url(cwd: Path) -> str | None:
+    try:
+        return load_config(cwd).model.base_url
+    except ConfigError:
+        return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -155,3 +154,22 @@ async def test_a_pooled_kernel_becomes_the_sessions_own(project: Path, tmp_path:
         await bridge.close()
     assert not k.connection_file.parent.exists()
     assert list((tmp_path / "pool").iterdir()) == []
+
+
+async def test_a_flood_of_output_read_slowly_loses_nothing_and_ends(kernel: Kernel):
+    import asyncio
+    import time
+
+    async def hog() -> None:  # a busy host: the loop reads IOPub in bursts, while the kernel prints on
+        while True:
+            time.sleep(0.3)
+            await asyncio.sleep(0.1)
+
+    busy = asyncio.create_task(hog())
+    try:
+        r = await asyncio.wait_for(run(kernel, "for i in range(5000): print(i, flush=True)"), 60)
+    finally:
+        busy.cancel()
+    total = sum(len(f"{i}\n") for i in range(5000))
+    assert r.ok and r.stdout.endswith("4999\n")
+    assert r.truncated["stdout"] + 4096 == total  # every character counted: none dropped on the way

@@ -58,3 +58,20 @@ def test_export_gives_one_conversation_per_stretch_between_compactions(tmp_path:
     assert first["tools"][0]["function"]["name"] == "ipython"
     assert [m["content"] for m in examples[1]["messages"]] == ["sys", "S", "again", "sure"]
     json.dumps(examples)  # plain JSON all the way down
+
+
+def test_turn_starts_follow_compactions():
+    from agent.trajectory import CompactionRecord, MessageRecord, turn_starts
+    from agent.types import Message, Usage
+
+    def m(turn, role="user"):
+        return MessageRecord(turn_id=turn, message=Message(role=role, content=f"{turn} {role}"))
+
+    records = [MessageRecord(message=Message(role="system", content="s")), m("t1"), m("t1", "assistant"), m("t2"),
+               m("t3")]
+    assert turn_starts(records) == [1, 3, 4]
+    kept = [Message(role="system", content="s"), Message(role="user", content="summary"),
+            Message(role="user", content="t2"), Message(role="user", content="t3")]
+    records += [CompactionRecord(turn_id="t3", summary="x", messages=kept, usage=Usage(), turn_starts=[2, 3]),
+                m("t3", "assistant"), m("t4")]
+    assert turn_starts(records) == [2, 3, 5]

@@ -195,3 +195,37 @@ async def test_a_home_too_deep_for_a_socket_path_gets_a_short_private_one(tmp_pa
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
         assert (await client.status())["socket"] == str(path)
+
+
+async def test_events_with_unicode_line_separators_arrive_whole(daemon: Client, project: Path, model_server):
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    await daemon.send(s["id"], "run: print('a\\u2028b\\u2029c\\x85d')")
+    events = await collect(daemon, s["id"], "t1")
+    assert events[-1].data["answer"] == "ran: a\u2028b\u2029c\x85d"
+
+
+async def test_odd_headers_get_4xx_not_5xx(project: Path, prime_home: Path):
+    async with running_daemon(tcp="127.0.0.1:0") as client:
+        url = f"http://{(await client.status())['tcp']}"
+        async with httpx2.AsyncClient(base_url=url) as h:
+            r = await h.get("/v1/sessions", headers={"Authorization": "Bearer \xe9\xe9".encode("latin-1")})
+            assert r.status_code == 401
+        async with httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(socket_file())), base_url="http://d") as h:
+            for bad in ("\xb2".encode("latin-1"), b"9" * 5000, b"-1"):
+                r = await h.get("/v1/sessions/x/events", headers={"Last-Event-ID": bad})
+                assert r.status_code == 400, r.text
+
+
+def test_a_stale_pid_file_names_no_daemon(prime_home: Path):
+    import subprocess
+
+    from daemon.client import daemon_pid
+    from daemon.paths import pid_file
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        pid_file().write_text(str(sleeper.pid))  # a killed daemon's file, its pid reused
+        assert daemon_pid() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -39,3 +39,14 @@ def test_a_torn_last_line_is_cut_and_numbering_goes_on(tmp_path: Path):
     j.append(3, line(3))
     assert [s for s, _ in j.read_after(0)] == [1, 2, 3]
     assert path.read_text().count("\n") == 3
+
+
+def test_the_last_seq_comes_from_the_tail_of_a_long_journal(tmp_path: Path):
+    path = tmp_path / "events.jsonl"
+    j = EventJournal(path)
+    big = Event(seq=0, type="note", session_id="s", data={"text": "x" * 100_000})
+    for seq in range(1, 40):
+        j.append(seq, big.model_copy(update={"seq": seq}).model_dump_json())
+    j.close()
+    assert EventJournal(path).last_seq == 39
+    assert EventJournal(tmp_path / "absent.jsonl").last_seq == 0

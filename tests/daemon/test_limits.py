@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,84 @@ async def _until_seq(client: Client, session_id: str):
         yield e
         if e.seq == last:
             return
+
+
+async def test_prompts_sent_while_a_dormant_session_wakes_keep_one_numbering(project: Path, model_server,
+                                                                             prime_home: Path):
+    async with running_daemon() as client:
+        s = await client.create_session(project, model="fake", base_url=model_server.base_url)
+    async with running_daemon() as client:  # dormant now; three prompts race its waking
+        turns = [(await client.send(s["id"], text))["turn_id"] for text in ("a", "b", "c")]
+        events = await collect(client, s["id"], "t3")
+        assert turns == ["t1", "t2", "t3"]
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        assert [e.data["answer"] for e in events if e.type == "turn.finished"] == ["echo: a", "echo: b", "echo: c"]
+        assert [e.type for e in events].count("session.resumed") == 1
+
+
+async def test_concurrent_creates_respect_max_sessions(project: Path, model_server, prime_home: Path):
+    async with running_daemon(max_sessions=2) as client:
+        results = await asyncio.gather(
+            *(client.create_session(project, model="fake", base_url=model_server.base_url) for _ in range(5)),
+            return_exceptions=True,
+        )
+        refused = [r for r in results if isinstance(r, DaemonError)]
+        assert len(refused) == 3 and {r.status for r in refused} == {429}
+        assert (await client.status())["live_sessions"] == 2
+
+
+async def test_a_stopping_daemon_never_starts_a_turn_that_waits_for_a_slot(project: Path, model_server,
+                                                                            prime_home: Path):
+    async with running_daemon(max_running_turns=1) as client:
+        a = await client.create_session(project, model="fake", base_url=model_server.base_url)
+        b = await client.create_session(project, model="fake", base_url=model_server.base_url)
+        await client.send(a["id"], "run: import time; print('busy', flush=True); time.sleep(60)")
+        async for e in client.events(a["id"]):
+            if e.type == "cell.output":
+                break
+        assert (await client.send(b["id"], "waiting"))["queued"] is True
+        asked = len(model_server.requests)
+    assert len(model_server.requests) == asked  # b's turn never reached the model
+    async with running_daemon() as client:
+        (finished,) = [e async for e in _until_seq(client, b["id"]) if e.type == "turn.finished"]
+        assert finished.data["outcome"] == "interrupted" and "stopped before this turn began" in finished.data["error"]
+
+
+async def test_deleting_a_session_mid_turn_records_the_turn_as_interrupted(project: Path, model_server,
+                                                                           prime_home: Path):
+    async with running_daemon() as client:
+        s = await client.create_session(project, model="fake", base_url=model_server.base_url)
+        await client.send(s["id"], "run: import time; print('busy', flush=True); time.sleep(60)")
+        async for e in client.events(s["id"]):
+            if e.type == "cell.output":
+                break
+        await client.delete(s["id"])
+    lines = (prime_home / "sessions" / s["id"] / "events.jsonl").read_text().splitlines()
+    finished = [json.loads(x) for x in lines if '"turn.finished"' in x]
+    assert [(f["turn_id"], f["data"]["outcome"]) for f in finished] == [("t1", "interrupted")]
+    assert finished[0]["data"]["error"]
+
+
+async def test_an_interrupt_can_name_the_queued_turn_it_drops(daemon: Client, project: Path, model_server):
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    await daemon.send(s["id"], "run: import time; time.sleep(1)")
+    mine = await daemon.send(s["id"], "mine")
+    assert await daemon.interrupt(s["id"], turn_id=mine["turn_id"]) == {"turn_id": None, "dropped": ["t2"]}
+    with pytest.raises(DaemonError) as e:
+        await daemon.interrupt(s["id"], turn_id="t9")
+    assert e.value.status == 409
+    events = await collect(daemon, s["id"], "t1")
+    assert {e.turn_id: e.data["outcome"] for e in events if e.type == "turn.finished"} == {
+        "t2": "interrupted", "t1": "completed"}
+
+
+async def test_steering_too_late_for_its_turn_becomes_the_next_prompt(daemon: Client, project: Path, model_server):
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    await daemon.send(s["id"], "run: import time; print('go', flush=True); time.sleep(0.5); final('done')")
+    async for e in daemon.events(s["id"]):
+        if e.type == "cell.output":
+            break
+    assert (await daemon.send(s["id"], "one more thing", mode="steer"))["turn_id"] == "t1"
+    events = await collect(daemon, s["id"], "t2")  # t1 ended by final() before a model call could see it
+    answers = {e.turn_id: e.data["answer"] for e in events if e.type == "turn.finished"}
+    assert answers == {"t1": "done", "t2": "echo: one more thing"}

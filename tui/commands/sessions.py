@@ -107,7 +107,7 @@ async def _follow(client: Client, session_id: str, turn_id: str, after: int | No
         presses += 1
         if presses == 1:
             print("\n[interrupting: Ctrl-C again to detach]", file=sys.stderr)
-            t = loop.create_task(client.interrupt(session_id))
+            t = loop.create_task(client.interrupt(session_id, turn_id=turn_id))
             pending.add(t)
             t.add_done_callback(pending.discard)
         else:
