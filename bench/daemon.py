@@ -14,7 +14,8 @@ fake OpenAI server as the model; each part has its own fresh PRIME_AGENT_HOME. M
   (about one `cell.output` event each), counted from the first output event to the last; beside
   it the rate the cell printed at, the rate the daemon made the events at, each event's delay
   from its making to its arrival (small delays: the client keeps up with the daemon), and the
-  printed lines that never arrived (there should be none);
+  printed characters the runtime never received (there should be none; past the output limit
+  the middle is cut by design and counted, not lost);
 - replay of 10,000 events (GET .../events?after=0 until the 10,000th arrives) from a journal made
   of real turns repeated out to 10,000 events: through the client (which parses every event), and
   raw (SSE frames counted, nothing parsed): the raw replay throughput;
@@ -264,6 +265,7 @@ async def live(client: Client, follower: Follower, session_id: str, lines: int, 
     made: list[float] = []
     lags: list[float] = []
     text: list[str] = []
+    result: dict = {}
     hung = False
     deadline = time.monotonic() + limit
     while True:
@@ -283,10 +285,20 @@ async def live(client: Client, follower: Follower, session_id: str, lines: int, 
             made.append(e.ts)
             lags.append(follower.lags[e.seq])
             text.append(e.data["text"])
+        elif e.type == "cell.finished":
+            result = e.data["result"]
         elif e.type == "turn.finished":
             break
     printed = "".join(text)
-    rate = re.search(r"lines/s (\S+)", printed)
+    stdout = result.get("stdout", "")
+    rate = re.search(r"lines/s (\S+)", stdout)
+    # Past the output limit the middle of a cell's output is cut by design (the model sees head and
+    # tail; only the head streams live). The runtime counts every character it received: any
+    # shortfall against what the cell printed was lost on the way.
+    cut = re.search(r"\[\.\.\. [\d,]+ of ([\d,]+) characters cut", stdout)
+    received = int(cut.group(1).replace(",", "")) if cut else len(stdout)
+    last_line = stdout.rstrip("\n").rsplit("\n", 1)[-1] + "\n"
+    expected = sum(len(f"{i}\n") for i in range(lines)) + len(last_line)
     return {
         "live_events": len(seen),  # about one a print: the kernel may merge prints, or split one
         "live_events_per_s": (len(seen) - 1) / (seen[-1] - seen[0]) if len(seen) > 1 else 0.0,
@@ -294,7 +306,8 @@ async def live(client: Client, follower: Follower, session_id: str, lines: int, 
         "live_kernel_lines_per_s": float(rate.group(1)) if rate else 0.0,
         "live_lag_p50_ms": pct(lags, 0.5) * 1e3 if lags else 0.0,
         "live_lag_max_ms": max(lags, default=0.0) * 1e3,
-        "live_lines_lost": lines - len({w for w in printed.split() if w.isdigit()}),
+        "live_chars_lost": expected - received,
+        "live_shown_lines": len({w for w in printed.split() if w.isdigit()}),
         "live_hung": float(hung),
     }
 
@@ -433,7 +446,8 @@ TARGETS = {
     "live_made_per_s": ("live: events/s the daemon made (from their ts)", None),
     "live_lag_p50_ms": ("live: event made to received, p50 (ms)", None),
     "live_lag_max_ms": ("live: event made to received, max (ms)", None),
-    "live_lines_lost": ("live: printed lines lost", 0.0),
+    "live_chars_lost": ("live: printed characters lost", 0.0),
+    "live_shown_lines": ("live: lines shown live (the head, within the output limit)", None),
     "live_hung": ("live: cell hung, interrupted (1: yes)", 0.0),
     "replay_events": ("replay: events in the journal", None),
     "replay_journal_mb": ("replay: journal size (MB)", None),

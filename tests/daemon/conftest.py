@@ -4,7 +4,10 @@ fake OpenAI server as the model."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,7 @@ import pytest
 
 from agent.testing.openai_server import OpenAIServer, Reply
 from agent.types import Event
-from daemon.client import Client
+from daemon.client import Client, daemon_pid
 from daemon.server import serve
 from tests.conftest import make_config
 
@@ -28,6 +31,18 @@ def agent_script(request: dict[str, Any]) -> Reply:
     if m := re.search(r"run: (.*)", prompt, re.DOTALL):
         return Reply(code=[m.group(1)])
     return Reply(content="echo: " + prompt.rsplit("\n\n", 1)[-1])
+
+
+@pytest.fixture(autouse=True)
+def no_daemon_left_behind(prime_home: Path):
+    """A test that started a daemon process (directly, or through a client) must not leave it running."""
+    yield
+    pid = daemon_pid()
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while daemon_pid() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 @pytest.fixture
