@@ -71,7 +71,8 @@ async def step(s: Session, turn: Turn) -> None:
         raise Interrupted()
     check_budget(s, turn)
     deliver_steering(s, turn)
-    if needs_compaction(s):
+    if needs_compaction(s) or s.compact_requested:
+        s.compact_requested = False
         await compact(s, turn)
     completion = await call_model(s, turn)
     message = completion.message

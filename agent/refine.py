@@ -206,6 +206,7 @@ class SessionRefiner:
         kind = {"applied": "refinement.applied", "pending": "refinement.pending", "dry-run": "refinement.dry_run"}
         s.emit(kind.get(outcome.status, "refinement.rejected"), turn.id if turn else None, id=plan.id,
                summary=plan.proposal.summary, diff=outcome.diff, reason=outcome.reason,
+               scopes=sorted({scope for _, scope, _ in outcome.edits}),
                refused=[{"id": e.id, "reason": r} for e, r in outcome.refused])
 
     def _failed(self, trigger: str, reason: str) -> None:

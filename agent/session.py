@@ -141,6 +141,8 @@ class Session:
         self._watcher: HarnessWatcher | None = None
         self.kernel = Kernel(self.cwd, self.dir, config.kernel, env={})
         self.kernel_pool = kernel_pool if kernel_pool is not None else (parent.kernel_pool if parent else None)
+        self.compact_requested = False
+        """Compact at the next model call, whatever the context's size (a user's `/compact`)."""
         self.notices: list[str] = []
         """Told to the model at the start of the next turn (e.g. that its kernel is new)."""
         self._resumed: str | None = None

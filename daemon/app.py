@@ -27,6 +27,7 @@ from agent.harness import SessionHarness, scope_roots
 from agent.trajectory import read_records
 from daemon.schemas import (
     CreateSession,
+    Decide,
     ErrorBody,
     Interrupt,
     Interrupted,
@@ -39,6 +40,7 @@ from daemon.schemas import (
     SendMessage,
     SessionInfo,
     Status,
+    UpdateSession,
 )
 from daemon.sessions import ApiError, SessionManager
 from harness_store.entries import HarnessError
@@ -104,6 +106,12 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
     @app.get("/v1/sessions/{session_id}")
     async def get_session(session_id: str) -> SessionInfo:
         return manager.get(session_id).info()
+
+    @app.patch("/v1/sessions/{session_id}")
+    async def update_session(session_id: str, req: UpdateSession) -> SessionInfo:
+        managed = manager.get(session_id)
+        await managed.update(req.title, req.model)
+        return managed.info()
 
     @app.delete("/v1/sessions/{session_id}", status_code=204)
     async def delete_session(session_id: str) -> Response:
@@ -186,6 +194,36 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         session = await manager.get(session_id).wake()
         return RefineStarted(message=session.refiner.request(req.instructions, trigger="api", mode=req.mode))
 
+    @app.post("/v1/sessions/{session_id}/compact", status_code=202)
+    async def compact(session_id: str) -> dict[str, str]:
+        """Summarise the older context at the next model call (the running turn's, else the next turn's)."""
+        session = await manager.get(session_id).wake()
+        session.compact_requested = True
+        return {"message": "the context is compacted at the next model call"}
+
+    @app.post("/v1/sessions/{session_id}/refinements/{refinement_id}")
+    async def decide(session_id: str, refinement_id: str, req: Decide) -> dict[str, str]:
+        """Approve or reject a refinement that waits for review (refine.mode = "review")."""
+        session = await manager.get(session_id).wake()
+        try:
+            outcome = await session.refiner.decide(refinement_id, req.approve)
+        except KeyError as e:
+            raise ApiError(404, "not_found", str(e.args[0])) from None
+        return {"refinement_id": refinement_id, "status": outcome.status}
+
+    @app.get("/v1/sessions/{session_id}/subagents/{child_id}/transcript")
+    async def child_transcript(session_id: str, child_id: str) -> dict[str, Any]:
+        """A child's whole trajectory."""
+        managed = manager.get(session_id)
+        registry = managed.dir / "subagents.json"
+        children = json.loads(registry.read_text()) if registry.is_file() else []
+        child = next((c for c in children if c["id"] == child_id), None)
+        if child is None:
+            raise ApiError(404, "not_found", f"no subagent {child_id!r} in session {session_id}")
+        path = Path(child["dir"]) / "trajectory.jsonl"
+        records = await asyncio.to_thread(read_records, path) if path.is_file() else []
+        return {"child": child, "records": [r.model_dump(mode="json") for r in records]}
+
     # --- the harness ---------------------------------------------------------------------------
 
     def harness_for(session_id: str | None, project: str | None) -> tuple[SessionHarness, bool]:
@@ -210,6 +248,20 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         finally:
             if own:
                 harness.close()
+
+    @app.get("/v1/harness/entries/{entry_id:path}", response_class=Response,
+             responses={200: {"content": {"text/markdown": {}}}})
+    async def harness_entry(entry_id: str, session: str | None = None, project: str | None = None) -> Response:
+        """One entry in force, in full (front matter and body)."""
+        harness, own = harness_for(session, project)
+        try:
+            text = await asyncio.to_thread(harness.show, entry_id)
+        except (KeyError, HarnessError) as e:
+            raise ApiError(404, "not_found", str(e)) from None
+        finally:
+            if own:
+                harness.close()
+        return Response(text, media_type="text/markdown")
 
     @app.get("/v1/harness/log")
     async def harness_log(scope: Annotated[str, Query(pattern="^(user|project|session)$")] = "user",

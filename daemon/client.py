@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,26 @@ class Client:
     async def session(self, session_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/v1/sessions/{session_id}")
 
+    async def update(self, session_id: str, title: str | None = None, model: str | None = None) -> dict[str, Any]:
+        body = {k: v for k, v in {"title": title, "model": model}.items() if v is not None}
+        return await self._call("PATCH", f"/v1/sessions/{session_id}", json=body)
+
+    async def compact(self, session_id: str) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/sessions/{session_id}/compact")
+
+    async def decide(self, session_id: str, refinement_id: str, approve: bool) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/sessions/{session_id}/refinements/{refinement_id}",
+                                json={"approve": approve})
+
+    async def child_transcript(self, session_id: str, child_id: str) -> dict[str, Any]:
+        return await self._call("GET", f"/v1/sessions/{session_id}/subagents/{child_id}/transcript")
+
+    async def harness_entry(self, entry_id: str, session: str | None = None) -> str:
+        r = await self._http.get(f"/v1/harness/entries/{entry_id}", params=_params(session=session))
+        if r.status_code >= 400:
+            raise _error(r.status_code, r.content)
+        return r.text
+
     async def delete(self, session_id: str) -> None:
         await self._call("DELETE", f"/v1/sessions/{session_id}")
 
@@ -145,14 +165,17 @@ class Client:
 
     # --- events --------------------------------------------------------------------------------
 
-    async def events(self, session_id: str, after: int | None = None, reconnect: float = 30.0) -> AsyncIterator[Event]:
+    async def events(self, session_id: str, after: int | None = None, reconnect: float = 30.0,
+                     on_connection: Callable[[bool], None] | None = None) -> AsyncIterator[Event]:
         """Every event after `after` (from the first without it), then live ones, forever.
 
         A dropped stream is resumed from the last event seen; `reconnect` is how many seconds to
-        keep trying before `DaemonUnavailable` (0: do not reconnect).
+        keep trying before `DaemonUnavailable` (0: do not reconnect; math.inf: forever).
+        `on_connection(up)` hears when the stream is lost and when it is back.
         """
         last = after
         down_since: float | None = None
+        restarted = False
         while True:
             headers = {"Last-Event-ID": str(last)} if last is not None else {}
             try:
@@ -162,6 +185,8 @@ class Client:
                         raise httpx2.TransportError("the daemon is stopping")
                     if r.status_code >= 400:
                         raise _error(r.status_code, await r.aread())
+                    if down_since is not None and on_connection:
+                        on_connection(True)
                     down_since = None
                     async for data in _sse_data(r):
                         event = Event.model_validate_json(data)
@@ -169,10 +194,13 @@ class Client:
                         yield event
             except (httpx2.TransportError, FileNotFoundError) as e:
                 if down_since is None:
-                    down_since = time.monotonic()
-                    if self.autostart and isinstance(e, httpx2.ConnectError | FileNotFoundError):
-                        with contextlib.suppress(DaemonUnavailable):
-                            await self.start_daemon()
+                    down_since, restarted = time.monotonic(), False
+                    if on_connection:
+                        on_connection(False)
+                if self.autostart and not restarted and isinstance(e, httpx2.ConnectError | FileNotFoundError):
+                    restarted = True  # once an outage: the daemon is gone, not merely stopping
+                    with contextlib.suppress(DaemonUnavailable):
+                        await self.start_daemon()
                 if time.monotonic() - down_since >= reconnect:
                     raise DaemonUnavailable(f"lost the event stream of {session_id}: {e}") from None
             await asyncio.sleep(0.2 if down_since else 0)

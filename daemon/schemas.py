@@ -37,6 +37,16 @@ class SessionInfo(BaseModel):
     last_seq: int = Field(description="Seq of the session's latest event.")
     usage: Usage
     dir: str
+    harness_version: str | None = Field(None, description="Each harness scope's commit in force (live sessions).")
+
+
+class UpdateSession(_Body):
+    title: str | None = Field(None, max_length=200)
+    model: str | None = Field(None, min_length=1, max_length=200, description="Used from the next turn on.")
+
+
+class Decide(_Body):
+    approve: bool
 
 
 class SendMessage(_Body):

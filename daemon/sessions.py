@@ -124,6 +124,7 @@ class ManagedSession:
         return SessionInfo(
             id=m.id, cwd=m.cwd, model=m.model, base_url=m.base_url, title=m.title, created=m.created, state=state,
             turns=m.turns, queued=len(m.queued), last_seq=self.journal.last_seq, usage=m.usage, dir=str(self.dir),
+            harness_version=self.session.harness_version if self.session else None,
         )
 
     # --- events ------------------------------------------------------------------------------
@@ -254,6 +255,27 @@ class ManagedSession:
         self.meta.queued = []
         self.meta.save(self.dir)
 
+    async def update(self, title: str | None, model: str | None) -> None:
+        """Rename the session, or switch its model (from the next turn on)."""
+        if title is not None:
+            self.meta.title = title
+        if model is not None and model != self.meta.model:
+            if self.session is not None and self.session.turn is not None:
+                raise ApiError(409, "turn_running", "the model can change between turns; interrupt or wait")
+            overrides = {**self.meta.overrides, "model": {**self.meta.overrides.get("model", {}), "name": model}}
+            try:
+                config = load_config(Path(self.meta.cwd), overrides)
+            except ConfigError as e:
+                raise ApiError(400, "bad_config", str(e)) from None
+            if self.session is not None:
+                old, self.model = self.model, OpenAIModel(config.model)
+                self.session.model = self.model
+                self.session.config = config
+                if old is not None:
+                    await old.close()
+            self.meta.overrides, self.meta.model = overrides, model
+        self.meta.save(self.dir)
+
     # --- turns -------------------------------------------------------------------------------
 
     def send(self, text: str, mode: str) -> MessageAccepted:
@@ -315,10 +337,13 @@ class ManagedSession:
                         self._never_ran(q.turn_id, "the daemon stopped before this turn began")
                         return
                     began = True
-                    await session.prompt(q.text, q.turn_id)
-                if session.steering:  # steering that came too late for its turn: the next prompt
-                    late, session.steering = session.steering, []
-                    self.send("\n\n".join(late), "prompt")
+                    result = await session.prompt(q.text, q.turn_id)
+                if session.steering:  # steering that came too late for its turn
+                    late, session.steering = "\n\n".join(session.steering), []
+                    if result.outcome == "interrupted":  # the user stopped the turn: do not start another
+                        self.emit("note", q.turn_id, text=f"not delivered (the turn was interrupted): {late}")
+                    else:
+                        self.send(late, "prompt")
             except asyncio.CancelledError:
                 if not began:
                     self._never_ran(q.turn_id, self._cancelled_because)

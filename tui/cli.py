@@ -7,7 +7,10 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prime-agent", description="A coding agent whose one tool is a persistent IPython kernel.")
+    p = argparse.ArgumentParser(
+        prog="prime-agent",
+        description="A coding agent whose one tool is a persistent IPython kernel. With no command (or with "
+                    "--resume [ID], -c, --model, --base-url), opens the app in this directory.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = sub.add_parser("run", help="run one task headless in the current directory and print the answer")
@@ -123,7 +126,15 @@ def _add_daemon(sub: argparse._SubParsersAction) -> None:
     p.add_argument("session")
 
 
+APP_FLAGS = ("--resume", "-c", "--continue", "--model", "--base-url", "--cwd")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in APP_FLAGS or any(a.startswith(f + "=") for a in argv[:1] for f in APP_FLAGS):
+        from tui.commands.app import main as app
+
+        return app(argv)
     args = build_parser().parse_args(argv)
     if args.command == "run":
         from tui.commands.run import main as command

@@ -4,6 +4,7 @@ fake OpenAI server as the model."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -21,10 +22,21 @@ from daemon.server import serve
 from tests.conftest import make_config
 
 
+MEMORY_PLAN = {
+    "summary": "remember how this project runs its tests", "rationale": "the user asked for it",
+    "expected_outcome": "tests run right the first time",
+    "edits": [{"action": "create", "kind": "memory", "id": "test-command", "title": "How to run the tests",
+               "content": "Run the tests with `python -m pytest -q`.", "scope": "project",
+               "reason": "asked in this session"}],
+}
+
+
 def agent_script(request: dict[str, Any]) -> Reply:
     """The fake model: `run: CODE` in the prompt runs CODE in a cell, then answers with its output;
-    any other prompt is echoed back as the answer."""
+    any other prompt is echoed back as the answer; the refiner's planner gets MEMORY_PLAN."""
     messages = request["messages"]
+    if messages[0]["content"].startswith("You refine the harness"):
+        return Reply(content=json.dumps(MEMORY_PLAN))
     if messages[-1]["role"] == "tool":
         return Reply(content="ran: " + messages[-1]["content"])
     prompt = next(m["content"] for m in reversed(messages) if m["role"] == "user")

@@ -1,0 +1,145 @@
+"""The app, driven with Textual's Pilot against a real daemon, real kernels and the fake model."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from textual.widgets import DataTable
+
+from daemon.client import Client
+from tests.daemon.conftest import running_daemon
+from tui.app import NewSession, PrimeApp
+from tui.screens.harness import HarnessScreen
+from tui.screens.sessions import SessionsScreen
+from tui.widgets.cell_view import CellView
+from tui.widgets.message import AssistantMessage, Notice, UserMessage
+from tui.widgets.refinement_card import RefinementCard
+from tui.widgets.status_bar import StatusBar
+
+SIZE = (100, 30)
+
+
+async def until(pilot, condition, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out waiting for the app"
+        await pilot.pause(0.05)
+
+
+def app_for(client: Client, project: Path, model_server, **kw) -> PrimeApp:
+    return PrimeApp(client, project, new=NewSession("fake", model_server.base_url), **kw)
+
+
+async def type_and_send(pilot, text: str) -> None:
+    for ch in text:
+        await pilot.press(ch if ch != " " else "space")
+    await pilot.press("enter")
+
+
+async def test_a_prompt_streams_its_answer_and_shows_the_cell(daemon: Client, project: Path, model_server):
+    app = app_for(daemon, project, model_server)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        app.query_one("#prompt").load_text("run: print(6 * 7)")
+        await pilot.press("enter")
+        await until(pilot, lambda: any(m.text == "ran: 42" for m in app.query(AssistantMessage)))
+        (cell,) = app.query(CellView)
+        assert cell.code == "print(6 * 7)" and cell.output == [("stdout", "42\n")] and cell.result["duration"] > 0
+        assert [m.text for m in app.query(UserMessage)] == ["run: print(6 * 7)"]
+        status = app.query_one(StatusBar)
+        assert status.state == "idle" and status.tokens > 0 and status.model == "fake"
+        app.save_screenshot(str(project / "chat.svg"))
+    assert "ran:\xa042" in (project / "chat.svg").read_text().replace("&#160;", "\xa0")
+
+
+async def test_escape_interrupts_a_long_cell_and_the_session_goes_on(daemon: Client, project: Path, model_server):
+    app = app_for(daemon, project, model_server)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None)
+        app.query_one("#prompt").load_text("run: import time; print('working', flush=True); time.sleep(60)")
+        await pilot.press("enter")
+        await until(pilot, lambda: any(c.output for c in app.query(CellView)))
+        assert app.query_one(StatusBar).state == "running"
+        await pilot.press("escape")
+        await until(pilot, lambda: app.state == "idle")
+        notices = [str(n.render()) for n in app.query(Notice)]
+        assert any("turn interrupted" in n for n in notices)
+        assert "interrupted" in app.query_one(CellView).result["kernel_message"]
+        app.query_one("#prompt").load_text("run: print(time.time() > 0)")  # the kernel kept `time`
+        await pilot.press("enter")
+        await until(pilot, lambda: any(m.text == "ran: True" for m in app.query(AssistantMessage)))
+
+
+async def test_refine_shows_a_card_and_r_rolls_it_back(daemon: Client, project: Path, model_server, prime_home):
+    app = app_for(daemon, project, model_server)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        await type_and_send(pilot, "/refine remember the test command")
+        await until(pilot, lambda: len(app.query(RefinementCard)) == 1)
+        card = app.query_one(RefinementCard)
+        assert card.status == "applied" and card.scopes == ["project"] and "test-command" in card.diff
+        assert "test-command" in [e["id"] for e in await daemon.harness(session=app.session_id)]
+        card.focus()
+        await pilot.press("r")
+        await until(pilot, lambda: card.status == "rolled back")
+        assert "test-command" not in [e["id"] for e in await daemon.harness(session=app.session_id)]
+        app.save_screenshot(str(project / "card.svg"))
+
+
+async def test_detach_and_reattach_shows_the_whole_history(daemon: Client, project: Path, model_server):
+    app = app_for(daemon, project, model_server)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None)
+        for n in range(3):
+            app.query_one("#prompt").load_text(f"run: print({n} * 10)")
+            await pilot.press("enter")
+            await until(pilot, lambda: any(m.text == f"ran: {n * 10}" for m in app.query(AssistantMessage)))
+        await pilot.press("ctrl+c")
+        await pilot.press("ctrl+c")  # idle: twice detaches
+        await until(pilot, lambda: app.return_value is not None)
+    session_id = app.return_value
+    assert (await daemon.session(session_id))["state"] == "idle"  # still there
+    again = app_for(daemon, project, model_server, session_id=session_id)
+    async with again.run_test(size=SIZE) as pilot:
+        last = (await daemon.session(session_id))["last_seq"]
+        await until(pilot, lambda: again.events_seen >= last)
+        assert [m.text for m in again.query(UserMessage)] == [f"run: print({n} * 10)" for n in range(3)]
+        assert [c.output for c in again.query(CellView)] == [[("stdout", f"{n * 10}\n")] for n in range(3)]
+
+
+async def test_the_sessions_screen_lists_attaches_and_starts_sessions(daemon: Client, project: Path, model_server):
+    first = await daemon.create_session(project, model="fake", base_url=model_server.base_url, title="first one")
+    app = app_for(daemon, project, model_server, choose=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionsScreen) and app.screen.query_one(DataTable).row_count)
+        app.save_screenshot(str(project / "sessions.svg"))
+        await pilot.press("enter")
+        await until(pilot, lambda: app.session_id == first["id"])
+        await type_and_send(pilot, "/harness")
+        await until(pilot, lambda: isinstance(app.screen, HarnessScreen))
+        await pilot.press("escape")
+        await type_and_send(pilot, "/new")
+        await until(pilot, lambda: app.session_id not in (None, first["id"]))
+    assert len(await daemon.sessions()) == 2
+
+
+async def test_a_daemon_that_goes_away_shows_disconnected_and_the_app_recovers(project: Path, model_server,
+                                                                               prime_home):
+    first = running_daemon()
+    client = await first.__aenter__()
+    try:
+        app = app_for(client, project, model_server)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+            first.stop.set()  # the daemon stops under the open app
+            await first.task
+            await until(pilot, lambda: not app.query_one(StatusBar).connected)
+            async with running_daemon():  # and comes back
+                await until(pilot, lambda: app.query_one(StatusBar).connected)
+                app.query_one("#prompt").load_text("after the restart")
+                await pilot.press("enter")
+                await until(pilot, lambda: any(m.text == "echo: after the restart" for m in app.query(AssistantMessage)))
+                assert any("resumed" in str(n.render()) for n in app.query(Notice))
+    finally:
+        await client.close()

@@ -1,0 +1,315 @@
+"""The Prime Agent app: a terminal coding assistant whose sessions live in the daemon.
+
+    app = PrimeApp(client, cwd, model=..., base_url=...)          # a new session here
+    app = PrimeApp(client, cwd, session_id="...")                 # attach to one
+
+The app shows one session at a time. Its events come from the daemon's stream (replayed in full
+on attach, then live; the stream resumes by itself after a daemon restart). Closing the app, or
+Ctrl-C twice on an idle session, detaches: the session goes on in the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+
+from agent.types import Event
+from daemon.client import Client, DaemonError
+from tui.screens.harness import HarnessScreen
+from tui.screens.sessions import SessionsScreen
+from tui.screens.transcript import TranscriptScreen
+from tui.widgets.cell_view import SubagentRow
+from tui.widgets.command_menu import COMMANDS, CommandMenu
+from tui.widgets.conversation import Conversation
+from tui.widgets.message import Notice, UserMessage
+from tui.widgets.prompt_input import PromptInput
+from tui.widgets.refinement_card import RefinementCard
+from tui.widgets.status_bar import StatusBar
+
+BATCH = 10_000
+"""Most events shown in one go: a history arrives in a few large batches, each one layout."""
+DETACH_WINDOW = 2.0
+"""Seconds within which a second Ctrl-C on an idle session detaches."""
+
+HELP = "\n".join([
+    "Enter sends; Ctrl+J adds a line; Up/Down walk your history. A message sent while a turn runs steers it.",
+    "Esc interrupts the turn; Ctrl-C interrupts, or on an idle session, twice, detaches (the session goes on).",
+    "Tab in a cell or card: focus it; Enter expands a cell's output; on a refinement card r rolls back, a/x approve/reject.",
+    *(f"{name:<11} {text}" for name, text in COMMANDS.items()),
+])
+
+
+@dataclass
+class NewSession:
+    """How the app makes a session: the model settings of the command line."""
+
+    model: str | None = None
+    base_url: str | None = None
+    budget: dict | None = None
+
+
+class PrimeApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "Prime Agent"
+    BINDINGS = [
+        Binding("ctrl+c", "ctrl_c", "interrupt / detach", priority=True, show=False),
+        Binding("escape", "interrupt", "interrupt", show=False),
+        Binding("ctrl+o", "sessions", "sessions", show=False),
+    ]
+
+    def __init__(self, client: Client, cwd: Path, *, new: NewSession | None = None, session_id: str | None = None,
+                 choose: bool = False):
+        super().__init__()
+        self.client, self.cwd, self.new = client, cwd, new or NewSession()
+        self.start_with, self.choose = session_id, choose
+        self.session_id: str | None = None
+        self.state = "idle"
+        self.running_turn: str | None = None
+        self.last_ctrl_c = 0.0
+        self.events_seen = 0
+
+    def compose(self) -> ComposeResult:
+        yield Conversation(id="conversation")
+        with Vertical(id="bottom"):
+            yield CommandMenu(id="menu")
+            yield PromptInput(id="prompt")
+            yield StatusBar(id="status")
+
+    async def on_mount(self) -> None:
+        self.query_one(CommandMenu).display = False
+        self.query_one(PromptInput).focus()
+        if self.start_with:
+            await self.attach(self.start_with)
+        elif self.choose:
+            self.action_sessions()
+        else:
+            await self.new_session()
+
+    # --- sessions ------------------------------------------------------------------------------
+
+    async def new_session(self) -> None:
+        try:
+            s = await self.client.create_session(self.cwd, model=self.new.model, base_url=self.new.base_url,
+                                                 budget=self.new.budget)
+        except DaemonError as e:
+            await self.say(f"could not start a session: {e.message}", "error")
+            return
+        await self.attach(s["id"])
+
+    async def attach(self, session_id: str) -> None:
+        try:
+            info = await self.client.session(session_id)
+        except DaemonError as e:
+            await self.say(e.message, "error")
+            return
+        self.session_id = session_id
+        status = self.query_one(StatusBar)
+        status.session_id, status.model, status.state = session_id, info["model"], info["state"]
+        status.tokens = info["usage"]["prompt_tokens"] + info["usage"]["completion_tokens"]
+        status.cost, status.harness = info["usage"]["cost"], info.get("harness_version") or ""
+        self.state = info["state"]
+        self.sub_title = info["title"] or info["cwd"]
+        await self.query_one(Conversation).clear()
+        self.events_seen = 0
+        self.follow(session_id)
+
+    @work(exclusive=True, group="events")
+    async def follow(self, session_id: str) -> None:
+        """Show the session's events: all of its history, then live ones, in batches."""
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+
+        async def read() -> None:
+            async for event in self.client.events(session_id, reconnect=math.inf, on_connection=self._connection):
+                queue.put_nowait(event)
+
+        reader = asyncio.create_task(read())
+        conversation = self.query_one(Conversation)
+        try:
+            while True:
+                batch = [await queue.get()]
+                while not queue.empty() and len(batch) < BATCH:
+                    batch.append(queue.get_nowait())
+                if reader.done() and reader.exception():
+                    raise reader.exception()
+                for e in batch:
+                    self._track(e)
+                await conversation.apply(batch)
+                self.events_seen += len(batch)
+        finally:
+            reader.cancel()
+
+    def _connection(self, up: bool) -> None:
+        self.query_one(StatusBar).connected = up
+        if up:
+            self.notify("reconnected to the daemon; the event stream goes on where it stopped")
+        else:
+            self.notify("lost the daemon: reconnecting (it is started again if it is gone)", severity="error",
+                        timeout=10)
+
+    def _track(self, e: Event) -> None:
+        """Turn state, tokens and harness version for the status bar."""
+        status = self.query_one(StatusBar)
+        if e.type == "turn.started":
+            self.state, self.running_turn = "running", e.turn_id
+        elif e.type == "turn.queued" and self.state == "idle":
+            self.state = "queued"
+        elif e.type == "turn.finished" and e.turn_id == self.running_turn:
+            self.state, self.running_turn = "idle", None
+        elif e.type == "turn.finished" and self.state == "queued" and self.running_turn is None:
+            self.state = "idle"
+        elif e.type == "harness.reloaded":
+            status.harness = e.data.get("harness_version") or ""
+        if e.type == "turn.finished":
+            usage = e.data.get("usage") or {}
+            status.tokens += usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+            status.cost += usage.get("cost", 0.0)
+        status.state = self.state
+
+    async def say(self, text: str, kind: str = "info") -> None:
+        await self.query_one(Conversation).mount(Notice(text, kind))
+        self.query_one(Conversation).scroll_end(animate=False)
+
+    # --- input ---------------------------------------------------------------------------------
+
+    @on(PromptInput.Edited)
+    def follow_menu(self, event: PromptInput.Edited) -> None:
+        self.query_one(CommandMenu).filter(event.text)
+
+    def on_key(self, event) -> None:
+        menu, prompt = self.query_one(CommandMenu), self.query_one(PromptInput)
+        if event.key == "tab" and prompt.has_focus and menu.filter(prompt.text):  # the text as it is now
+            event.stop()
+            event.prevent_default()
+            if chosen := menu.chosen():
+                prompt.load_text(chosen + " ")
+                prompt.move_cursor(prompt.document.end)
+
+    @on(PromptInput.Submitted)
+    async def submit(self, event: PromptInput.Submitted) -> None:
+        self.query_one(CommandMenu).display = False
+        text = event.text
+        if text.startswith("/"):
+            await self.command(text)
+            return
+        if self.session_id is None:
+            await self.say("no session: /new starts one, /resume attaches", "error")
+            return
+        mode = "steer" if self.state == "running" else "prompt"
+        try:
+            await self.client.send(self.session_id, text, mode)
+        except DaemonError as e:
+            await self.say(f"not sent: {e.message}", "error")
+            return
+        if mode == "steer":  # it reaches the model at its next call (the events say when)
+            await self.query_one(Conversation).mount(UserMessage(text, label="you (steering)"))
+
+    async def command(self, text: str) -> None:  # noqa: C901 - one branch per command
+        name, _, arg = text.partition(" ")
+        arg = arg.strip()
+        sid = self.session_id
+        try:
+            if name == "/new":
+                await self.new_session()
+            elif name == "/resume":
+                await self.attach(arg) if arg else self.action_sessions()
+            elif name == "/sessions":
+                self.action_sessions()
+            elif name == "/model":
+                if arg and sid:
+                    info = await self.client.update(sid, model=arg)
+                    self.query_one(StatusBar).model = info["model"]
+                    await self.say(f"model: {info['model']} (from the next turn)")
+                else:
+                    await self.say(f"model: {self.query_one(StatusBar).model}; /model NAME switches")
+            elif name == "/refine" and sid:
+                r = await self.client.refine(sid, instructions=arg or None)
+                await self.say(r["message"])
+            elif name == "/harness" and sid:
+                self.push_screen(HarnessScreen(self.client, sid))
+            elif name == "/rollback" and sid:
+                await self.rollback(arg or None)
+            elif name == "/compact" and sid:
+                await self.say((await self.client.compact(sid))["message"])
+            elif name == "/interrupt":
+                await self.action_interrupt()
+            elif name == "/help":
+                await self.say(HELP)
+            elif name in COMMANDS:
+                await self.say(f"{name} needs a session: /new starts one", "error")
+            else:
+                await self.say(f"unknown command {name}; /help lists them", "error")
+        except DaemonError as e:
+            await self.say(f"{name}: {e.message}", "error")
+
+    async def rollback(self, refinement_id: str | None, card: RefinementCard | None = None) -> None:
+        cards = self.query_one(Conversation).cards
+        if card is None:
+            applied = [c for c in cards.values() if c.status == "applied"]
+            card = cards.get(refinement_id) if refinement_id else (applied[-1] if applied else None)
+        if card is None:
+            await self.say(f"no applied refinement {refinement_id or ''} in this session to roll back", "error")
+            return
+        for scope in card.scopes or ["project"]:
+            r = await self.client.rollback(card.refinement_id, scope=scope, session=self.session_id)
+            await self.say(f"rolled back {card.refinement_id} in the {scope} scope ({r['refinement_id']}); "
+                           "in force from the next turn")
+        card.set_status("rolled back")
+
+    @on(RefinementCard.Decided)
+    async def decided(self, event: RefinementCard.Decided) -> None:
+        try:
+            if event.action == "rollback":
+                await self.rollback(None, event.card)
+            else:
+                r = await self.client.decide(self.session_id, event.card.refinement_id, event.action == "approve")
+                event.card.set_status(r["status"])
+        except DaemonError as e:
+            await self.say(f"refinement {event.card.refinement_id}: {e.message}", "error")
+
+    @on(SubagentRow.Open)
+    async def open_child(self, event: SubagentRow.Open) -> None:
+        try:
+            t = await self.client.child_transcript(self.session_id, event.child_id)
+        except DaemonError as e:
+            await self.say(e.message, "error")
+            return
+        self.push_screen(TranscriptScreen(f"subagent {t['child']['name']}: {t['child']['task'][:60]}", t["records"]))
+
+    # --- keys ----------------------------------------------------------------------------------
+
+    async def action_interrupt(self) -> None:
+        if self.session_id and self.state in ("running", "queued"):
+            try:
+                await self.client.interrupt(self.session_id)
+            except DaemonError as e:
+                await self.say(f"interrupt: {e.message}", "error")
+            else:
+                self.notify("interrupting…")
+
+    async def action_ctrl_c(self) -> None:
+        if self.state in ("running", "queued"):
+            await self.action_interrupt()
+            return
+        now = time.monotonic()
+        if now - self.last_ctrl_c < DETACH_WINDOW:
+            self.exit(self.session_id)
+            return
+        self.last_ctrl_c = now
+        self.notify("Ctrl-C again to detach: the session stays in the daemon (prime-agent --resume)")
+
+    def action_sessions(self) -> None:
+        def chosen(session_id: str | None) -> None:
+            if session_id == "new":
+                self.run_worker(self.new_session())
+            elif session_id:
+                self.run_worker(self.attach(session_id))
+
+        self.push_screen(SessionsScreen(self.client, self.cwd), chosen)

@@ -1,0 +1,81 @@
+"""The sessions of this project (running, idle, saved): Enter attaches, d deletes, n starts a new one."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from daemon.client import Client, DaemonError
+
+
+class SessionsScreen(Screen[str | None]):
+    """Dismisses with the chosen session id, "new" for a new session, or None."""
+
+    BINDINGS = [
+        Binding("enter", "attach", "attach"),
+        Binding("d", "delete", "delete"),
+        Binding("n", "new", "new session"),
+        Binding("escape", "dismiss(None)", "back"),
+    ]
+
+    def __init__(self, client: Client, project: Path):
+        super().__init__()
+        self.client, self.project = client, project
+
+    def compose(self) -> ComposeResult:
+        yield Static(f"Sessions in {self.project}", classes="title")
+        yield DataTable(cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("session", "state", "turns", "tokens", "model", "title / cwd", "created")
+        await self.refresh_rows()
+        table.focus()
+
+    async def refresh_rows(self) -> None:
+        table = self.query_one(DataTable)
+        table.clear()
+        try:
+            sessions = await self.client.sessions()
+        except DaemonError as e:
+            self.notify(e.message, severity="error")
+            return
+        here = [s for s in sessions if Path(s["cwd"]).is_relative_to(self.project)]
+        for s in sorted(here, key=lambda s: -s["created"]):
+            tokens = s["usage"]["prompt_tokens"] + s["usage"]["completion_tokens"]
+            table.add_row(s["id"], s["state"], str(s["turns"]), f"{tokens:,}", s["model"],
+                          s["title"] or s["cwd"], time.strftime("%m-%d %H:%M", time.localtime(s["created"])), key=s["id"])
+
+    def _selected(self) -> str | None:
+        table = self.query_one(DataTable)
+        if table.row_count == 0:
+            return None
+        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+
+    def action_attach(self) -> None:
+        if chosen := self._selected():
+            self.dismiss(chosen)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.dismiss(event.row_key.value)
+
+    def action_new(self) -> None:
+        self.dismiss("new")
+
+    async def action_delete(self) -> None:
+        chosen = self._selected()
+        if chosen is None:
+            return
+        try:
+            await self.client.delete(chosen)
+        except DaemonError as e:
+            self.notify(e.message, severity="error")
+        else:
+            self.notify(f"deleted {chosen} (its files stay on disk)")
+        await self.refresh_rows()

@@ -1,0 +1,132 @@
+"""One code cell: its code highlighted, its output (collapsed past a few lines), errors, run time,
+and the subagents it spawned."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Group
+from rich.syntax import Syntax
+from rich.text import Text
+from textual import events
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import Static
+
+COLLAPSED_LINES = 8
+
+
+class CellView(Vertical):
+    """Enter (or a click) expands and collapses a long output."""
+
+    DEFAULT_CLASSES = "cell"
+    can_focus = True
+    BINDINGS = [Binding("enter", "toggle", "expand/collapse", show=False)]
+
+    def __init__(self, cell_id: str, code: str):
+        super().__init__()
+        self.cell_id, self.code = cell_id, code
+        self.output: list[tuple[str, str]] = []
+        self.result: dict | None = None
+        self.expanded = False
+        self._code = Static(Syntax(code, "python", theme="ansi_dark", background_color="default", word_wrap=True),
+                            classes="code")
+        self._out = Static(classes="output")
+        self.children_rows: dict[str, SubagentRow] = {}
+
+    def compose(self):
+        yield self._code
+        yield self._out
+
+    def on_mount(self) -> None:
+        self._render_output()
+
+    def add_output(self, stream: str, text: str) -> None:
+        self.output.append((stream, text))
+        if self.is_mounted:
+            self._render_output()
+
+    def finish(self, result: dict) -> None:
+        self.result = result
+        if self.is_mounted:
+            self._render_output()
+
+    def add_child(self, child_id: str, name: str) -> SubagentRow:
+        row = SubagentRow(child_id, name)
+        self.children_rows[child_id] = row
+        self.mount(row)
+        return row
+
+    def action_toggle(self) -> None:
+        self.expanded = not self.expanded
+        self._render_output()
+
+    def on_click(self) -> None:
+        self.action_toggle()
+
+    def _render_output(self) -> None:
+        text = Text()
+        for stream, chunk in self.output:
+            text.append(chunk, style="red" if stream == "stderr" else "")
+        r = self.result
+        if r is not None:
+            if r.get("result") is not None:
+                text.append(r["result"] + "\n")
+            if r.get("traceback"):
+                text.append(r["traceback"].rstrip("\n") + "\n", style="red")
+            elif r.get("error_name"):
+                text.append(f"{r['error_name']}: {r['error_value']}\n", style="red")
+        lines = text.split("\n", allow_blank=True)
+        if lines and not lines[-1].plain:
+            lines = lines[:-1]
+        hidden = len(lines) - COLLAPSED_LINES
+        if hidden > 0 and not self.expanded:
+            lines = lines[:COLLAPSED_LINES]
+        parts: list = [Text("\n").join(lines)] if lines else []
+        if hidden > 0:
+            parts.append(Text(f"… {hidden} more lines (enter to expand)" if not self.expanded
+                              else "(enter to collapse)", style="dim italic"))
+        if r is not None:
+            if r.get("kernel_message"):
+                parts.append(Text("kernel: " + r["kernel_message"], style="yellow"))
+            cut = sum((r.get("truncated") or {}).values())
+            parts.append(Text(f"{r.get('duration', 0):.2f}s" + (f" · {cut:,} characters cut" if cut else ""),
+                              style="dim"))
+        else:
+            parts.append(Text("running…", style="dim italic"))
+        self._out.update(Group(*parts))
+        self.set_class(bool(r and (r.get("error_name") or r.get("kernel_events"))), "failed")
+
+
+class SubagentRow(Static):
+    """A child agent under the cell that spawned it; Enter opens its transcript."""
+
+    can_focus = True
+    BINDINGS = [Binding("enter", "open", "open transcript", show=False)]
+
+    @dataclass
+    class Open(Message):
+        child_id: str
+
+    def __init__(self, child_id: str, name: str):
+        super().__init__(classes="subagent")
+        self.child_id, self.name_, self.status = child_id, name, "running"
+        self._show()
+
+    def finished(self, outcome: str, answer: str | None) -> None:
+        self.status = outcome
+        self.answer = answer
+        self._show()
+
+    def _show(self) -> None:
+        colour = {"running": "yellow", "completed": "green"}.get(self.status, "red")
+        self.update(Text.assemble("└─ subagent ", (self.name_, "bold"), " ", (self.status, colour),
+                                  ("  (enter: transcript)", "dim")))
+
+    def action_open(self) -> None:
+        self.post_message(self.Open(self.child_id))
+
+    def on_click(self, event: events.Click) -> None:
+        event.stop()  # not a click on the cell around it
+        self.action_open()

@@ -1,0 +1,72 @@
+"""Conversation entries that are text: the user's prompts, the assistant's words, notices."""
+
+from __future__ import annotations
+
+from rich.markdown import Markdown as RichMarkdown
+from rich.text import Text
+from textual.widgets import Static
+
+
+class UserMessage(Static):
+    """A prompt (or a steer) as the user sent it; `queued` until its turn begins."""
+
+    DEFAULT_CLASSES = "user"
+
+    def __init__(self, text: str, label: str = "you", queued: bool = False):
+        super().__init__()
+        self.text, self.label = text, label
+        self.set_class(queued, "queued")
+        self._show(queued)
+
+    def started(self) -> None:
+        self.remove_class("queued")
+        self._show(False)
+
+    def _show(self, queued: bool) -> None:
+        head = Text(f"{self.label}{' (queued)' if queued else ''} ", style="bold")
+        self.update(head + Text(self.text))
+
+
+class AssistantMessage(Static):
+    """The model's words, rendered as Markdown, growing as they stream in. One widget (Rich's
+    Markdown), not Textual's block-per-paragraph Markdown: a long history mounts in a fraction."""
+
+    DEFAULT_CLASSES = "assistant"
+
+    def __init__(self, text: str = ""):
+        super().__init__()
+        self.text = text
+        self._due = False
+
+    def on_mount(self) -> None:
+        self._show()
+
+    async def feed(self, fragment: str) -> None:
+        self.text += fragment
+        self._redraw()
+
+    async def finish(self, text: str) -> None:
+        """The whole message, as the model completed it."""
+        if text != self.text:
+            self.text = text
+            self._redraw()
+
+    def _redraw(self) -> None:
+        """Once per refresh however many fragments came: parsing Markdown per fragment is quadratic."""
+        if self.is_mounted and not self._due:
+            self._due = True
+            self.call_after_refresh(self._show)
+
+    def _show(self) -> None:
+        self._due = False
+        self.update(RichMarkdown(self.text))
+
+
+class Notice(Static):
+    """A line about the session rather than from it: errors, notes, retries, compactions."""
+
+    DEFAULT_CLASSES = "notice"
+
+    def __init__(self, text: str, kind: str = "info"):
+        super().__init__(Text(text))
+        self.add_class(kind)

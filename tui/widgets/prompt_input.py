@@ -1,0 +1,66 @@
+"""The multi-line prompt editor: Enter sends, Ctrl+J (or Shift+Enter) starts a new line, Up and
+Down on the first or last line walk through what was sent before."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import events
+from textual.message import Message
+from textual.widgets import TextArea
+
+
+class PromptInput(TextArea):
+    @dataclass
+    class Submitted(Message):
+        text: str
+
+    @dataclass
+    class Edited(Message):
+        """The text changed (the slash-command menu follows it)."""
+
+        text: str
+
+    def __init__(self, **kw):
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kw)
+        self.sent: list[str] = []
+        self._browsing: int | None = None
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            text = self.text.strip()
+            if text:
+                if not self.sent or self.sent[-1] != text:
+                    self.sent.append(text)
+                self._browsing = None
+                self.clear()
+                self.post_message(self.Submitted(text))
+            return
+        if event.key in ("ctrl+j", "shift+enter"):
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        if event.key == "up" and self.cursor_location[0] == 0 and self.sent:
+            event.stop()
+            event.prevent_default()
+            self._browse(-1)
+            return
+        if event.key == "down" and self.cursor_location[0] == self.document.line_count - 1 and self._browsing is not None:
+            event.stop()
+            event.prevent_default()
+            self._browse(+1)
+            return
+        await super()._on_key(event)
+
+    def _browse(self, step: int) -> None:
+        index = len(self.sent) if self._browsing is None else self._browsing
+        index = max(0, min(len(self.sent), index + step))
+        self._browsing = None if index == len(self.sent) else index
+        self.load_text("" if self._browsing is None else self.sent[index])
+        self.move_cursor(self.document.end)
+
+    def on_text_area_changed(self, event: TextArea.Changed) -> None:
+        self.post_message(self.Edited(self.text))

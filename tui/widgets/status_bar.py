@@ -1,0 +1,32 @@
+"""One line at the bottom: model, session, turn state, tokens and cost, harness version, and
+whether the daemon is reachable."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import Static
+
+
+class StatusBar(Static):
+    model = reactive("")
+    session_id = reactive("")
+    state = reactive("")
+    tokens = reactive(0)
+    cost = reactive(0.0)
+    harness = reactive("")
+    connected = reactive(True)
+
+    def render(self) -> Text:
+        link = ("● daemon", "green") if self.connected else ("○ daemon lost: reconnecting…", "bold red")
+        state_style = {"running": "bold yellow", "queued": "yellow", "idle": "green"}.get(self.state, "")
+        return Text.assemble(
+            link, " · ", (self.model or "-", "bold"), " · ", (self.state or "-", state_style),
+            " · ", f"{self.tokens:,} tok", f" ${self.cost:.2f}" if self.cost else "",
+            f" · harness {_short(self.harness)}" if self.harness else "", " · ", (self.session_id or "-", "dim"),
+        )
+
+
+def _short(version: str) -> str:
+    """`user@abc123… project@def456…` -> `user@abc123 project@def456` (each scope's commit, short)."""
+    return " ".join(part[: part.index("@") + 7] if "@" in part else part for part in version.split())
