@@ -93,6 +93,9 @@ class SessionRefiner:
         self.last_auto_turn = -10**9
         self.dir = session.dir / "refinements"
 
+    def use_model(self, model: Model) -> None:
+        self.refiner.complete = model_caller(model, self.s.config, self._account)
+
     def use_gate(self, gate) -> None:
         """A regression gate (`evals.gate.make_gate`) every refinement must pass before it applies."""
         self.refiner.gate = gate

@@ -359,6 +359,11 @@ class Session:
         self._trajectory.sync()
         return result
 
+    def use_model(self, model: Model, config: Config) -> None:
+        """Switch the model (between turns); the refiner plans with the new one too."""
+        self.model, self.config = model, config
+        self.refiner.use_model(model)
+
     # --- the harness -------------------------------------------------------------------------
 
     def _system_prompt(self) -> str:

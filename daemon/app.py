@@ -159,6 +159,8 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
                     if frames:
                         yield frames
                     if batch[-1] is None:  # the session was deleted, the daemon stops, or this client fell behind
+                        if manager.stopping:  # said, so a client waits for it rather than starting another
+                            yield "event: stopping\ndata: {}\n\n"
                         return
             finally:
                 managed.unsubscribe(sub)
@@ -301,7 +303,7 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
                 rid = live.rollback(req.ref, req.scope, req.to)
                 change = next(c for c in live.harness.store(req.scope).log(5) if c.refinement_id == rid)
             else:
-                harness, _ = harness_for(req.session, None)
+                harness, _ = harness_for(req.session, req.project)
                 try:
                     store = _scope(harness, req.scope)
                     rollback = store.rollback_to if req.to else store.rollback

@@ -181,24 +181,28 @@ class Client:
             try:
                 async with self._http.stream("GET", f"/v1/sessions/{session_id}/events", headers=headers,
                                              timeout=httpx2.Timeout(10.0, read=None)) as r:
-                    if r.status_code == 503:  # the daemon is stopping: it will be back
+                    if r.status_code == 503:  # stopped on purpose: wait for it, do not start another
+                        restarted = True
                         raise httpx2.TransportError("the daemon is stopping")
                     if r.status_code >= 400:
                         raise _error(r.status_code, await r.aread())
                     if down_since is not None and on_connection:
                         on_connection(True)
-                    down_since = None
-                    async for data in _sse_data(r):
+                    down_since, restarted = None, False
+                    async for kind, data in _sse_data(r):
+                        if kind == "stopping":  # stopped on purpose: wait for it, do not start another
+                            restarted = True
+                            continue
                         event = Event.model_validate_json(data)
                         last = event.seq
                         yield event
             except (httpx2.TransportError, FileNotFoundError) as e:
                 if down_since is None:
-                    down_since, restarted = time.monotonic(), False
+                    down_since = time.monotonic()
                     if on_connection:
                         on_connection(False)
                 if self.autostart and not restarted and isinstance(e, httpx2.ConnectError | FileNotFoundError):
-                    restarted = True  # once an outage: the daemon is gone, not merely stopping
+                    restarted = True  # once an outage, and not after a deliberate stop (a 503 first)
                     with contextlib.suppress(DaemonUnavailable):
                         await self.start_daemon()
                 if time.monotonic() - down_since >= reconnect:
@@ -213,10 +217,10 @@ class Client:
         raise AssertionError("unreachable: the event stream does not end")
 
 
-async def _sse_data(response: httpx2.Response) -> AsyncIterator[bytes]:
-    """The data of each Server-Sent Event. Lines end only at LF (or CRLF), so a U+2028 inside an
-    event's JSON does not split it (str.splitlines would)."""
-    buffer, data = b"", []
+async def _sse_data(response: httpx2.Response) -> AsyncIterator[tuple[str, bytes]]:
+    """(event type, data) of each Server-Sent Event. Lines end only at LF (or CRLF), so a U+2028
+    inside an event's JSON does not split it (str.splitlines would)."""
+    buffer, data, kind = b"", [], "message"
     async for chunk in response.aiter_bytes():
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
@@ -224,9 +228,11 @@ async def _sse_data(response: httpx2.Response) -> AsyncIterator[bytes]:
             line = line.removesuffix(b"\r")
             if line.startswith(b"data:"):
                 data.append(line[5:].removeprefix(b" "))
+            elif line.startswith(b"event:"):
+                kind = line[6:].strip().decode()
             elif not line and data:
-                yield b"\n".join(data)
-                data = []
+                yield kind, b"\n".join(data)
+                data, kind = [], "message"
 
 
 def _params(**kw: Any) -> dict[str, Any]:

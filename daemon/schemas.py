@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,6 +31,7 @@ class SessionInfo(BaseModel):
     base_url: str | None
     title: str | None
     created: float
+    updated: float = Field(description="Last prompt or turn end (or creation).")
     state: SessionState
     turns: int = Field(description="Turns begun so far.")
     queued: int = Field(description="Prompts waiting behind the running turn.")
@@ -89,6 +90,7 @@ class Rollback(_Body):
     scope: Literal["user", "project", "session"] = "user"
     to: bool = Field(False, description="Restore the whole scope as it was at `ref`, not undo one change.")
     session: str | None = Field(None, description="The session whose session or project scope is meant.")
+    project: str | None = Field(None, description="The project whose project scope is meant (without `session`).")
 
 
 class RolledBack(BaseModel):
@@ -122,5 +124,3 @@ class ErrorDetail(BaseModel):
 class ErrorBody(BaseModel):
     error: ErrorDetail
 
-
-Json = dict[str, Any]

@@ -69,8 +69,11 @@ class SessionMeta(BaseModel):
     queued: list[QueuedTurn] = []
     """Prompts waiting behind the running turn (a restart closes them, said so)."""
     usage: Usage = Usage()
+    updated: float = 0.0
+    """When the session was last prompted or finished a turn."""
 
     def save(self, directory: Path) -> None:
+        self.updated = time.time()
         tmp = directory / "session.json.tmp"
         with open(tmp, "w") as f:
             f.write(self.model_dump_json(indent=1))
@@ -124,7 +127,7 @@ class ManagedSession:
         return SessionInfo(
             id=m.id, cwd=m.cwd, model=m.model, base_url=m.base_url, title=m.title, created=m.created, state=state,
             turns=m.turns, queued=len(m.queued), last_seq=self.journal.last_seq, usage=m.usage, dir=str(self.dir),
-            harness_version=self.session.harness_version if self.session else None,
+            harness_version=self.session.harness_version if self.session else None, updated=m.updated or m.created,
         )
 
     # --- events ------------------------------------------------------------------------------
@@ -269,8 +272,7 @@ class ManagedSession:
                 raise ApiError(400, "bad_config", str(e)) from None
             if self.session is not None:
                 old, self.model = self.model, OpenAIModel(config.model)
-                self.session.model = self.model
-                self.session.config = config
+                self.session.use_model(self.model, config)
                 if old is not None:
                     await old.close()
             self.meta.overrides, self.meta.model = overrides, model

@@ -21,6 +21,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 
+from agent.config import home
 from agent.types import Event
 from daemon.client import Client, DaemonError
 from tui.screens.harness import HarnessScreen
@@ -42,7 +43,8 @@ DETACH_WINDOW = 2.0
 HELP = "\n".join([
     "Enter sends; Ctrl+J adds a line; Up/Down walk your history. A message sent while a turn runs steers it.",
     "Esc interrupts the turn; Ctrl-C interrupts, or on an idle session, twice, detaches (the session goes on).",
-    "Tab in a cell or card: focus it; Enter expands a cell's output; on a refinement card r rolls back, a/x approve/reject.",
+    "Tab moves the focus to cells and cards (typing always goes back to the prompt): Enter on a cell shows all",
+    "its output; on a refinement card r rolls back, a/x approve/reject. Ctrl+O: sessions. PgUp/PgDn scroll.",
     *(f"{name:<11} {text}" for name, text in COMMANDS.items()),
 ])
 
@@ -63,6 +65,8 @@ class PrimeApp(App):
         Binding("ctrl+c", "ctrl_c", "interrupt / detach", priority=True, show=False),
         Binding("escape", "interrupt", "interrupt", show=False),
         Binding("ctrl+o", "sessions", "sessions", show=False),
+        Binding("pageup", "scroll('up')", show=False, priority=True),
+        Binding("pagedown", "scroll('down')", show=False, priority=True),
     ]
 
     def __init__(self, client: Client, cwd: Path, *, new: NewSession | None = None, session_id: str | None = None,
@@ -80,7 +84,7 @@ class PrimeApp(App):
         yield Conversation(id="conversation")
         with Vertical(id="bottom"):
             yield CommandMenu(id="menu")
-            yield PromptInput(id="prompt")
+            yield PromptInput(id="prompt", history_file=home() / "prompt-history.jsonl")
             yield StatusBar(id="status")
 
     async def on_mount(self) -> None:
@@ -113,8 +117,8 @@ class PrimeApp(App):
         self.session_id = session_id
         status = self.query_one(StatusBar)
         status.session_id, status.model, status.state = session_id, info["model"], info["state"]
-        status.tokens = info["usage"]["prompt_tokens"] + info["usage"]["completion_tokens"]
-        status.cost, status.harness = info["usage"]["cost"], info.get("harness_version") or ""
+        status.tokens, status.cost = 0, 0.0  # the replay adds up every turn's usage
+        status.harness = info.get("harness_version") or ""
         self.state = info["state"]
         self.sub_title = info["title"] or info["cwd"]
         await self.query_one(Conversation).clear()
@@ -149,9 +153,10 @@ class PrimeApp(App):
     def _connection(self, up: bool) -> None:
         self.query_one(StatusBar).connected = up
         if up:
+            self.clear_notifications()
             self.notify("reconnected to the daemon; the event stream goes on where it stopped")
         else:
-            self.notify("lost the daemon: reconnecting (it is started again if it is gone)", severity="error",
+            self.notify("lost the daemon: reconnecting (it is started again if it died)", severity="error",
                         timeout=10)
 
     def _track(self, e: Event) -> None:
@@ -184,32 +189,51 @@ class PrimeApp(App):
         self.query_one(CommandMenu).filter(event.text)
 
     def on_key(self, event) -> None:
+        if self.screen is not self.screen_stack[0]:
+            return
         menu, prompt = self.query_one(CommandMenu), self.query_one(PromptInput)
-        if event.key == "tab" and prompt.has_focus and menu.filter(prompt.text):  # the text as it is now
-            event.stop()
-            event.prevent_default()
-            if chosen := menu.chosen():
+        if prompt.has_focus and menu.filter(prompt.text):  # the menu follows the text as it is now
+            if event.key in ("tab", "up", "down", "escape"):
+                event.stop()
+                event.prevent_default()
+            if event.key == "tab" and (chosen := menu.chosen()):
                 prompt.load_text(chosen + " ")
                 prompt.move_cursor(prompt.document.end)
+            elif event.key in ("up", "down"):
+                menu.action_cursor_up() if event.key == "up" else menu.action_cursor_down()
+            elif event.key == "escape":
+                menu.display = False
+            return
+        focused = self.focused
+        if event.is_printable and not prompt.has_focus and not (
+            isinstance(focused, RefinementCard) and event.key in ("r", "a", "x")
+        ):  # typing goes to the prompt, wherever the focus was
+            event.stop()
+            event.prevent_default()
+            prompt.focus()
+            prompt.insert(event.character or "")
 
     @on(PromptInput.Submitted)
     async def submit(self, event: PromptInput.Submitted) -> None:
         self.query_one(CommandMenu).display = False
         text = event.text
-        if text.startswith("/"):
+        if text.split(" ", 1)[0] in COMMANDS:
             await self.command(text)
             return
         if self.session_id is None:
             await self.say("no session: /new starts one, /resume attaches", "error")
             return
         mode = "steer" if self.state == "running" else "prompt"
+        conversation = self.query_one(Conversation)
+        conversation.scroll_end(animate=False)  # what you send, and its answer, are what you want to see
         try:
             await self.client.send(self.session_id, text, mode)
         except DaemonError as e:
             await self.say(f"not sent: {e.message}", "error")
             return
         if mode == "steer":  # it reaches the model at its next call (the events say when)
-            await self.query_one(Conversation).mount(UserMessage(text, label="you (steering)"))
+            await conversation.mount(UserMessage(text, label="you (steering)"))
+            conversation.scroll_end(animate=False)
 
     async def command(self, text: str) -> None:  # noqa: C901 - one branch per command
         name, _, arg = text.partition(" ")
@@ -244,8 +268,7 @@ class PrimeApp(App):
                 await self.say(HELP)
             elif name in COMMANDS:
                 await self.say(f"{name} needs a session: /new starts one", "error")
-            else:
-                await self.say(f"unknown command {name}; /help lists them", "error")
+
         except DaemonError as e:
             await self.say(f"{name}: {e.message}", "error")
 
@@ -255,7 +278,8 @@ class PrimeApp(App):
             applied = [c for c in cards.values() if c.status == "applied"]
             card = cards.get(refinement_id) if refinement_id else (applied[-1] if applied else None)
         if card is None:
-            await self.say(f"no applied refinement {refinement_id or ''} in this session to roll back", "error")
+            await self.say(f"no applied refinement {refinement_id or ''}".rstrip() + " in this session to roll back",
+                           "error")
             return
         for scope in card.scopes or ["project"]:
             r = await self.client.rollback(card.refinement_id, scope=scope, session=self.session_id)
@@ -305,6 +329,15 @@ class PrimeApp(App):
         self.last_ctrl_c = now
         self.notify("Ctrl-C again to detach: the session stays in the daemon (prime-agent --resume)")
 
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action == "scroll":  # PgUp/PgDn scroll the conversation; on other screens their widgets have them
+            return self.screen is self.screen_stack[0]
+        return True
+
+    def action_scroll(self, direction: str) -> None:
+        conversation = self.query_one(Conversation)
+        conversation.scroll_page_up() if direction == "up" else conversation.scroll_page_down()
+
     def action_sessions(self) -> None:
         def chosen(session_id: str | None) -> None:
             if session_id == "new":
@@ -312,4 +345,4 @@ class PrimeApp(App):
             elif session_id:
                 self.run_worker(self.attach(session_id))
 
-        self.push_screen(SessionsScreen(self.client, self.cwd), chosen)
+        self.push_screen(SessionsScreen(self.client, self.cwd, self.session_id), chosen)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
+
+import pytest
 
 from textual.widgets import DataTable
 
 from daemon.client import Client
 from tests.daemon.conftest import running_daemon
+from tests.tui.snapshots import assert_snapshot
 from tui.app import NewSession, PrimeApp
 from tui.screens.harness import HarnessScreen
 from tui.screens.sessions import SessionsScreen
@@ -143,3 +147,38 @@ async def test_a_daemon_that_goes_away_shows_disconnected_and_the_app_recovers(p
                 assert any("resumed" in str(n.render()) for n in app.query(Notice))
     finally:
         await client.close()
+
+
+@pytest.fixture
+def fixed_project():
+    """The same path every run, so what the screens show (and wrap) is the same every run."""
+    root = Path("/tmp/prime-agent-snapshot-project")
+    shutil.rmtree(root, ignore_errors=True)
+    (root / ".git").mkdir(parents=True)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_snapshots_of_the_main_screens_at_80x24(daemon: Client, fixed_project: Path, model_server):
+    app = app_for(daemon, fixed_project, model_server)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        app.query_one("#prompt").load_text("run: for i in range(12): print('line', i)")
+        await pilot.press("enter")
+        await until(pilot, lambda: app.state == "idle" and len(app.query(AssistantMessage)) == 1)
+        await pilot.pause()
+        assert_snapshot(app, "chat")
+        await type_and_send(pilot, "/refine")
+        await until(pilot, lambda: len(app.query(RefinementCard)) == 1)
+        await pilot.pause()
+        assert_snapshot(app, "refinement")
+        await type_and_send(pilot, "/harness")
+        await until(pilot, lambda: isinstance(app.screen, HarnessScreen))
+        await until(pilot, lambda: app.screen.query_one("Tree").root.children)
+        await pilot.press("down", "down", "enter")
+        await pilot.pause(0.3)
+        assert_snapshot(app, "harness")
+        await pilot.press("escape")
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, SessionsScreen) and app.screen.query_one(DataTable).row_count)
+        assert_snapshot(app, "sessions")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
@@ -9,6 +10,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Markdown, Static, Tree
 
 from daemon.client import Client, DaemonError
+
+
+PLURAL = {"prompt": "prompt notes", "memory": "memories", "skill": "skills", "subagent": "subagents"}
 
 
 class HarnessScreen(ModalScreen[None]):
@@ -36,9 +40,10 @@ class HarnessScreen(ModalScreen[None]):
             return
         kinds: dict[str, object] = {}
         for row in sorted(entries, key=lambda r: (r["kind"], r["id"])):
-            node = kinds.get(row["kind"]) or tree.root.add(row["kind"] + "s", expand=True)
+            node = kinds.get(row["kind"]) or tree.root.add(PLURAL.get(row["kind"], row["kind"]), expand=True)
             kinds[row["kind"]] = node
-            node.add_leaf(f"{row['id']}  [{row['scope']}]  {row.get('title') or ''}", data=row["id"])
+            label = Text.assemble(row["id"], "  ", (row["scope"], "dim"), "  ", row.get("title") or "")
+            node.add_leaf(label, data=row["id"])
         if not entries:
             tree.root.add_leaf("(no entries yet: the refiner and you add them)")
         tree.focus()

@@ -23,18 +23,20 @@ class SessionsScreen(Screen[str | None]):
         Binding("escape", "dismiss(None)", "back"),
     ]
 
-    def __init__(self, client: Client, project: Path):
+    def __init__(self, client: Client, project: Path, current: str | None = None):
         super().__init__()
-        self.client, self.project = client, project
+        self.client, self.project, self.current = client, project, current
+        self._armed: str | None = None
+        """The session a first `d` asked to delete; a second `d` on it deletes."""
 
     def compose(self) -> ComposeResult:
-        yield Static(f"Sessions in {self.project}", classes="title")
+        yield Static(f"Sessions in {self.project}  (enter: attach)", classes="title")
         yield DataTable(cursor_type="row", zebra_stripes=True)
         yield Footer()
 
     async def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("session", "state", "turns", "tokens", "model", "title / cwd", "created")
+        table.add_columns("session", "state", "turns", "tokens", "model", "created", "title")
         await self.refresh_rows()
         table.focus()
 
@@ -49,8 +51,9 @@ class SessionsScreen(Screen[str | None]):
         here = [s for s in sessions if Path(s["cwd"]).is_relative_to(self.project)]
         for s in sorted(here, key=lambda s: -s["created"]):
             tokens = s["usage"]["prompt_tokens"] + s["usage"]["completion_tokens"]
-            table.add_row(s["id"], s["state"], str(s["turns"]), f"{tokens:,}", s["model"],
-                          s["title"] or s["cwd"], time.strftime("%m-%d %H:%M", time.localtime(s["created"])), key=s["id"])
+            mark = "▶ " if s["id"] == self.current else "  "
+            table.add_row(mark + s["id"], s["state"], str(s["turns"]), f"{tokens:,}", s["model"],
+                          time.strftime("%m-%d %H:%M", time.localtime(s["created"])), s["title"] or "", key=s["id"])
 
     def _selected(self) -> str | None:
         table = self.query_one(DataTable)
@@ -72,6 +75,14 @@ class SessionsScreen(Screen[str | None]):
         chosen = self._selected()
         if chosen is None:
             return
+        if chosen == self.current:
+            self.notify("this is the session you are in: attach another (or n for a new one) first", severity="warning")
+            return
+        if self._armed != chosen:
+            self._armed = chosen
+            self.notify(f"d again to delete {chosen} (its kernel stops; its files stay)")
+            return
+        self._armed = None
         try:
             await self.client.delete(chosen)
         except DaemonError as e:

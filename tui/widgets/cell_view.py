@@ -38,6 +38,7 @@ class CellView(Vertical):
     def compose(self):
         yield self._code
         yield self._out
+        yield from self.children_rows.values()  # rows added before the cell was on screen
 
     def on_mount(self) -> None:
         self._render_output()
@@ -52,11 +53,10 @@ class CellView(Vertical):
         if self.is_mounted:
             self._render_output()
 
-    def add_child(self, child_id: str, name: str) -> SubagentRow:
-        row = SubagentRow(child_id, name)
-        self.children_rows[child_id] = row
-        self.mount(row)
-        return row
+    async def add_child(self, row: SubagentRow) -> None:
+        self.children_rows[row.child_id] = row
+        if self.is_mounted:
+            await self.mount(row)
 
     def action_toggle(self) -> None:
         self.expanded = not self.expanded
@@ -81,18 +81,24 @@ class CellView(Vertical):
         if lines and not lines[-1].plain:
             lines = lines[:-1]
         hidden = len(lines) - COLLAPSED_LINES
-        if hidden > 0 and not self.expanded:
-            lines = lines[:COLLAPSED_LINES]
-        parts: list = [Text("\n").join(lines)] if lines else []
-        if hidden > 0:
+        running = r is None
+        if hidden > 0 and not self.expanded:  # running: the latest lines (progress); done: the first
+            lines = lines[-COLLAPSED_LINES:] if running else lines[:COLLAPSED_LINES]
+        parts: list = []
+        if hidden > 0 and running and not self.expanded:
+            parts.append(Text(f"… {hidden} earlier lines", style="dim italic"))
+        if lines:
+            parts.append(Text("\n").join(lines))
+        if hidden > 0 and not running:
             parts.append(Text(f"… {hidden} more lines (enter to expand)" if not self.expanded
                               else "(enter to collapse)", style="dim italic"))
         if r is not None:
             if r.get("kernel_message"):
                 parts.append(Text("kernel: " + r["kernel_message"], style="yellow"))
             cut = sum((r.get("truncated") or {}).values())
-            parts.append(Text(f"{r.get('duration', 0):.2f}s" + (f" · {cut:,} characters cut" if cut else ""),
-                              style="dim"))
+            if "duration" in r:
+                parts.append(Text(f"{r['duration']:.2f}s" + (f" · {cut:,} characters cut" if cut else ""),
+                                  style="dim"))
         else:
             parts.append(Text("running…", style="dim italic"))
         self._out.update(Group(*parts))

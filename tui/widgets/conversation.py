@@ -99,9 +99,8 @@ class Conversation(VerticalScroll):
             cell = self.last_cell.get(turn)
             row = SubagentRow(d["id"], d["name"])
             self.children_rows[d["id"]] = row
-            if cell is not None and cell.is_mounted:
-                cell.children_rows[d["id"]] = row
-                await cell.mount(row)
+            if cell is not None:
+                await cell.add_child(row)
                 return None
             return row
         if e.type == "subagent.finished":
@@ -129,10 +128,10 @@ class Conversation(VerticalScroll):
             card = self.cards[d["id"]] = RefinementCard(d["id"], status, d.get("summary", ""), d.get("diff") or "",
                                                         d.get("scopes") or [], d.get("reason") or "")
             return card
-        if e.type == "refinement.rolled_back":
-            if card := self.cards.get(d.get("id") or ""):
+        if e.type == "refinement.rolled_back":  # ref: the change undone; id: the rollback's own
+            if card := self.cards.get(d.get("ref") or ""):
                 card.set_status("rolled back")
-            return Notice(f"rolled back {d.get('id') or d.get('ref')} ({d.get('scope')} scope)", "info")
+            return Notice(f"rolled back {d.get('ref')} ({d.get('scope')} scope)", "info")
         return Notice(_describe(e), "error" if e.type == "error" else "info")
 
 

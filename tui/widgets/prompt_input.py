@@ -1,9 +1,12 @@
 """The multi-line prompt editor: Enter sends, Ctrl+J (or Shift+Enter) starts a new line, Up and
-Down on the first or last line walk through what was sent before."""
+Down on the first or last line walk through what was sent before (kept across runs, one JSON
+string per line in `history_file`); a draft comes back when you walk past the newest."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from textual import events
 from textual.message import Message
@@ -21,10 +24,14 @@ class PromptInput(TextArea):
 
         text: str
 
-    def __init__(self, **kw):
+    KEPT = 500
+
+    def __init__(self, history_file: Path | None = None, **kw):
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kw)
-        self.sent: list[str] = []
+        self.history_file = history_file
+        self.sent: list[str] = _load(history_file)[-self.KEPT:] if history_file else []
         self._browsing: int | None = None
+        self._draft = ""
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":
@@ -34,6 +41,7 @@ class PromptInput(TextArea):
             if text:
                 if not self.sent or self.sent[-1] != text:
                     self.sent.append(text)
+                    self._remember(text)
                 self._browsing = None
                 self.clear()
                 self.post_message(self.Submitted(text))
@@ -56,11 +64,37 @@ class PromptInput(TextArea):
         await super()._on_key(event)
 
     def _browse(self, step: int) -> None:
+        if self._browsing is None:
+            self._draft = self.text
         index = len(self.sent) if self._browsing is None else self._browsing
         index = max(0, min(len(self.sent), index + step))
         self._browsing = None if index == len(self.sent) else index
-        self.load_text("" if self._browsing is None else self.sent[index])
+        self.load_text(self._draft if self._browsing is None else self.sent[index])
         self.move_cursor(self.document.end)
+
+    def _remember(self, text: str) -> None:
+        if self.history_file is None:
+            return
+        try:
+            self.history_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.history_file, "a") as f:
+                f.write(json.dumps(text) + "\n")
+        except OSError:
+            pass  # a read-only home loses the history, not the prompt
 
     def on_text_area_changed(self, event: TextArea.Changed) -> None:
         self.post_message(self.Edited(self.text))
+
+
+def _load(path: Path) -> list[str]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a torn last line
+    return [t for t in out if isinstance(t, str)]

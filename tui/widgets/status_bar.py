@@ -22,8 +22,8 @@ class StatusBar(Static):
         state_style = {"running": "bold yellow", "queued": "yellow", "idle": "green"}.get(self.state, "")
         return Text.assemble(
             link, " · ", (self.model or "-", "bold"), " · ", (self.state or "-", state_style),
-            " · ", f"{self.tokens:,} tok", f" ${self.cost:.2f}" if self.cost else "",
-            f" · harness {_short(self.harness)}" if self.harness else "", " · ", (self.session_id or "-", "dim"),
+            " · ", f"{self.tokens:,} tok", f" ${self.cost:.2f}" if self.cost else "", " · ",
+            (self.session_id or "-", "dim"), f" · harness {_short(self.harness)}" if self.harness else "",
         )
 
 
