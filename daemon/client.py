@@ -20,6 +20,7 @@ import inspect
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -67,7 +68,10 @@ class Client:
 
     async def start_daemon(self, tcp: str | None = None, timeout: float = 30.0) -> None:
         """Start the daemon in the background and wait until it answers."""
-        spawn(tcp)
+        process = spawn(tcp)
+        # Reap it when it exits, so a daemon stopped while this client lives leaves no zombie
+        # (which would look alive to a pid check).
+        threading.Thread(target=process.wait, daemon=True, name="reap-daemon").start()
         deadline = time.monotonic() + timeout
         while True:
             await asyncio.sleep(0.05)

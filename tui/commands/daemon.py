@@ -64,9 +64,7 @@ def _stop(args: argparse.Namespace) -> int:
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if daemon_pid() is None:  # its lock is free: it has exited
             print(f"daemon stopped (pid {pid})")
             return 0
         time.sleep(0.05)
