@@ -34,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
     _add_harness(sub)
     _add_daemon(sub)
+    rate = sub.add_parser("rate", help="rate a session 0..1: the reward its training samples carry")
+    rate.add_argument("session", help="session id, directory, or 'last'")
+    rate.add_argument("score", type=float)
+    rate.add_argument("--note", default="", help="why (kept beside the score)")
 
     refine = sub.add_parser("refine", help="refine the harness from a session, or decide a pending refinement")
     refine.add_argument("what", metavar="SESSION|approve|reject", help="a session id (or 'last'), or approve/reject")
@@ -61,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         p_ = rl_sub.add_parser(name, help=text)
         p_.add_argument("config", help="a TOML run config, e.g. examples/reverse_text/config.toml")
         p_.add_argument("overrides", nargs=argparse.REMAINDER, help="--section.field VALUE ...")
+    ingest = rl_sub.add_parser("ingest", help="turn session trajectories into token-level training samples")
+    ingest.add_argument("sessions", nargs="*", metavar="SESSION", help="session ids or directories ('last' works)")
+    ingest.add_argument("--all", action="store_true", help="every session under $PRIME_AGENT_HOME/sessions")
+    ingest.add_argument("--rubric", metavar="FILE.py:FUNC", help="reward unrated sessions with FUNC(records) -> float")
+    ingest.add_argument("-o", "--output", default="samples.jsonl", help="JSONL file to write (default samples.jsonl)")
     serve = rl_sub.add_parser("serve", help="an OpenAI-compatible server for the policy")
     serve.add_argument("--checkpoint", help="a checkpoint directory (default: fresh weights)")
     serve.add_argument("--host", default="127.0.0.1")
@@ -146,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         from tui.commands.rl import main as command
     elif args.command == "eval":
         from tui.commands.eval import main as command
+    elif args.command == "rate":
+        from tui.commands.rl import rate as command
     elif args.command == "daemon":
         from tui.commands.daemon import main as command
     elif args.command in ("sessions", "send", "attach", "kernel"):

@@ -1,12 +1,15 @@
-"""`prime-agent rl train|sft CONFIG [--section.field VALUE ...]` and `prime-agent rl serve`."""
+"""`prime-agent rl train|sft CONFIG [--section.field VALUE ...]`, `rl serve`, `rl ingest`, and `rate`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.action == "ingest":
+        return ingest(args)
     if args.action == "serve":
         from rl.serve import main as serve
 
@@ -26,4 +29,45 @@ def main(args: argparse.Namespace) -> int:
     if history:
         first, last = history[0]["reward_mean"], history[-1]["reward_mean"]
         print(f"reward {first:.3f} -> {last:.3f} over {len(history)} steps; run in {cfg.train.out}")
+    return 0
+
+
+def _session_dir(ref: str) -> Path:
+    from tui.commands.trajectory import find_trajectory
+
+    return find_trajectory(ref).parent
+
+
+def ingest(args: argparse.Namespace) -> int:
+    from agent.config import home
+    from agent.trajectory import TrajectoryError
+    from rl.data import ingest as run, load_rubric, write
+
+    try:
+        dirs = ([p.parent for p in sorted((home() / "sessions").glob("*/trajectory.jsonl"))] if args.all
+                else [_session_dir(s) for s in args.sessions])
+        if not dirs:
+            raise ValueError("name sessions to ingest, or pass --all")
+        samples, counts = run(dirs, load_rubric(args.rubric) if args.rubric else None)
+    except (FileNotFoundError, ValueError, TrajectoryError) as e:
+        print(f"prime-agent: {e}", file=sys.stderr)
+        return 2
+    write(samples, Path(args.output))
+    print(f"{counts.samples} samples, {counts.trainable_tokens:,} trainable tokens from {counts.sessions} sessions "
+          f"-> {args.output}")
+    print(f"replies {counts.replies}: {counts.skipped_no_logprobs} without logprobs (skipped, kept as masked text); "
+          f"chains cut {counts.splits}; samples without a reward {counts.unrewarded} "
+          "(rate them: prime-agent rate SESSION 0..1, or pass --rubric)")
+    return 0
+
+
+def rate(args: argparse.Namespace) -> int:
+    from rl.data import rate as record
+
+    try:
+        record(_session_dir(args.session), args.score, args.note)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"prime-agent: {e}", file=sys.stderr)
+        return 2
+    print(f"rated {args.session}: {args.score:g}")
     return 0

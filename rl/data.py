@@ -1,0 +1,209 @@
+"""Session trajectories → token-level training samples.
+
+A sample is the token sequence the policy saw, with a loss mask that is True exactly on the
+tokens the policy sampled (with their inference logprobs) and False on everything the harness
+inserted: system prompt, user text, tool and cell output, and the chat template's own tokens.
+
+One sample spans as many model calls as extend each other: call k+1's request is call k's
+request plus its sampled tokens plus what the harness appended. The chain is cut (a new sample
+begins, its history masked) where that stops being true: a compaction, a rebuilt system prompt,
+or a reply whose tokens differ from how the template renders it back (a stop string, a length
+cut, bytes that were not valid UTF-8). Replies recorded without token ids and logprobs are
+never guessed: they stay in the history as masked text and are counted.
+
+Rendering follows the byte-level policy's chat template (`rl.model.ByteTokenizer.chat`), the
+model `prime-agent rl serve` serves.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from agent.trajectory import (
+    CompactionRecord, MessageRecord, Record, SessionRecord, SystemPromptRecord, read_records,
+)
+from agent.types import Message
+from rl.model import ByteTokenizer
+
+RATING_FILE = "rating.json"
+Rubric = Callable[[list[Record]], float]
+
+
+@dataclass
+class TokenSample:
+    session_id: str
+    ids: list[int]
+    mask: list[bool]
+    """True where the policy sampled the token (trainable); False where the harness inserted it."""
+    logprobs: list[float]
+    """The inference logprob of each sampled token; 0.0 where masked."""
+    harness_version: str | None
+    turns: list[str] = field(default_factory=list)
+    reward: float | None = None
+
+    @property
+    def trainable(self) -> int:
+        return sum(self.mask)
+
+
+@dataclass
+class IngestCounts:
+    sessions: int = 0
+    samples: int = 0
+    trainable_tokens: int = 0
+    replies: int = 0
+    """Assistant replies seen in the sessions' contexts."""
+    skipped_no_logprobs: int = 0
+    splits: int = 0
+    """Chains cut: compaction, a rebuilt system prompt, or a reply the template does not render back."""
+    unrewarded: int = 0
+
+
+class _Chain:
+    """The sample being built: the request so far, and what in it was sampled."""
+
+    def __init__(self, tok: ByteTokenizer, messages: list[Message], session_id: str, version: str | None):
+        self.tok = tok
+        self.sample = TokenSample(session_id, [tok.BOS], [False], [0.0], version)
+        for m in messages:
+            self.add_inserted(m)
+
+    def _extend(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
+        self.sample.ids += ids
+        self.sample.mask += [sampled] * len(ids)
+        self.sample.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+    def add_inserted(self, m: Message) -> None:
+        role = m.role if m.role in self.tok.ROLES else "user"  # tool results read as user text
+        self._extend([self.tok.ROLES[role], *self.tok.encode(_text(m)), self.tok.END], sampled=False)
+
+    def add_sampled(self, m: Message, turn: str | None) -> bool:
+        """Append a reply as sampled; True when the template renders it back to the same tokens
+        (so the next request extends this one)."""
+        assert m.token_ids is not None and m.logprobs is not None
+        self._extend([self.tok.ASSISTANT], sampled=False)
+        self._extend(list(m.token_ids), sampled=True, logprobs=list(m.logprobs))
+        if turn and turn not in self.sample.turns:
+            self.sample.turns.append(turn)
+        return list(m.token_ids) == [*self.tok.encode(_text(m)), self.tok.END]
+
+
+def _text(m: Message) -> str:
+    return m.content  # text mode: cells are fenced in the content; tool calls do not reach this policy
+
+
+def samples(records: list[Record], counts: IngestCounts | None = None) -> Iterator[TokenSample]:
+    """The training samples of one session's trajectory."""
+    counts = counts if counts is not None else IngestCounts()
+    tok = ByteTokenizer()
+    start = next((r for r in records if isinstance(r, SessionRecord)), None)
+    session_id = start.session_id if start else "?"
+    version = start.harness_version if start else None
+    messages: list[Message] = []
+    chain: _Chain | None = None
+
+    def cut() -> Iterator[TokenSample]:
+        nonlocal chain
+        if chain is not None and chain.sample.trainable:
+            counts.samples += 1
+            counts.trainable_tokens += chain.sample.trainable
+            yield chain.sample
+        chain = None
+
+    for r in records:
+        if isinstance(r, CompactionRecord | SystemPromptRecord):
+            if chain is not None:
+                counts.splits += 1
+            yield from cut()
+            if isinstance(r, CompactionRecord):
+                messages = list(r.messages)
+            else:
+                version = r.harness_version
+                messages[:1] = [Message(role="system", content=r.content)]
+            continue
+        if not isinstance(r, MessageRecord):
+            continue
+        m = r.message
+        if m.role == "assistant":
+            counts.replies += 1
+            if m.token_ids and m.logprobs and len(m.token_ids) == len(m.logprobs):
+                if chain is None:
+                    chain = _Chain(tok, messages, session_id, version)
+                if not chain.add_sampled(m, r.turn_id):
+                    counts.splits += 1
+                    yield from cut()
+                messages.append(m)
+                continue
+            counts.skipped_no_logprobs += 1
+        if chain is not None:
+            chain.add_inserted(m)
+        messages.append(m)
+    yield from cut()
+
+
+# --- rewards --------------------------------------------------------------------------------------
+
+
+def rate(session_dir: Path, score: float, note: str = "") -> None:
+    """A person's rating of a session, 0..1: its samples' reward."""
+    if not 0.0 <= score <= 1.0 or math.isnan(score):
+        raise ValueError(f"a rating is between 0 and 1, not {score}")
+    tmp = session_dir / (RATING_FILE + ".tmp")
+    tmp.write_text(json.dumps({"score": score, "note": note}))
+    tmp.replace(session_dir / RATING_FILE)
+
+
+def rating(session_dir: Path) -> float | None:
+    try:
+        return float(json.loads((session_dir / RATING_FILE).read_text())["score"])
+    except (FileNotFoundError, KeyError, ValueError, TypeError):
+        return None
+
+
+def load_rubric(spec: str) -> Rubric:
+    """`path/to/file.py:function` or `package.module:function`: a function of a session's records
+    returning its reward."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not name:
+        raise ValueError(f"a rubric is FILE.py:FUNCTION or MODULE:FUNCTION, not {spec!r}")
+    if where.endswith(".py"):
+        module_spec = importlib.util.spec_from_file_location("prime_agent_rubric", where)
+        if module_spec is None or module_spec.loader is None:
+            raise ValueError(f"cannot load {where}")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"{spec}: no function {name!r}")
+    return fn
+
+
+def ingest(session_dirs: list[Path], rubric: Rubric | None = None) -> tuple[list[TokenSample], IngestCounts]:
+    """Samples from sessions, each rewarded by its rating (if rated), else by `rubric` (if given)."""
+    counts = IngestCounts()
+    out: list[TokenSample] = []
+    for d in session_dirs:
+        records = read_records(d / "trajectory.jsonl")
+        counts.sessions += 1
+        reward = rating(d)
+        if reward is None and rubric is not None:
+            reward = float(rubric(records))
+        for s in samples(records, counts):
+            s.reward = reward
+            counts.unrewarded += reward is None
+            out.append(s)
+    return out, counts
+
+
+def write(samples_: list[TokenSample], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for s in samples_:
+            f.write(json.dumps(asdict(s)) + "\n")
