@@ -29,6 +29,7 @@ from agent.trajectory import (
 )
 from agent.types import Message
 from rl.model import ByteTokenizer
+from rl.orchestrator import Sample
 
 RATING_FILE = "rating.json"
 Rubric = Callable[[list[Record]], float]
@@ -49,6 +50,12 @@ class TokenSample:
     @property
     def trainable(self) -> int:
         return sum(self.mask)
+
+    def to_sample(self, advantage: float, version: int = 0) -> Sample:
+        """The trainer's form: the masked history before the first sampled token is the prompt."""
+        first = self.mask.index(True)
+        return Sample(self.ids[:first], self.ids[first:], self.logprobs[first:], advantage,
+                      self.reward if self.reward is not None else 0.0, version, completion_mask=self.mask[first:])
 
 
 @dataclass

@@ -26,6 +26,9 @@ class Sample:
     advantage: float
     reward: float
     version: int
+    completion_mask: list[bool] | None = None
+    """Which completion tokens the policy sampled (None: all). A multi-turn sample's completion
+    also holds what the harness inserted between its replies: masked, logprob 0."""
 
 
 @dataclass

@@ -94,7 +94,8 @@ def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: Run
     advantages = torch.zeros(len(rows), T)
     for i, s in enumerate(batch.samples):
         a, b = len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + len(s.completion_ids)
-        mask[i, a:b] = True  # only tokens the policy sampled; the prompt is masked
+        # only tokens the policy sampled: the prompt, and what the harness inserted, are masked
+        mask[i, a:b] = torch.tensor(s.completion_mask) if s.completion_mask is not None else True
         inference[i, a:b] = torch.tensor(s.inference_logprobs)
         advantages[i, a:b] = s.advantage
     model.train()

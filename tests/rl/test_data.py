@@ -123,3 +123,25 @@ async def test_a_daemon_session_against_the_policy_server_becomes_exact_samples(
         assert not any(sample.mask[: len(request)])
         assert all(sample.mask[len(request): len(request) + len(m.token_ids)])
     assert json.loads(Path(directory / "session.json").read_text())["turns"] == 2
+
+
+def test_an_ingested_sample_trains_only_on_its_sampled_tokens():
+    import torch
+
+    from rl.config import RunConfig
+    from rl.model import Policy
+    from rl.orchestrator import Batch
+    from rl.train import train_step
+
+    records = [START, rec(Message(role="system", content="sys"), None), rec(Message(role="user", content="q")),
+               rec(sampled("ab")), rec(Message(role="user", content="inserted text")), rec(sampled("cd"))]
+    (s,) = list(samples(records))
+    sample = s.to_sample(advantage=1.0)
+    assert sample.completion_ids[: 3] == [*TOK.encode("ab"), TOK.END]
+    assert sum(sample.completion_mask) == 6 and len(sample.completion_mask) == len(sample.completion_ids)
+    torch.manual_seed(0)
+    cfg = RunConfig.model_validate({"model": {"d_model": 16, "n_layer": 1, "n_head": 2, "max_seq": 128}})
+    model = Policy(cfg.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    metrics = train_step(model, opt, Batch(step=0, samples=[sample], rewards=[1.0], version=0), cfg)
+    assert metrics["tokens"] == 6 and metrics["loss"] == metrics["loss"]  # the six sampled tokens, and finite
