@@ -117,7 +117,11 @@ class DaemonConfig(_Section):
     pool_size: int = Field(2, ge=0)
     """Kernels the daemon keeps started ahead of time, so creating a session does not wait for one."""
     max_sessions: int = Field(64, ge=1)
-    """Sessions with a live kernel at once; creating or waking another past this is refused (429)."""
+    """Sessions with a live kernel at once. Past it, the idle session unused longest (no turn, no
+    queue, nobody following its events) is put to sleep to make room; with none, 429."""
+    idle_timeout: float = Field(1800.0, gt=0)
+    """Seconds an idle session nobody follows keeps its kernel; then it sleeps (dormant: files
+    kept, a new kernel on its next prompt, the model told its variables are gone)."""
     max_running_turns: int = Field(8, ge=1)
     """Turns running at once across all sessions; more wait their turn in order."""
     client_buffer: int = Field(10_000, ge=16)

@@ -32,6 +32,7 @@ from daemon.schemas import CreateSession, Interrupted, MessageAccepted, SessionI
 log = logging.getLogger(__name__)
 SCHEMA = 1
 RESTARTED = "The daemon restarted"
+SLEPT = "The session was idle and its kernel was stopped to free memory"
 
 
 class ApiError(Exception):
@@ -108,6 +109,9 @@ class ManagedSession:
         self.subscribers: set[Subscriber] = set()
         self._worker: asyncio.Task | None = None
         self._waking = asyncio.Lock()
+        self.last_active = time.monotonic()
+        self._woken_because = RESTARTED
+        """Why a dormant session is dormant, told to the model when it wakes."""
         self._cancelled_because = "interrupted before it began"
         """Why the worker was cancelled, for a turn it had not begun."""
         self.closed = False
@@ -172,6 +176,7 @@ class ManagedSession:
 
     def unsubscribe(self, sub: Subscriber) -> None:
         self.subscribers.discard(sub)
+        self.last_active = time.monotonic()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -187,8 +192,8 @@ class ManagedSession:
                 raise ApiError(404, "not_found", f"session {self.id} was deleted")
             if self.manager.stopping:
                 raise ApiError(503, "stopping", "the daemon is stopping")
-            if self.manager.live() >= self.manager.config.daemon.max_sessions:
-                raise ApiError(429, "too_many_sessions", f"{self.manager.live()} sessions are live "
+            if self.manager.live() >= self.manager.config.daemon.max_sessions and not await self.manager.make_room():
+                raise ApiError(429, "too_many_sessions", f"{self.manager.live()} sessions are live and busy "
                                "(daemon.max_sessions); delete one, or raise the limit")
             cwd = Path(self.meta.cwd)
             if not cwd.is_dir():
@@ -210,7 +215,7 @@ class ManagedSession:
             self.session, self.model = session, model
             try:
                 if any(isinstance(r, SessionRecord) for r in records):
-                    session.resume(records, RESTARTED)
+                    session.resume(records, self._woken_because)
                 await session.start()
             except BaseException:
                 self.session = self.model = None
@@ -234,6 +239,24 @@ class ManagedSession:
             sub.end()
         self.subscribers.clear()
         self.journal.close()
+
+    def idle(self) -> bool:
+        """Live, with no turn, nothing queued, nobody following its events, nothing waking it."""
+        return (self.session is not None and self.session.turn is None and self.running is None
+                and not self.meta.queued and not self.subscribers and not self._waking.locked())
+
+    async def sleep(self) -> None:
+        """Stop the kernel of an idle session; it stays listed (dormant) and wakes on its next prompt."""
+        async with self._waking:
+            if self.session is None:
+                return
+            session, model = self.session, self.model
+            self.session = self.model = None
+            self._woken_because = SLEPT
+            await session.close()
+            if model is not None:
+                await model.close()
+            self.journal.close()  # reopened by the next event
 
     def recover(self) -> None:
         """After a crash: close the turn it cut (as interrupted) and the turns it left queued."""
@@ -283,6 +306,7 @@ class ManagedSession:
     def send(self, text: str, mode: str) -> MessageAccepted:
         if self.closed:
             raise ApiError(404, "not_found", f"session {self.id} was deleted")
+        self.last_active = time.monotonic()
         if mode == "steer" and self.session is not None and self.session.turn is not None:
             self.session.steer(text)
             return MessageAccepted(turn_id=self.session.turn.id, mode=mode, queued=False)
@@ -361,6 +385,7 @@ class ManagedSession:
                 self._never_ran(q.turn_id, f"the session could not start: {type(e).__name__}: {e}")
             finally:
                 self.running = None
+                self.last_active = time.monotonic()
                 if self.meta.running_turn == q.turn_id:
                     self.meta.running_turn = None
                     self.meta.save(self.dir)
@@ -394,6 +419,7 @@ class SessionManager:
         self.turn_slots = asyncio.Semaphore(config.daemon.max_running_turns)
         self.subagent_slots: dict[int, asyncio.Semaphore] = {}
         self.stopping = False
+        self._sweeper: asyncio.Task | None = None
 
     async def start(self) -> None:
         """Load every session on disk (closing turns a crash cut) and fill the kernel pool."""
@@ -414,9 +440,28 @@ class SessionManager:
                 log.exception("session %s could not be recovered", meta.id)
             self.sessions[meta.id] = managed
         self.pool.fill()
+        self._sweeper = asyncio.create_task(self.sweep(min(30.0, self.config.daemon.idle_timeout / 2)))
 
     def live(self) -> int:
         return sum(1 for s in self.sessions.values() if s.session is not None)
+
+    async def make_room(self) -> bool:
+        """Put the idle session unused longest to sleep; False when every live one is busy."""
+        idle = [s for s in self.sessions.values() if s.idle()]
+        if not idle:
+            return False
+        await min(idle, key=lambda s: s.last_active).sleep()
+        return True
+
+    async def sweep(self, every: float = 30.0) -> None:
+        """Put sessions idle past `daemon.idle_timeout` to sleep, for as long as the daemon runs."""
+        while not self.stopping:
+            await asyncio.sleep(every)
+            limit = time.monotonic() - self.config.daemon.idle_timeout
+            for s in list(self.sessions.values()):
+                if s.idle() and s.last_active < limit:
+                    log.info("session %s idle since %.0f s: its kernel stops", s.id, time.monotonic() - s.last_active)
+                    await s.sleep()
 
     def get(self, session_id: str) -> ManagedSession:
         managed = self.sessions.get(session_id)
@@ -476,6 +521,8 @@ class SessionManager:
     async def stop(self, timeout: float) -> None:
         """Interrupt every turn and wait (up to `timeout`) for each to be recorded; then close all."""
         self.stopping = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         why = "the daemon stopped before this turn began"
         await asyncio.gather(*(s.stop_turns(why, timeout) for s in self.sessions.values()))
         await asyncio.gather(*(s.close(why) for s in self.sessions.values()), return_exceptions=True)
