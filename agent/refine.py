@@ -184,12 +184,13 @@ class SessionRefiner:
         if not path.is_file():
             raise KeyError(f"no pending refinement {refinement_id!r} in session {self.s.id}")
         plan = Plan.from_json(path.read_text())
-        path.unlink()
         if not approve:
+            path.unlink()
             outcome = Outcome(plan, "rejected", reason="rejected by the user")
             self._finish(outcome, self.s.turn)
             return outcome
-        outcome = await self.refiner.prepare(plan, approved=True)
+        outcome = await self.refiner.prepare(plan, approved=True)  # if this fails, the plan still waits
+        path.unlink()
         self._ready_or_finish(outcome)
         return outcome
 

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 
 from agent.config import home, project_root
 from agent.harness import SessionHarness, scope_roots
+from agent.model import ModelError
 from agent.trajectory import read_records
 from daemon.schemas import (
     CreateSession,
@@ -44,6 +45,7 @@ from daemon.schemas import (
 )
 from daemon.sessions import ApiError, SessionManager
 from harness_store.entries import HarnessError
+from harness_store.refiner import RefinementFailed
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
@@ -211,6 +213,8 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
             outcome = await session.refiner.decide(refinement_id, req.approve)
         except KeyError as e:
             raise ApiError(404, "not_found", str(e.args[0])) from None
+        except (RefinementFailed, ModelError) as e:  # the plan still waits for review
+            raise ApiError(409, "refinement_failed", str(e)) from None
         return {"refinement_id": refinement_id, "status": outcome.status}
 
     @app.get("/v1/sessions/{session_id}/subagents/{child_id}/transcript")

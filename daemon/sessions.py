@@ -104,6 +104,8 @@ class ManagedSession:
         self.journal = EventJournal(directory / "events.jsonl")
         self.session: Session | None = None
         self.model: OpenAIModel | None = None
+        self._retired: list[OpenAIModel] = []
+        """Models switched away from, closed with the session (background work may still use them)."""
         self.running: str | None = None
         """The turn the worker has taken up (waiting for a turn slot, waking, or running)."""
         self.subscribers: set[Subscriber] = set()
@@ -192,9 +194,10 @@ class ManagedSession:
                 raise ApiError(404, "not_found", f"session {self.id} was deleted")
             if self.manager.stopping:
                 raise ApiError(503, "stopping", "the daemon is stopping")
-            if self.manager.live() >= self.manager.config.daemon.max_sessions and not await self.manager.make_room():
-                raise ApiError(429, "too_many_sessions", f"{self.manager.live()} sessions are live and busy "
-                               "(daemon.max_sessions); delete one, or raise the limit")
+            while self.manager.live() >= self.manager.config.daemon.max_sessions:  # re-checked after each await
+                if not await self.manager.make_room():
+                    raise ApiError(429, "too_many_sessions", f"{self.manager.live()} sessions are live and busy "
+                                   "(daemon.max_sessions); delete one, or raise the limit")
             cwd = Path(self.meta.cwd)
             if not cwd.is_dir():
                 raise ApiError(409, "cwd_missing", f"the session's directory {cwd} no longer exists")
@@ -213,6 +216,7 @@ class ManagedSession:
             # Live from here: the session numbers every event (the daemon's own too), and counts
             # against max_sessions before the first await.
             self.session, self.model = session, model
+            self.last_active = time.monotonic()
             try:
                 if any(isinstance(r, SessionRecord) for r in records):
                     session.resume(records, self._woken_because)
@@ -230,33 +234,40 @@ class ManagedSession:
         await self.stop_turns(why, self.manager.config.kernel.interrupt_grace + 5)
         async with self._waking:
             if self.session is not None:
-                await self.session.close()
-                self.session = None
-            if self.model is not None:
-                await self.model.close()
-                self.model = None
+                await _close(self.session, [self.model, *self._retired])
+            self.session = self.model = None
+            self._retired = []
         for sub in list(self.subscribers):
             sub.end()
         self.subscribers.clear()
         self.journal.close()
 
     def idle(self) -> bool:
-        """Live, with no turn, nothing queued, nobody following its events, nothing waking it."""
-        return (self.session is not None and self.session.turn is None and self.running is None
-                and not self.meta.queued and not self.subscribers and not self._waking.locked())
+        """Live, with no turn, nothing queued, nobody following its events, nothing waking it, and
+        no work of its own in the background (a refinement being planned, children still running)."""
+        s = self.session
+        return (s is not None and s.turn is None and self.running is None and not self.meta.queued
+                and not self.subscribers and not self._waking.locked()
+                and (s.refiner.task is None or s.refiner.task.done())
+                and all(t.done() for t in s.subagents.tasks.values()))
 
     async def sleep(self) -> None:
         """Stop the kernel of an idle session; it stays listed (dormant) and wakes on its next prompt."""
         async with self._waking:
             if self.session is None:
                 return
-            session, model = self.session, self.model
-            self.session = self.model = None
+            session, models = self.session, [self.model, *self._retired]
             self._woken_because = SLEPT
-            await session.close()
-            if model is not None:
-                await model.close()
-            self.journal.close()  # reopened by the next event
+            # Shielded: a cancelled caller (an interrupt of the turn that wanted the room) must not
+            # leave a kernel running that nothing refers to any more.
+            closing = asyncio.ensure_future(_close(session, models))
+            try:
+                await asyncio.shield(closing)
+            finally:
+                self.session = self.model = None
+                self._retired = []
+                if closing.done():
+                    self.journal.close()  # reopened by the next event
 
     def recover(self) -> None:
         """After a crash: close the turn it cut (as interrupted) and the turns it left queued."""
@@ -294,10 +305,10 @@ class ManagedSession:
             except ConfigError as e:
                 raise ApiError(400, "bad_config", str(e)) from None
             if self.session is not None:
-                old, self.model = self.model, OpenAIModel(config.model)
+                if self.model is not None:  # a refinement or a child may still be using it: closed with the session
+                    self._retired.append(self.model)
+                self.model = OpenAIModel(config.model)
                 self.session.use_model(self.model, config)
-                if old is not None:
-                    await old.close()
             self.meta.overrides, self.meta.model = overrides, model
         self.meta.save(self.dir)
 
@@ -319,7 +330,8 @@ class ManagedSession:
             self.emit("turn.queued", turn_id, prompt=text, position=len(self.meta.queued))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._work())
-        return MessageAccepted(turn_id=turn_id, mode=mode, queued=queued)
+        # a steer with no turn running to steer is a prompt: say so
+        return MessageAccepted(turn_id=turn_id, mode="prompt" if mode == "steer" else mode, queued=queued)
 
     async def interrupt(self, drop_queued: bool, turn_id: str | None = None) -> Interrupted:
         """Stop the running turn (or, with `turn_id`, that turn: running, or dropped from the queue)."""
@@ -523,10 +535,18 @@ class SessionManager:
         self.stopping = True
         if self._sweeper is not None:
             self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         why = "the daemon stopped before this turn began"
         await asyncio.gather(*(s.stop_turns(why, timeout) for s in self.sessions.values()))
         await asyncio.gather(*(s.close(why) for s in self.sessions.values()), return_exceptions=True)
         await self.pool.close()
+
+
+async def _close(session: Session, models: list[OpenAIModel | None]) -> None:
+    await session.close()
+    for model in models:
+        if model is not None:
+            await model.close()
 
 
 def _configured_base_url(cwd: Path) -> str | None:

@@ -69,6 +69,8 @@ class IngestCounts:
     splits: int = 0
     """Chains cut: compaction, a rebuilt system prompt, or a reply the template does not render back."""
     unrewarded: int = 0
+    foreign: int = 0
+    """Replies whose token ids are not this policy's (another model served the session then): masked text."""
 
 
 class _Chain:
@@ -138,7 +140,9 @@ def samples(records: list[Record], counts: IngestCounts | None = None) -> Iterat
         m = r.message
         if m.role == "assistant":
             counts.replies += 1
-            if m.token_ids and m.logprobs and len(m.token_ids) == len(m.logprobs):
+            if m.token_ids and max(m.token_ids) >= tok.vocab_size:  # another model's tokenizer sampled it
+                counts.foreign += 1
+            elif m.token_ids and m.logprobs and len(m.token_ids) == len(m.logprobs):
                 if chain is None:
                     chain = _Chain(tok, messages, session_id, version)
                 if not chain.add_sampled(m, r.turn_id):
@@ -146,7 +150,8 @@ def samples(records: list[Record], counts: IngestCounts | None = None) -> Iterat
                     yield from cut()
                 messages.append(m)
                 continue
-            counts.skipped_no_logprobs += 1
+            else:
+                counts.skipped_no_logprobs += 1
         if chain is not None:
             chain.add_inserted(m)
         messages.append(m)

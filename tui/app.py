@@ -128,21 +128,28 @@ class PrimeApp(App):
     @work(exclusive=True, group="events")
     async def follow(self, session_id: str) -> None:
         """Show the session's events: all of its history, then live ones, in batches."""
-        queue: asyncio.Queue[Event] = asyncio.Queue()
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
 
         async def read() -> None:
             async for event in self.client.events(session_id, reconnect=math.inf, on_connection=self._connection):
                 queue.put_nowait(event)
 
         reader = asyncio.create_task(read())
+        reader.add_done_callback(lambda _: queue.put_nowait(None))  # the stream ended: say why
         conversation = self.query_one(Conversation)
         try:
             while True:
                 batch = [await queue.get()]
-                while not queue.empty() and len(batch) < BATCH:
+                while batch[-1] is not None and not queue.empty() and len(batch) < BATCH:
                     batch.append(queue.get_nowait())
-                if reader.done() and reader.exception():
-                    raise reader.exception()
+                if batch[-1] is None:
+                    batch.pop()
+                    await conversation.apply(batch)
+                    error = reader.exception() if not reader.cancelled() else None
+                    if error is not None:
+                        why = error.message if isinstance(error, DaemonError) else f"{type(error).__name__}: {error}"
+                        await self.say(f"this session's events stopped: {why}. /sessions or /new to go on", "error")
+                    return
                 for e in batch:
                     self._track(e)
                 await conversation.apply(batch)
@@ -156,8 +163,8 @@ class PrimeApp(App):
             self.clear_notifications()
             self.notify("reconnected to the daemon; the event stream goes on where it stopped")
         else:
-            self.notify("lost the daemon: reconnecting (it is started again if it died)", severity="error",
-                        timeout=10)
+            self.notify("lost the daemon: waiting for it (started again if it died; after `prime-agent daemon "
+                        "stop`, `prime-agent daemon start` brings it back)", severity="error", timeout=10)
 
     def _track(self, e: Event) -> None:
         """Turn state, tokens and harness version for the status bar."""
@@ -227,11 +234,11 @@ class PrimeApp(App):
         conversation = self.query_one(Conversation)
         conversation.scroll_end(animate=False)  # what you send, and its answer, are what you want to see
         try:
-            await self.client.send(self.session_id, text, mode)
+            accepted = await self.client.send(self.session_id, text, mode)
         except DaemonError as e:
             await self.say(f"not sent: {e.message}", "error")
             return
-        if mode == "steer":  # it reaches the model at its next call (the events say when)
+        if accepted["mode"] == "steer":  # it reaches the model at its next call (the events say when)
             await conversation.mount(UserMessage(text, label="you (steering)"))
             conversation.scroll_end(animate=False)
 

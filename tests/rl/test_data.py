@@ -71,6 +71,16 @@ def test_chains_are_cut_where_a_request_does_not_extend_the_last():
     assert TOK.decode(out[3].ids).startswith("new syssummary")
 
 
+def test_replies_another_model_sampled_are_masked_text_not_training_tokens():
+    foreign = Message(role="assistant", content="hi", token_ids=[151643, 9], logprobs=[-1.0, -1.0])
+    records = [START, rec(Message(role="user", content="q")), rec(foreign), rec(Message(role="user", content="r")),
+               rec(sampled("ok"))]
+    counts = IngestCounts()
+    (s,) = list(samples(records, counts))
+    assert counts.foreign == 1 and max(s.ids) < TOK.vocab_size
+    assert [t for t, m in zip(s.ids, s.mask) if m] == sampled("ok").token_ids
+
+
 def test_rewards_come_from_a_rating_or_a_rubric(tmp_path: Path):
     rated, unrated = tmp_path / "a", tmp_path / "b"
     for d in (rated, unrated):

@@ -55,7 +55,8 @@ def ingest(args: argparse.Namespace) -> int:
     write(samples, Path(args.output))
     print(f"{counts.samples} samples, {counts.trainable_tokens:,} trainable tokens from {counts.sessions} sessions "
           f"-> {args.output}")
-    print(f"replies {counts.replies}: {counts.skipped_no_logprobs} without logprobs (skipped, kept as masked text); "
+    print(f"replies {counts.replies}: {counts.skipped_no_logprobs} without logprobs and {counts.foreign} from another "
+          "model (kept as masked text); "
           f"chains cut {counts.splits}; samples without a reward {counts.unrewarded} "
           "(rate them: prime-agent rate SESSION 0..1, or pass --rubric)")
     return 0
