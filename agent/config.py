@@ -58,6 +58,11 @@ class ModelConfig(_Section):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra JSON fields for every request (server-specific sampling options)."""
 
+    @property
+    def configured(self) -> bool:
+        """A model name, and somewhere to send it (an endpoint, or OpenAI with a key)."""
+        return bool(self.name and (self.base_url or self.api_key))
+
 
 class KernelConfig(_Section):
     cell_timeout: float = 600.0

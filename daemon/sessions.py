@@ -502,7 +502,7 @@ class SessionManager:
             config = load_config(cwd, overrides)
         except ConfigError as e:
             raise ApiError(400, "bad_config", str(e)) from None
-        if not config.model.name or not (config.model.base_url or config.model.api_key):
+        if not config.model.configured:
             raise ApiError(400, "no_model", "no model configured: pass `model` and `base_url`, or set them in "
                            "the daemon's environment (PRIME_AGENT_MODEL, OPENAI_BASE_URL, OPENAI_API_KEY) or config.toml")
         session_id = new_session_id()

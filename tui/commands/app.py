@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
         print(f"prime-agent: {e}", file=sys.stderr)
         return 2
     new_session = args.resume is None and not args.cont
-    if new_session and (not config.model.name or not (config.model.base_url or config.model.api_key)):
+    if new_session and not config.model.configured:
         from tui.commands.run import NO_MODEL
 
         print(NO_MODEL, file=sys.stderr)

@@ -54,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
         config = load_config(Path("."), overrides)
     except ConfigError as e:
         return _fail(str(e))
-    if not config.model.name or not (config.model.base_url or config.model.api_key):
+    if not config.model.configured:
         print(NO_MODEL, file=sys.stderr)
         return EXIT_CONFIG
     if args.resume:

@@ -39,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"prime-agent: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    if not config.model.name or not (config.model.base_url or config.model.api_key):
+    if not config.model.configured:
         print(NO_MODEL, file=sys.stderr)
         return EXIT_CONFIG
     if not cwd.is_dir():

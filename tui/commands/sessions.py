@@ -16,9 +16,9 @@ from pathlib import Path
 
 from agent.config import Config
 from daemon.client import Client, DaemonError, connect
+from tui.commands.run import EXIT_CODES
 from tui.commands.show import Printer, print_json
 
-EXIT_CODES = {"completed": 0, "error": 3, "budget_exhausted": 4, "timed_out": 5, "interrupted": 130}
 
 
 def main(args: argparse.Namespace) -> int:
