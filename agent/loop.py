@@ -142,6 +142,7 @@ async def call_model(s: Session, turn: Turn) -> Completion:
         ModelCall(
             turn_id=turn.id, context_messages=len(s.messages), usage=completion.usage, duration=completion.duration,
             attempts=completion.attempts, finish_reason=completion.finish_reason, model=completion.model,
+            prompt_token_ids=completion.prompt_token_ids if s.config.model.record_logprobs else None,
         )
     )
     s.append(completion.message, turn)

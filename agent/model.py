@@ -302,7 +302,9 @@ class OpenAIModel:
             logprobs=logprobs,
             token_ids=getattr(choice, "token_ids", None),
         )
-        return Completion(message=message, usage=usage, finish_reason=choice.finish_reason, model=resp.model or "")
+        prompt_ids = getattr(resp, "prompt_token_ids", None)
+        return Completion(message=message, usage=usage, finish_reason=choice.finish_reason, model=resp.model or "",
+                          prompt_token_ids=prompt_ids if isinstance(prompt_ids, list) else None)
 
 
 def _brief(text: str, limit: int = 300) -> str:

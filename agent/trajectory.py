@@ -72,6 +72,8 @@ class ModelCall(_Record):
     attempts: int
     finish_reason: str | None = None
     model: str
+    prompt_token_ids: list[int] | None = None
+    """With `model.record_logprobs`: the prompt's token ids as the server saw them (rl.data trains on these)."""
 
 
 class SubagentRecord(_Record):

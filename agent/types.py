@@ -61,6 +61,9 @@ class Completion(BaseModel):
     model: str = ""
     attempts: int = 1
     duration: float = 0.0
+    prompt_token_ids: list[int] | None = None
+    """The prompt as the server tokenized (and perhaps truncated) it, when it says so (the
+    project's policy server does): what the sampled tokens were conditioned on, exactly."""
 
 
 class Cell(BaseModel):

@@ -7,12 +7,14 @@ inserted: system prompt, user text, tool and cell output, and the chat template'
 One sample spans as many model calls as extend each other: call k+1's request is call k's
 request plus its sampled tokens plus what the harness appended. The chain is cut (a new sample
 begins, its history masked) where that stops being true: a compaction, a rebuilt system prompt,
-or a reply whose tokens differ from how the template renders it back (a stop string, a length
-cut, bytes that were not valid UTF-8). Replies recorded without token ids and logprobs are
-never guessed: they stay in the history as masked text and are counted.
+a truncated prompt, or a reply whose tokens differ from how the template renders it back (a stop
+string, a length cut, bytes that were not valid UTF-8). Replies recorded without token ids and
+logprobs are never guessed: they stay in the history as masked text and are counted.
 
-Rendering follows the byte-level policy's chat template (`rl.model.ByteTokenizer.chat`), the
-model `prime-agent rl serve` serves.
+A request's tokens are the server's own when it said what they were (`ModelCall.prompt_token_ids`,
+recorded with `model.record_logprobs`; `prime-agent rl serve` says): exactly what the sampled
+tokens were conditioned on, truncation included. Otherwise they are rendered with the byte-level
+policy's chat template (`rl.model.ByteTokenizer.chat`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent.trajectory import (
-    CompactionRecord, MessageRecord, Record, SessionRecord, SystemPromptRecord, read_records,
+    CompactionRecord, MessageRecord, ModelCall, Record, SessionRecord, SystemPromptRecord, read_records,
 )
 from agent.types import Message
 from rl.model import ByteTokenizer
@@ -74,13 +76,34 @@ class IngestCounts:
 
 
 class _Chain:
-    """The sample being built: the request so far, and what in it was sampled."""
+    """The sample being built: the request so far, and what in it was sampled. It is built from
+    the server's prompt ids (`server_ids`) or by rendering messages, never a mix."""
 
-    def __init__(self, tok: ByteTokenizer, messages: list[Message], session_id: str, version: str | None):
+    def __init__(self, tok: ByteTokenizer, messages: list[Message], session_id: str, version: str | None,
+                 prompt_ids: list[int] | None = None):
         self.tok = tok
+        self.server_ids = prompt_ids is not None
+        if prompt_ids is not None:
+            self.sample = TokenSample(session_id, list(prompt_ids), [False] * len(prompt_ids), [0.0] * len(prompt_ids),
+                                      version)
+            return
         self.sample = TokenSample(session_id, [tok.BOS], [False], [0.0], version)
         for m in messages:
             self.add_inserted(m)
+
+    def extends(self, prompt_ids: list[int]) -> bool:
+        """The server's next prompt begins with everything so far: it extends this chain."""
+        n = len(self.sample.ids)
+        return self.server_ids and len(prompt_ids) >= n and prompt_ids[:n] == self.sample.ids
+
+    def add_prompt(self, prompt_ids: list[int]) -> None:
+        """What the harness added since the last reply, as the server tokenized it (masked)."""
+        self._extend(prompt_ids[len(self.sample.ids):], sampled=False)
+
+    def add_sampled_ids(self, m: Message, turn: str | None) -> None:
+        self._extend(list(m.token_ids), sampled=True, logprobs=list(m.logprobs))
+        if turn and turn not in self.sample.turns:
+            self.sample.turns.append(turn)
 
     def _extend(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.sample.ids += ids
@@ -106,8 +129,10 @@ def _text(m: Message) -> str:
     return m.content  # text mode: cells are fenced in the content; tool calls do not reach this policy
 
 
-def samples(records: list[Record], counts: IngestCounts | None = None) -> Iterator[TokenSample]:
-    """The training samples of one session's trajectory."""
+def samples(records: list[Record], counts: IngestCounts | None = None,
+            vocab_size: int | None = ByteTokenizer.vocab_size) -> Iterator[TokenSample]:
+    """The training samples of one session's trajectory; replies with token ids past `vocab_size`
+    (another model's) are kept as masked text (None: keep every reply)."""
     counts = counts if counts is not None else IngestCounts()
     tok = ByteTokenizer()
     start = next((r for r in records if isinstance(r, SessionRecord)), None)
@@ -115,6 +140,8 @@ def samples(records: list[Record], counts: IngestCounts | None = None) -> Iterat
     version = start.harness_version if start else None
     messages: list[Message] = []
     chain: _Chain | None = None
+    call: ModelCall | None = None
+    """The model call whose reply the next assistant message is."""
 
     def cut() -> Iterator[TokenSample]:
         nonlocal chain
@@ -135,25 +162,42 @@ def samples(records: list[Record], counts: IngestCounts | None = None) -> Iterat
                 version = r.harness_version
                 messages[:1] = [Message(role="system", content=r.content)]
             continue
+        if isinstance(r, ModelCall) and r.purpose == "turn":
+            call = r
+            continue
         if not isinstance(r, MessageRecord):
             continue
         m = r.message
         if m.role == "assistant":
             counts.replies += 1
-            if m.token_ids and max(m.token_ids) >= tok.vocab_size:  # another model's tokenizer sampled it
+            prompt_ids, call = (call.prompt_token_ids if call else None), None
+            if m.token_ids and vocab_size is not None and max(m.token_ids) >= vocab_size:  # another model's
                 counts.foreign += 1
             elif m.token_ids and m.logprobs and len(m.token_ids) == len(m.logprobs):
-                if chain is None:
-                    chain = _Chain(tok, messages, session_id, version)
-                if not chain.add_sampled(m, r.turn_id):
-                    counts.splits += 1
-                    yield from cut()
+                if prompt_ids is not None:  # the server's own view of the request
+                    if chain is not None and chain.extends(prompt_ids):
+                        chain.add_prompt(prompt_ids)
+                    else:
+                        if chain is not None:
+                            counts.splits += 1
+                        yield from cut()
+                        chain = _Chain(tok, messages, session_id, version, prompt_ids)
+                    chain.add_sampled_ids(m, r.turn_id)
+                else:
+                    if chain is not None and chain.server_ids:
+                        counts.splits += 1
+                        yield from cut()
+                    if chain is None:
+                        chain = _Chain(tok, messages, session_id, version)
+                    if not chain.add_sampled(m, r.turn_id):
+                        counts.splits += 1
+                        yield from cut()
                 messages.append(m)
                 continue
             else:
                 counts.skipped_no_logprobs += 1
-        if chain is not None:
-            chain.add_inserted(m)
+        if chain is not None and not chain.server_ids:
+            chain.add_inserted(m)  # (a chain of server ids gets these from the next prompt)
         messages.append(m)
     yield from cut()
 

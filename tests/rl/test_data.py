@@ -155,3 +155,38 @@ def test_an_ingested_sample_trains_only_on_its_sampled_tokens():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     metrics = train_step(model, opt, Batch(step=0, samples=[sample], rewards=[1.0], version=0), cfg)
     assert metrics["tokens"] == 6 and metrics["loss"] == metrics["loss"]  # the six sampled tokens, and finite
+
+
+async def test_samples_of_a_truncating_server_reproduce_its_logprobs(project: Path, prime_home: Path):
+    """The policy's context (256) is far shorter than the agent's prompt: the server keeps the tail.
+    Samples are built from the server's own prompt ids, so the trainer, on the same weights, gives
+    the sampled tokens the logprobs the server reported."""
+    import torch
+
+    from rl.model import token_logprobs
+    from tests.daemon.conftest import collect, running_daemon
+
+    (project / ".prime-agent").mkdir()
+    (project / ".prime-agent" / "config.toml").write_text(
+        '[model]\naction_format = "text"\nrecord_logprobs = true\nmax_completion_tokens = 16\nstream = false\n'
+        "temperature = 1.0\n[refine]\nauto_every = 0\n")
+    engine = engine_from(None, PolicyConfig(d_model=32, n_layer=1, n_head=2, max_seq=256), seed=2, truncate=True)
+    with BackgroundServer(engine) as url:
+        async with running_daemon() as client:
+            s = await client.create_session(project, model="prime-policy", base_url=url)
+            for text in ("first", "second"):
+                turn = await client.send(s["id"], text)
+                await collect(client, s["id"], turn["turn_id"])
+    records = read_records(prime_home / "sessions" / s["id"] / "trajectory.jsonl")
+    calls = [r for r in records if r.kind == "model_call"]
+    assert calls and all(c.prompt_token_ids and len(c.prompt_token_ids) < 256 for c in calls)
+    out = list(samples(records))
+    assert out and all(len(x.ids) <= 256 for x in out)
+    engine.model.eval()
+    with torch.no_grad():
+        for x in out:
+            trainer = token_logprobs(engine.model, torch.tensor([x.ids]))[0]
+            positions = [i for i, m in enumerate(x.mask) if m]
+            got = [float(trainer[i - 1]) for i in positions]
+            want = [x.logprobs[i] for i in positions]
+            assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
