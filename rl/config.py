@@ -22,6 +22,14 @@ class EnvConfig(_Section):
     """A training environment from rl/envs."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Passed to the environment (reverse_text: min_len, max_len)."""
+    harness: bool = False
+    """Roll out through the agent itself: each rollout a real session (kernel, turn loop, text-mode
+    cells) against the policy server, scored by the environment's check, trained on from its
+    trajectory (rl.envs.harness). Otherwise the bare policy answers in one completion."""
+    max_steps: int = Field(3, ge=1)
+    """With harness: model calls one rollout may make."""
+    timeout: float = Field(120.0, gt=0)
+    """With harness: seconds one rollout may take."""
 
 
 class SFTConfig(_Section):

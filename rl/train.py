@@ -143,9 +143,15 @@ def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
     history = [h for h in history if h["step"] < start]
     metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
 
-    engine = Engine(copy.deepcopy(model), version=start)  # the sampler's own weights
+    # the sampler's own weights; the agent's prompt is far longer than the policy's context: keep its tail
+    engine = Engine(copy.deepcopy(model), version=start, truncate=cfg.env.harness)
     with BackgroundServer(engine) as base_url, _Progress(cfg.train.steps, start, progress) as bar:
-        orchestrator = Orchestrator(base_url, env, cfg.train)
+        if cfg.env.harness:
+            from rl.envs.harness import HarnessOrchestrator
+
+            orchestrator = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, out)
+        else:
+            orchestrator = Orchestrator(base_url, env, cfg.train)
         for batch in orchestrator.batches(start, cfg.train.steps):
             step = batch.step
             t = time.time()

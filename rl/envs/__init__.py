@@ -10,4 +10,8 @@ def load(name: str, **options) -> RLEnvironment:
         from evals.tasksets.reverse_text import ReverseText
 
         return ReverseText(**options)
-    raise ValueError(f"unknown environment {name!r}; known: reverse_text")
+    if name == "kernel_tasks":  # solved by running code: with env.harness = true
+        from evals.tasksets.kernel_tasks import KernelTasks
+
+        return KernelTasks(**options)
+    raise ValueError(f"unknown environment {name!r}; known: reverse_text, kernel_tasks")
