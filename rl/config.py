@@ -85,6 +85,9 @@ class TrainConfig(_Section):
     """Batches sampling may run ahead of training (0: sample, then train)."""
     max_off_policy_steps: int = 1
     """Rollouts sampled by a policy older than this many steps are dropped (and counted)."""
+    policy_lag: int = Field(0, ge=0)
+    """Force off-policy sampling: the sampler gets each step's weights this many steps late (the
+    off-policy stress study). Lag grows from 0 to this over the first steps, then stays."""
     seed: int = 0
     threads: int = 2
     """torch threads for training and sampling."""

@@ -14,6 +14,7 @@ import json
 import math
 import random
 import time
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -145,6 +146,7 @@ def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
 
     # the sampler's own weights; the agent's prompt is far longer than the policy's context: keep its tail
     engine = Engine(copy.deepcopy(model), version=start, truncate=cfg.env.harness)
+    lagged: deque = deque()
     with BackgroundServer(engine) as base_url, _Progress(cfg.train.steps, start, progress) as bar:
         if cfg.env.harness:
             from rl.envs.harness import HarnessOrchestrator
@@ -156,7 +158,12 @@ def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
             step = batch.step
             t = time.time()
             m = train_step(model, opt, batch, cfg) if batch.samples else {"loss": 0.0, "tokens": 0}
-            engine.update(model.state_dict(), version=step + 1)  # the next rollouts sample the new policy
+            if cfg.train.policy_lag:  # the sampler gets these weights policy_lag steps from now
+                lagged.append(({k: v.detach().clone() for k, v in model.state_dict().items()}, step + 1))
+                if len(lagged) > cfg.train.policy_lag:
+                    engine.update(*lagged.popleft())
+            else:
+                engine.update(model.state_dict(), version=step + 1)  # the next rollouts sample the new policy
             m.update(step=step, reward_mean=_mean(batch.rewards), off_policy_max=max(
                 (step - s.version for s in batch.samples), default=0), samples=len(batch.samples), **batch.counts,
                 seconds=time.time() - t)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.config import load
+from rl.config import RunConfig, load
 from rl.orchestrator import Orchestrator
 from evals.tasksets.reverse_text import ReverseText
 from rl.serve import BackgroundServer, engine_from
@@ -85,3 +85,16 @@ def test_sampling_ahead_never_trains_on_rollouts_older_than_allowed(tmp_path: Pa
     history = train(cfg, log=lambda *_: None, progress=False)
     assert [h["step"] for h in history] == [0, 1, 2, 3]
     assert all(h["off_policy_max"] <= 1 for h in history)
+
+
+def test_policy_lag_makes_the_sampler_that_many_steps_old(tmp_path: Path):
+    cfg = RunConfig.model_validate({
+        "model": {"d_model": 16, "n_layer": 1, "n_head": 2, "max_seq": 32},
+        "env": {"name": "reverse_text", "options": {"min_len": 3, "max_len": 4}},
+        "train": {"steps": 5, "batch_size": 2, "group_size": 4, "max_tokens": 6, "policy_lag": 2,
+                  "out": str(tmp_path / "run"), "checkpoint_every": 100},
+    })
+    history = train(cfg, log=lambda *_: None, progress=False)
+    # sampled at step s by the weights of step max(0, s - 2); steps with no samples report 0
+    assert [h["off_policy_max"] for h in history if h["samples"]] == [
+        min(h["step"], 2) for h in history if h["samples"]]

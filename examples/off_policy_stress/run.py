@@ -1,0 +1,140 @@
+"""The off-policy stress study: reverse-text with the sampler forced k steps behind the trainer
+(`train.policy_lag`), for each loss, at a learning rate high enough that the policy moves.
+
+    .venv/bin/python examples/off_policy_stress/run.py                 # reduced grid (~5 min here)
+    .venv/bin/python examples/off_policy_stress/run.py --grid full     # 4 lags x 5 losses x 3 seeds
+
+Every run starts from one shared SFT warm start (examples/reverse_text/config.toml's, cached in
+the output folder). Per run: the reward curve, the fraction of loss tokens the loss masked,
+the mismatch KL between trainer and sampler, the largest gradient norm, and whether anything went
+non-finite. Writes OUT/results.json, OUT/table.md and OUT/reward_curves.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from rl.config import load  # noqa: E402
+from rl.train import sft, train  # noqa: E402
+
+LOSSES = {"ipo-0.2": ("ipo", 0.2), "ipo-0.3": ("ipo", 0.3), "icepop": ("icepop", None), "ppo": ("ppo", None),
+          "cispo": ("cispo", None)}
+GRIDS = {
+    "reduced": {"lags": [0, 16], "losses": ["ipo-0.2", "icepop"], "seeds": [0], "steps": 30},
+    "full": {"lags": [0, 4, 16, 64], "losses": list(LOSSES), "seeds": [0, 1, 2], "steps": 60},
+}
+
+
+def run_one(base: Path, out: Path, warm: Path, loss: str, lag: int, seed: int, steps: int, lr: float) -> dict:
+    name, eps = LOSSES[loss]
+    overrides = ["--train.init_from", str(warm), "--train.policy_lag", str(lag), "--train.steps", str(steps),
+                 "--train.lr", str(lr), "--train.seed", str(seed), "--train.out", f'"{out}"',
+                 "--train.checkpoint_every", "1000000", "--loss.name", name]
+    if eps is not None:
+        overrides += ["--loss.eps", str(eps)]
+    cfg = load(str(base), overrides)
+    started = time.time()
+    row = {"loss": loss, "lag": lag, "seed": seed, "steps": steps, "lr": lr}
+    try:
+        history = train(cfg, log=lambda *_: None, progress=False)
+        row["nonfinite"] = False
+    except FloatingPointError as e:  # the trainer stops on NaN/inf: that is a result here
+        history = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()] if (out / "metrics.jsonl").exists() else []
+        row["nonfinite"], row["error"] = True, str(e)
+    trained = [h for h in history if h.get("tokens")]
+    row.update(
+        seconds=time.time() - started,
+        reward=[h["reward_mean"] for h in history],
+        reward_start=statistics.fmean(h["reward_mean"] for h in history[:3]) if history else math.nan,
+        reward_end=statistics.fmean(h["reward_mean"] for h in history[-5:]) if history else math.nan,
+        masked_fraction=statistics.fmean(h.get("masked_fraction", 0.0) for h in trained) if trained else math.nan,
+        mismatch_kl=statistics.fmean(h.get("mismatch_kl", 0.0) for h in trained) if trained else math.nan,
+        grad_norm_max=max((h["grad_norm"] for h in trained), default=math.nan),
+        off_policy_max=max((h["off_policy_max"] for h in history), default=0),
+    )
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["lag"], r["loss"]), []).append(r)
+    lines = ["| lag k | loss | reward start | reward end (±sd over seeds) | masked fraction | mismatch KL | max grad norm | non-finite |",
+             "|---:|---|---:|---:|---:|---:|---:|---|"]
+    for (lag, loss), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], list(LOSSES).index(kv[0][1]))):
+        ends = [r["reward_end"] for r in rs]
+        spread = f" ± {statistics.stdev(ends):.3f}" if len(ends) > 1 else ""
+        lines.append(
+            f"| {lag} | {loss} | {statistics.fmean(r['reward_start'] for r in rs):.3f} | {statistics.fmean(ends):.3f}{spread} "
+            f"| {statistics.fmean(r['masked_fraction'] for r in rs):.3f} | {statistics.fmean(r['mismatch_kl'] for r in rs):.2e} "
+            f"| {max(r['grad_norm_max'] for r in rs):.2f} | {sum(r['nonfinite'] for r in rs)}/{len(rs)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lags = sorted({r["lag"] for r in rows})
+    fig, axes = plt.subplots(1, len(lags), figsize=(4.5 * len(lags), 3.4), sharey=True, squeeze=False)
+    for ax, lag in zip(axes[0], lags):
+        for loss in LOSSES:
+            curves = [r["reward"] for r in rows if r["lag"] == lag and r["loss"] == loss and r["reward"]]
+            if not curves:
+                continue
+            n = min(len(c) for c in curves)
+            mean = [statistics.fmean(c[i] for c in curves) for i in range(n)]
+            ax.plot(range(n), mean, label=loss)
+        ax.set_title(f"policy lag k = {lag}")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("mean reward")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--grid", choices=list(GRIDS), default="reduced")
+    p.add_argument("--steps", type=int, help="RL steps per run (default: the grid's)")
+    p.add_argument("--lr", type=float, default=3e-3, help="high enough that the policy moves (the example uses 1e-3)")
+    p.add_argument("--out", default="outputs/off_policy_stress")
+    args = p.parse_args()
+    grid, out = GRIDS[args.grid], Path(args.out)
+    base = ROOT / "examples" / "reverse_text" / "config.toml"
+    out.mkdir(parents=True, exist_ok=True)
+    print("warm start (SFT once, reused by every run and by later invocations)", flush=True)
+    warm = sft(load(str(base), ["--train.out", f'"{out}"']), log=lambda *_: None)
+    rows = []
+    for lag in grid["lags"]:
+        for loss in grid["losses"]:
+            for seed in grid["seeds"]:
+                run_dir = out / "runs" / f"k{lag}-{loss}-s{seed}"
+                row = run_one(base, run_dir, warm, loss, lag, seed, args.steps or grid["steps"], args.lr)
+                rows.append(row)
+                print(f"k={lag:<3} {loss:<8} seed {seed}: reward {row['reward_start']:.3f} -> {row['reward_end']:.3f}  "
+                      f"masked {row['masked_fraction']:.3f}  mismatch_kl {row['mismatch_kl']:.2e}  "
+                      f"grad<= {row['grad_norm_max']:.2f}  {'NON-FINITE ' if row['nonfinite'] else ''}({row['seconds']:.0f}s)",
+                      flush=True)
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    (out / "table.md").write_text(table(rows))
+    plot(rows, out / "reward_curves.png")
+    print(table(rows))
+    print(f"wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'reward_curves.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
