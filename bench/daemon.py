@@ -49,6 +49,7 @@ import httpx2  # noqa: E402
 
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
 from agent.types import Event  # noqa: E402
+from bench.kernel import descendants, pct, pss_kb  # noqa: E402
 from daemon.client import Client, DaemonUnavailable, spawn  # noqa: E402
 from daemon.paths import log_file, socket_file  # noqa: E402
 from daemon.sessions import SessionMeta  # noqa: E402
@@ -64,33 +65,6 @@ def agent_script(request: dict[str, Any]) -> Reply:
     if m := re.search(r"run: (.*)", prompt, re.DOTALL):
         return Reply(code=[m.group(1)])
     return Reply(content="echo: " + prompt.rsplit("\n\n", 1)[-1])
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-def pss_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def descendants(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            kids = [int(k) for k in (task / "children").read_text().split()]
-        except OSError:
-            continue
-        for k in kids:
-            out += [k, *descendants(k)]
-    return out
 
 
 def processes_of(home: str) -> list[int]:

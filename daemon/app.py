@@ -7,13 +7,14 @@ only for what the daemon did. Events stream as Server-Sent Events whose `id` is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -232,69 +233,62 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
 
     # --- the harness ---------------------------------------------------------------------------
 
-    def harness_for(session_id: str | None, project: str | None) -> tuple[SessionHarness, bool]:
-        """The harness a session sees (its own, when live), or the user's and a project's."""
+    @contextlib.contextmanager
+    def harness_for(session_id: str | None, project: str | None) -> Iterator[SessionHarness]:
+        """The harness a session sees (its own, when live), or the user's and a project's; one
+        opened here is closed on leaving."""
         if session_id is not None:
             managed = manager.get(session_id)
             if managed.session is not None:
-                return managed.session.harness, False
+                yield managed.session.harness
+                return
             cwd, session_dir = Path(managed.meta.cwd), managed.dir
         else:
             cwd, session_dir = Path(project or home()), None
         if project is not None and not Path(project).is_dir():
             raise ApiError(400, "bad_project", f"project {project!r} is not a directory")
-        return SessionHarness(scope_roots(home(), project_root(cwd), session_dir), session_id), True
+        harness = SessionHarness(scope_roots(home(), project_root(cwd), session_dir), session_id)
+        try:
+            yield harness
+        finally:
+            harness.close()
 
     @app.get("/v1/harness")
     async def harness_view(session: str | None = None, project: str | None = None) -> list[dict[str, Any]]:
         """The entries in force, narrowest scope first."""
-        harness, own = harness_for(session, project)
-        try:
+        with harness_for(session, project) as harness:
             return await asyncio.to_thread(harness.list)
-        finally:
-            if own:
-                harness.close()
 
     @app.get("/v1/harness/entries/{entry_id:path}", response_class=Response,
              responses={200: {"content": {"text/markdown": {}}}})
     async def harness_entry(entry_id: str, session: str | None = None, project: str | None = None) -> Response:
         """One entry in force, in full (front matter and body)."""
-        harness, own = harness_for(session, project)
-        try:
-            text = await asyncio.to_thread(harness.show, entry_id)
-        except (KeyError, HarnessError) as e:
-            raise ApiError(404, "not_found", str(e)) from None
-        finally:
-            if own:
-                harness.close()
+        with harness_for(session, project) as harness:
+            try:
+                text = await asyncio.to_thread(harness.show, entry_id)
+            except (KeyError, HarnessError) as e:
+                raise ApiError(404, "not_found", str(e)) from None
         return Response(text, media_type="text/markdown")
 
     @app.get("/v1/harness/log")
     async def harness_log(scope: Annotated[str, Query(pattern="^(user|project|session)$")] = "user",
                           n: Annotated[int, Query(ge=1, le=1000)] = 20,
                           session: str | None = None, project: str | None = None) -> list[dict[str, Any]]:
-        harness, own = harness_for(session, project)
-        try:
+        with harness_for(session, project) as harness:
             store = _scope(harness, scope)
             if not (store.root / ".git").is_dir():
                 return []
             return [_change(c) for c in await asyncio.to_thread(store.log, n)]
-        finally:
-            if own:
-                harness.close()
 
     @app.get("/v1/harness/diff", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
     async def harness_diff(scope: Annotated[str, Query(pattern="^(user|project|session)$")] = "user",
                            a: str | None = None, b: str | None = None,
                            session: str | None = None, project: str | None = None) -> Response:
-        harness, own = harness_for(session, project)
-        try:
-            text = await asyncio.to_thread(_scope(harness, scope).diff, a, b)
-        except HarnessError as e:
-            raise ApiError(400, "harness", str(e)) from None
-        finally:
-            if own:
-                harness.close()
+        with harness_for(session, project) as harness:
+            try:
+                text = await asyncio.to_thread(_scope(harness, scope).diff, a, b)
+            except HarnessError as e:
+                raise ApiError(400, "harness", str(e)) from None
         return Response(text, media_type="text/plain")
 
     @app.post("/v1/harness/rollback")
@@ -307,13 +301,10 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
                 rid = live.rollback(req.ref, req.scope, req.to)
                 change = next(c for c in live.harness.store(req.scope).log(5) if c.refinement_id == rid)
             else:
-                harness, _ = harness_for(req.session, req.project)
-                try:
+                with harness_for(req.session, req.project) as harness:
                     store = _scope(harness, req.scope)
                     rollback = store.rollback_to if req.to else store.rollback
                     change = await asyncio.to_thread(rollback, req.ref, session=req.session)
-                finally:
-                    harness.close()
         except HarnessError as e:
             raise ApiError(400, "harness", str(e)) from None
         return RolledBack(refinement_id=change.refinement_id, scope=req.scope, entries=change.entries)
