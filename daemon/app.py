@@ -121,6 +121,16 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         await manager.delete(session_id)
         return Response(status_code=204)
 
+    @app.post("/v1/sessions/{session_id}/sleep")
+    async def sleep_session(session_id: str) -> SessionInfo:
+        """Stop an idle session's kernel now; it stays listed (dormant) and wakes on its next prompt."""
+        managed = manager.get(session_id)
+        if managed.busy():
+            raise ApiError(409, "busy", "the session is busy (a turn, queued prompts, or background work): "
+                           "interrupt it or wait")
+        await managed.sleep()
+        return managed.info()
+
     @app.post("/v1/sessions/{session_id}/messages", status_code=202)
     async def send_message(session_id: str, req: SendMessage) -> MessageAccepted:
         if manager.stopping:

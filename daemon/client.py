@@ -102,8 +102,10 @@ class Client:
         return await self._call("GET", "/v1/status")
 
     async def create_session(self, cwd: str | Path, model: str | None = None, base_url: str | None = None,
-                             title: str | None = None, budget: dict[str, Any] | None = None) -> dict[str, Any]:
-        body = {"cwd": str(Path(cwd).resolve()), "model": model, "base_url": base_url, "title": title, "budget": budget}
+                             title: str | None = None, budget: dict[str, Any] | None = None,
+                             config: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = {"cwd": str(Path(cwd).resolve()), "model": model, "base_url": base_url, "title": title, "budget": budget,
+                "config": config}
         return await self._call("POST", "/v1/sessions", json={k: v for k, v in body.items() if v is not None})
 
     async def sessions(self) -> list[dict[str, Any]]:
@@ -131,6 +133,9 @@ class Client:
         if r.status_code >= 400:
             raise _error(r.status_code, r.content)
         return r.text
+
+    async def sleep(self, session_id: str) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/sessions/{session_id}/sleep")
 
     async def delete(self, session_id: str) -> None:
         await self._call("DELETE", f"/v1/sessions/{session_id}")

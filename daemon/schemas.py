@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,6 +22,10 @@ class CreateSession(_Body):
     base_url: str | None = Field(None, min_length=1, description="OpenAI-compatible endpoint for this session.")
     title: str | None = Field(None, max_length=200)
     budget: Budget | None = Field(None, description="Per-turn limits for this session.")
+    config: dict[str, Any] | None = Field(
+        None, description="Config overrides for this session, nested as in config.toml, e.g. "
+        '{"model": {"action_format": "text", "temperature": 0.2}} (not [daemon], which is the daemon\'s own). '
+        "`model`, `base_url` and `budget` above take precedence.")
 
 
 class SessionInfo(BaseModel):

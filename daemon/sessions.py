@@ -10,6 +10,7 @@ a dormant session wakes, with a new kernel, on its next prompt.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import os
@@ -58,7 +59,7 @@ class SessionMeta(BaseModel):
     base_url: str | None = None
     title: str | None = None
     overrides: dict[str, Any] = {}
-    """Config overrides the session was created with (model, base_url, budget)."""
+    """Config overrides the session was created with (its `config`, model, base_url, budget)."""
     created: float
     deleted: bool = False
     turns: int = 0
@@ -242,14 +243,17 @@ class ManagedSession:
         self.subscribers.clear()
         self.journal.close()
 
-    def idle(self) -> bool:
-        """Live, with no turn, nothing queued, nobody following its events, nothing waking it, and
-        no work of its own in the background (a refinement being planned, children still running)."""
+    def busy(self) -> bool:
+        """A turn running or queued, something waking it, or work of its own in the background (a
+        refinement being planned, children still running)."""
         s = self.session
-        return (s is not None and s.turn is None and self.running is None and not self.meta.queued
-                and not self.subscribers and not self._waking.locked()
-                and (s.refiner.task is None or s.refiner.task.done())
-                and all(t.done() for t in s.subagents.tasks.values()))
+        return (self.running is not None or bool(self.meta.queued) or self._waking.locked()
+                or (s is not None and (s.turn is not None or (s.refiner.task is not None and not s.refiner.task.done())
+                                       or not all(t.done() for t in s.subagents.tasks.values()))))
+
+    def idle(self) -> bool:
+        """Live, not busy, and nobody following its events: the sweep may put it to sleep."""
+        return self.session is not None and not self.busy() and not self.subscribers
 
     async def sleep(self) -> None:
         """Stop the kernel of an idle session; it stays listed (dormant) and wakes on its next prompt."""
@@ -489,13 +493,16 @@ class SessionManager:
             raise ApiError(400, "bad_cwd", f"cwd must be an absolute path, not {req.cwd!r}")
         if not cwd.is_dir():
             raise ApiError(400, "bad_cwd", f"cwd {req.cwd!r} is not a directory")
-        overrides: dict[str, Any] = {}
-        if req.model:
-            overrides.setdefault("model", {})["name"] = req.model
-        if req.base_url:
-            overrides.setdefault("model", {})["base_url"] = req.base_url
-            if req.base_url.rstrip("/") != (_configured_base_url(cwd) or "").rstrip("/"):
-                overrides["model"]["api_key"] = None  # the daemon's key goes only where it was configured to go
+        if req.config and "daemon" in req.config:
+            raise ApiError(400, "bad_config", "[daemon] settings are the daemon's own, not a session's")
+        overrides: dict[str, Any] = copy.deepcopy(req.config or {})
+        model = overrides.setdefault("model", {})
+        if not isinstance(model, dict):
+            raise ApiError(400, "bad_config", "config.model must be a table of model settings")
+        model.update({k: v for k, v in (("name", req.model), ("base_url", req.base_url)) if v})
+        if model.get("base_url") and "api_key" not in model \
+                and str(model["base_url"]).rstrip("/") != (_configured_base_url(cwd) or "").rstrip("/"):
+            model["api_key"] = None  # the daemon's key goes only where it was configured to go
         if req.budget is not None:
             overrides["budget"] = req.budget.model_dump(exclude_unset=True)
         try:

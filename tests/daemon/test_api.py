@@ -229,3 +229,30 @@ def test_a_stale_pid_file_names_no_daemon(prime_home: Path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+async def test_a_session_takes_its_own_config_and_an_idle_one_can_be_put_to_sleep(daemon: Client, project: Path,
+                                                                                   model_server):
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url, config={
+        "model": {"temperature": 0.25, "extra_body": {"truncate_prompt_tokens": 64}}})
+    await daemon.send(s["id"], "hello")
+    await collect(daemon, s["id"], "t1")
+    request = model_server.requests[-1]
+    assert (request["temperature"], request["truncate_prompt_tokens"]) == (0.25, 64)
+    for bad in ({"daemon": {"max_sessions": 1}}, {"model": "text"}, {"model": {"temperature": "hot"}}, {"colour": 1}):
+        with pytest.raises(DaemonError) as e:
+            await daemon.create_session(project, model="fake", base_url=model_server.base_url, config=bad)
+        assert e.value.status == 400 and e.value.code == "bad_config", bad
+
+    kernel = await daemon.kernel(s["id"])
+    assert (await daemon.sleep(s["id"]))["state"] == "dormant"
+    assert not Path(kernel["connection_file"]).exists()
+    await daemon.send(s["id"], "run: print('awake')")  # wakes on its next prompt
+    assert (await collect(daemon, s["id"], "t2"))[-1].data["answer"] == "ran: awake"
+    await daemon.send(s["id"], "run: import time; time.sleep(30)")
+    while (await daemon.session(s["id"]))["state"] != "running":
+        await asyncio.sleep(0.02)
+    with pytest.raises(DaemonError) as e:
+        await daemon.sleep(s["id"])
+    assert e.value.status == 409
+    await daemon.interrupt(s["id"])
