@@ -53,6 +53,7 @@ class Result:
     reward: float | None = None
     check: str = ""
     turns: int = 0
+    cells: int = 0
     tokens: int = 0
     seconds: float = 0.0
     session_id: str = ""
@@ -130,7 +131,7 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
         try:
             lay_out(task.files, work)
             turn = await asyncio.wait_for(run_session(), spec.timeout)  # the start counts against the timeout too
-            result.turns, result.tokens = turn.steps, turn.usage.total_tokens
+            result.turns, result.cells, result.tokens = turn.steps, turn.cells, turn.usage.total_tokens
             ran_out_of_time = turn.outcome == "budget_exhausted" and "max_seconds" in (turn.error or "")
             if turn.outcome == "timed_out" or ran_out_of_time:
                 result.outcome, result.error = "timed_out", turn.error

@@ -171,3 +171,24 @@ async def test_a_task_file_outside_the_workspace_is_an_error_not_a_write(tmp_pat
     with pytest.raises(ValueError, match="outside the workspace"):
         lay_out({"../escape.txt": "x"}, tmp_path / "work")
     assert not (tmp_path / "escape.txt").exists()
+
+
+def test_kernel_tasks_demonstrations_compute_the_answer_and_guesses_miss(tmp_path: Path, monkeypatch):
+    from evals.runner import lay_out
+    from evals.tasksets.kernel_tasks import FILE_KINDS, KINDS, KernelTasks
+
+    env = KernelTasks(KINDS + FILE_KINDS)
+    for task in env.tasks(24, seed=5):  # three of each kind
+        work = tmp_path / task.id
+        work.mkdir()
+        lay_out(task.files, work)
+        monkeypatch.chdir(work)
+        demo = env.demonstration(task)
+        assert demo.startswith("```python\n") and demo.endswith("\n```")
+        answers: list[str] = []
+        exec(demo.removeprefix("```python\n").removesuffix("```"), {"final": lambda a: answers.append(repr(a))})
+        assert env.check(task, answers[0].strip("'"), work).passed, (task.prompt, demo)
+        assert env.reward(task, env.distractor(task)) == 0.0
+    assert [t.data["kind"] for t in KernelTasks(["lines", "total"]).tasks(4, seed=0)] == ["lines", "total"] * 2
+    with pytest.raises(ValueError, match="kinds"):
+        KernelTasks(["riddles"])
