@@ -30,6 +30,9 @@ class EnvConfig(_Section):
     """With harness: model calls one rollout may make."""
     timeout: float = Field(120.0, gt=0)
     """With harness: seconds one rollout may take."""
+    prompt_tokens: int | None = Field(None, ge=2)
+    """With harness: the policy sees only the last this many tokens of each request (asked of the server
+    as vLLM's `truncate_prompt_tokens`); default: as much as its context leaves room for."""
 
 
 class SFTConfig(_Section):

@@ -228,8 +228,7 @@ async def _respond(engine: Engine, req: _Request, prompts: list[list[int]], chat
     max_tokens = next((m for m in (req.max_completion_tokens, req.max_tokens) if m is not None), 256 if chat else 16)
     keep = req.truncate_prompt_tokens or (max(1, limit - min(max_tokens, limit // 2)) if engine.truncate else None)
     if keep is not None:
-        prompts = [p if len(p) <= keep else [tok.BOS, *p[len(p) - keep + 1 :]] if p[0] == tok.BOS else p[-keep:]
-                   for p in prompts]
+        prompts = [keep_tail(p, keep) for p in prompts]
     if any(len(p) >= limit for p in prompts):
         raise HTTPException(400, f"the prompt is longer than the policy's context ({limit} tokens); "
                                  "pass truncate_prompt_tokens, or start the server with --truncate")
@@ -329,6 +328,13 @@ async def _stream(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat
             "prompt_tokens": prompt_tokens, "completion_tokens": sum(counts),
             "total_tokens": prompt_tokens + sum(counts)}}) + "\n\n"
     yield "data: [DONE]\n\n"
+
+
+def keep_tail(ids: list[int], keep: int) -> list[int]:
+    """A prompt cut to its last `keep` tokens, still starting with <bos> if it did."""
+    if len(ids) <= keep:
+        return ids
+    return [ByteTokenizer.BOS, *ids[len(ids) - keep + 1:]] if ids[0] == ByteTokenizer.BOS else ids[-keep:]
 
 
 def _held(text: str, stops: list[str]) -> int:

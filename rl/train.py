@@ -23,6 +23,7 @@ from evals.tasksets import select
 from rl import losses
 from rl.config import RunConfig
 from rl.envs import load as load_env
+from rl.envs.harness import HarnessOrchestrator, policy_view
 from rl.model import (
     ByteTokenizer, Policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint, token_logprobs,
 )
@@ -63,7 +64,8 @@ def sft(cfg: RunConfig, log=print) -> Path:
         tasks = env.tasks(cfg.sft.batch_size, seed=10**9 + step)  # disjoint from RL's task seeds
         rows, masks = [], []
         for t in tasks:
-            prompt = tok.chat([{"role": "system", "content": t.system}, {"role": "user", "content": t.prompt}])
+            prompt = policy_view(t, cfg) if cfg.env.harness else tok.chat(
+                [{"role": "system", "content": t.system}, {"role": "user", "content": t.prompt}])
             shown = env.distractor(t) if noise.random() < cfg.sft.noise else env.demonstration(t)
             answer = tok.encode(shown) + [tok.END]
             rows.append(prompt + answer)
@@ -114,7 +116,9 @@ def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: Run
 # --- the run -------------------------------------------------------------------------------------------
 
 
-def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
+def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -> list[dict]:
+    """SFT warm start (if configured), then RL. `orchestrator(base_url)`, if given, makes what samples
+    the batches from the policy server at base_url (default: from the config)."""
     out = Path(cfg.train.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.train.threads)
@@ -148,13 +152,14 @@ def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
     engine = Engine(copy.deepcopy(model), version=start, truncate=cfg.env.harness)
     lagged: deque = deque()
     with BackgroundServer(engine) as base_url, _Progress(cfg.train.steps, start, progress) as bar:
-        if cfg.env.harness:
-            from rl.envs.harness import HarnessOrchestrator
-
-            orchestrator = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, out)
+        if orchestrator is not None:
+            sampler = orchestrator(base_url)
+        elif cfg.env.harness:
+            sampler = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, out)
         else:
-            orchestrator = Orchestrator(base_url, env, cfg.train)
-        for batch in orchestrator.batches(start, cfg.train.steps):
+            sampler = Orchestrator(base_url, env, cfg.train)
+        waited = time.time()
+        for batch in sampler.batches(start, cfg.train.steps):
             step = batch.step
             t = time.time()
             m = train_step(model, opt, batch, cfg) if batch.samples else {"loss": 0.0, "tokens": 0}
@@ -166,7 +171,7 @@ def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
                 engine.update(model.state_dict(), version=step + 1)  # the next rollouts sample the new policy
             m.update(step=step, reward_mean=_mean(batch.rewards), off_policy_max=max(
                 (step - s.version for s in batch.samples), default=0), samples=len(batch.samples), **batch.counts,
-                seconds=time.time() - t)
+                seconds=time.time() - t, sampling_seconds=t - waited)
             m["tokens_per_s"] = m["tokens"] / max(m["seconds"], 1e-9)
             _check_finite(m)
             history.append(m)
@@ -177,6 +182,7 @@ def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
                      f"off_policy {m['off_policy_max']}  {m['tokens_per_s']:,.0f} tok/s")
             if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
                 save_checkpoint(out / "checkpoints" / f"step-{step + 1}", model, opt, step + 1)
+            waited = time.time()
     plot(history, out / "reward.png")
     return history
 

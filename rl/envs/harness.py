@@ -5,38 +5,65 @@ trajectory (rl.data) — the code path that serves users is the one that makes t
     orchestrator = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, run_dir)
     for batch in orchestrator.batches(start, steps): ...      # what rl.train.train consumes
 
-Rollouts are on-policy (sampled, then trained on); advantages are relative to each task's group.
+Sessions run in this process; a subclass may run them elsewhere (the demo runs them in the daemon)
+by overriding `rollouts`. Rollouts are on-policy (sampled, then trained on); advantages are
+relative to each task's group.
 """
 
 from __future__ import annotations
 
 import asyncio
 import statistics
+from functools import cache
 from pathlib import Path
 
 from agent.config import Config
 from agent.model import OpenAIModel
+from agent.prompt import system_prompt
 from agent.trajectory import read_records
-from evals.env import Environment
+from evals.env import Environment, Task
 from evals.runner import EvalSpec, Result, rollout
 from evals.tasksets import task_key
-from rl.config import EnvConfig, TrainConfig
+from rl.config import EnvConfig, RunConfig, TrainConfig
 from rl.data import IngestCounts, samples
+from rl.model import ByteTokenizer
 from rl.orchestrator import Batch
+from rl.serve import keep_tail
 
 
 def agent_config(base_url: str, train: TrainConfig, env: EnvConfig) -> Config:
     """The agent as RL drives it: text mode (the policy has no tool calling), logprobs and the
     server's prompt ids recorded, no background refinement, a short budget."""
-    return Config.model_validate({
+    return Config.model_validate(agent_overrides(base_url, train, env))
+
+
+def agent_overrides(base_url: str, train: TrainConfig, env: EnvConfig) -> dict:
+    """agent_config's settings as config overrides (what a daemon session is created with)."""
+    return {
         "model": {"name": "prime-policy", "base_url": base_url, "action_format": "text", "stream": False,
                   "record_logprobs": True, "temperature": train.temperature, "max_completion_tokens": train.max_tokens,
-                  "max_retries": 1, "timeout": train.request_timeout},
+                  "max_retries": 1, "timeout": train.request_timeout,
+                  "extra_body": {"truncate_prompt_tokens": env.prompt_tokens} if env.prompt_tokens else {}},
         "budget": {"max_steps": env.max_steps, "max_seconds": env.timeout},
         "kernel": {"interrupt_grace": 1.0, "cell_timeout": min(30.0, env.timeout)},
         "compaction": {"enabled": False},
         "refine": {"auto_every": 0},
-    })
+    }
+
+
+def policy_view(task: Task, cfg: RunConfig) -> list[int]:
+    """The tokens the policy sees of a rollout's first request: the agent's text-mode system prompt
+    and the task, cut to what the server keeps. Exact whenever the kept tail lies within the task's
+    own message, which is what a warm start on these views assumes."""
+    ids = ByteTokenizer().chat([{"role": "system", "content": _system_prompt()}, {"role": "user", "content": task.prompt}])
+    limit = cfg.model.max_seq
+    keep = cfg.env.prompt_tokens or max(1, limit - min(cfg.train.max_tokens, limit // 2))  # as rl.serve keeps it
+    return keep_tail(ids, keep)
+
+
+@cache
+def _system_prompt() -> str:
+    return system_prompt(Config.model_validate({"model": {"action_format": "text"}}), Path.cwd())
 
 
 class HarnessOrchestrator:
@@ -48,44 +75,49 @@ class HarnessOrchestrator:
         for step in range(start, steps):
             yield asyncio.run(self.collect(step))
 
-    async def collect(self, step: int) -> Batch:
-        t = self.train
-        tasks = self.env.tasks(t.batch_size, seed=t.seed * 1_000_003 + step)
-        spec = EvalSpec(taskset=self.env.name, n=t.batch_size, rollouts=t.group_size, concurrency=max(1, t.threads),
+    async def rollouts(self, tasks: list[Task], group: int, step: int) -> list[tuple[Result, Path]]:
+        """`group` rollouts of each task, in order: each one's result and its trajectory file."""
+        spec = EvalSpec(taskset=self.env.name, n=len(tasks), rollouts=group, concurrency=max(1, self.train.threads),
                         seed=step, timeout=self.env_config.timeout)
         model = OpenAIModel(self.config.model)
         step_dir = self.run_dir / "rollouts" / f"step-{step}"
         slots = asyncio.Semaphore(spec.concurrency)
 
-        async def one(task, r: int) -> Result:
+        async def one(task: Task, r: int) -> tuple[Result, Path]:
             async with slots:
-                return await rollout(self.env, task, r, task_key(task, {"step": step}), spec, self.config, model, step_dir)
+                result = await rollout(self.env, task, r, task_key(task, {"step": step}), spec, self.config, model,
+                                       step_dir)
+            return result, step_dir / "sessions" / f"{result.task_id}-{result.rollout}" / "trajectory.jsonl"
 
         try:
-            results = await asyncio.gather(*(one(task, r) for task in tasks for r in range(t.group_size)))
+            return await asyncio.gather(*(one(task, r) for task in tasks for r in range(group)))
         finally:
             await model.close()
+
+    async def collect(self, step: int) -> Batch:
+        t = self.train
+        tasks = self.env.tasks(t.batch_size, seed=t.seed * 1_000_003 + step)
+        results = await self.rollouts(tasks, t.group_size, step)
         counts = {"rollouts": len(results), "errored": 0, "timed_out": 0, "zero_advantage_groups": 0, "stale": 0,
                   "replies_without_logprobs": 0}
         batch = Batch(step, [], [], step, counts)  # sampled by the weights after `step` updates
         for g in range(len(tasks)):
-            group = [r for r in results[g * t.group_size:(g + 1) * t.group_size] if r.outcome in ("passed", "failed")]
-            counts["errored"] += sum(r.outcome == "error" for r in results[g * t.group_size:(g + 1) * t.group_size])
-            counts["timed_out"] += sum(r.outcome == "timed_out" for r in results[g * t.group_size:(g + 1) * t.group_size])
-            rewards = [r.reward or 0.0 for r in group]
+            rollouts = results[g * t.group_size:(g + 1) * t.group_size]
+            counts["errored"] += sum(r.outcome == "error" for r, _ in rollouts)
+            counts["timed_out"] += sum(r.outcome == "timed_out" for r, _ in rollouts)
+            group = [(r, path) for r, path in rollouts if r.outcome in ("passed", "failed")]
+            rewards = [r.reward or 0.0 for r, _ in group]
             batch.rewards += rewards
             if len(set(rewards)) < 2:  # nothing to learn from a group that scored alike
                 counts["zero_advantage_groups"] += 1
                 continue
             mean = statistics.fmean(rewards)
             scale = (statistics.pstdev(rewards) or 1.0) if t.std_normalize else 1.0
-            for result, reward in zip(group, rewards):
+            for (_, path), reward in zip(group, rewards):
                 ingest = IngestCounts()
-                records = read_records(step_dir / "sessions" / f"{result.task_id}-{result.rollout}" / "trajectory.jsonl")
-                for s in samples(records, ingest):
+                for s in samples(read_records(path), ingest):
                     sample = s.to_sample((reward - mean) / scale, step)
                     sample.reward = reward
                     batch.samples.append(sample)
                 counts["replies_without_logprobs"] += ingest.skipped_no_logprobs
         return batch
-

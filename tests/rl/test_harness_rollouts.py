@@ -72,3 +72,23 @@ def test_rl_train_runs_kernel_tasks_through_the_harness(tmp_path: Path, prime_ho
     assert step["rollouts"] == 2 and step["errored"] == 0 and step["reward_mean"] == 0.0  # untrained: no answers
     assert (tmp_path / "run" / "checkpoints" / "step-1").is_dir()
     assert len(list((tmp_path / "run" / "rollouts" / "step-0" / "sessions").iterdir())) == 2
+
+
+def test_the_warm_start_sees_what_the_policy_sees_in_a_session(tmp_path: Path, prime_home):
+    """rl.envs.harness.policy_view (what SFT trains on) is the prompt the server kept for a real rollout."""
+    from agent.trajectory import ModelCall, read_records
+    from evals.tasksets.kernel_tasks import FILE_KINDS, KernelTasks
+    from rl.envs.harness import policy_view
+
+    cfg = RunConfig(model=TINY, env=EnvConfig(name="kernel_tasks", harness=True, max_steps=1, timeout=60,
+                                              prompt_tokens=64),
+                    train=TrainConfig(batch_size=4, group_size=1, max_tokens=8))
+    env = KernelTasks(FILE_KINDS)
+    with BackgroundServer(engine_from(None, TINY, truncate=True)) as url:
+        orchestrator = HarnessOrchestrator(url, env, cfg.train, cfg.env, tmp_path)
+        tasks = env.tasks(4, seed=1)
+        results = asyncio.run(orchestrator.rollouts(tasks, 1, 0))
+    for task, (result, trajectory) in zip(tasks, results):
+        (call,) = [r for r in read_records(trajectory) if isinstance(r, ModelCall)]
+        assert call.prompt_token_ids == policy_view(task, cfg), task.prompt
+        assert len(call.prompt_token_ids) == 64
