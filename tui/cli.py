@@ -13,6 +13,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "--resume [ID], -c, --model, --base-url), opens the app in this directory.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
+    demo = sub.add_parser("demo", add_help=False, help="the closed loop offline: agent sessions train the local policy "
+                          "with IPO, then a before/after table (prime-agent demo --help)")
+    demo.add_argument("args", nargs=argparse.REMAINDER)  # main() hands them over as they are
+
     run = sub.add_parser("run", help="run one task headless in the current directory and print the answer")
     run.add_argument("task", help="the task; '-' reads it from standard input")
     run.add_argument("--cwd", help="project directory (default: the current directory)")
@@ -144,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         from tui.commands.app import main as app
 
         return app(argv)
+    if argv[0] == "demo":  # its own options, --help included
+        from tui.commands.demo import main as demo
+
+        return demo(argparse.Namespace(args=argv[1:]))
     args = build_parser().parse_args(argv)
     if args.command == "run":
         from tui.commands.run import main as command
