@@ -17,21 +17,23 @@ import copy
 import json
 import math
 import random
+import shutil
 import time
 from collections import deque
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from evals.tasksets import select
 from rl import dist, losses
-from rl.config import RunConfig
+from rl.config import RunConfig, TrainConfig
 from rl.envs import load as load_env
 from rl.model import (
-    ByteTokenizer, Policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint, token_logprobs,
+    MARKER, ByteTokenizer, Policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint, token_logprobs,
 )
-from rl.orchestrator import Batch, Orchestrator
+from rl.orchestrator import Batch, Orchestrator, reload
 from rl.serve import BackgroundServer, Engine
 
 
@@ -147,7 +149,8 @@ def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
         torch.manual_seed(cfg.train.seed)
         model = Policy(cfg.model)
     # the sampler's own weights (rank 0); the agent's prompt is far longer than the policy's context: keep its tail
-    engine = Engine(copy.deepcopy(model), version=start, truncate=cfg.env.harness) if main else None
+    local = main and not cfg.train.rollout_url  # else an external server samples (rollout_url)
+    engine = Engine(copy.deepcopy(model), version=start, truncate=cfg.env.harness) if local else None
     model = dist.shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     if state is not None:
@@ -161,15 +164,21 @@ def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
         metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
 
     lagged: deque = deque()
-    with BackgroundServer(engine) if main else nullcontext() as base_url, \
+    with BackgroundServer(engine) if engine else nullcontext(cfg.train.rollout_url) as base_url, \
             _Progress(cfg.train.steps, start, progress) if main else nullcontext() as bar:
-        batches = None  # rank 0 samples; with N processes each rank trains on its share of every batch
+        orchestrator = None  # rank 0 samples; with N processes each rank trains on its share of every batch
         if main and cfg.env.harness:
             from rl.envs.harness import HarnessOrchestrator
 
-            batches = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, out).batches(start, cfg.train.steps)
+            orchestrator = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, out)
         elif main:
-            batches = Orchestrator(base_url, env, cfg.train).batches(start, cfg.train.steps)
+            orchestrator = Orchestrator(base_url, env, cfg.train, version=start)
+        publish = engine.update if engine else partial(_reload, cfg.train, out / "weights", model.config, orchestrator)
+        if cfg.train.rollout_url:  # an external server may hold other weights (a resumed run's are newer)
+            weights = dist.full_weights(model)
+            if main:
+                publish(weights, start)
+        batches = orchestrator.batches(start, cfg.train.steps) if main else None
         for batch, share, loss_tokens in dist.scatter(batches, start, cfg.train.steps):
             step = batch.step
             t = time.time()
@@ -180,9 +189,9 @@ def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
                 if cfg.train.policy_lag:  # the sampler gets these weights policy_lag steps from now
                     lagged.append(({k: v.detach().clone() for k, v in weights.items()}, step + 1))
                     if len(lagged) > cfg.train.policy_lag:
-                        engine.update(*lagged.popleft())
+                        publish(*lagged.popleft())
                 else:
-                    engine.update(weights, version=step + 1)  # the next rollouts sample the new policy
+                    publish(weights, step + 1)  # the next rollouts sample the new policy
                 m.update(step=step, reward_mean=_mean(batch.rewards), off_policy_max=max(
                     (step - s.version for s in batch.samples), default=0), samples=len(batch.samples), **batch.counts,
                     seconds=time.time() - t)
@@ -200,6 +209,20 @@ def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
         return []
     plot(history, out / "reward.png")
     return history
+
+
+def _reload(c: TrainConfig, folder: Path, config, orchestrator, weights: dict[str, torch.Tensor], version: int) -> None:
+    """New weights for an external rollout server (train.rollout_url): written where it can read them,
+    loaded by it before the next request; the previous version's folder is then removed."""
+    path = folder / f"step-{version}"
+    dist.save_weights(path, weights, config)
+    (path / MARKER).write_text(str(version))
+    reload(c.reload_url or c.rollout_url.rstrip("/") + "/reload", path, c.request_timeout)
+    if isinstance(orchestrator, Orchestrator):  # for replies that name no version (vLLM's)
+        orchestrator.version = version
+    for old in folder.glob("step-*"):
+        if old != path:
+            shutil.rmtree(old)
 
 
 def _mean(xs: list[float]) -> float:
