@@ -4,13 +4,14 @@
 
 The same config runs in one process (`prime-agent rl train CONFIG`: no process group, nothing here
 changes a thing) or in N. With N, every rank holds a shard of the model (`fully_shard` on each block,
-then the root), gloo on CPU, NCCL on GPU. Rank 0 alone samples: it runs the policy server and the
-orchestrator, splits each step's batch into N shares of about equal token count and scatters them.
-Every rank's loss divides by the loss tokens of the whole batch (all-reduced), and gradients are
-summed across ranks, not averaged, so N processes take the same step as one process on the same
-batch, up to the order of float additions. After the step rank 0 gathers the full weights for the
-sampler; only rank 0 logs and writes metrics. A checkpoint gains a `dcp/` folder (model and
-optimizer shards, written by every rank, loadable at any N) beside the usual full weights.
+then the root); gloo on CPU, NCCL on GPU (set up, not yet run: train_step builds its tensors on the
+CPU). Rank 0 alone samples: it runs the policy server and the orchestrator, splits each step's batch
+into N shares of about equal token count and scatters them. Every rank's loss divides by the loss
+tokens of the whole batch (all-reduced), and gradients are summed across ranks, not averaged, so N
+processes take the same step as one process on the same batch, up to the order of float additions.
+After the step rank 0 gathers the full weights for the sampler; only rank 0 logs and writes metrics.
+A checkpoint gains a `dcp/` folder (model and optimizer shards, written by every rank, loadable at
+any N) beside the usual full weights.
 """
 
 from __future__ import annotations
@@ -106,15 +107,15 @@ def loss_tokens(samples: list[Sample]) -> int:
 
 
 def split(samples: list[Sample], n: int) -> list[list[Sample]]:
-    """n shares of about equal token count (prompt and completion: what a forward pass costs), each
-    longest first, by greedy assignment to the lightest share. Deterministic."""
+    """n shares of about equal token count (prompt and completion: what a forward pass costs): longest
+    first, each to the lightest share so far. Deterministic."""
     shares: list[list[Sample]] = [[] for _ in range(n)]
     load = [0] * n
     for s in sorted(samples, key=lambda s: -(len(s.prompt_ids) + len(s.completion_ids))):
         i = load.index(min(load))
         shares[i].append(s)
         load[i] += len(s.prompt_ids) + len(s.completion_ids)
-    for i, share in enumerate(shares):
+    for share in shares:
         if not share and samples:  # every rank must run forward and backward (FSDP's collectives):
             # one left without a sample gets a copy whose loss mask is empty, so it adds no gradient
             share.append(replace(samples[0], completion_mask=[False] * len(samples[0].completion_ids)))
@@ -132,16 +133,14 @@ def scatter(batches: Iterable[Batch] | None, start: int, stop: int) -> Iterator[
         return
     it = iter(batches) if rank() == 0 else None
     for _ in range(start, stop):
-        shares: list[Batch | None] = [None] * world()
-        if it is not None:
-            batch = next(it)
-            shares = [replace(batch, samples=s, rewards=[]) for s in split(batch.samples, world())]
+        batch = next(it) if it is not None else None
+        shares = [replace(batch, samples=s, rewards=[]) for s in split(batch.samples, world())] if batch else None
         out: list[Batch | None] = [None]
-        dist.scatter_object_list(out, shares if rank() == 0 else None, src=0)
+        dist.scatter_object_list(out, shares, src=0)
         share = out[0]
-        total = torch.tensor(loss_tokens(share.samples))  # a padding sample counts nothing
+        total = _tensor([loss_tokens(share.samples)])  # a padding sample counts nothing
         dist.all_reduce(total)
-        yield (batch if rank() == 0 else share), share, int(total)
+        yield batch if batch is not None else share, share, int(total.item())
 
 
 def reduce_metrics(m: dict[str, float]) -> dict[str, float]:
@@ -152,16 +151,22 @@ def reduce_metrics(m: dict[str, float]) -> dict[str, float]:
         return m
     means = [k for k in ("entropy", "masked_fraction", "clipped_fraction", "mismatch_kl") if k in m]
     n = m["tokens"]
-    sums = torch.tensor([m["loss"], float(n)] + [m[k] * n if n else 0.0 for k in means], dtype=torch.float64)
+    sums = _tensor([m["loss"], float(n)] + [m[k] * n if n else 0.0 for k in means])
     dist.all_reduce(sums)
     total = max(sums[1].item(), 1.0)
     out = {**m, "loss": sums[0].item(), "tokens": int(sums[1].item()),
            **{k: sums[2 + i].item() / total for i, k in enumerate(means)}}
     if "max_ratio" in m:
-        top = torch.tensor([m["max_ratio"]], dtype=torch.float64)
+        top = _tensor([m["max_ratio"]])
         dist.all_reduce(top, op=dist.ReduceOp.MAX)
         out["max_ratio"] = top.item()
     return out
+
+
+def _tensor(values: list[float]) -> torch.Tensor:
+    """Values to all-reduce, where the backend reduces: NCCL on the rank's GPU, gloo on the CPU."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    return torch.tensor(values, dtype=torch.float64, device=device)
 
 
 # --- checkpoints -----------------------------------------------------------------------------------

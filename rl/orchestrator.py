@@ -147,4 +147,5 @@ def reload(url: str, path: Path, timeout: float) -> None:
         with urllib.request.urlopen(request, timeout=timeout) as reply:
             reply.read()
     except urllib.error.HTTPError as e:  # the server keeps its old weights: rollouts would silently go stale
-        raise RuntimeError(f"{url}: the rollout server did not load {path}: {e.code} {e.read().decode()[:500]}") from None
+        detail = e.read().decode(errors="replace")[:500]
+        raise RuntimeError(f"{url}: the rollout server did not load {path}: {e.code} {detail}") from None

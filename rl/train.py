@@ -148,8 +148,9 @@ def train(cfg: RunConfig, log=print, progress: bool = True) -> list[dict]:
     else:
         torch.manual_seed(cfg.train.seed)
         model = Policy(cfg.model)
-    # the sampler's own weights (rank 0); the agent's prompt is far longer than the policy's context: keep its tail
-    local = main and not cfg.train.rollout_url  # else an external server samples (rollout_url)
+    # rank 0's sampler, with its own copy of the weights, unless an external server samples (rollout_url);
+    # the agent's prompt is far longer than the policy's context: keep its tail
+    local = main and not cfg.train.rollout_url
     engine = Engine(copy.deepcopy(model), version=start, truncate=cfg.env.harness) if local else None
     model = dist.shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)

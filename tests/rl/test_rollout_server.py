@@ -62,8 +62,8 @@ def test_the_trainer_hands_an_external_server_its_weights_after_every_step(tmp_p
         # logprobs per sampled token are the trainer's own
         assert [h["off_policy_max"] for h in history] == [0, 0, 0]
         assert max(h["mismatch_kl"] for h in history) < 1e-6
-        request = urllib.request.Request(f"{url}/completions", data=json.dumps({"prompt": "ab", "max_tokens": 1}).encode(),
-                                         headers={"content-type": "application/json"})
+        body = json.dumps({"prompt": "ab", "max_tokens": 1}).encode()
+        request = urllib.request.Request(f"{url}/completions", data=body, headers={"content-type": "application/json"})
         with urllib.request.urlopen(request) as r:  # the next request samples the last step's weights
             assert json.load(r)["policy_version"] == 3
         assert [p.name for p in (tmp_path / "run" / "weights").iterdir()] == ["step-3"]  # older ones removed
