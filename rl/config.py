@@ -101,6 +101,13 @@ class TrainConfig(_Section):
     """A checkpoint to start from (default: the run's SFT warm start if any, else fresh weights)."""
     request_timeout: float = 120.0
     """Seconds before a sampling request counts as timed out (its rollouts are excluded)."""
+    rollout_url: str | None = None
+    """An OpenAI-compatible server, already running, to sample rollouts from (vLLM, SGLang, `prime-agent rl
+    serve`), e.g. "http://127.0.0.1:8000/v1"; the trainer then starts no server of its own. After each step
+    it writes the new weights to <out>/weights/step-N and POSTs {"path": "<that folder>"} to reload_url."""
+    reload_url: str | None = None
+    """With rollout_url: the endpoint that loads weights from a path and answers once the server samples
+    with them (default: rollout_url + "/reload", the policy server's). vLLM has none built in: see README."""
 
 
 class RunConfig(_Section):

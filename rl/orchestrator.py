@@ -8,10 +8,14 @@ trainer never re-scores rollouts before the loss: the loss sees these inference 
 
 from __future__ import annotations
 
+import json
 import queue
 import statistics
 import threading
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from evals.env import RLEnvironment
 from rl.config import TrainConfig
@@ -43,10 +47,13 @@ class Batch:
 
 
 class Orchestrator:
-    def __init__(self, base_url: str, env: RLEnvironment, config: TrainConfig):
+    def __init__(self, base_url: str, env: RLEnvironment, config: TrainConfig, version: int = 0):
         import openai
 
         self.env, self.config = env, config
+        self.version = version
+        """The policy version the server was last given (the trainer sets it): stamped on rollouts whose
+        reply names none. The policy server names the version that sampled; vLLM does not."""
         self.tok = ByteTokenizer()
         self.client = openai.OpenAI(base_url=base_url, api_key="local", max_retries=2, timeout=config.request_timeout)
         self._timeout = openai.APITimeoutError
@@ -61,15 +68,16 @@ class Orchestrator:
                                  + [{"role": "user", "content": t.prompt}]) for t in tasks]
         counts = {"rollouts": len(tasks) * c.group_size, "errored": 0, "timed_out": 0, "zero_advantage_groups": 0,
                   "stale": 0}
-        try:
+        loaded = self.version  # read before sampling: weights that arrive meanwhile are newer than this
+        try:  # return_token_ids: vLLM then sends each choice's token_ids, as the policy server always does
             resp = self.client.completions.create(
                 model="policy", prompt=prompts, n=c.group_size, max_tokens=c.max_tokens, temperature=c.temperature,
-                logprobs=1, seed=c.seed * 1_000_003 + step,
+                logprobs=1, seed=c.seed * 1_000_003 + step, extra_body={"return_token_ids": True},
             )
         except Exception as e:  # a failed or timed-out request: its rollouts are excluded and counted
             counts["timed_out" if isinstance(e, self._timeout) else "errored"] = counts["rollouts"]
             return Batch(step, [], [], -1, counts)
-        version = int((resp.model_extra or {}).get("policy_version", 0))
+        version = int((resp.model_extra or {}).get("policy_version", loaded))
         samples, rewards = [], []
         for g, task in enumerate(tasks):
             group = resp.choices[g * c.group_size : (g + 1) * c.group_size]
@@ -129,3 +137,15 @@ class Orchestrator:
             item.samples, item.step = fresh, step
             yield item
             ahead.release()  # the trainer asked for the next batch: this step is trained
+
+
+def reload(url: str, path: Path, timeout: float) -> None:
+    """POST {"path": ...} to a rollout server's reload endpoint; returns once it has loaded the weights."""
+    request = urllib.request.Request(url, data=json.dumps({"path": str(path)}).encode(), method="POST",
+                                     headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            reply.read()
+    except urllib.error.HTTPError as e:  # the server keeps its old weights: rollouts would silently go stale
+        detail = e.read().decode(errors="replace")[:500]
+        raise RuntimeError(f"{url}: the rollout server did not load {path}: {e.code} {detail}") from None

@@ -5,6 +5,10 @@ New weights load between batches (hot reload), so requests in flight finish on t
 started with; each response names the `policy_version` that sampled it.
 
     prime-agent rl serve [--checkpoint DIR] [--host 127.0.0.1] [--port 8000]
+
+It also stands in for vLLM as an external rollout server (`train.rollout_url`): the trainer POSTs
+{"path": DIR} to /v1/reload after each step. vLLM's replies name no policy version and it has no
+such reload route: the README's RL section says what to configure there.
 """
 
 from __future__ import annotations
@@ -363,9 +367,9 @@ def _lp_entry(tok: ByteTokenizer, token: int, logprob: float) -> dict[str, Any]:
 
 
 class BackgroundServer:
-    """uvicorn in a thread, for the trainer and for tests: `with BackgroundServer(engine) as url:`."""
+    """uvicorn in a thread, for the trainer and for tests: `with BackgroundServer(engine) as url:` (or an app)."""
 
-    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, engine: Engine | FastAPI, host: str = "127.0.0.1", port: int = 0):
         import socket
 
         import uvicorn
@@ -373,7 +377,8 @@ class BackgroundServer:
         self.sock = socket.socket()
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
-        config = uvicorn.Config(create_app(engine), log_level="warning", lifespan="off")
+        app = engine if isinstance(engine, FastAPI) else create_app(engine)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

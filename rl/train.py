@@ -5,6 +5,10 @@
 
 One process on the CPU: the policy server runs in a thread beside the trainer, sampling with its
 own copy of the weights, which the trainer replaces after every step (a hot reload).
+
+N processes, the same config (rl/dist.py: FSDP2, gloo on CPU, NCCL on GPU; rank 0 samples and logs):
+
+    torchrun --nproc_per_node 2 -m rl.train examples/reverse_text/config.toml [--section.field VALUE ...]
 """
 
 from __future__ import annotations
@@ -13,21 +17,24 @@ import copy
 import json
 import math
 import random
+import shutil
 import time
 from collections import deque
+from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from evals.tasksets import select
-from rl import losses
-from rl.config import RunConfig
+from rl import dist, losses
+from rl.config import RunConfig, TrainConfig
 from rl.envs import load as load_env
 from rl.envs.harness import HarnessOrchestrator, policy_view
 from rl.model import (
-    ByteTokenizer, Policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint, token_logprobs,
+    MARKER, ByteTokenizer, Policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint, token_logprobs,
 )
-from rl.orchestrator import Batch, Orchestrator
+from rl.orchestrator import Batch, Orchestrator, reload
 from rl.serve import BackgroundServer, Engine
 
 
@@ -86,8 +93,10 @@ def sft(cfg: RunConfig, log=print) -> Path:
 # --- one optimizer step ------------------------------------------------------------------------------
 
 
-def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: RunConfig) -> dict[str, float]:
-    """Token-level loss on the batch's samples, normalised by its loss-mask tokens; one AdamW step."""
+def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: RunConfig,
+               loss_tokens: int | None = None) -> dict[str, float]:
+    """Token-level loss on the batch's samples, normalised by its loss-mask tokens (or by `loss_tokens`:
+    a data-parallel rank's share divides by the whole batch's); one AdamW step."""
     tok = ByteTokenizer()
     rows = [s.prompt_ids + s.completion_ids for s in batch.samples]
     ids = pad(rows, tok.PAD)
@@ -104,7 +113,7 @@ def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: Run
     model.train()
     trainer, entropy = token_logprobs(model, ids, cfg.train.temperature, entropy=True)
     out = losses.compute(cfg.loss.name, trainer, inference, advantages, mask, **cfg.loss.overrides())
-    loss = out.per_token.sum() / mask.sum().clamp(min=1)
+    loss = out.per_token.sum() / (loss_tokens or mask.sum().clamp(min=1))
     opt.zero_grad()
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
@@ -117,8 +126,13 @@ def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: Run
 
 
 def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -> list[dict]:
-    """SFT warm start (if configured), then RL. `orchestrator(base_url)`, if given, makes what samples
-    the batches from the policy server at base_url (default: from the config)."""
+    """RL steps; returns the metrics of each. `orchestrator(base_url)`, if given, makes what samples the
+    batches from the policy server at base_url (default: from the config). Under torchrun every rank
+    runs this (rl/dist.py): rank 0 samples, logs, writes metrics and returns them; the other ranks
+    train their shares and return []."""
+    main = dist.rank() == 0
+    if not main:
+        log, progress = (lambda *_: None), False
     out = Path(cfg.train.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.train.threads)
@@ -134,57 +148,88 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
     elif cfg.train.init_from:
         model = load_policy(latest_checkpoint(Path(cfg.train.init_from)) or Path(cfg.train.init_from))
     elif cfg.sft.steps > 0:
-        model = load_policy(sft(cfg, log))
+        model = load_policy(dist.on_main(lambda: sft(cfg, log)))  # the other ranks wait for rank 0's
     else:
         torch.manual_seed(cfg.train.seed)
         model = Policy(cfg.model)
+    # rank 0's sampler, with its own copy of the weights, unless an external server samples (rollout_url);
+    # the agent's prompt is far longer than the policy's context: keep its tail
+    local = main and not cfg.train.rollout_url
+    engine = Engine(copy.deepcopy(model), version=start, truncate=cfg.env.harness) if local else None
+    model = dist.shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     if state is not None:
-        opt.load_state_dict(state["optimizer"])
+        dist.load_state(resume, model, opt, state)
         torch.set_rng_state(state["rng"])
 
     metrics_path = out / "metrics.jsonl"
     history = [json.loads(line) for line in metrics_path.read_text().splitlines()] if resume and metrics_path.exists() else []
     history = [h for h in history if h["step"] < start]
-    metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
+    if main:
+        metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
 
-    # the sampler's own weights; the agent's prompt is far longer than the policy's context: keep its tail
-    engine = Engine(copy.deepcopy(model), version=start, truncate=cfg.env.harness)
     lagged: deque = deque()
-    with BackgroundServer(engine) as base_url, _Progress(cfg.train.steps, start, progress) as bar:
-        if orchestrator is not None:
+    with BackgroundServer(engine) if engine else nullcontext(cfg.train.rollout_url) as base_url, \
+            _Progress(cfg.train.steps, start, progress) if main else nullcontext() as bar:
+        sampler = None  # rank 0 samples; with N processes each rank trains on its share of every batch
+        if main and orchestrator is not None:
             sampler = orchestrator(base_url)
-        elif cfg.env.harness:
+        elif main and cfg.env.harness:
             sampler = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, out)
-        else:
-            sampler = Orchestrator(base_url, env, cfg.train)
+        elif main:
+            sampler = Orchestrator(base_url, env, cfg.train, version=start)
+        publish = engine.update if engine else partial(_reload, cfg.train, out / "weights", model.config, sampler)
+        if cfg.train.rollout_url:  # an external server may hold other weights (a resumed run's are newer)
+            weights = dist.full_weights(model)
+            if main:
+                publish(weights, start)
+        batches = sampler.batches(start, cfg.train.steps) if main else None
         waited = time.time()
-        for batch in sampler.batches(start, cfg.train.steps):
+        for batch, share, loss_tokens in dist.scatter(batches, start, cfg.train.steps):
             step = batch.step
             t = time.time()
-            m = train_step(model, opt, batch, cfg) if batch.samples else {"loss": 0.0, "tokens": 0}
-            if cfg.train.policy_lag:  # the sampler gets these weights policy_lag steps from now
-                lagged.append(({k: v.detach().clone() for k, v in model.state_dict().items()}, step + 1))
-                if len(lagged) > cfg.train.policy_lag:
-                    engine.update(*lagged.popleft())
-            else:
-                engine.update(model.state_dict(), version=step + 1)  # the next rollouts sample the new policy
-            m.update(step=step, reward_mean=_mean(batch.rewards), off_policy_max=max(
-                (step - s.version for s in batch.samples), default=0), samples=len(batch.samples), **batch.counts,
-                seconds=time.time() - t, sampling_seconds=t - waited)
-            m["tokens_per_s"] = m["tokens"] / max(m["seconds"], 1e-9)
-            _check_finite(m)
-            history.append(m)
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(m) + "\n")
-            bar.line(f"step {step:4d}  reward {m['reward_mean']:.3f}  loss {m['loss']:+.4f}  "
-                     f"mismatch_kl {m.get('mismatch_kl', 0):.2e}  masked {m.get('masked_fraction', 0):.3f}  "
-                     f"off_policy {m['off_policy_max']}  {m['tokens_per_s']:,.0f} tok/s")
+            m = train_step(model, opt, share, cfg, loss_tokens) if share.samples else {"loss": 0.0, "tokens": 0}
+            m = dist.reduce_metrics(m)
+            weights = dist.full_weights(model)  # the whole model on rank 0, for the sampler and checkpoints
+            if main:
+                if cfg.train.policy_lag:  # the sampler gets these weights policy_lag steps from now
+                    lagged.append(({k: v.detach().clone() for k, v in weights.items()}, step + 1))
+                    if len(lagged) > cfg.train.policy_lag:
+                        publish(*lagged.popleft())
+                else:
+                    publish(weights, step + 1)  # the next rollouts sample the new policy
+                m.update(step=step, reward_mean=_mean(batch.rewards), off_policy_max=max(
+                    (step - s.version for s in batch.samples), default=0), samples=len(batch.samples), **batch.counts,
+                    seconds=time.time() - t, sampling_seconds=t - waited)
+                m["tokens_per_s"] = m["tokens"] / max(m["seconds"], 1e-9)
+                _check_finite(m)
+                history.append(m)
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps(m) + "\n")
+                bar.line(f"step {step:4d}  reward {m['reward_mean']:.3f}  loss {m['loss']:+.4f}  "
+                         f"mismatch_kl {m.get('mismatch_kl', 0):.2e}  masked {m.get('masked_fraction', 0):.3f}  "
+                         f"off_policy {m['off_policy_max']}  {m['tokens_per_s']:,.0f} tok/s")
             if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
-                save_checkpoint(out / "checkpoints" / f"step-{step + 1}", model, opt, step + 1)
+                dist.save(out / "checkpoints" / f"step-{step + 1}", model, opt, step + 1, weights)
             waited = time.time()
+    if not main:
+        return []
     plot(history, out / "reward.png")
     return history
+
+
+def _reload(c: TrainConfig, folder: Path, config, orchestrator, weights: dict[str, torch.Tensor], version: int) -> None:
+    """New weights for an external rollout server (train.rollout_url): written where it can read them,
+    loaded by it before the next request; the previous version's folder is then removed."""
+    path = folder / f"step-{version}"
+    dist.save_weights(path, weights, config)
+    (path / MARKER).write_text(str(version))
+    reload(c.reload_url or c.rollout_url.rstrip("/") + "/reload", path, c.request_timeout)
+    if isinstance(orchestrator, Orchestrator):  # for replies that name no version (vLLM's)
+        orchestrator.version = version
+    for old in folder.glob("step-*"):
+        if old != path:
+            shutil.rmtree(old)
 
 
 def _mean(xs: list[float]) -> float:
@@ -240,3 +285,24 @@ class _Progress:
     def __exit__(self, *exc: object) -> None:
         if self.enabled:
             self.progress.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`torchrun --nproc_per_node N -m rl.train CONFIG [--section.field VALUE ...]`: the run on N processes
+    (one process: `python -m rl.train CONFIG`, the same as `prime-agent rl train CONFIG`)."""
+    import sys
+
+    from rl.config import load
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0].startswith("-"):
+        print("usage: torchrun --nproc_per_node N -m rl.train CONFIG [--section.field VALUE ...]", file=sys.stderr)
+        return 2
+    cfg = load(args[0], args[1:])
+    with dist.process_group():
+        train(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

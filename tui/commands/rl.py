@@ -15,6 +15,7 @@ def main(args: argparse.Namespace) -> int:
 
         return serve(args)
     from rl.config import load
+    from rl.dist import process_group
     from rl.train import sft, train
 
     try:
@@ -25,7 +26,8 @@ def main(args: argparse.Namespace) -> int:
     if args.action == "sft":
         print(f"wrote {sft(cfg)}")
         return 0
-    history = train(cfg)
+    with process_group():  # under torchrun (the documented form is `torchrun ... -m rl.train CONFIG`)
+        history = train(cfg)
     if history:
         first, last = history[0]["reward_mean"], history[-1]["reward_mean"]
         print(f"reward {first:.3f} -> {last:.3f} over {len(history)} steps; run in {cfg.train.out}")

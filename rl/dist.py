@@ -1,0 +1,232 @@
+"""Data-parallel training across processes: torchrun, FSDP2 and torch.distributed.checkpoint.
+
+    torchrun --nproc_per_node 2 -m rl.train examples/reverse_text/config.toml [--section.field VALUE ...]
+
+The same config runs in one process (`prime-agent rl train CONFIG`: no process group, nothing here
+changes a thing) or in N. With N, every rank holds a shard of the model (`fully_shard` on each block,
+then the root); gloo on CPU, NCCL on GPU (set up, not yet run: train_step builds its tensors on the
+CPU). Rank 0 alone samples: it runs the policy server and the orchestrator, splits each step's batch
+into N shares of about equal token count and scatters them. Every rank's loss divides by the loss
+tokens of the whole batch (all-reduced), and gradients are summed across ranks, not averaged, so N
+processes take the same step as one process on the same batch, up to the order of float additions.
+After the step rank 0 gathers the full weights for the sampler; only rank 0 logs and writes metrics.
+A checkpoint gains a `dcp/` folder (model and optimizer shards, written by every rank, loadable at
+any N) beside the usual full weights.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+from rl.model import MARKER, save_checkpoint
+from rl.orchestrator import Batch, Sample
+
+T = TypeVar("T")
+
+
+@contextmanager
+def process_group():
+    """A process group for the ranks torchrun started (WORLD_SIZE > 1), torn down on exit; nothing
+    with one process. NCCL with one GPU per rank where there are GPUs, else gloo."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        yield
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        yield
+        dist.barrier()  # every rank done before any tears down: gloo can abort on a peer already gone
+    finally:
+        dist.destroy_process_group()
+
+
+def world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def on_main(fn: Callable[[], T]) -> T:
+    """fn() on rank 0 while the others wait; every rank gets its result."""
+    if world() == 1:
+        return fn()
+    box = [fn() if rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+# --- the model -------------------------------------------------------------------------------------
+
+
+def shard(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2: each block, then the root (embeddings, final norm), sharded across the ranks. Gradients
+    are summed, not averaged: the loss is already normalised by the whole batch's tokens."""
+    if world() == 1:
+        return model
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if torch.cuda.is_available():
+        model.to(torch.device("cuda", torch.cuda.current_device()))
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)  # gloo has no pre-scaled sum
+    return model
+
+
+def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole state dict on rank 0, on the CPU ({} on the other ranks); every rank must call it."""
+    if world() == 1:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+# --- the batch -------------------------------------------------------------------------------------
+
+
+def loss_tokens(samples: list[Sample]) -> int:
+    """The loss-mask tokens of these samples: what train_step's loss divides by."""
+    return sum(sum(s.completion_mask) if s.completion_mask is not None else len(s.completion_ids) for s in samples)
+
+
+def split(samples: list[Sample], n: int) -> list[list[Sample]]:
+    """n shares of about equal token count (prompt and completion: what a forward pass costs): longest
+    first, each to the lightest share so far. Deterministic."""
+    shares: list[list[Sample]] = [[] for _ in range(n)]
+    load = [0] * n
+    for s in sorted(samples, key=lambda s: -(len(s.prompt_ids) + len(s.completion_ids))):
+        i = load.index(min(load))
+        shares[i].append(s)
+        load[i] += len(s.prompt_ids) + len(s.completion_ids)
+    for share in shares:
+        if not share and samples:  # every rank must run forward and backward (FSDP's collectives):
+            # one left without a sample gets a copy whose loss mask is empty, so it adds no gradient
+            share.append(replace(samples[0], completion_mask=[False] * len(samples[0].completion_ids)))
+    return shares
+
+
+def scatter(batches: Iterable[Batch] | None, start: int, stop: int) -> Iterator[tuple[Batch, Batch, int | None]]:
+    """(batch, share, loss tokens) per step. Rank 0 passes the orchestrator's batches: each is split
+    by token count and one share goes to each rank; the others pass None and get theirs. `batch` is
+    the whole step's batch on rank 0 and the share elsewhere; loss tokens are the whole batch's
+    (None with one process: train_step counts them itself)."""
+    if world() == 1:
+        for batch in batches:
+            yield batch, batch, None
+        return
+    it = iter(batches) if rank() == 0 else None
+    for _ in range(start, stop):
+        batch = next(it) if it is not None else None
+        shares = [replace(batch, samples=s, rewards=[]) for s in split(batch.samples, world())] if batch else None
+        out: list[Batch | None] = [None]
+        dist.scatter_object_list(out, shares, src=0)
+        share = out[0]
+        total = _tensor([loss_tokens(share.samples)])  # a padding sample counts nothing
+        dist.all_reduce(total)
+        yield batch if batch is not None else share, share, int(total.item())
+
+
+def reduce_metrics(m: dict[str, float]) -> dict[str, float]:
+    """One rank's train_step metrics made the whole step's: the loss and tokens summed, rates averaged
+    weighted by each rank's loss tokens, the largest ratio. Ranks with nothing to train pass
+    {"loss": 0.0, "tokens": 0}, as they all do on the same steps."""
+    if world() == 1:
+        return m
+    means = [k for k in ("entropy", "masked_fraction", "clipped_fraction", "mismatch_kl") if k in m]
+    n = m["tokens"]
+    sums = _tensor([m["loss"], float(n)] + [m[k] * n if n else 0.0 for k in means])
+    dist.all_reduce(sums)
+    total = max(sums[1].item(), 1.0)
+    out = {**m, "loss": sums[0].item(), "tokens": int(sums[1].item()),
+           **{k: sums[2 + i].item() / total for i, k in enumerate(means)}}
+    if "max_ratio" in m:
+        top = _tensor([m["max_ratio"]])
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        out["max_ratio"] = top.item()
+    return out
+
+
+def _tensor(values: list[float]) -> torch.Tensor:
+    """Values to all-reduce, where the backend reduces: NCCL on the rank's GPU, gloo on the CPU."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    return torch.tensor(values, dtype=torch.float64, device=device)
+
+
+# --- checkpoints -----------------------------------------------------------------------------------
+
+
+def save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int,
+         weights: dict[str, torch.Tensor]) -> None:
+    """A checkpoint; every rank calls it. One process: save_checkpoint. N: every rank writes its model
+    and optimizer shards to `dcp/`, then rank 0 the full `weights` (what load_policy and the policy
+    server read), the step and rng state, and the marker last."""
+    if world() == 1:
+        save_checkpoint(path, model, opt, step)
+        return
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    tmp = path.with_name(path.name + ".partial")
+    if rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    model_state, optim_state = get_state_dict(model, opt)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp / "dcp")
+    if rank() == 0:
+        save_weights(tmp, weights, model.config)
+        torch.save({"step": step, "rng": torch.get_rng_state()}, tmp / "trainer.pt")
+        (tmp / MARKER).write_text(str(step))
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    dist.barrier()
+
+
+def save_weights(folder: Path, weights: dict[str, torch.Tensor], config) -> None:
+    """Full weights and the model config: what load_policy and the policy server's reload read."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(config.model_dump_json(indent=1))
+
+
+def load_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+    """The optimizer state saved at `path` (the model's weights are loaded already). A distributed
+    checkpoint's shards load at any number of ranks; a one-process checkpoint's whole state, into
+    sharded parameters too."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    if (path / "dcp").is_dir():
+        import torch.distributed.checkpoint as dcp
+
+        model_state, optim_state = get_state_dict(model, opt)
+        dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=path / "dcp", no_dist=world() == 1)
+        set_state_dict(model, opt, model_state_dict=model_state, optim_state_dict=optim_state)
+    elif world() == 1:
+        opt.load_state_dict(state["optimizer"])
+    else:  # keyed by parameter index; the sharded form is keyed by name
+        names = [n for n, _ in model.named_parameters()]
+        saved = state["optimizer"]
+        whole = {"state": {names[i]: v for i, v in saved["state"].items()},
+                 "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]]}
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, opt, whole, options=StateDictOptions(full_state_dict=True))
