@@ -77,6 +77,9 @@ class TrainConfig(_Section):
     max_grad_norm: float = 1.0
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; the trainer scores tokens at the same temperature."""
+    pack_length: int | None = Field(None, gt=1)
+    """Pack each step's samples into rows of this many tokens, one micro-batch per row, attention kept
+    within each sample (None: the whole step is one batch, a row per sample)."""
     max_tokens: int = 24
     """Longest completion."""
     std_normalize: bool = False
