@@ -36,7 +36,7 @@ def plain_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
                    entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The same through autograd over the whole [tokens, vocab] logits: the reference, and the baseline
     that bench/logprobs.py and bench/gpu.py measure against."""
-    logp = F.log_softmax((hidden @ weight.T).to(_wide(hidden)) / temperature, dim=-1)
+    logp = F.log_softmax((hidden @ weight.to(hidden.dtype).T).to(_wide(hidden)) / temperature, dim=-1)
     picked = torch.gather(logp, -1, targets[..., None]).squeeze(-1)
     if not entropy:
         return picked, None
@@ -51,12 +51,12 @@ def _wide(t: torch.Tensor) -> torch.dtype:
 class _Chunked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk, entropy):
-        n = hidden.shape[0]
+        n, w = hidden.shape[0], weight.to(hidden.dtype)  # bf16 activations meet fp32 master weights
         picked = torch.empty(n, dtype=_wide(hidden), device=hidden.device)
         lse = torch.empty_like(picked)
         ent = torch.empty_like(picked) if entropy else picked.new_empty(0)
         for s in range(0, n, chunk):
-            logits = (hidden[s:s + chunk] @ weight.T).to(picked.dtype).div_(temperature)
+            logits = (hidden[s:s + chunk] @ w.T).to(picked.dtype).div_(temperature)
             lse[s:s + chunk] = torch.logsumexp(logits, dim=-1)
             picked[s:s + chunk] = logits.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse[s:s + chunk]
             if entropy:  # H = -sum p log p, with log p = logits - lse
@@ -71,17 +71,18 @@ class _Chunked(torch.autograd.Function):
     def backward(ctx, grad_picked, _grad_entropy):
         hidden, weight, targets, lse = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[:2]
+        w = weight.to(hidden.dtype)
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
         for s in range(0, hidden.shape[0], ctx.chunk):
             h, g = hidden[s:s + ctx.chunk], grad_picked[s:s + ctx.chunk, None]
             # d log p[target] / d logits = onehot(target) - softmax, then through the 1/temperature
-            logits = (h @ weight.T).to(lse.dtype).div_(ctx.temperature)
+            logits = (h @ w.T).to(lse.dtype).div_(ctx.temperature)
             d = logits.sub_(lse[s:s + ctx.chunk, None]).exp_().mul_(-g)
             d.scatter_add_(1, targets[s:s + ctx.chunk, None], g)
             d = d.div_(ctx.temperature).to(hidden.dtype)
             if need_h:
-                grad_h[s:s + ctx.chunk] = d @ weight
+                grad_h[s:s + ctx.chunk] = d @ w
             if need_w:
                 grad_w += (d.T @ h).to(lse.dtype)
         return grad_h, grad_w.to(weight.dtype) if need_w else None, None, None, None, None

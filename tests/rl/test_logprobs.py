@@ -38,6 +38,25 @@ def test_chunked_and_plain_agree_in_value_entropy_and_gradient_at_a_32k_vocabula
         assert torch.allclose(chunked[2][name], grad, rtol=1e-4, atol=1e-6), name
 
 
+def test_bf16_hidden_states_meet_fp32_weights():
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(50, 16, generator=g).bfloat16().requires_grad_()
+    weight = torch.randn(1000, 16, generator=g).requires_grad_()  # the fp32 master copy
+    targets = torch.randint(0, 1000, (50,), generator=g)
+
+    def run(h):
+        hidden.grad = weight.grad = None
+        picked = chunked_logprobs(h, weight, targets, chunk=16)[0]
+        picked.sum().backward()
+        return picked, hidden.grad, weight.grad
+
+    c, ch, cw = run(hidden)
+    assert c.dtype == torch.float32 and ch.dtype == torch.bfloat16 and cw.dtype == torch.float32
+    p, ph, pw = run(hidden.float())  # the same inputs in fp32 throughout
+    for x, ref in ((c, p), (ch, ph), (cw, pw)):
+        assert (x.float() - ref).norm() / ref.norm() < 1e-2  # bf16 rounding, nothing worse
+
+
 def saved_bytes(fn) -> int:
     """Bytes of the tensors autograd keeps from forward to backward while `fn` runs."""
     total = 0
