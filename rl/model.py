@@ -67,6 +67,9 @@ class PolicyConfig(BaseModel):
     max_seq: int = 256
     """Longest sequence (prompt plus completion) in tokens."""
     vocab_size: int = ByteTokenizer.vocab_size
+    hf: str | None = None
+    """A Hugging Face causal LM instead of the byte policy (rl/hf.py, extra `hf`): a local model
+    directory, or a config.json built with random weights. The fields above then do not apply."""
 
 
 class Block(nn.Module):
@@ -130,6 +133,15 @@ class Policy(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def build_policy(config: PolicyConfig) -> nn.Module:
+    """The byte `Policy`, or with `config.hf` a Hugging Face causal LM."""
+    if config.hf:
+        from rl.hf import load_hf
+
+        return load_hf(config.hf)
+    return Policy(config)
 
 
 def token_logprobs(model: Policy, ids: torch.Tensor, temperature: float = 1.0, entropy: bool = False, *,
