@@ -44,6 +44,11 @@ def plain_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         return picked, -(logp.exp() * logp).sum(-1)
 
 
+def _scaled(logits: torch.Tensor, dtype: torch.dtype, temperature: float) -> torch.Tensor:
+    logits = logits.to(dtype)
+    return logits if temperature == 1.0 else logits.div_(temperature)
+
+
 def _wide(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
@@ -56,7 +61,7 @@ class _Chunked(torch.autograd.Function):
         lse = torch.empty_like(picked)
         ent = torch.empty_like(picked) if entropy else picked.new_empty(0)
         for s in range(0, n, chunk):
-            logits = (hidden[s:s + chunk] @ w.T).to(picked.dtype).div_(temperature)
+            logits = _scaled(hidden[s:s + chunk] @ w.T, picked.dtype, temperature)
             lse[s:s + chunk] = torch.logsumexp(logits, dim=-1)
             picked[s:s + chunk] = logits.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse[s:s + chunk]
             if entropy:  # H = -sum p log p, with log p = logits - lse
@@ -75,14 +80,15 @@ class _Chunked(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
         for s in range(0, hidden.shape[0], ctx.chunk):
-            h, g = hidden[s:s + ctx.chunk], grad_picked[s:s + ctx.chunk, None]
-            # d log p[target] / d logits = onehot(target) - softmax, then through the 1/temperature
-            logits = (h @ w.T).to(lse.dtype).div_(ctx.temperature)
+            h, g = hidden[s:s + ctx.chunk], grad_picked[s:s + ctx.chunk, None] / ctx.temperature
+            # d log p[target] / d (h @ w.T) = (onehot(target) - softmax) / temperature
+            logits = _scaled(h @ w.T, lse.dtype, ctx.temperature)
             d = logits.sub_(lse[s:s + ctx.chunk, None]).exp_().mul_(-g)
-            d.scatter_add_(1, targets[s:s + ctx.chunk, None], g)
-            d = d.div_(ctx.temperature).to(hidden.dtype)
+            d = d.scatter_add_(1, targets[s:s + ctx.chunk, None], g).to(hidden.dtype)
             if need_h:
                 grad_h[s:s + ctx.chunk] = d @ w
-            if need_w:
-                grad_w += (d.T @ h).to(lse.dtype)
+            if need_w and h.dtype == grad_w.dtype:
+                grad_w.addmm_(d.T, h)
+            elif need_w:  # bf16 products, summed over chunks in fp32
+                grad_w += (d.T @ h).to(grad_w.dtype)
         return grad_h, grad_w.to(weight.dtype) if need_w else None, None, None, None, None
