@@ -41,6 +41,9 @@ class MicroBatch:
     segments: torch.Tensor | None = None
     """[rows, L] which sample each token belongs to, -1 for padding (None: one sample per row)."""
 
+    def to(self, device: torch.device) -> MicroBatch:
+        return MicroBatch(**{k: v.to(device) if v is not None else None for k, v in vars(self).items()})
+
 
 def micro_batches(samples: list[Sample], pack_length: int | None) -> list[MicroBatch]:
     return packed(samples, pack_length) if pack_length else [padded(samples)]
@@ -111,8 +114,10 @@ def backward(model: torch.nn.Module, micro: list[MicroBatch], temperature: float
     step: each micro-batch's summed token loss is divided by the loss-mask tokens of the whole step.
     Returns the step's loss, token count, entropy and loss metrics, as if computed in one piece."""
     tokens = sum(int(m.loss_mask.sum()) for m in micro)
+    device = next(model.parameters()).device
     total, kept = 0.0, []
     for m in micro:
+        m = m.to(device)
         trainer, entropy = token_logprobs(model, m.ids, temperature, entropy=True, positions=m.positions,
                                           segments=m.segments)
         out = losses.compute(loss.name, trainer, m.inference, m.advantages, m.loss_mask, **loss.overrides())
