@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agent.config import describe, merge, parse_override
 from rl.model import PolicyConfig
@@ -109,6 +109,14 @@ class RunConfig(_Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
+
+    @field_validator("model")
+    @classmethod
+    def _runs_sample_the_byte_policy(cls, model: PolicyConfig) -> PolicyConfig:
+        if model.hf:  # rather than quietly training a byte policy in its place
+            raise ValueError("hf: a run samples its rollouts from the built-in policy server, which serves the byte "
+                             "policy only; Hugging Face models train through rl.train.train_step (see bench/gpu.py)")
+        return model
 
 
 def load(path: str | None, overrides: list[str]) -> RunConfig:

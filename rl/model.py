@@ -69,7 +69,8 @@ class PolicyConfig(BaseModel):
     vocab_size: int = ByteTokenizer.vocab_size
     hf: str | None = None
     """A Hugging Face causal LM instead of the byte policy (rl/hf.py, extra `hf`): a local model
-    directory, or a config.json built with random weights. The fields above then do not apply."""
+    directory, or a config.json built with random weights. The fields above then do not apply.
+    For `build_policy` and `train_step`; a whole run refuses it (its sampler serves byte policies)."""
 
 
 class Block(nn.Module):
@@ -144,7 +145,7 @@ def build_policy(config: PolicyConfig) -> nn.Module:
     return Policy(config)
 
 
-def token_logprobs(model: Policy, ids: torch.Tensor, temperature: float = 1.0, entropy: bool = False, *,
+def token_logprobs(model: nn.Module, ids: torch.Tensor, temperature: float = 1.0, entropy: bool = False, *,
                    positions: torch.Tensor | None = None, segments: torch.Tensor | None = None,
                    chunk: int | None = None, plain: bool = False):
     """log p(ids[:, t] | ids[:, :t]) for t >= 1, shape [B, T-1], under the temperature-scaled policy;

@@ -95,3 +95,10 @@ def test_a_local_model_directory_loads_weights_tokenizer_and_chat_template(tmp_p
     assert ids[-len(loaded.tokenizer.encode("<|assistant|>")):] == loaded.tokenizer.encode("<|assistant|>")
     with pytest.raises(FileNotFoundError, match="neither a config.json nor a model directory"):
         load_hf(tmp_path / "nothing")
+
+
+def test_a_run_config_naming_an_hf_model_is_refused_rather_than_trained_as_a_byte_policy(tmp_path: Path):
+    from rl.config import load
+
+    with pytest.raises(ValueError, match="field model: Value error, hf: a run samples its rollouts from the built-in policy server"):
+        load(None, ["--model.hf", json.dumps(str(config_file(tmp_path, "gpt2")))])
