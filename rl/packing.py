@@ -50,7 +50,7 @@ def micro_batches(samples: list[Sample], pack_length: int | None) -> list[MicroB
 
 
 def padded(samples: list[Sample]) -> MicroBatch:
-    width = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    width = max(map(_len, samples))
     m = _empty(len(samples), width)
     for i, s in enumerate(samples):
         _place(m, i, 0, s)
