@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agent.config import describe, merge, parse_override
 from rl.model import PolicyConfig
@@ -80,6 +80,9 @@ class TrainConfig(_Section):
     max_grad_norm: float = 1.0
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; the trainer scores tokens at the same temperature."""
+    pack_length: int | None = Field(None, gt=1)
+    """Pack each step's samples into rows of this many tokens, one micro-batch per row, attention kept
+    within each sample (None: the whole step is one batch, a row per sample)."""
     max_tokens: int = 24
     """Longest completion."""
     std_normalize: bool = False
@@ -116,6 +119,14 @@ class RunConfig(_Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
+
+    @field_validator("model")
+    @classmethod
+    def _runs_sample_the_byte_policy(cls, model: PolicyConfig) -> PolicyConfig:
+        if model.hf:  # rather than quietly training a byte policy in its place
+            raise ValueError("hf: a run samples its rollouts from the built-in policy server, which serves the byte "
+                             "policy only; Hugging Face models train through rl.train.train_step (see bench/gpu.py)")
+        return model
 
 
 def load(path: str | None, overrides: list[str]) -> RunConfig:

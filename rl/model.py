@@ -16,6 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
+from rl.logprobs import chunked_logprobs, plain_logprobs
+
 # --- tokenizer ------------------------------------------------------------------------------------
 
 
@@ -65,6 +67,10 @@ class PolicyConfig(BaseModel):
     max_seq: int = 256
     """Longest sequence (prompt plus completion) in tokens."""
     vocab_size: int = ByteTokenizer.vocab_size
+    hf: str | None = None
+    """A Hugging Face causal LM instead of the byte policy (rl/hf.py, extra `hf`): a local model
+    directory, or a config.json built with random weights. The fields above then do not apply.
+    For `build_policy` and `train_step`; a whole run refuses it (its sampler serves byte policies)."""
 
 
 class Block(nn.Module):
@@ -107,9 +113,10 @@ class Policy(nn.Module):
             nn.init.zeros_(m.bias)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                caches: list | None = None) -> torch.Tensor:
-        """Logits [B, T, V]. Without `mask` attention is causal; `caches` (one [k, v] per block)
-        makes this a decoding step over cached keys."""
+                caches: list | None = None, hidden: bool = False) -> torch.Tensor:
+        """Logits [B, T, V], or with `hidden` the final hidden states [B, T, D] (logits = hidden @
+        output_weight.T). Without `mask` attention is causal; `caches` (one [k, v] per block) makes
+        this a decoding step over cached keys."""
         B, T = ids.shape
         if positions is None:
             positions = torch.arange(T, device=ids.device).expand(B, T)
@@ -118,21 +125,51 @@ class Policy(nn.Module):
         x = self.tok(ids) + self.pos(positions.clamp(max=self.config.max_seq - 1))
         for i, block in enumerate(self.blocks):
             x = block(x, mask, caches[i] if caches is not None else None)
-        return self.ln(x) @ self.tok.weight.T  # tied output embedding
+        x = self.ln(x)
+        return x if hidden else x @ self.output_weight.T
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        return self.tok.weight  # tied output embedding
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
 
-def token_logprobs(model: Policy, ids: torch.Tensor, temperature: float = 1.0, entropy: bool = False):
+def build_policy(config: PolicyConfig) -> nn.Module:
+    """The byte `Policy`, or with `config.hf` a Hugging Face causal LM."""
+    if config.hf:
+        from rl.hf import load_hf
+
+        return load_hf(config.hf)
+    return Policy(config)
+
+
+def token_logprobs(model: nn.Module, ids: torch.Tensor, temperature: float = 1.0, entropy: bool = False, *,
+                   positions: torch.Tensor | None = None, segments: torch.Tensor | None = None,
+                   chunk: int | None = None, plain: bool = False):
     """log p(ids[:, t] | ids[:, :t]) for t >= 1, shape [B, T-1], under the temperature-scaled policy;
-    with `entropy`, also the (detached) entropy of each position's distribution."""
-    logp = F.log_softmax(model(ids[:, :-1]).float() / temperature, dim=-1)
-    picked = torch.gather(logp, 2, ids[:, 1:, None]).squeeze(2)
-    if not entropy:
-        return picked
-    with torch.no_grad():
-        return picked, -(logp.exp() * logp).sum(-1)
+    with `entropy`, also the (detached) entropy of each position's distribution.
+
+    Computed from the final hidden states `chunk` tokens at a time (rl/logprobs.py), so the
+    [tokens, vocab] logits never exist whole; `plain` takes the full-logits path instead. Packed rows
+    pass `positions` and `segments` (which sample each token belongs to): attention then stays
+    within a sample. `model` is a `Policy` or anything with its `forward(..., hidden=True)` and
+    `output_weight` (rl/hf.py)."""
+    mask = block_causal_mask(segments[:, :-1]) if segments is not None else None
+    hidden = model(ids[:, :-1], positions[:, :-1] if positions is not None else None, mask, hidden=True)
+    if plain:
+        picked, ent = plain_logprobs(hidden, model.output_weight, ids[:, 1:], temperature, entropy)
+    else:
+        picked, ent = chunked_logprobs(hidden, model.output_weight, ids[:, 1:], temperature, chunk, entropy)
+    return (picked, ent) if entropy else picked
+
+
+def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, T] bool: token q attends to token k iff k <= q and both belong to the same segment."""
+    T = segments.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=segments.device).tril()
+    return ((segments[:, :, None] == segments[:, None, :]) & causal)[:, None]
 
 
 # --- sampling -------------------------------------------------------------------------------------

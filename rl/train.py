@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from evals.tasksets import select
-from rl import dist, losses
+from rl import dist
 from rl.config import RunConfig, TrainConfig
 from rl.envs import load as load_env
 from rl.envs.harness import HarnessOrchestrator, policy_view
@@ -35,6 +35,7 @@ from rl.model import (
     MARKER, ByteTokenizer, Policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint, token_logprobs,
 )
 from rl.orchestrator import Batch, Orchestrator, reload
+from rl.packing import backward, micro_batches
 from rl.serve import BackgroundServer, Engine
 
 
@@ -96,30 +97,15 @@ def sft(cfg: RunConfig, log=print) -> Path:
 def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: RunConfig,
                loss_tokens: int | None = None) -> dict[str, float]:
     """Token-level loss on the batch's samples, normalised by its loss-mask tokens (or by `loss_tokens`:
-    a data-parallel rank's share divides by the whole batch's); one AdamW step."""
-    tok = ByteTokenizer()
-    rows = [s.prompt_ids + s.completion_ids for s in batch.samples]
-    ids = pad(rows, tok.PAD)
-    T = ids.shape[1] - 1
-    mask = torch.zeros(len(rows), T, dtype=torch.bool)
-    inference = torch.zeros(len(rows), T)
-    advantages = torch.zeros(len(rows), T)
-    for i, s in enumerate(batch.samples):
-        a, b = len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + len(s.completion_ids)
-        # only tokens the policy sampled: the prompt, and what the harness inserted, are masked
-        mask[i, a:b] = torch.tensor(s.completion_mask) if s.completion_mask is not None else True
-        inference[i, a:b] = torch.tensor(s.inference_logprobs)
-        advantages[i, a:b] = s.advantage
+    a data-parallel rank's share divides by the whole batch's); one AdamW step. With train.pack_length
+    the samples are packed into micro-batches of that many tokens (rl/packing.py)."""
     model.train()
-    trainer, entropy = token_logprobs(model, ids, cfg.train.temperature, entropy=True)
-    out = losses.compute(cfg.loss.name, trainer, inference, advantages, mask, **cfg.loss.overrides())
-    loss = out.per_token.sum() / (loss_tokens or mask.sum().clamp(min=1))
     opt.zero_grad()
-    loss.backward()
+    m = backward(model, micro_batches(batch.samples, cfg.train.pack_length), cfg.train.temperature, cfg.loss,
+                 loss_tokens)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
     opt.step()
-    return {"loss": loss.item(), "grad_norm": float(grad_norm), "tokens": int(mask.sum()),
-            "entropy": float(entropy[mask].mean()), **out.metrics}
+    return {**m, "grad_norm": float(grad_norm)}
 
 
 # --- the run -------------------------------------------------------------------------------------------
