@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -143,7 +144,14 @@ APP_FLAGS = ("--resume", "-c", "--continue", "--model", "--base-url", "--cwd")
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:  # `prime-agent sessions | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in APP_FLAGS or any(a.startswith(f + "=") for a in argv[:1] for f in APP_FLAGS):
         from tui.commands.app import main as app
 
