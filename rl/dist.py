@@ -4,8 +4,8 @@
 
 The same config runs in one process (`prime-agent rl train CONFIG`: no process group, nothing here
 changes a thing) or in N. With N, every rank holds a shard of the model (`fully_shard` on each block,
-then the root); gloo on CPU, NCCL on GPU (set up, not yet run: train_step builds its tensors on the
-CPU). Rank 0 alone samples: it runs the policy server and the orchestrator, splits each step's batch
+then the root); gloo on CPU, NCCL on GPU (set up, never run: no GPU was at hand; train_step moves
+its micro-batches to the model's device). Rank 0 alone samples: it runs the policy server and the orchestrator, splits each step's batch
 into N shares of about equal token count and scatters them. Every rank's loss divides by the loss
 tokens of the whole batch (all-reduced), and gradients are summed across ranks, not averaged, so N
 processes take the same step as one process on the same batch, up to the order of float additions.
