@@ -15,6 +15,8 @@ def main() -> int:
     p.add_argument("--tcp", metavar="HOST:PORT", help="also listen on TCP (bearer token required)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("httpx", "httpx2", "openai"):  # a line per model request would bury what the daemon says
+        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         asyncio.run(serve(args.tcp))
     except AlreadyRunning as e:

@@ -109,7 +109,8 @@ class DaemonOrchestrator(HarnessOrchestrator):
                 result.outcome = "passed" if check.passed else "failed"
                 result.reward, result.check = check.reward, check.detail
             else:
-                result.outcome, result.error = ("timed_out" if data["outcome"] == "timed_out" else "error"), data.get("error")
+                result.outcome = "timed_out" if data["outcome"] == "timed_out" else "error"
+                result.error = data.get("error")
             if self.label == "train":
                 await client.delete(session["id"])
             else:
@@ -122,16 +123,33 @@ class DaemonOrchestrator(HarnessOrchestrator):
         with open(self.log, "a") as f:
             f.write(json.dumps({"label": self.label, "step": step, "task": task.id, "rollout": r,
                                 "session": result.session_id, "outcome": result.outcome, "reward": result.reward,
-                                "cells": result.cells, "completion_tokens": result.tokens, "error": result.error}) + "\n")
+                                "cells": result.cells, "completion_tokens": result.tokens,
+                                "error": result.error}) + "\n")
         return result, trajectory
 
 
 # --- evaluation ----------------------------------------------------------------------------------------
 
 
-def evaluate(orchestrator: DaemonOrchestrator, tasks: list[Task], rollouts: int, label: str) -> list[Result]:
-    orchestrator.label = label
-    return [r for r, _ in asyncio.run(orchestrator.rollouts(tasks, rollouts, 0))]
+class RolloutsFailed(Exception):
+    """Every rollout of an evaluation failed to run: nothing to learn from, nothing to compare."""
+
+
+def evaluation(cfg: RunConfig, env: Environment, tasks: list[Task], args: argparse.Namespace, run_dir: Path,
+               weights: Path, label: str, console: Console) -> dict:
+    """`tasks` x args.eval_rollouts daemon sessions against a policy server on `weights`; their summary."""
+    progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, transient=True)
+    with BackgroundServer(engine_from(str(weights), truncate=True)) as url, progress:
+        orchestrator = DaemonOrchestrator(url, env, cfg, run_dir, args.concurrency, progress)
+        orchestrator.label = label
+        results = [r for r, _ in asyncio.run(orchestrator.rollouts(tasks, args.eval_rollouts, 0))]
+    if all(r.outcome == "error" for r in results):
+        raise RolloutsFailed(f"every {label} rollout failed; the first: {results[0].error}")
+    s = summary(results)
+    _log(console, f"{label}: reward {s['reward']['mean']:.3f} over {len(tasks)} tasks x {args.eval_rollouts}, "
+                  f"{s['ran_code']:.0%} answered by running code, {s['errors']} errored")
+    return s
 
 
 def summary(results: list[Result]) -> dict:
@@ -169,8 +187,9 @@ def report(before: dict, after: dict, console: Console) -> dict:
 
     table.add_row("reward (95% CI over tasks)", fmt(before["reward"]), fmt(after["reward"]), f"{change['mean']:+.3f}  "
                   f"[{change['low']:+.3f}, {change['high']:+.3f}]")
-    for key, name, spec in [("success_rate", "success rate", ".1%"), ("ran_code", "answered by running code", ".1%"),
-                            ("completion_tokens", "completion tokens / rollout", ".1f"), ("errors", "errored rollouts", "d")]:
+    rows = [("success_rate", "success rate", ".1%"), ("ran_code", "answered by running code", ".1%"),
+            ("completion_tokens", "completion tokens / rollout", ".1f"), ("errors", "errored rollouts", "d")]
+    for key, name, spec in rows:
         table.add_row(name, format(before[key], spec), format(after[key], spec),
                       format(after[key] - before[key], "+" + spec))
     console.print(table)
@@ -231,12 +250,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=str(CONFIG), help="the run config (default examples/closed_loop/config.toml)")
     args, extra = p.parse_known_args(argv)
     console = Console()
-
-    def log(text: str) -> None:
-        console.print(text, style="dim", markup=False, highlight=False)
-
-    started = time.monotonic()
-
     run_dir = home() / "demo" / "runs" / time.strftime("%Y%m%d-%H%M%S")
     overrides = [*extra, "--train.out", json.dumps(str(run_dir))]
     if args.steps is not None:
@@ -244,44 +257,44 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load(args.config, overrides)
     except (ValueError, OSError) as e:
-        console.print(f"[red]prime-agent demo: {e}[/]")
+        console.print(f"prime-agent demo: {e}", style="red", markup=False)
         return 2
+    try:
+        return run(cfg, args, run_dir, console)
+    except DaemonUnavailable as e:
+        console.print(f"prime-agent demo: the daemon is not running: {e}", style="red", markup=False)
+        return 1
+    except RolloutsFailed as e:
+        console.print(f"prime-agent demo: {e}\n(a daemon started by older code? `prime-agent daemon stop`, then run "
+                      "the demo again)", style="red", markup=False)
+        return 1
+    except KeyboardInterrupt:
+        console.print(f"\ninterrupted: what ran is in {run_dir}; its sessions stay in the daemon", markup=False)
+        return 130
+
+
+def run(cfg: RunConfig, args: argparse.Namespace, run_dir: Path, console: Console) -> int:
+    started = time.monotonic()
     run_dir.mkdir(parents=True)
     env = load_env(cfg.env.name, **cfg.env.options)
 
     console.rule("[bold]1. the daemon and the policy")
-    try:
-        status = asyncio.run(_daemon_status())
-    except DaemonUnavailable as e:
-        console.print(f"[red]prime-agent demo: the daemon did not start: {e}[/]")
-        return 1
-    log(f"daemon pid {status['pid']}, {status['sessions']} sessions; run folder {run_dir}")
-    warm = warm_start(cfg, args.fresh_warm_start, log)
+    status = asyncio.run(_daemon_status())
+    _log(console, f"daemon pid {status['pid']}, {status['sessions']} sessions; run folder {run_dir}")
+    warm = warm_start(cfg, args.fresh_warm_start, lambda text: _log(console, text))
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"init_from": str(warm)})})
-    eval_tasks = env.tasks(args.eval_tasks, seed=EVAL_SEED)
-
-    def evaluation(weights: Path, label: str) -> tuple[list[Result], dict]:
-        engine = engine_from(str(weights), truncate=True)
-        progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=console, transient=True)
-        with BackgroundServer(engine) as url, progress:
-            results = evaluate(DaemonOrchestrator(url, env, cfg, run_dir, args.concurrency, progress), eval_tasks,
-                               args.eval_rollouts, label)
-        s = summary(results)
-        log(f"{label}: reward {s['reward']['mean']:.3f} over {len(eval_tasks)} tasks x {args.eval_rollouts}, "
-            f"{s['ran_code']:.0%} answered by running code, {s['errors']} errored")
-        return results, s
+    tasks = env.tasks(args.eval_tasks, seed=EVAL_SEED)
 
     console.rule("[bold]2. evaluate the warm start")
-    _, before = evaluation(warm, "before")
+    before = evaluation(cfg, env, tasks, args, run_dir, warm, "before", console)
 
     console.rule(f"[bold]3. RL: {cfg.train.steps} steps x {cfg.train.batch_size} tasks x {cfg.train.group_size} "
                  f"sessions, {cfg.loss.name.upper()} loss")
-    history = train(cfg, log=log, progress=True,
+    history = train(cfg, log=lambda text: _log(console, text), progress=True,
                     orchestrator=lambda url: DaemonOrchestrator(url, env, cfg, run_dir, args.concurrency))
 
     console.rule("[bold]4. evaluate the trained policy")
-    _, after = evaluation(run_dir / "checkpoints", "after")
+    after = evaluation(cfg, env, tasks, args, run_dir, run_dir / "checkpoints", "after", console)
 
     console.rule("[bold]5. before and after")
     change = report(before, after, console)
@@ -291,12 +304,16 @@ def main(argv: list[str] | None = None) -> int:
         "before": before, "after": after, "change": change, "history": history, "minutes": minutes,
         "config": cfg.model_dump(), "eval": {"tasks": args.eval_tasks, "rollouts": args.eval_rollouts,
                                              "seed": EVAL_SEED}}, indent=1))
-    verdict = ("beats" if change["low"] > 0 else "does not clearly beat")
+    verdict = "beats" if change["low"] > 0 else "does not clearly beat"
     console.print(f"After RL the reward {verdict} the warm start's: {change['mean']:+.3f} "
                   f"(95% CI over tasks [{change['low']:+.3f}, {change['high']:+.3f}]). {minutes:.1f} minutes.")
     console.print(f"\nRun folder: {run_dir} (results.json, metrics.jsonl, rollouts.jsonl, [bold]reward.png[/])")
     console.print(_NEXT, markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def _log(console: Console, text: str) -> None:
+    console.print(text, style="dim", markup=False, highlight=False)
 
 
 async def _daemon_status() -> dict:
