@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.config import describe, merge, parse_override
 from rl.model import PolicyConfig
@@ -47,7 +47,7 @@ class SFTConfig(_Section):
 
 class LossConfig(_Section):
     name: Literal["ipo", "dppo", "icepop", "ppo", "cispo"] = "ipo"
-    eps: float | None = None
+    eps: float | None = Field(None, gt=0)
     """ipo: keep a token iff |p - q| <= eps (default 0.3)."""
     delta_low: float | None = None
     """dppo (default 0.2)."""
@@ -69,11 +69,11 @@ class LossConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = 50
+    steps: int = Field(50, ge=0)
     """Optimizer steps of RL."""
-    batch_size: int = 16
+    batch_size: int = Field(16, ge=1)
     """Tasks per step."""
-    group_size: int = 8
+    group_size: int = Field(8, ge=1)
     """Rollouts per task; advantages are relative to the group's mean reward."""
     lr: float = 3e-4
     weight_decay: float = 0.0
@@ -87,19 +87,19 @@ class TrainConfig(_Section):
     """Longest completion."""
     std_normalize: bool = False
     """Divide advantages by the group's reward std."""
-    async_level: int = 0
+    async_level: int = Field(0, ge=0)
     """Batches sampling may run ahead of training (0: sample, then train)."""
-    max_off_policy_steps: int = 1
+    max_off_policy_steps: int = Field(1, ge=0)
     """Rollouts sampled by a policy older than this many steps are dropped (and counted)."""
     policy_lag: int = Field(0, ge=0)
     """Force off-policy sampling: the sampler gets each step's weights this many steps late (the
     off-policy stress study). Lag grows from 0 to this over the first steps, then stays."""
     seed: int = 0
-    threads: int = 2
+    threads: int = Field(2, ge=1)
     """torch threads for training and sampling."""
     out: str = "outputs/rl/run"
     """Run directory: checkpoints, metrics.jsonl, reward.png."""
-    checkpoint_every: int = 25
+    checkpoint_every: int = Field(25, ge=1)
     init_from: str | None = None
     """A checkpoint to start from (default: the run's SFT warm start if any, else fresh weights)."""
     request_timeout: float = 120.0
@@ -127,6 +127,13 @@ class RunConfig(_Section):
             raise ValueError("hf: a run samples its rollouts from the built-in policy server, which serves the byte "
                              "policy only; Hugging Face models train through rl.train.train_step (see bench/gpu.py)")
         return model
+
+    @model_validator(mode="after")
+    def _whole_samples_fit_a_packed_row(self) -> RunConfig:
+        if self.train.pack_length is not None and self.train.pack_length < self.model.max_seq:
+            raise ValueError(f"train.pack_length ({self.train.pack_length}) must hold a whole sample: at least "
+                             f"model.max_seq ({self.model.max_seq})")
+        return self
 
 
 def load(path: str | None, overrides: list[str]) -> RunConfig:

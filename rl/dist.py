@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from rl.model import MARKER, save_checkpoint
 from rl.orchestrator import Batch, Sample
+from rl.packing import MicroBatch
 
 T = TypeVar("T")
 
@@ -120,6 +121,17 @@ def split(samples: list[Sample], n: int) -> list[list[Sample]]:
             # one left without a sample gets a copy whose loss mask is empty, so it adds no gradient
             share.append(replace(samples[0], completion_mask=[False] * len(samples[0].completion_ids)))
     return shares
+
+
+def even(micro: list[MicroBatch]) -> list[MicroBatch]:
+    """The same number of micro-batches on every rank: each forward and backward runs FSDP's
+    collectives, so a rank with fewer packed rows repeats its last with nothing on the loss mask."""
+    if world() == 1:
+        return micro
+    most = _tensor([len(micro)])
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    blank = replace(micro[-1], loss_mask=torch.zeros_like(micro[-1].loss_mask))
+    return micro + [blank] * (int(most.item()) - len(micro))
 
 
 def scatter(batches: Iterable[Batch] | None, start: int, stop: int) -> Iterator[tuple[Batch, Batch, int | None]]:

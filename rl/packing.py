@@ -98,6 +98,8 @@ def _empty(rows: int, width: int) -> MicroBatch:
 
 def _place(m: MicroBatch, row: int, offset: int, s: Sample) -> int:
     """Write sample `s` into `m` at (row, offset); returns its length in tokens."""
+    if not s.prompt_ids:  # its first token would be predicted by whatever stands before it
+        raise ValueError("a sample needs a prompt (at least the <bos> token)")
     n = _len(s)
     m.ids[row, offset:offset + n] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
     a = offset + len(s.prompt_ids) - 1  # predicts the first completion token

@@ -39,6 +39,10 @@ from rl.packing import backward, micro_batches
 from rl.serve import BackgroundServer, Engine
 
 
+class CannotResume(Exception):
+    """The run directory holds a run that this configuration cannot continue exactly."""
+
+
 def pad(rows: list[list[int]], value: int) -> torch.Tensor:
     out = torch.full((len(rows), max(map(len, rows))), value, dtype=torch.long)
     for i, r in enumerate(rows):
@@ -101,8 +105,8 @@ def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: Run
     the samples are packed into micro-batches of that many tokens (rl/packing.py)."""
     model.train()
     opt.zero_grad()
-    m = backward(model, micro_batches(batch.samples, cfg.train.pack_length), cfg.train.temperature, cfg.loss,
-                 loss_tokens)
+    micro = dist.even(micro_batches(batch.samples, cfg.train.pack_length))
+    m = backward(model, micro, cfg.train.temperature, cfg.loss, loss_tokens)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
     opt.step()
     return {**m, "grad_norm": float(grad_norm)}
@@ -126,6 +130,9 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
 
     # --- weights: resume, else a named start, else the SFT warm start, else fresh
     resume = latest_checkpoint(out / "checkpoints")
+    if resume is not None and cfg.train.policy_lag:
+        raise CannotResume(f"{out} holds a run with train.policy_lag: the weights the sampler is behind on are not "
+                         "checkpointed, so resuming would not continue it exactly; start it in a new train.out")
     start, state = 0, None
     if resume is not None:
         model, state = load_policy(resume), load_trainer_state(resume)
@@ -284,9 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0].startswith("-"):
         print("usage: torchrun --nproc_per_node N -m rl.train CONFIG [--section.field VALUE ...]", file=sys.stderr)
         return 2
-    cfg = load(args[0], args[1:])
-    with dist.process_group():
-        train(cfg)
+    try:
+        cfg = load(args[0], args[1:])
+        with dist.process_group():
+            train(cfg)
+    except (ValueError, OSError, CannotResume) as e:
+        print(f"rl.train: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -28,9 +28,9 @@ def one_process(out: Path, steps: int) -> list[dict]:
     return train(cfg, log=lambda *_: None, progress=False)
 
 
-def torchrun(out: Path, steps: int) -> list[dict]:
+def torchrun(out: Path, steps: int, *overrides: str) -> list[dict]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "rl.train",
-               str(EXAMPLE), *TINY, "--train.out", json.dumps(str(out)), "--train.steps", str(steps)]
+               str(EXAMPLE), *TINY, "--train.out", json.dumps(str(out)), "--train.steps", str(steps), *overrides]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -60,6 +60,10 @@ def test_two_processes_train_like_one_and_resume_from_a_distributed_checkpoint(t
     # as the run that never stopped
     assert len(torchrun(tmp_path / "stopped", 2)) == 2
     same_steps(torchrun(tmp_path / "stopped", 4), two)
+
+    # packed rows: the ranks' shares pack into different numbers of rows, and still step together
+    packed = torchrun(tmp_path / "packed", 2, "--train.pack_length", "64")
+    same_steps(one[:2], packed)
 
     # the same checkpoint resumes in one process (the shards load whole)
     (tmp_path / "single" / "checkpoints").mkdir(parents=True)

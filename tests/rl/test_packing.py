@@ -77,7 +77,7 @@ def test_train_step_packs_when_pack_length_is_set():
     for pack_length in (None, 32):
         m = copy.deepcopy(model)
         opt = torch.optim.SGD(m.parameters(), lr=0.1)  # Adam would amplify rounding on near-zero gradients
-        cfg = RunConfig.model_validate({"train": {"pack_length": pack_length}})
+        cfg = RunConfig.model_validate({"model": m.config.model_dump(), "train": {"pack_length": pack_length}})
         metrics = train_step(m, opt, batch, cfg)
         stepped.append((metrics, m.state_dict()))
     (a, wa), (b, wb) = stepped

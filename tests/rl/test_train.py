@@ -98,3 +98,25 @@ def test_policy_lag_makes_the_sampler_that_many_steps_old(tmp_path: Path):
     # sampled at step s by the weights of step max(0, s - 2); steps with no samples report 0
     assert [h["off_policy_max"] for h in history if h["samples"]] == [
         min(h["step"], 2) for h in history if h["samples"]]
+
+
+def test_configs_that_cannot_run_are_refused_before_anything_runs():
+    from rl.orchestrator import Sample
+    from rl.packing import padded
+
+    for bad in (["--train.checkpoint_every", "0"], ["--train.group_size", "0"], ["--train.threads", "0"],
+                ["--train.max_off_policy_steps", "-1"], ["--loss.eps", "-1"], ["--train.pack_length", "8"]):
+        with pytest.raises(ValueError):
+            load(str(EXAMPLE), bad)
+    with pytest.raises(ValueError, match="prompt"):
+        padded([Sample([], [1, 2], [0.0, 0.0], 1.0, 1.0, 0)])
+
+
+def test_a_lagged_run_is_not_resumed_inexactly(tmp_path: Path):
+    from rl.train import CannotResume
+
+    args = ["--sft.steps", "0", "--train.steps", "2", "--train.checkpoint_every", "1", "--train.batch_size", "2",
+            "--train.policy_lag", "1"]
+    train(quick(tmp_path, *args), log=lambda *_: None, progress=False)
+    with pytest.raises(CannotResume, match="policy_lag"):
+        train(quick(tmp_path, *args[:3], "3", *args[4:]), log=lambda *_: None, progress=False)

@@ -16,7 +16,7 @@ def main(args: argparse.Namespace) -> int:
         return serve(args)
     from rl.config import load
     from rl.dist import process_group
-    from rl.train import sft, train
+    from rl.train import CannotResume, sft, train
 
     try:
         cfg = load(args.config, args.overrides)
@@ -26,8 +26,12 @@ def main(args: argparse.Namespace) -> int:
     if args.action == "sft":
         print(f"wrote {sft(cfg)}")
         return 0
-    with process_group():  # under torchrun (the documented form is `torchrun ... -m rl.train CONFIG`)
-        history = train(cfg)
+    try:
+        with process_group():  # under torchrun (the documented form is `torchrun ... -m rl.train CONFIG`)
+            history = train(cfg)
+    except CannotResume as e:
+        print(f"prime-agent: {e}", file=sys.stderr)
+        return 2
     if history:
         first, last = history[0]["reward_mean"], history[-1]["reward_mean"]
         print(f"reward {first:.3f} -> {last:.3f} over {len(history)} steps; run in {cfg.train.out}")
