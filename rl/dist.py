@@ -3,15 +3,15 @@
     torchrun --nproc_per_node 2 -m rl.train examples/reverse_text/config.toml [--section.field VALUE ...]
 
 The same config runs in one process (`prime-agent rl train CONFIG`: no process group, nothing here
-changes a thing) or in N. With N, every rank holds a shard of the model (`fully_shard` on each block,
-then the root); gloo on CPU, NCCL on GPU (set up, never run: no GPU was at hand; train_step moves
-its micro-batches to the model's device). Rank 0 alone samples: it runs the policy server and the orchestrator, splits each step's batch
-into N shares of about equal token count and scatters them. Every rank's loss divides by the loss
-tokens of the whole batch (all-reduced), and gradients are summed across ranks, not averaged, so N
-processes take the same step as one process on the same batch, up to the order of float additions.
-After the step rank 0 gathers the full weights for the sampler; only rank 0 logs and writes metrics.
-A checkpoint gains a `dcp/` folder (model and optimizer shards, written by every rank, loadable at
-any N) beside the usual full weights.
+changes a thing) or in N. With N, every rank holds a shard of the model (`fully_shard` on each
+block, then the root); gloo on CPU, NCCL on GPU (set up, never run: no GPU was at hand; train_step
+moves its micro-batches to the model's device). Rank 0 alone samples: it runs the policy server and
+the orchestrator, splits each step's batch into N shares of about equal token count and scatters
+them. Every rank's loss divides by the loss tokens of the whole batch (all-reduced), and gradients
+are summed across ranks, not averaged, so N processes take the same step as one process on the same
+batch, up to the order of float additions. After the step rank 0 gathers the full weights for the
+sampler; only rank 0 logs and writes metrics. A checkpoint gains a `dcp/` folder (model and
+optimizer shards, written by every rank, loadable at any N) beside the usual full weights.
 """
 
 from __future__ import annotations

@@ -55,7 +55,8 @@ def policy_view(task: Task, cfg: RunConfig) -> list[int]:
     """The tokens the policy sees of a rollout's first request: the agent's text-mode system prompt
     and the task, cut to what the server keeps. Exact whenever the kept tail lies within the task's
     own message, which is what a warm start on these views assumes."""
-    ids = ByteTokenizer().chat([{"role": "system", "content": _system_prompt()}, {"role": "user", "content": task.prompt}])
+    messages = [{"role": "system", "content": _system_prompt()}, {"role": "user", "content": task.prompt}]
+    ids = ByteTokenizer().chat(messages)
     limit = cfg.model.max_seq
     keep = cfg.env.prompt_tokens or max(1, limit - min(cfg.train.max_tokens, limit // 2))  # as rl.serve keeps it
     return keep_tail(ids, keep)
