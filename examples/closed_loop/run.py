@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
@@ -117,6 +118,8 @@ class DaemonOrchestrator(HarnessOrchestrator):
                 await client.sleep(session["id"])
         except TimeoutError:
             result.outcome, result.error = "timed_out", f"the rollout ran past {self.env_config.timeout:g}s"
+            with contextlib.suppress(DaemonError, DaemonUnavailable):  # its turn must not run on unseen
+                await client.interrupt(result.session_id, drop_queued=True)
         except (DaemonError, DaemonUnavailable) as e:
             result.error = str(e)
         result.seconds = time.monotonic() - started
