@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import openai
@@ -17,6 +15,7 @@ import torch
 
 from rl.model import ByteTokenizer, Policy, PolicyConfig, generate, latest_checkpoint, load_policy, save_checkpoint, token_logprobs
 from rl.serve import BackgroundServer, Engine
+from tests.rl.servers import policy_server
 
 SMALL = PolicyConfig(d_model=32, n_layer=2, n_head=2, max_seq=64)
 
@@ -87,30 +86,14 @@ def test_the_openai_client_works_against_the_server(policy: Policy, tmp_path: Pa
 
 
 def test_prime_agent_run_works_against_prime_agent_rl_serve(project: Path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    bin_dir = Path(sys.executable).parent
-    server = subprocess.Popen([str(bin_dir / "prime-agent"), "rl", "serve", "--port", str(port), "--truncate"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and server.poll() is None, server.stdout.read()
-                time.sleep(0.2)
-        env = {**os.environ, "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "PRIME_AGENT_MODEL": "prime-policy"}
-        run = subprocess.run([str(bin_dir / "prime-agent"), "run", "--json", "-c", "model.max_completion_tokens=16",
-                              "say something"], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    with policy_server("--truncate") as url:
+        env = {**os.environ, "OPENAI_BASE_URL": url, "PRIME_AGENT_MODEL": "prime-policy"}
+        run = subprocess.run([str(Path(sys.executable).parent / "prime-agent"), "run", "--json", "-c",
+                              "model.max_completion_tokens=16", "say something"], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
         finished = json.loads(run.stdout.splitlines()[-1])
         assert finished["type"] == "turn.finished" and finished["data"]["outcome"] == "completed"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def test_bad_reloads_are_refused_and_streams_match_plain_replies(policy: Policy, tmp_path: Path):

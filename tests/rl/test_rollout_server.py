@@ -4,10 +4,6 @@ samples, the trainer hands it new weights after every step, and rollouts older t
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +15,7 @@ from rl.model import load_policy, save_checkpoint
 from rl.orchestrator import Orchestrator, reload
 from rl.serve import BackgroundServer, Engine, create_app
 from rl.train import sft, train
+from tests.rl.servers import policy_server
 
 
 def warm(run: Path, **train) -> tuple[RunConfig, Path]:
@@ -34,28 +31,10 @@ def warm(run: Path, **train) -> tuple[RunConfig, Path]:
     return cfg, sft(cfg, log=lambda *_: None)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_trainer_hands_an_external_server_its_weights_after_every_step(tmp_path: Path):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/v1"
-    cfg, start = warm(tmp_path / "run", rollout_url=url)
-    server = subprocess.Popen([str(Path(sys.executable).parent / "prime-agent"), "rl", "serve", "--checkpoint",
-                               str(start), "--port", str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and server.poll() is None, server.stdout.read()
-                time.sleep(0.2)
+    cfg, start = warm(tmp_path / "run")
+    with policy_server("--checkpoint", str(start)) as url:
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"rollout_url": url})})
         history = train(cfg, log=lambda *_: None, progress=False)
         assert all(h["samples"] for h in history), history
         # every step sampled with the weights of the step before: the server loaded each in turn, and its
@@ -67,9 +46,6 @@ def test_the_trainer_hands_an_external_server_its_weights_after_every_step(tmp_p
         with urllib.request.urlopen(request) as r:  # the next request samples the last step's weights
             assert json.load(r)["policy_version"] == 3
         assert [p.name for p in (tmp_path / "run" / "weights").iterdir()] == ["step-3"]  # older ones removed
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def vllm_shaped(engine: Engine):
