@@ -118,7 +118,6 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
     result = Result(task.id, r, key, "error")
     with tempfile.TemporaryDirectory(prefix="pa-eval-") as tmp:
         work = Path(tmp)
-        prompt = f"{task.system}\n\n{task.prompt}" if task.system else task.prompt
         session = Session(config, model, cwd=work, session_dir=run_dir / "sessions" / f"{task.id}-{r}",
                           harness_roots=harness_roots)
         result.session_id = session.id
@@ -126,27 +125,38 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
         async def run_session():
             async with session:
                 result.harness_version = session.harness_version
-                return await session.prompt(prompt)
+                return await session.prompt(prompt_of(task))
 
         try:
             lay_out(task.files, work)
             turn = await asyncio.wait_for(run_session(), spec.timeout)  # the start counts against the timeout too
             result.turns, result.cells, result.tokens = turn.steps, turn.cells, turn.usage.total_tokens
-            ran_out_of_time = turn.outcome == "budget_exhausted" and "max_seconds" in (turn.error or "")
-            if turn.outcome == "timed_out" or ran_out_of_time:
-                result.outcome, result.error = "timed_out", turn.error
-            elif turn.outcome in ("completed", "budget_exhausted"):
-                check = await asyncio.to_thread(env.check, task, turn.answer or "", work)
-                result.outcome = "passed" if check.passed else "failed"
-                result.reward, result.check = check.reward, check.detail
-            else:
-                result.error = turn.error
+            await judge(result, env, task, turn.outcome, turn.answer, turn.error, work)
         except TimeoutError:
             result.outcome, result.error = "timed_out", f"the rollout ran past {spec.timeout:g}s"
         except Exception as e:  # a rollout that cannot run is an error of the run, not of the model
             result.error = f"{type(e).__name__}: {e}"
     result.seconds = time.monotonic() - started
     return result
+
+
+def prompt_of(task: Task) -> str:
+    """What a rollout's session is asked: the task's system text, if any, above its prompt."""
+    return f"{task.system}\n\n{task.prompt}" if task.system else task.prompt
+
+
+async def judge(result: Result, env: Environment, task: Task, outcome: str, answer: str | None, error: str | None,
+                work: Path) -> None:
+    """A finished turn's verdict into `result`: timed out (or out of its seconds), checked by the
+    environment (passed or failed, with the reward), or an error."""
+    if outcome == "timed_out" or (outcome == "budget_exhausted" and "max_seconds" in (error or "")):
+        result.outcome, result.error = "timed_out", error
+    elif outcome in ("completed", "budget_exhausted"):
+        check = await asyncio.to_thread(env.check, task, answer or "", work)
+        result.outcome = "passed" if check.passed else "failed"
+        result.reward, result.check = check.reward, check.detail
+    else:
+        result.outcome, result.error = "error", error
 
 
 def lay_out(files: dict[str, str], work: Path) -> None:

@@ -27,7 +27,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from rl.model import MARKER, save_checkpoint
+from rl.model import MARKER, save_checkpoint, save_weights
 from rl.orchestrator import Batch, Sample
 from rl.packing import MicroBatch
 
@@ -209,15 +209,6 @@ def save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: i
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
     dist.barrier()
-
-
-def save_weights(folder: Path, weights: dict[str, torch.Tensor], config) -> None:
-    """Full weights and the model config: what load_policy and the policy server's reload read."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(config.model_dump_json(indent=1))
 
 
 def load_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:

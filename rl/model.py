@@ -4,7 +4,6 @@ a batched KV-cache sampler, and checkpoints (safetensors + optimizer state, mark
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -262,19 +261,24 @@ MARKER = "COMPLETE"
 """Written last: a checkpoint directory without it is unfinished and ignored."""
 
 
-def save_checkpoint(path: Path, model: Policy, optimizer: torch.optim.Optimizer | None, step: int,
-                    extra: dict | None = None) -> None:
+def save_weights(folder: Path, weights: dict[str, torch.Tensor], config: PolicyConfig) -> None:
+    """Full weights and the model config: what load_policy and the policy server's reload read."""
     from safetensors.torch import save_file
 
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(config.model_dump_json(indent=1))
+
+
+def save_checkpoint(path: Path, model: Policy, optimizer: torch.optim.Optimizer | None, step: int,
+                    extra: dict | None = None) -> None:
     tmp = path.with_name(path.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    save_weights(tmp, model.state_dict(), model.config)
     state = {"step": step, "rng": torch.get_rng_state(), **(extra or {})}
     if optimizer is not None:
         state["optimizer"] = optimizer.state_dict()
     torch.save(state, tmp / "trainer.pt")
-    (tmp / "config.json").write_text(json.dumps(model.config.model_dump(), indent=1))
     (tmp / MARKER).write_text(str(step))
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)

@@ -32,7 +32,8 @@ from rl.config import RunConfig, TrainConfig
 from rl.envs import load as load_env
 from rl.envs.harness import HarnessOrchestrator, policy_view
 from rl.model import (
-    MARKER, ByteTokenizer, Policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint, token_logprobs,
+    MARKER, ByteTokenizer, Policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint, save_weights,
+    token_logprobs,
 )
 from rl.orchestrator import Batch, Orchestrator, reload
 from rl.packing import backward, micro_batches
@@ -215,7 +216,7 @@ def _reload(c: TrainConfig, folder: Path, config, orchestrator, weights: dict[st
     """New weights for an external rollout server (train.rollout_url): written where it can read them,
     loaded by it before the next request; the previous version's folder is then removed."""
     path = folder / f"step-{version}"
-    dist.save_weights(path, weights, config)
+    save_weights(path, weights, config)
     (path / MARKER).write_text(str(version))
     reload(c.reload_url or c.rollout_url.rstrip("/") + "/reload", path, c.request_timeout)
     if isinstance(orchestrator, Orchestrator):  # for replies that name no version (vLLM's)

@@ -44,7 +44,7 @@ from rich.table import Table  # noqa: E402
 from agent.config import home  # noqa: E402
 from daemon.client import Client, DaemonError, DaemonUnavailable, connect  # noqa: E402
 from evals.env import Environment, Task  # noqa: E402
-from evals.runner import Result, lay_out  # noqa: E402
+from evals.runner import Result, judge, lay_out, prompt_of  # noqa: E402
 from evals.tasksets import task_key  # noqa: E402
 from rl.config import RunConfig, load  # noqa: E402
 from rl.envs import load as load_env  # noqa: E402
@@ -64,11 +64,10 @@ class DaemonOrchestrator(HarnessOrchestrator):
     trajectories stay on disk); evaluation sessions are kept, asleep."""
 
     def __init__(self, base_url: str, env: Environment, cfg: RunConfig, run_dir: Path, concurrency: int,
-                 progress: Progress | None = None):
+                 label: str = "train", progress: Progress | None = None):
         super().__init__(base_url, env, cfg.train, cfg.env, run_dir)
-        self.base_url, self.concurrency, self.progress = base_url, concurrency, progress
+        self.concurrency, self.label, self.progress = concurrency, label, progress
         self.overrides = agent_overrides(base_url, cfg.train, cfg.env)
-        self.label = "train"
         self.log = run_dir / "rollouts.jsonl"
 
     async def rollouts(self, tasks: list[Task], group: int, step: int) -> list[tuple[Result, Path]]:
@@ -100,18 +99,12 @@ class DaemonOrchestrator(HarnessOrchestrator):
             session = await client.create_session(work, title=f"demo {self.label} {task.id} #{r}",
                                                   config=self.overrides)
             result.session_id, trajectory = session["id"], Path(session["dir"]) / "trajectory.jsonl"
-            turn = await client.send(session["id"], f"{task.system}\n\n{task.prompt}" if task.system else task.prompt)
+            turn = await client.send(session["id"], prompt_of(task))
             finished = await asyncio.wait_for(client.wait_turn(session["id"], turn["turn_id"]), self.env_config.timeout)
             data = finished.data
             result.turns, result.cells = data.get("steps", 0), data.get("cells", 0)
             result.tokens = data.get("usage", {}).get("completion_tokens", 0)
-            if data["outcome"] in ("completed", "budget_exhausted"):
-                check = await asyncio.to_thread(self.env.check, task, data.get("answer") or "", work)
-                result.outcome = "passed" if check.passed else "failed"
-                result.reward, result.check = check.reward, check.detail
-            else:
-                result.outcome = "timed_out" if data["outcome"] == "timed_out" else "error"
-                result.error = data.get("error")
+            await judge(result, self.env, task, data["outcome"], data.get("answer"), data.get("error"), work)
             if self.label == "train":
                 await client.delete(session["id"])
             else:
@@ -144,8 +137,7 @@ def evaluation(cfg: RunConfig, env: Environment, tasks: list[Task], args: argpar
     progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)
     with BackgroundServer(engine_from(str(weights), truncate=True)) as url, progress:
-        orchestrator = DaemonOrchestrator(url, env, cfg, run_dir, args.concurrency, progress)
-        orchestrator.label = label
+        orchestrator = DaemonOrchestrator(url, env, cfg, run_dir, args.concurrency, label, progress)
         results = [r for r, _ in asyncio.run(orchestrator.rollouts(tasks, args.eval_rollouts, 0))]
     if all(r.outcome == "error" for r in results):
         raise RolloutsFailed(f"every {label} rollout failed; the first: {results[0].error}")
