@@ -10,4 +10,4 @@ if ! .venv/bin/pip install --quiet --disable-pip-version-check -e ".${extra}" > 
     exit 1
 fi
 # PYTHONDONTWRITEBYTECODE may be set: compile our own packages once so starts stay fast.
-.venv/bin/python -m compileall -q agent tui harness_store daemon evals rl
+.venv/bin/python -m compileall -q agent tui cli harness_store daemon evals rl

@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
         return 2
     new_session = args.resume is None and not args.cont
     if new_session and not config.model.configured:
-        from tui.commands.run import NO_MODEL
+        from cli.run import NO_MODEL
 
         print(NO_MODEL, file=sys.stderr)
         return 2

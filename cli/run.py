@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from agent.config import Config, ConfigError, load_config, merge, parse_override
-from tui.commands.show import Printer, print_json
+from cli.follow import EXIT_CODES, follow
+from cli.show import Printer, print_json
 
-EXIT_CODES = {"completed": 0, "error": 3, "budget_exhausted": 4, "timed_out": 5, "interrupted": 130}
 EXIT_CONFIG = 2
 
 NO_MODEL = """\
@@ -29,6 +29,20 @@ Point it at any OpenAI-compatible server:
   OpenRouter  export OPENAI_BASE_URL=https://openrouter.ai/api/v1 OPENAI_API_KEY=... PRIME_AGENT_MODEL=<vendor/model>
 or pass --model and --base-url, or set [model] in $PRIME_AGENT_HOME/config.toml (default ~/.prime-agent).
 For a model without tool calling, add: -c model.action_format='"text"'"""
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    p.add_argument("task", help="the task; '-' reads it from standard input")
+    p.add_argument("--cwd", help="project directory (default: the current directory)")
+    p.add_argument("--model", help="model name (PRIME_AGENT_MODEL)")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
+    p.add_argument("--max-turns", type=int, metavar="N", help="model calls allowed in the turn (budget.max_steps)")
+    p.add_argument("--session-dir", help="where to keep the session (default: $PRIME_AGENT_HOME/sessions/<id>)")
+    p.add_argument("--json", action="store_true", help="print one JSON event per line instead of text")
+    p.add_argument("--daemon", action="store_true",
+                   help="run in a daemon session, which outlives this command (the daemon starts if needed)")
+    p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. -c model.temperature=0.2 (repeatable)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -47,8 +61,6 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     show = print_json if args.json else Printer().show
     if args.daemon:
-        from tui.commands.sessions import run_via_daemon
-
         if args.session_dir or any(not o.startswith("budget.") for o in args.config):
             print("prime-agent: with --daemon, the daemon keeps the session and reads config.toml itself; "
                   "only --model, --base-url, --max-turns and -c budget.* pass through", file=sys.stderr)
@@ -75,6 +87,20 @@ def _config(args: argparse.Namespace, cwd: Path) -> Config:
     if args.max_turns is not None:
         overrides.setdefault("budget", {})["max_steps"] = args.max_turns
     return load_config(cwd, overrides)
+
+
+async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answer: bool) -> int:
+    """`prime-agent run --daemon`: the same run, in a daemon session that outlives this process."""
+    from daemon.client import connect
+
+    async with await connect() as client:
+        s = await client.create_session(cwd, model=config.model.name, base_url=config.model.base_url,
+                                        budget=config.budget.model_dump())
+        accepted = await client.send(s["id"], task)
+        code = await follow(client, s["id"], accepted["turn_id"], None, show, print_answer)
+        print(f"[session {s['id']} stays in the daemon: prime-agent send {s['id']} \"...\" | attach {s['id']}]",
+              file=sys.stderr)
+        return code
 
 
 async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, show, print_answer: bool) -> int:

@@ -7,7 +7,11 @@ import importlib.util
 import sys
 from pathlib import Path
 
-DEMO = Path(__file__).resolve().parents[2] / "examples" / "closed_loop" / "run.py"
+DEMO = Path(__file__).resolve().parents[1] / "examples" / "closed_loop" / "run.py"
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    p.add_argument("args", nargs=argparse.REMAINDER)  # cli.main hands them over as they are
 
 
 def main(args: argparse.Namespace) -> int:

@@ -7,7 +7,33 @@ import sys
 from pathlib import Path
 
 
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    if command == "rate":
+        p.add_argument("session", help="session id, directory, or 'last'")
+        p.add_argument("score", type=float)
+        p.add_argument("--note", default="", help="why (kept beside the score)")
+        return
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, text in [("train", "SFT warm start (if configured), then RL"), ("sft", "only the SFT warm start")]:
+        a = actions.add_parser(name, help=text)
+        a.add_argument("config", help="a TOML run config, e.g. examples/reverse_text/config.toml")
+        a.add_argument("overrides", nargs=argparse.REMAINDER, help="--section.field VALUE ...")
+    ingest = actions.add_parser("ingest", help="turn session trajectories into token-level training samples")
+    ingest.add_argument("sessions", nargs="*", metavar="SESSION", help="session ids or directories ('last' works)")
+    ingest.add_argument("--all", action="store_true", help="every session under $PRIME_AGENT_HOME/sessions")
+    ingest.add_argument("--rubric", metavar="FILE.py:FUNC", help="reward unrated sessions with FUNC(records) -> float")
+    ingest.add_argument("-o", "--output", default="samples.jsonl", help="JSONL file to write (default samples.jsonl)")
+    serve = actions.add_parser("serve", help="an OpenAI-compatible server for the policy")
+    serve.add_argument("--checkpoint", help="a checkpoint directory (default: fresh weights)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--truncate", action="store_true",
+                       help="keep the last tokens of prompts longer than the policy's context (e.g. the agent's prompt)")
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.command == "rate":
+        return rate(args)
     if args.action == "ingest":
         return ingest(args)
     if args.action == "serve":
@@ -39,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _session_dir(ref: str) -> Path:
-    from tui.commands.trajectory import find_trajectory
+    from cli.trajectory import find_trajectory
 
     return find_trajectory(ref).parent
 

@@ -13,9 +13,24 @@ from dataclasses import asdict
 from pathlib import Path
 
 from agent.config import ConfigError, load_config
-from tui.commands.run import NO_MODEL
+from cli import version
+from cli.run import NO_MODEL
 
 EXIT_CONFIG = 2
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    p.add_argument("taskset", help="reverse_text, kernel_tasks, repo_fix, a .jsonl file or a .py module; or 'compare'")
+    p.add_argument("runs", nargs="*", help="with compare: two run directories")
+    p.add_argument("--model", help="model name (PRIME_AGENT_MODEL)")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
+    p.add_argument("-n", type=int, help="how many tasks (default: the set's own size)")
+    p.add_argument("-r", "--rollouts", type=int, default=1, help="rollouts per task")
+    p.add_argument("-c", "--concurrency", type=int, default=4, help="rollouts at once")
+    p.add_argument("--seed", type=int, default=0, help="task selection seed")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per rollout")
+    p.add_argument("--out", help="run directory (default: outputs/evals/<taskset>--<model>/<run id>)")
+    p.add_argument("--resume", metavar="DIR", help="finish a run: keep its results, rerun errored and missing rollouts")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -83,7 +98,7 @@ async def _run(spec, config, run_dir: Path) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metadata.json").write_text(json.dumps({
         "spec": asdict(spec), "model": config.model.name, "base_url": config.model.base_url,
-        "task_ids": [t.id for t in tasks], "python": platform.python_version(), "prime_agent": _version(),
+        "task_ids": [t.id for t in tasks], "python": platform.python_version(), "prime_agent": version(),
         "config": config.model_dump(mode="json", exclude={"model": {"api_key"}}),
     }, indent=1))
     model = OpenAIModel(config.model)
@@ -123,12 +138,3 @@ def _print_summary(console, s, run_dir: Path) -> None:
 def _fail(message: str) -> int:
     print(f"prime-agent: {message}", file=sys.stderr)
     return EXIT_CONFIG
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("prime-agent")
-    except PackageNotFoundError:
-        return "unknown"

@@ -18,7 +18,15 @@ from agent.model import ModelError, OpenAIModel
 from agent.refine import check_skill, model_caller, transcript
 from agent.trajectory import RefinementRecord, SessionRecord, TrajectoryWriter, contexts, read_records
 from harness_store.refiner import Outcome, Plan, RefinementFailed, Refiner
-from tui.commands.trajectory import find_trajectory
+from cli.trajectory import find_trajectory
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    p.add_argument("what", metavar="SESSION|approve|reject", help="a session id (or 'last'), or approve/reject")
+    p.add_argument("id", nargs="?", help="with approve/reject: the refinement id")
+    p.add_argument("--session", help="with approve/reject: the session the refinement belongs to")
+    p.add_argument("--instructions", help="what the refinement should focus on")
+    p.add_argument("--mode", choices=["auto", "review", "dry-run"], help="override refine.mode")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -15,6 +15,16 @@ from daemon.client import Client, DaemonUnavailable, daemon_pid
 from daemon.paths import run_dir
 
 
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    start = actions.add_parser("start", help="start it (in the background, unless --foreground)")
+    start.add_argument("--foreground", action="store_true", help="run in this terminal; Ctrl-C or SIGTERM stops it")
+    start.add_argument("--tcp", metavar="HOST:PORT", help="also listen on TCP; requests need the bearer token")
+    actions.add_parser("stop", help="stop it: running turns are interrupted and recorded first")
+    status = actions.add_parser("status", help="pid, socket, version, uptime, sessions")
+    status.add_argument("--json", action="store_true")
+
+
 def main(args: argparse.Namespace) -> int:
     return {"start": _start, "stop": _stop, "status": _status}[args.action](args)
 

@@ -13,6 +13,34 @@ from harness_store.entries import HarnessError, parse
 from harness_store.store import Change, Edit, HarnessStore, copy_skill_folder
 
 
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def action(name: str, help: str, default_scope: str | None) -> argparse.ArgumentParser:
+        p = actions.add_parser(name, help=help)
+        p.add_argument("--scope", choices=["user", "project", "session"], default=default_scope,
+                       help=f"which scope (default: {default_scope or 'the merged view'})")
+        p.add_argument("--session", metavar="ID", help="the session whose session scope to use")
+        p.add_argument("--project", metavar="DIR", help="the project (default: the current directory's)")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        return p
+
+    p = action("list", "entries in force, narrowest scope first", None)
+    p.add_argument("--kind", choices=["prompt", "memory", "skill", "subagent"])
+    p = action("show", "one entry in full", None)
+    p.add_argument("id")
+    p = action("log", "changes, newest first", "user")
+    p.add_argument("-n", type=int, default=20, metavar="N", help="how many (default 20)")
+    p = action("diff", "what changed: the last change, or from A to B (refinement ids or commits)", "user")
+    p.add_argument("a", nargs="?")
+    p.add_argument("b", nargs="?")
+    p = action("rollback", "undo one change (a new commit), or restore a whole earlier state with --to", "user")
+    p.add_argument("ref", help="refinement id or commit")
+    p.add_argument("--to", action="store_true", help="restore the whole scope as it was at REF")
+    p = action("import", "import Agent Skills folders (.claude/skills, .agents/skills, or one skill)", "user")
+    p.add_argument("path")
+
+
 def main(args: argparse.Namespace) -> int:
     session_dir = home() / "sessions" / args.session if args.session else None
     if session_dir is not None and not session_dir.is_dir():

@@ -11,6 +11,14 @@ from agent.config import home
 from agent.trajectory import TrajectoryError, export_openai_chat, read_records
 
 
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    export = actions.add_parser("export", help="export a session's conversations for fine-tuning")
+    export.add_argument("session", help="session id, session directory, trajectory file, or 'last'")
+    export.add_argument("--format", choices=["openai-chat"], default="openai-chat")
+    export.add_argument("-o", "--output", help="file to write (default: standard output)")
+
+
 def find_trajectory(ref: str) -> Path:
     """A session id, session directory, trajectory file, or 'last' (the newest session)."""
     sessions = home() / "sessions"

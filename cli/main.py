@@ -1,0 +1,98 @@
+"""The `prime-agent` command line: `main()` finds the command and hands it to its module.
+
+One module per command area (cli/run.py, cli/sessions.py, ...), each with its commands' arguments
+beside their handlers. A module is imported only when its command runs (`import openai` alone
+costs 0.5 s), so COMMANDS names each command's module and its line of help: `prime-agent --help`
+lists every command without importing any of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import NamedTuple
+
+from cli import version
+
+
+class Command(NamedTuple):
+    module: str
+    """Where it lives: `add_arguments(parser, name)` builds its arguments, `main(args) -> int` runs it."""
+    help: str
+    """Its line in `prime-agent --help`."""
+
+
+COMMANDS = {  # in the order --help lists them
+    "demo": Command("cli.demo", "the closed loop offline: agent sessions train the local policy with IPO, then a "
+                    "before/after table (prime-agent demo --help)"),
+    "run": Command("cli.run", "run one task headless in the current directory and print the answer"),
+    "trajectory": Command("cli.trajectory", "work with session trajectories"),
+    "harness": Command("cli.harness", "the versioned harness: notes, memories, skills, subagents"),
+    "daemon": Command("cli.daemon", "the background daemon that keeps sessions alive"),
+    "sessions": Command("cli.sessions", "the daemon's sessions"),
+    "send": Command("cli.sessions", "send a message to a daemon session (prints the turn id)"),
+    "attach": Command("cli.sessions", "follow a session's events; Ctrl-C detaches and leaves it running"),
+    "kernel": Command("cli.sessions",
+                      "print the connection file of a session's live kernel (jupyter console --existing FILE)"),
+    "rate": Command("cli.rl", "rate a session 0..1: the reward its training samples carry"),
+    "refine": Command("cli.refine", "refine the harness from a session, or decide a pending refinement"),
+    "eval": Command("cli.eval", "evaluate the agent on a task set (or: eval compare RUN_A RUN_B)"),
+    "rl": Command("cli.rl", "train the policy with RL, or serve it"),
+}
+
+APP_FLAGS = ("--resume", "-c", "--continue", "--model", "--base-url", "--cwd")
+"""With no command, or one of these first, `prime-agent` opens the app (cli/app.py)."""
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line, with the arguments of `command` built (the other commands are only named)."""
+    p = argparse.ArgumentParser(
+        prog="prime-agent",
+        description="A coding agent whose one tool is a persistent IPython kernel. With no command (or with "
+                    "--resume [ID], -c, --model, --base-url), opens the app in this directory.")
+    p.add_argument("--version", action=_Version)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, c in COMMANDS.items():
+        parser = sub.add_parser(name, help=c.help, add_help=name != "demo")  # the demo has its own --help
+        if name == command:
+            importlib.import_module(c.module).add_arguments(parser, name)
+    return p
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"prime-agent {version()}")
+        parser.exit()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:  # `prime-agent sessions | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str]) -> int:
+    if not argv or argv[0] in APP_FLAGS or any(a.startswith(f + "=") for a in argv[:1] for f in APP_FLAGS):
+        from cli.app import main as app
+
+        return app(argv)
+    if argv[0] == "demo":  # its own options, --help included
+        from cli.demo import main as demo
+
+        return demo(argparse.Namespace(args=argv[1:]))
+    # The top level takes no values, so the first word that is not an option names the command.
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
+    return importlib.import_module(COMMANDS[args.command].module).main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Commands that work through the daemon: `sessions`, `send`, `attach`, `kernel`.
+
+Each starts the daemon when it is not running. `attach` follows a session's events until Ctrl-C,
+which detaches and leaves the session running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+
+from cli.follow import follow
+from cli.show import Printer, print_json
+from daemon.client import DaemonError, connect
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    if command == "sessions":
+        p.add_argument("--json", action="store_true")
+    elif command == "send":
+        p.add_argument("session")
+        p.add_argument("text", help="the message; '-' reads it from standard input")
+        p.add_argument("--mode", choices=["prompt", "steer", "follow_up"], default="prompt",
+                       help="steer: reach the running turn at its next model call (default: a new turn, queued)")
+        p.add_argument("--wait", action="store_true", help="show the turn's events and print its answer")
+    elif command == "attach":
+        p.add_argument("session")
+        p.add_argument("--all", action="store_true", help="replay the whole history first")
+        p.add_argument("--after", type=int, metavar="SEQ", help="replay events after this seq first")
+        p.add_argument("--json", action="store_true", help="one JSON event per line")
+    else:  # kernel
+        p.add_argument("session")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(COMMANDS[args.command](args))
+    except DaemonError as e:
+        print(f"prime-agent: {e.message}", file=sys.stderr)
+        return 2 if e.status in (400, 404, 409, 422) else 1
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _sessions(args: argparse.Namespace) -> int:
+    async with await connect() as client:
+        rows = await client.sessions()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for s in rows:
+        age = time.strftime("%Y-%m-%d %H:%M", time.localtime(s["created"]))
+        title = s["title"] or ""
+        print(f"{s['id']}  {s['state']:<8} {s['turns']:>3} turns  {age}  {s['model']:<20} {s['cwd']}  {title}")
+    if not rows:
+        print("(no sessions)", file=sys.stderr)
+    return 0
+
+
+async def _send(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.text == "-" else args.text
+    async with await connect() as client:
+        last = (await client.session(args.session))["last_seq"]
+        accepted = await client.send(args.session, text, args.mode)
+        if not args.wait:
+            print(accepted["turn_id"] + (" (queued)" if accepted["queued"] else ""))
+            return 0
+        return await follow(client, args.session, accepted["turn_id"], last, Printer().show, print_answer=True)
+
+
+async def _attach(args: argparse.Namespace) -> int:
+    show = print_json if args.json else Printer().show
+    async with await connect() as client:
+        info = await client.session(args.session)
+        print(f"[attached to {info['id']} ({info['state']}, {info['cwd']}); Ctrl-C detaches, the session goes on]",
+              file=sys.stderr)
+        after = args.after if args.after is not None else (None if args.all else info["last_seq"])
+        task = asyncio.current_task()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, task.cancel)
+        try:
+            async for event in client.events(args.session, after):
+                show(event)
+        except asyncio.CancelledError:
+            print(f"\n[detached from {args.session}]", file=sys.stderr)
+    return 0
+
+
+async def _kernel(args: argparse.Namespace) -> int:
+    async with await connect() as client:
+        print((await client.kernel(args.session))["connection_file"])
+    return 0
+
+
+COMMANDS = {"sessions": _sessions, "send": _send, "attach": _attach, "kernel": _kernel}
+
