@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from tui.screens.harness import HarnessScreen
 from tui.screens.sessions import SessionsScreen
 from tui.screens.transcript import TranscriptScreen
 from tui.widgets.cell_view import SubagentRow
-from tui.widgets.command_menu import COMMANDS, CommandMenu
+from tui.widgets.command_menu import CommandMenu
 from tui.widgets.conversation import Conversation
 from tui.widgets.message import Notice, UserMessage
 from tui.widgets.prompt_input import PromptInput
@@ -40,13 +41,13 @@ BATCH = 10_000
 DETACH_WINDOW = 2.0
 """Seconds within which a second Ctrl-C on an idle session detaches."""
 
-HELP = "\n".join([
+KEYS = [
     "Enter sends; Ctrl+J adds a line; Up/Down walk your history. A message sent while a turn runs steers it.",
     "Esc interrupts the turn; Ctrl-C interrupts, or on an idle session, twice, detaches (the session goes on).",
     "Tab moves the focus to cells and cards (typing always goes back to the prompt): Enter on a cell shows all",
     "its output; on a refinement card r rolls back, a/x approve/reject. Ctrl+O: sessions. PgUp/PgDn scroll.",
-    *(f"{name:<11} {text}" for name, text in COMMANDS.items()),
-])
+]
+"""What /help says about keys, before the list of commands."""
 
 
 @dataclass
@@ -83,7 +84,7 @@ class PrimeApp(App):
     def compose(self) -> ComposeResult:
         yield Conversation(id="conversation")
         with Vertical(id="bottom"):
-            yield CommandMenu(id="menu")
+            yield CommandMenu({name: c.help for name, c in COMMANDS.items()}, id="menu")
             yield PromptInput(id="prompt", history_file=home() / "prompt-history.jsonl")
             yield StatusBar(id="status")
 
@@ -242,42 +243,57 @@ class PrimeApp(App):
             await conversation.mount(UserMessage(text, label="you (steering)"))
             conversation.scroll_end(animate=False)
 
-    async def command(self, text: str) -> None:  # noqa: C901 - one branch per command
+    async def command(self, text: str) -> None:
         name, _, arg = text.partition(" ")
-        arg = arg.strip()
-        sid = self.session_id
+        command = COMMANDS[name]
+        if command.needs_session and self.session_id is None:
+            await self.say(f"{name} needs a session: /new starts one", "error")
+            return
         try:
-            if name == "/new":
-                await self.new_session()
-            elif name == "/resume":
-                await self.attach(arg) if arg else self.action_sessions()
-            elif name == "/sessions":
-                self.action_sessions()
-            elif name == "/model":
-                if arg and sid:
-                    info = await self.client.update(sid, model=arg)
-                    self.query_one(StatusBar).model = info["model"]
-                    await self.say(f"model: {info['model']} (from the next turn)")
-                else:
-                    await self.say(f"model: {self.query_one(StatusBar).model}; /model NAME switches")
-            elif name == "/refine" and sid:
-                r = await self.client.refine(sid, instructions=arg or None)
-                await self.say(r["message"])
-            elif name == "/harness" and sid:
-                self.push_screen(HarnessScreen(self.client, sid))
-            elif name == "/rollback" and sid:
-                await self.rollback(arg or None)
-            elif name == "/compact" and sid:
-                await self.say((await self.client.compact(sid))["message"])
-            elif name == "/interrupt":
-                await self.action_interrupt()
-            elif name == "/help":
-                await self.say(HELP)
-            elif name in COMMANDS:
-                await self.say(f"{name} needs a session: /new starts one", "error")
-
+            await command.run(self, arg.strip())
         except DaemonError as e:
             await self.say(f"{name}: {e.message}", "error")
+
+    # --- slash commands: one method each, `arg` the text after the name; COMMANDS names them ---
+
+    async def new_command(self, arg: str) -> None:
+        await self.new_session()
+
+    async def resume_command(self, arg: str) -> None:
+        if arg:
+            await self.attach(arg)
+        else:
+            self.action_sessions()
+
+    async def sessions_command(self, arg: str) -> None:
+        self.action_sessions()
+
+    async def model_command(self, arg: str) -> None:
+        if arg and self.session_id:
+            info = await self.client.update(self.session_id, model=arg)
+            self.query_one(StatusBar).model = info["model"]
+            await self.say(f"model: {info['model']} (from the next turn)")
+        else:
+            await self.say(f"model: {self.query_one(StatusBar).model}; /model NAME switches")
+
+    async def refine_command(self, arg: str) -> None:
+        r = await self.client.refine(self.session_id, instructions=arg or None)
+        await self.say(r["message"])
+
+    async def harness_command(self, arg: str) -> None:
+        self.push_screen(HarnessScreen(self.client, self.session_id))
+
+    async def rollback_command(self, arg: str) -> None:
+        await self.rollback(arg or None)
+
+    async def compact_command(self, arg: str) -> None:
+        await self.say((await self.client.compact(self.session_id))["message"])
+
+    async def interrupt_command(self, arg: str) -> None:
+        await self.action_interrupt()
+
+    async def help_command(self, arg: str) -> None:
+        await self.say("\n".join([*KEYS, *(f"{name:<11} {c.help}" for name, c in COMMANDS.items())]))
 
     async def rollback(self, refinement_id: str | None, card: RefinementCard | None = None) -> None:
         cards = self.query_one(Conversation).cards
@@ -353,3 +369,32 @@ class PrimeApp(App):
                 self.run_worker(self.attach(session_id))
 
         self.push_screen(SessionsScreen(self.client, self.cwd, self.session_id), chosen)
+
+
+@dataclass(frozen=True)
+class SlashCommand:
+    run: Callable[[PrimeApp, str], Awaitable[None]]
+    """The app's method that runs it, given the text after the name."""
+    help: str
+    """Its line in the menu and in /help."""
+    needs_session: bool = False
+    """Without a session it says so instead of running."""
+
+
+COMMANDS = {  # the menu and /help list them in this order
+    "/new": SlashCommand(PrimeApp.new_command, "start a new session here"),
+    "/resume": SlashCommand(PrimeApp.resume_command, "[ID] attach to a session (without ID: choose one)"),
+    "/sessions": SlashCommand(PrimeApp.sessions_command, "sessions in this project: attach, delete"),
+    "/model": SlashCommand(PrimeApp.model_command, "[NAME] show or switch the model (from the next turn)"),
+    "/refine": SlashCommand(PrimeApp.refine_command, "[instructions] refine the harness from this session",
+                            needs_session=True),
+    "/harness": SlashCommand(PrimeApp.harness_command, "browse the harness: notes, memories, skills, subagents",
+                             needs_session=True),
+    "/rollback": SlashCommand(PrimeApp.rollback_command, "[ID] roll back a refinement (default: the last applied)",
+                              needs_session=True),
+    "/compact": SlashCommand(PrimeApp.compact_command, "summarise older context at the next model call",
+                             needs_session=True),
+    "/interrupt": SlashCommand(PrimeApp.interrupt_command, "stop the running turn"),
+    "/help": SlashCommand(PrimeApp.help_command, "commands and keys"),
+}
+"""The slash commands: each one's handler and help, in one place."""

@@ -13,7 +13,7 @@ from textual.widgets import DataTable
 from daemon.client import Client
 from tests.daemon.conftest import running_daemon
 from tests.tui.snapshots import assert_snapshot
-from tui.app import NewSession, PrimeApp
+from tui.app import COMMANDS, NewSession, PrimeApp
 from tui.screens.harness import HarnessScreen
 from tui.screens.sessions import SessionsScreen
 from tui.widgets.cell_view import CellView
@@ -89,6 +89,19 @@ async def test_refine_shows_a_card_and_r_rolls_it_back(daemon: Client, project: 
         await until(pilot, lambda: card.status == "rolled back")
         assert "test-command" not in [e["id"] for e in await daemon.harness(session=app.session_id)]
         app.save_screenshot(str(project / "card.svg"))
+
+
+async def test_tab_completes_a_slash_command_and_help_lists_every_one(daemon: Client, project: Path, model_server):
+    app = app_for(daemon, project, model_server)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None)
+        for key in ["/", "h", "e", "tab"]:
+            await pilot.press(key)
+        assert app.query_one("#prompt").text == "/help "
+        await pilot.press("enter")
+        await until(pilot, lambda: any("/interrupt" in str(n.render()) for n in app.query(Notice)))
+        (help,) = [str(n.render()) for n in app.query(Notice) if "/interrupt" in str(n.render())]
+        assert all(f"{name:<11} {c.help}" in help for name, c in COMMANDS.items())
 
 
 async def test_detach_and_reattach_shows_the_whole_history(daemon: Client, project: Path, model_server):
