@@ -133,7 +133,7 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
             result.turns, result.cells, result.tokens = turn.steps, turn.cells, turn.usage.total_tokens
             await judge(result, env, task, turn.outcome, turn.answer, turn.error, work)
         except TimeoutError:
-            result.outcome, result.error = "timed_out", f"the rollout ran past {spec.timeout:g}s"
+            ran_past(result, spec.timeout)
         except Exception as e:  # a rollout that cannot run is an error of the run, not of the model
             result.error = f"{type(e).__name__}: {e}"
     result.seconds = time.monotonic() - started
@@ -157,6 +157,12 @@ async def judge(result: Result, env: Environment, task: Task, outcome: str, answ
         result.reward, result.check = check.reward, check.detail
     else:
         result.outcome, result.error = "error", error
+
+
+def ran_past(result: Result, seconds: float) -> None:
+    """`result` as a rollout stopped from outside for running past its `seconds` (judge covers a turn
+    that ended itself on its budget's seconds)."""
+    result.outcome, result.error = "timed_out", f"the rollout ran past {seconds:g}s"
 
 
 def lay_out(files: dict[str, str], work: Path) -> None:

@@ -86,7 +86,8 @@ class TrainConfig(_Section):
     max_tokens: int = 24
     """Longest completion."""
     std_normalize: bool = False
-    """Divide advantages by the group's reward std."""
+    """Also divide each group's advantages (reward minus the group's mean, rl.advantages) by the std of its
+    scored rewards. Off by default, as in prime-rl."""
     async_level: int = Field(0, ge=0)
     """Batches sampling may run ahead of training (0: sample, then train)."""
     max_off_policy_steps: int = Field(1, ge=0)

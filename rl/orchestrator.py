@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import queue
-import statistics
 import threading
 import urllib.error
 import urllib.request
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evals.env import RLEnvironment
+from rl.advantages import Excluded, group_advantages
 from rl.config import TrainConfig
 from rl.model import ByteTokenizer
 
@@ -46,6 +46,12 @@ class Batch:
     """rollouts, errored, zero_advantage_groups, stale (dropped for max_off_policy_steps)."""
 
 
+def rollout_seed(seed: int, step: int) -> int:
+    """The seed of step `step`'s rollouts (which tasks, and the sampler's seed) in a run seeded `seed`:
+    apart for every (seed, step) of a run, and from the warm start's tasks (rl.train.WARM_START_SEED + step)."""
+    return seed * 1_000_003 + step
+
+
 class Orchestrator:
     def __init__(self, base_url: str, env: RLEnvironment, config: TrainConfig, version: int = 0):
         import openai
@@ -63,7 +69,7 @@ class Orchestrator:
 
     def collect(self, step: int) -> Batch:
         c = self.config
-        tasks = self.env.tasks(c.batch_size, seed=c.seed * 1_000_003 + step)
+        tasks = self.env.tasks(c.batch_size, seed=rollout_seed(c.seed, step))
         prompts = [self.tok.chat(([{"role": "system", "content": t.system}] if t.system else [])
                                  + [{"role": "user", "content": t.prompt}]) for t in tasks]
         counts = {"rollouts": len(tasks) * c.group_size, "errored": 0, "timed_out": 0, "zero_advantage_groups": 0,
@@ -72,7 +78,7 @@ class Orchestrator:
         try:  # return_token_ids: vLLM then sends each choice's token_ids, as the policy server always does
             resp = self.client.completions.create(
                 model="policy", prompt=prompts, n=c.group_size, max_tokens=c.max_tokens, temperature=c.temperature,
-                logprobs=1, seed=c.seed * 1_000_003 + step, extra_body={"return_token_ids": True},
+                logprobs=1, seed=rollout_seed(c.seed, step), extra_body={"return_token_ids": True},
             )
         except Exception as e:  # a failed or timed-out request: its rollouts are excluded and counted
             counts["timed_out" if isinstance(e, self._timeout) else "errored"] = counts["rollouts"]
@@ -81,26 +87,18 @@ class Orchestrator:
         samples, rewards = [], []
         for g, task in enumerate(tasks):
             group = resp.choices[g * c.group_size : (g + 1) * c.group_size]
-            scored = []
+            tokens: list[tuple[list[int] | None, list[float] | None]] = []
+            scored: list[float | Excluded] = []
             for choice in group:
-                extra = choice.model_extra or {}
-                ids, lps = extra.get("token_ids"), (choice.logprobs.token_logprobs if choice.logprobs else None)
-                if not ids or lps is None or len(ids) != len(lps):
-                    counts["errored"] += 1  # no usable tokens: excluded from training and the group mean
-                    continue
-                scored.append((ids, lps, self.env.reward(task, choice.text)))
-            if not scored:
-                continue
-            group_rewards = [r for _, _, r in scored]
-            rewards += group_rewards
-            mean = statistics.fmean(group_rewards)
-            std = statistics.pstdev(group_rewards) if c.std_normalize else 1.0
-            advantages = [(r - mean) / (std + 1e-6) for r in group_rewards]
-            if all(abs(a) < 1e-9 for a in advantages):
-                counts["zero_advantage_groups"] += 1  # nothing to learn from this group
-                continue
-            for (ids, lps, r), a in zip(scored, advantages):
-                if abs(a) >= 1e-9:
+                ids = (choice.model_extra or {}).get("token_ids")
+                lps = choice.logprobs.token_logprobs if choice.logprobs else None
+                usable = bool(ids) and lps is not None and len(ids) == len(lps)
+                tokens.append((ids, lps))
+                scored.append(self.env.reward(task, choice.text) if usable else "errored")  # no usable tokens
+            rewards += [r for r in scored if not isinstance(r, str)]
+            advantages = group_advantages(scored, counts, std_normalize=c.std_normalize)
+            for (ids, lps), r, a in zip(tokens, scored, advantages):
+                if a is not None:
                     samples.append(Sample(prompts[g], ids, lps, a, r, version))
         return Batch(step, samples, rewards, version, counts)
 

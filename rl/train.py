@@ -59,6 +59,9 @@ def evaluation_tasks(taskset: str, n: int | None, seed: int):
 
 # --- SFT warm start ----------------------------------------------------------------------------------
 
+WARM_START_SEED = 10**9
+"""Warm-start step s draws its tasks with seed WARM_START_SEED + s: apart from RL's (rl.orchestrator.rollout_seed)."""
+
 
 def sft(cfg: RunConfig, log=print) -> Path:
     """Cross-entropy on the environment's demonstrations; returns the checkpoint directory."""
@@ -74,7 +77,7 @@ def sft(cfg: RunConfig, log=print) -> Path:
     noise = random.Random(cfg.train.seed)
     started = time.time()
     for step in range(cfg.sft.steps):
-        tasks = env.tasks(cfg.sft.batch_size, seed=10**9 + step)  # disjoint from RL's task seeds
+        tasks = env.tasks(cfg.sft.batch_size, seed=WARM_START_SEED + step)
         rows, masks = [], []
         for t in tasks:
             prompt = policy_view(t, cfg) if cfg.env.harness else tok.chat(

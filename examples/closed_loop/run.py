@@ -44,7 +44,7 @@ from rich.table import Table  # noqa: E402
 from agent.config import home  # noqa: E402
 from daemon.client import Client, DaemonError, DaemonUnavailable, connect  # noqa: E402
 from evals.env import Environment, Task  # noqa: E402
-from evals.runner import Result, judge, lay_out, prompt_of  # noqa: E402
+from evals.runner import Result, judge, lay_out, prompt_of, ran_past  # noqa: E402
 from evals.tasksets import task_key  # noqa: E402
 from rl.config import RunConfig, load  # noqa: E402
 from rl.envs import load as load_env  # noqa: E402
@@ -55,7 +55,8 @@ from rl.train import sft, train  # noqa: E402
 
 CONFIG = Path(__file__).with_name("config.toml")
 EVAL_SEED = 424_242
-"""Evaluation tasks' seed: apart from the warm start's (10**9 + step) and RL's (seed * 1_000_003 + step)."""
+"""Evaluation tasks' seed: apart from the warm start's (rl.train.WARM_START_SEED + step) and RL's
+(rl.orchestrator.rollout_seed)."""
 
 
 class DaemonOrchestrator(HarnessOrchestrator):
@@ -110,7 +111,7 @@ class DaemonOrchestrator(HarnessOrchestrator):
             else:
                 await client.sleep(session["id"])
         except TimeoutError:
-            result.outcome, result.error = "timed_out", f"the rollout ran past {self.env_config.timeout:g}s"
+            ran_past(result, self.env_config.timeout)
             with contextlib.suppress(DaemonError, DaemonUnavailable):  # its turn must not run on unseen
                 await client.interrupt(result.session_id, drop_queued=True)
         except (DaemonError, DaemonUnavailable) as e:

@@ -6,14 +6,13 @@ trajectory (rl.data) — the code path that serves users is the one that makes t
     for batch in orchestrator.batches(start, steps): ...      # what rl.train.train consumes
 
 Sessions run in this process; a subclass may run them elsewhere (the demo runs them in the daemon)
-by overriding `rollouts`. Rollouts are on-policy (sampled, then trained on); advantages are
+by overriding `rollouts`. Rollouts are on-policy (sampled, then trained on); advantages (rl.advantages) are
 relative to each task's group.
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
 from functools import cache
 from pathlib import Path
 
@@ -24,10 +23,11 @@ from agent.trajectory import read_records
 from evals.env import Environment, Task
 from evals.runner import EvalSpec, Result, rollout
 from evals.tasksets import task_key
+from rl.advantages import Excluded, group_advantages
 from rl.config import EnvConfig, RunConfig, TrainConfig
 from rl.data import IngestCounts, samples
 from rl.model import ByteTokenizer
-from rl.orchestrator import Batch
+from rl.orchestrator import Batch, rollout_seed
 from rl.serve import keep_tail
 
 
@@ -97,28 +97,30 @@ class HarnessOrchestrator:
 
     async def collect(self, step: int) -> Batch:
         t = self.train
-        tasks = self.env.tasks(t.batch_size, seed=t.seed * 1_000_003 + step)
+        tasks = self.env.tasks(t.batch_size, seed=rollout_seed(t.seed, step))
         results = await self.rollouts(tasks, t.group_size, step)
         counts = {"rollouts": len(results), "errored": 0, "timed_out": 0, "zero_advantage_groups": 0, "stale": 0,
                   "replies_without_logprobs": 0}
         batch = Batch(step, [], [], step, counts)  # sampled by the weights after `step` updates
         for g in range(len(tasks)):
             rollouts = results[g * t.group_size:(g + 1) * t.group_size]
-            counts["errored"] += sum(r.outcome == "error" for r, _ in rollouts)
-            counts["timed_out"] += sum(r.outcome == "timed_out" for r, _ in rollouts)
-            group = [(r, path) for r, path in rollouts if r.outcome in ("passed", "failed")]
-            rewards = [r.reward or 0.0 for r, _ in group]
-            batch.rewards += rewards
-            if len(set(rewards)) < 2:  # nothing to learn from a group that scored alike
-                counts["zero_advantage_groups"] += 1
-                continue
-            mean = statistics.fmean(rewards)
-            scale = (statistics.pstdev(rewards) or 1.0) if t.std_normalize else 1.0
-            for (_, path), reward in zip(group, rewards):
+            scored = [_reward(r) for r, _ in rollouts]
+            batch.rewards += [r for r in scored if not isinstance(r, str)]
+            advantages = group_advantages(scored, counts, std_normalize=t.std_normalize)
+            for (_, path), reward, advantage in zip(rollouts, scored, advantages):
+                if advantage is None:
+                    continue
                 ingest = IngestCounts()
                 for s in samples(read_records(path), ingest):
-                    sample = s.to_sample((reward - mean) / scale, step)
+                    sample = s.to_sample(advantage, step)
                     sample.reward = reward
                     batch.samples.append(sample)
                 counts["replies_without_logprobs"] += ingest.skipped_no_logprobs
         return batch
+
+
+def _reward(result: Result) -> float | Excluded:
+    """A judged rollout's reward, or why it has none."""
+    if result.outcome in ("passed", "failed"):
+        return result.reward or 0.0
+    return "timed_out" if result.outcome == "timed_out" else "errored"
