@@ -73,6 +73,9 @@ class KernelConfig(_Section):
     """Characters kept per output stream of a cell (head and tail); the middle is cut."""
     startup_timeout: float = 60.0
     """Seconds to wait for a new kernel to become ready."""
+    shutdown_wait: float = 2.0
+    """Seconds a kernel asked to shut down gets before it is killed: for the first half it may exit
+    on its own (running its atexit handlers), then it is sent SIGTERM, at the end SIGKILL."""
 
 
 class CompactionConfig(_Section):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import enum
 import logging
 import os
@@ -17,6 +18,7 @@ import queue
 import re
 import secrets
 import shutil
+import signal
 import sys
 import time
 from collections import deque
@@ -27,6 +29,7 @@ from typing import Any
 import zmq
 from jupyter_client import AsyncKernelManager
 from jupyter_client.kernelspec import KernelSpec
+from jupyter_client.manager import _ShutdownStatus
 
 from agent.bridge import socket_path
 from agent.config import KernelConfig
@@ -61,12 +64,46 @@ class KernelError(RuntimeError):
 
 
 class _Manager(AsyncKernelManager):
-    """Launch kernels with the running interpreter, never whatever kernel spec is installed."""
+    """Launch kernels with the running interpreter, never whatever kernel spec is installed; ask them
+    to shut down where ipykernel cannot hang on it."""
 
     @property
     def kernel_spec(self) -> KernelSpec:
         argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", *KERNEL_ARGS]
         return KernelSpec(argv=argv, display_name="Prime Agent", language="python")
+
+    async def _async_request_shutdown(self, restart: bool = False) -> None:
+        """Ask on the shell channel, not control. ipykernel 7.4 handles a control request in its
+        control thread and then flushes stdout through the IOPub thread, which the main thread may
+        have stopped by then: here one shutdown in twenty hung until it was killed, some before
+        their atexit handlers ran (posit-dev/positron#7142 reports the same hang). On shell, the
+        main thread handles the request before it stops IOPub; none of 240 hung. A running cell is
+        interrupted first (shutdown_kernel does that): only one that ignores it keeps the request
+        waiting, and then SIGTERM and SIGKILL follow on time."""
+        shell = self.connect_shell()
+        self.session.send(shell, self.session.msg("shutdown_request", content={"restart": restart}))
+        shell.close(linger=1000)  # the request still goes out
+        await self.provisioner.shutdown_requested(restart=restart)
+        self._shutdown_status = _ShutdownStatus.ShutdownRequest
+
+    async def _async_wait(self, pollinterval: float = 0.1) -> None:
+        """Notice the kernel's exit within 10 ms, not jupyter_client's 100: a session's close waits on it."""
+        await super()._async_wait(pollinterval=0.01)
+
+
+async def _shut_down(km: _Manager, wait: float) -> None:
+    """Stop a kernel the way jupyter_client escalates: a shutdown request (the kernel exits and runs
+    its atexit handlers), SIGTERM to its process group after `wait / 2` seconds, SIGKILL after
+    `wait`; `wait=0` kills at once. Then SIGKILL whatever is left in the group, such as a job `%%bash`
+    put in the background: nothing else stops it once the kernel has exited on its own."""
+    if not km.has_kernel:
+        return
+    group = km.provisioner.pgid  # the kernel's pid: it is launched as a process group leader
+    km.shutdown_wait_time = wait
+    await km.shutdown_kernel(now=wait == 0)
+    if group:
+        with contextlib.suppress(ProcessLookupError):  # the group is empty: the usual case
+            os.killpg(group, signal.SIGKILL)
 
 
 class CappedText:
@@ -151,7 +188,7 @@ class KernelPool:
             kc = _open_client(km)
             await _handshake(km, kc, self.config.startup_timeout)
         except BaseException:
-            await _stop((km, kc))
+            await _stop((km, kc), wait=0)  # it failed to start: nothing in it to shut down cleanly
             raise
         return km, kc
 
@@ -177,9 +214,9 @@ class KernelPool:
         while self._starting:
             tasks = list(self._starting)
             self._starting.clear()
-            for started in await asyncio.gather(*tasks, return_exceptions=True):
-                if isinstance(started, tuple):
-                    await _stop(started)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            wait = self.config.shutdown_wait
+            await asyncio.gather(*(_stop(started, wait) for started in results if isinstance(started, tuple)))
 
 
 def _open_client(km: _Manager):
@@ -212,13 +249,12 @@ async def _handshake(km: _Manager, kc, timeout: float) -> None:
         await shell.recv_multipart(copy=False)
 
 
-async def _stop(started: tuple[_Manager, Any]) -> None:
+async def _stop(started: tuple[_Manager, Any], wait: float) -> None:
     """Shut down a pooled kernel nobody took, and remove its directory."""
     km, kc = started
     if kc is not None:
         kc.stop_channels()
-    if km.has_kernel:
-        await km.shutdown_kernel(now=True)
+    await _shut_down(km, wait)
     shutil.rmtree(Path(km.connection_file).parent, ignore_errors=True)
 
 
@@ -257,7 +293,11 @@ class Kernel:
         await self._bootstrap()
 
     async def restart(self) -> None:
-        """Replace the kernel process (same connection); the namespace is lost."""
+        """Replace the kernel process (same connection); the namespace is lost.
+
+        The old kernel is killed at once, with its process group: a restart follows a kernel that
+        died, or one stuck in a cell that ignored an interrupt, which would not act on a shutdown
+        request either; asking would only keep the model waiting `shutdown_wait / 2` or more."""
         self.state = KernelState.RESTARTING
         await self._km.restart_kernel(now=True)
         await self._handshake()
@@ -269,8 +309,7 @@ class Kernel:
         self.state = KernelState.STOPPED
         if self._kc is not None:
             self._kc.stop_channels()
-        if self._km.has_kernel:
-            await self._km.shutdown_kernel(now=True)
+        await _shut_down(self._km, self.config.shutdown_wait)
         self.connection_file.unlink(missing_ok=True)
         if self._pooled:
             shutil.rmtree(self.connection_file.parent, ignore_errors=True)

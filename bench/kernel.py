@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/kernel.py [--cells 60] [--repeats 3]
 
-Measures: kernel start to ready (with bootstrap); a trivial cell's round trip through the
-runtime (p50/p99); a host-bridge call from inside a cell (p50/p99); a cell printing 1 MB;
+Measures: kernel start to ready (with bootstrap); kernel shutdown (a shutdown request, then the
+kernel's own exit); a trivial cell's round trip through the runtime (p50/p99); a host-bridge call
+from inside a cell (p50/p99); a cell printing 1 MB;
 `prime-agent run` against a local OpenAI-compatible server: the cost of one more cell
 ((N+1-cell run - 1-cell run) / N), the wall time of a 1-cell run, and the session's memory
 (PSS summed over the CLI process and its kernel).
@@ -43,14 +44,18 @@ async def runtime_figures(n_cells: int, n_starts: int) -> dict[str, float]:
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PRIME_AGENT_HOME"] = tmp
-        starts = []
+        starts, shutdowns = [], []
         for _ in range(n_starts):
             s = Session(Config(), ScriptedModel([]), cwd=Path(tmp))
             t = time.perf_counter()
             await s.start()
             starts.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            await s.kernel.shutdown()
+            shutdowns.append(time.perf_counter() - t)
             await s.close()
         out["kernel_start_s"] = statistics.median(starts)
+        out["kernel_shutdown_s"] = statistics.median(shutdowns)
 
         async with Session(Config(), ScriptedModel([]), cwd=Path(tmp)) as s:
             k = s.kernel
@@ -164,6 +169,7 @@ def system_figures(n_cells: int, repeats: int) -> dict[str, float]:
 
 TARGETS = {
     "kernel_start_s": ("kernel start to ready (s)", None),
+    "kernel_shutdown_s": ("kernel shutdown (s)", None),
     "cell_p50_ms": ("runtime cell round trip p50 (ms)", 5.0),
     "cell_p99_ms": ("runtime cell round trip p99 (ms)", None),
     "raw_jupyter_client_p50_ms": ("bare jupyter_client round trip p50 (ms)", None),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -14,18 +16,32 @@ from agent.types import Cell
 
 
 @pytest.fixture
-async def kernel(project: Path, tmp_path: Path):
+async def make_kernel(project: Path, tmp_path: Path):
+    """Start the test's kernel: quick test limits, overridden by KernelConfig fields."""
     async def final(answer: str) -> None:
         return None
 
     bridge = BridgeServer(tmp_path / "run", {"final": final})
     await bridge.start()
-    env = {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
-    k = Kernel(project, tmp_path / "run", KernelConfig(cell_timeout=30, interrupt_grace=1.0, output_limit=4096), env)
-    await k.start()
-    yield k
-    await k.shutdown()
+    made: list[Kernel] = []
+
+    async def make(**config) -> Kernel:
+        env = {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
+        limits = {"cell_timeout": 30, "interrupt_grace": 1.0, "output_limit": 4096, **config}
+        k = Kernel(project, tmp_path / "run", KernelConfig(**limits), env)
+        made.append(k)
+        await k.start()
+        return k
+
+    yield make
+    for k in made:
+        await k.shutdown()
     await bridge.close()
+
+
+@pytest.fixture
+async def kernel(make_kernel) -> Kernel:
+    return await make_kernel()
 
 
 async def run(k: Kernel, code: str, timeout: float | None = None):
@@ -173,3 +189,48 @@ async def test_a_flood_of_output_read_slowly_loses_nothing_and_ends(kernel: Kern
     total = sum(len(f"{i}\n") for i in range(5000))
     assert r.ok and r.stdout.endswith("4999\n")
     assert r.truncated["stdout"] + 4096 == total  # every character counted: none dropped on the way
+
+
+async def gone(pid: int, within: float = 10.0) -> bool:
+    """Whether process `pid` is dead (or a zombie nobody reaped) within `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+
+
+# A job `%%bash` leaves running: bash exits, so the sleep is nobody's child but still in the kernel's
+# process group. Only a kill of the whole group reaches it (ipykernel's own cleanup misses it).
+BACKGROUND_SLEEP = "%%bash\n{trap}sleep 600 >/dev/null 2>&1 &\necho $!"
+
+
+async def test_shutdown_runs_atexit_handlers_and_leaves_no_process_behind(make_kernel, tmp_path: Path):
+    k = await make_kernel(shutdown_wait=30)  # generous for a loaded machine: a clean exit needs no signal
+    ran = tmp_path / "atexit-ran"
+    code = f"import atexit, os\natexit.register(lambda: open({str(ran)!r}, 'w').write('ran'))\nos.getpid()"
+    kernel_pid = int((await run(k, code)).result)
+    sleep_pid = int((await run(k, BACKGROUND_SLEEP.format(trap=""))).stdout)
+    started = time.monotonic()
+    await k.shutdown()
+    assert time.monotonic() - started < 15  # it exited on its own, before SIGTERM (at half of shutdown_wait)
+    assert ran.read_text() == "ran"
+    assert await gone(kernel_pid) and await gone(sleep_pid)
+
+
+async def test_a_kernel_that_will_not_exit_is_killed_with_its_children(make_kernel):
+    k = await make_kernel(shutdown_wait=2)
+    code = "import atexit, os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" \
+           "atexit.register(time.sleep, 60)\nos.getpid()"
+    kernel_pid = int((await run(k, code)).result)  # it ignores SIGTERM, and its atexit handler hangs
+    sleep_pid = int((await run(k, BACKGROUND_SLEEP.format(trap="trap '' TERM\n"))).stdout)
+    started = time.monotonic()
+    await k.shutdown()
+    assert time.monotonic() - started < 2 + 10  # shutdown_wait, then SIGKILL: far short of the 60 s hang
+    assert await gone(kernel_pid) and await gone(sleep_pid)
