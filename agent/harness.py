@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from agent.layout import SessionLayout
 from harness_store.entries import KINDS, Kind
 from harness_store.store import Edit, HarnessStore, Scope
 from harness_store.view import HarnessView
@@ -19,7 +20,7 @@ from harness_store.view import HarnessView
 def scope_roots(home: Path, project: Path, session_dir: Path | None) -> dict[Scope, Path]:
     roots: dict[Scope, Path] = {"user": home / "harness", "project": project / ".prime-agent" / "harness"}
     if session_dir is not None:
-        roots["session"] = session_dir / "harness"
+        roots["session"] = SessionLayout(session_dir).harness
     return roots
 
 

@@ -1,8 +1,9 @@
 """System prompt assembly: the immutable base prompt, the project's own instructions, then the
 harness view (notes, skills, subagents and memories kept from earlier work).
 
-The base prompt ships in the package (agent/prompts/base.md) and is rendered with strict
-substitution: a missing variable is an error, never an empty hole.
+Every model-facing text ships in the package as Markdown (agent/prompts/*.md: the base prompt,
+compaction's, a subagent's role) and is rendered with strict substitution: a missing variable
+is an error, never an empty hole.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ def _template(name: str) -> str:
     return resources.files("agent").joinpath("prompts", name).read_text(encoding="utf-8")
 
 
+def render(template: str, /, **values: str) -> str:
+    """agent/prompts/TEMPLATE.md with `$values` substituted strictly (a missing one is a KeyError)."""
+    return Template(_template(f"{template}.md")).substitute(values).strip()
+
+
 def base_prompt(cwd: Path, action_format: str) -> str:
-    return Template(_template("base.md")).substitute(
-        cwd=str(cwd), action_format=_template(f"{action_format}.md").strip()
-    )
+    return render("base", cwd=str(cwd), action_format=_template(f"{action_format}.md").strip())
 
 
 def system_prompt(config: Config, cwd: Path, harness: str = "", instructions: str = "") -> str:

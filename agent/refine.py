@@ -8,29 +8,32 @@ turn never sees a half-applied harness; the new view is in force from the next m
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from agent import events as ev
 from agent.bridge import BridgeServer
 from agent.config import Config, KernelConfig
+from agent.context import Context, Sinks, transcript
+from agent.harness import SessionHarness
 from agent.kernel import Kernel
+from agent.layout import SessionLayout
 from agent.model import Model, ModelError
 from agent.runtime import ENV_PATH, ENV_TOKEN
 from agent.trajectory import RefinementRecord
-from agent.types import Cell, Message
-from harness_store.refiner import Outcome, Plan, RefinementFailed, Refiner
-
-if TYPE_CHECKING:
-    from agent.session import Session, Turn
+from agent.types import Cell, Completion, Message
+from harness_store.refiner import Outcome, Plan, RefinementFailed, Refiner, Verdict
 
 
-def model_caller(model: Model, config: Config, on_usage=None):
-    """The refiner's `complete(messages) -> text`, on the session's model."""
+def model_caller(model: Model | None, config: Config, on_usage=None):
+    """The refiner's `complete(messages) -> text`, on the session's model (None: none is configured,
+    and planning says so; deciding a plan already made needs no model)."""
 
     async def complete(messages: list[dict[str, str]]) -> str:
+        if model is None:
+            raise RefinementFailed("no model configured to plan with (set PRIME_AGENT_MODEL and OPENAI_BASE_URL)")
         c = await model.complete([Message(**m) for m in messages], tools=False, json_mode=config.refine.json_mode)
         if on_usage:
             on_usage(c)
@@ -75,15 +78,22 @@ async def check_skill(skill_id: str, body: str, files: dict[str, str], timeout: 
     return None
 
 
+Gate = Callable[[Plan], Awaitable[Verdict]]
+"""A regression gate: may this plan apply? (evals.gate builds one from a task set.)"""
+
+
 class SessionRefiner:
-    def __init__(self, session: Session):
-        self.s = session
-        cfg = session.config.refine
-        self.config = cfg
+    """One session's refinements. Handed the session's harness, context and sinks, not the session."""
+
+    def __init__(self, config: Config, model: Model | None, harness: SessionHarness, context: Context,
+                 layout: SessionLayout, session_id: str, sinks: Sinks, turns: Callable[[], int]):
+        """Plans waiting for review are kept in the session's `layout`; `turns()` counts the session's
+        turns begun (auto-refine's cooldown)."""
+        self.config = config.refine
+        self.harness, self.context, self.session_id, self.sinks, self.turns = harness, context, session_id, sinks, turns
         self.refiner = Refiner(
-            session.harness.stores, model_caller(session.model, session.config, self._account),
-            mode=cfg.mode, default_scope=cfg.default_scope, check_skill=check_skill,
-            gate=None,
+            harness.stores, model_caller(model, config, self._charge),
+            mode=self.config.mode, default_scope=self.config.default_scope, check_skill=check_skill, gate=None,
         )
         self.generation = 0
         """Bumped by interrupts, rollbacks and resets: plans from before are stale."""
@@ -91,34 +101,44 @@ class SessionRefiner:
         self.ready: Outcome | None = None
         self.turns_since = 0
         self.last_auto_turn = -10**9
-        self.dir = session.dir / "refinements"
+        self.compactions_seen = 0
+        self.layout = layout
 
-    def use_model(self, model: Model) -> None:
-        self.refiner.complete = model_caller(model, self.s.config, self._account)
+    def use_model(self, model: Model, config: Config) -> None:
+        self.refiner.complete = model_caller(model, config, self._charge)
 
-    def use_gate(self, gate) -> None:
-        """A regression gate (`evals.gate.make_gate`) every refinement must pass before it applies."""
+    def use_gate(self, gate: Gate | None) -> None:
         self.refiner.gate = gate
+
+    def planning(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    async def close(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
 
     # --- triggers -------------------------------------------------------------------------------
 
     def request(self, instructions: str | None = None, trigger: str = "explicit", mode: str | None = None) -> str:
         """Start planning in the background (unless a plan is already in flight or waiting to apply);
         `mode` overrides `refine.mode` for this one."""
-        if (self.task is not None and not self.task.done()) or self.ready is not None:
+        if self.planning() or self.ready is not None:
             return "a refinement is already being planned or waits for the turn boundary; it applies then"
         self.task = asyncio.create_task(self._plan(instructions, trigger, review=False, mode=mode))
         return "refinement planning started; it applies at the next turn boundary"
 
-    def after_turn(self, turn: Turn, compacted: bool) -> None:
+    def after_turn(self) -> None:
         """Auto-refine: every `auto_every` completed turns and after compaction, behind a review call."""
+        compacted = self.context.compactions > self.compactions_seen
+        self.compactions_seen = self.context.compactions
         if self.config.auto_every <= 0:
             return
         self.turns_since += 1
         due = self.turns_since >= self.config.auto_every or (compacted and self.config.after_compaction)
-        cooled = self.s.turns - self.last_auto_turn >= self.config.cooldown_turns
-        if due and cooled and (self.task is None or self.task.done()):
-            self.turns_since, self.last_auto_turn = 0, self.s.turns
+        cooled = self.turns() - self.last_auto_turn >= self.config.cooldown_turns
+        if due and cooled and not self.planning():
+            self.turns_since, self.last_auto_turn = 0, self.turns()
             self.task = asyncio.create_task(self._plan(None, "auto", review=True))
 
     def invalidate(self, why: str) -> None:
@@ -126,28 +146,29 @@ class SessionRefiner:
         self.generation += 1
         stale = [self.ready.plan] if self.ready is not None else []
         self.ready = None
-        for path in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []:
+        for path in sorted(self.layout.refinements.glob("*.json")):
             stale.append(Plan.from_json(path.read_text()))
             path.unlink()
         for plan in stale:
-            self._finish(Outcome(plan, "rejected", reason=f"stale: {why} since planning"), None)
+            self._finish(Outcome(plan, "rejected", reason=f"stale: {why} since planning"))
 
     # --- background -----------------------------------------------------------------------------
 
     async def _plan(self, instructions: str | None, trigger: str, review: bool, mode: str | None = None) -> None:
-        s, generation = self.s, self.generation
-        evidence = transcript(s.messages, self.config.window_chars)
+        generation = self.generation
+        evidence = transcript(self.context.messages[1:], per_message=2000, total=self.config.window_chars)
         try:
             if review:
                 decision = await self.refiner.review(evidence)
                 if not decision.should_refine:
-                    s.emit("refinement.skipped", None, trigger=trigger, rationale=decision.rationale)
+                    self.sinks.emit(ev.RefinementSkipped(trigger=trigger, rationale=decision.rationale))
                     return
                 instructions = decision.instructions
-            plan = await self.refiner.plan(evidence, s.harness.view.render(), trigger=trigger,
+            plan = await self.refiner.plan(evidence, self.harness.view.render(), trigger=trigger,
                                            instructions=instructions, generation=generation)
-            s.emit("refinement.proposed", None, id=plan.id, trigger=trigger, summary=plan.proposal.summary,
-                   rationale=plan.proposal.rationale, edits=[e.model_dump() for e in plan.proposal.edits])
+            self.sinks.emit(ev.RefinementProposed(
+                id=plan.id, trigger=trigger, summary=plan.proposal.summary, rationale=plan.proposal.rationale,
+                edits=[e.model_dump() for e in plan.proposal.edits]))
             outcome = await self.refiner.prepare(plan, mode=mode)
         except (RefinementFailed, ModelError) as e:
             self._failed(trigger, str(e))
@@ -159,10 +180,10 @@ class SessionRefiner:
 
     def _ready_or_finish(self, outcome: Outcome) -> None:
         if outcome.status != "ready":
-            self._finish(outcome, None)
+            self._finish(outcome)
             return
         self.ready = outcome
-        if self.s.turn is None:  # idle: this is a turn boundary
+        if self.sinks.turn_id() is None:  # idle: this is a turn boundary
             try:
                 self.at_boundary()
             except Exception as e:
@@ -173,21 +194,21 @@ class SessionRefiner:
         outcome, self.ready = self.ready, None
         if outcome is None:
             return
-        outcome = self.refiner.commit(outcome, session=self.s.id, generation=self.generation)
-        self._finish(outcome, self.s.turn)
+        self._finish(self.refiner.commit(outcome, session=self.session_id, generation=self.generation))
 
     # --- review mode ----------------------------------------------------------------------------
 
     async def decide(self, refinement_id: str, approve: bool) -> Outcome:
         """Approve (it applies at the next turn boundary, now if idle) or reject a pending refinement."""
-        path = self.dir / f"{refinement_id}.json"
+        path = self.layout.pending(refinement_id)
         if not path.is_file():
-            raise KeyError(f"no pending refinement {refinement_id!r} in session {self.s.id}")
+            raise KeyError(f"no refinement {refinement_id!r} waits for review in session {self.session_id}")
         plan = Plan.from_json(path.read_text())
+        plan.generation = self.generation  # still on disk, so nothing made it stale up to now
         if not approve:
             path.unlink()
             outcome = Outcome(plan, "rejected", reason="rejected by the user")
-            self._finish(outcome, self.s.turn)
+            self._finish(outcome)
             return outcome
         outcome = await self.refiner.prepare(plan, approved=True)  # if this fails, the plan still waits
         path.unlink()
@@ -196,48 +217,28 @@ class SessionRefiner:
 
     # --- records --------------------------------------------------------------------------------
 
-    def _finish(self, outcome: Outcome, turn: Turn | None) -> None:
-        plan, s = outcome.plan, self.s
+    def _finish(self, outcome: Outcome) -> None:
+        plan, turn_id = outcome.plan, self.sinks.turn_id()
         if outcome.status == "pending":
-            self.dir.mkdir(exist_ok=True)
-            (self.dir / f"{plan.id}.json").write_text(plan.to_json())
-        s.record(RefinementRecord(
-            turn_id=turn.id if turn else None, refinement_id=plan.id, trigger=plan.trigger, status=outcome.status,
+            self.layout.refinements.mkdir(exist_ok=True)
+            self.layout.pending(plan.id).write_text(plan.to_json())
+        refused = [ev.Refused(id=e.id, reason=r) for e, r in outcome.refused]
+        self.sinks.record(RefinementRecord(
+            turn_id=turn_id, refinement_id=plan.id, trigger=plan.trigger, status=outcome.status,
             summary=plan.proposal.summary, rationale=plan.proposal.rationale,
-            edits=[e.model_dump() for e in outcome.applied], refused=[{"id": e.id, "reason": r} for e, r in outcome.refused],
+            edits=[e.model_dump() for e in outcome.applied], refused=[r.model_dump() for r in refused],
             commit=outcome.change.commit if outcome.change else None, reason=outcome.reason or None,
         ))
-        kind = {"applied": "refinement.applied", "pending": "refinement.pending", "dry-run": "refinement.dry_run"}
-        s.emit(kind.get(outcome.status, "refinement.rejected"), turn.id if turn else None, id=plan.id,
-               summary=plan.proposal.summary, diff=outcome.diff, reason=outcome.reason,
-               scopes=sorted({scope for _, scope, _ in outcome.edits}),
-               refused=[{"id": e.id, "reason": r} for e, r in outcome.refused])
+        kind = ev.DECIDED.get(outcome.status, ev.RefinementRejected)
+        self.sinks.emit(kind(turn_id=turn_id, id=plan.id, summary=plan.proposal.summary, diff=outcome.diff,
+                             reason=outcome.reason, scopes=sorted({scope for _, scope, _ in outcome.edits}),
+                             refused=refused))
 
     def _failed(self, trigger: str, reason: str) -> None:
-        self.s.record(RefinementRecord(refinement_id="", trigger=trigger, status="failed", summary="", reason=reason))
-        self.s.emit("refinement.failed", None, trigger=trigger, reason=reason)
+        self.sinks.record(RefinementRecord(refinement_id="", trigger=trigger, status="failed", summary="",
+                                           reason=reason))
+        self.sinks.emit(ev.RefinementFailed(trigger=trigger, reason=reason))
 
-    def _account(self, completion) -> None:
-        self.s.usage += completion.usage
+    def _charge(self, completion: Completion) -> None:
+        self.sinks.charge(completion.usage, "refine")
 
-
-def transcript(messages: list[Message], limit: int) -> str:
-    """The recent conversation as text for the planner: newest kept, each message bounded."""
-    out, used = [], 0
-    for m in reversed(messages[1:]):
-        text = m.content + "".join(f"\n[code]\n{_code(c.arguments)}" for c in m.tool_calls)
-        if len(text) > 2000:
-            text = text[:1000] + f"\n[... {len(text) - 2000:,} characters cut ...]\n" + text[-1000:]
-        block = f"[{m.role}] {text}"
-        if used + len(block) > limit:
-            break
-        out.append(block)
-        used += len(block)
-    return "\n\n".join(reversed(out))
-
-
-def _code(arguments: str) -> str:
-    try:
-        return json.loads(arguments).get("code", arguments)
-    except (ValueError, AttributeError):
-        return arguments

@@ -14,21 +14,22 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent import loop
+from agent import events as ev
 from agent.bridge import BridgeServer
 from agent.config import Config, home, project_root
+from agent.context import Context, Inbox, Sinks
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import Kernel, KernelPool, KernelState
+from agent.layout import SessionLayout
+from agent.loop import Interrupted, Submitted, TurnLoop
 from agent.model import Model
 from agent.prompt import system_prompt
-from agent.refine import SessionRefiner
+from agent.refine import Gate, SessionRefiner
 from agent.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
-from agent.subagents import Subagents
+from agent.subagents import ChildInfo, Subagents
 from agent.trajectory import (
-    MessageRecord,
     Record,
     ResumedRecord,
     SessionRecord,
@@ -36,46 +37,20 @@ from agent.trajectory import (
     TrajectoryWriter,
     TurnFinished,
     TurnStarted,
-    _Record,
     contexts,
     turn_starts,
 )
-from agent.types import Event, EventType, Message, Outcome, Usage
+from agent.types import Message, Outcome, Turn, TurnResult, Usage
+from harness_store.refiner import Outcome as RefinementOutcome
 from harness_store.store import Change, HarnessStore
 from harness_store.watch import HarnessWatcher
 
-Listener = Callable[[Event], None]
+Listener = Callable[[ev.Event], None]
 log = logging.getLogger(__name__)
 
 
 def new_session_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-
-
-@dataclass
-class Turn:
-    id: str
-    prompt: str
-    started: float = field(default_factory=time.monotonic)
-    steps: int = 0
-    cells: int = 0
-    usage: Usage = field(default_factory=Usage)
-    final: str | None = None
-    """Set by `final(answer)` from the kernel."""
-    interrupted: bool = False
-    compacted: bool = False
-
-
-@dataclass
-class TurnResult:
-    turn_id: str
-    outcome: Outcome
-    answer: str | None
-    error: str | None
-    usage: Usage
-    duration: float
-    steps: int
-    cells: int
 
 
 class Session:
@@ -100,49 +75,25 @@ class Session:
         the sessions of a process);
         `harness_roots` replaces the usual user/project/session scopes (the refiner's gate);
         `kernel_pool` supplies kernels started ahead of time (the daemon's, shared with subagents);
-        events are numbered after `last_seq` (a daemon's journal goes on across processes)."""
+        events are numbered after `last_seq` (a daemon's journal goes on across processes).
+
+        The session composes its parts here and hands each the narrow interface it needs (its
+        context, inbox and `Sinks`); none of them holds the session."""
         self.id = session_id or new_session_id()
-        self.dir = session_dir or home() / "sessions" / self.id
+        self.layout = SessionLayout(session_dir) if session_dir else SessionLayout.of(self.id)
+        self.dir = self.layout.dir
         self.cwd = cwd.resolve()
         self.config = config
         self.model = model
         self.listeners: list[Listener] = [on_event] if on_event else []
-        self.messages: list[Message] = []
-        """The model's context, as it will be sent."""
-        self.turn_starts: list[int] = []
-        """Index in `messages` where each turn's prompt stands."""
         self.usage = Usage()
         self.turns = 0
         """Turns begun so far (turn ids are t1, t2, ... and never repeat)."""
         self.turn: Turn | None = None
         self.last_result: TurnResult | None = None
-        self.context_tokens = 0
-        """Prompt plus completion tokens of the last model call (the server's count)."""
-        self.context_mark = 0
-        """len(messages) when `context_tokens` was measured."""
-        self.steering: list[str] = []
-        self.parent = parent
         self.depth = parent.depth + 1 if parent else 0
-        self.subagent_name = self.id.rsplit(".", 1)[-1] if parent else None
         self.instructions = instructions
-        self.inbox: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
-        """Messages from the parent or children: delivered at the next model call, or by `recv`."""
-        slots = subagent_slots if subagent_slots is not None else (parent.subagents.process_slots if parent else {})
-        self.subagents = Subagents(self, slots)
-        self.harness = SessionHarness(harness_roots or scope_roots(home(), project_root(self.cwd), self.dir), self.id)
-        self.refiner = SessionRefiner(self)
-        self.harness_version: str | None = None
-        """The harness in force in the system prompt: each scope's commit."""
-        self.bridge = BridgeServer(
-            self.dir,
-            {"final": self._final, "note": self._note, "ping": self._ping, "refine.request": self._refine,
-             **self.harness.handlers(), **self.subagents.handlers()},
-        )
-        self._watcher: HarnessWatcher | None = None
-        self.kernel = Kernel(self.cwd, self.dir, config.kernel, env={})
         self.kernel_pool = kernel_pool if kernel_pool is not None else (parent.kernel_pool if parent else None)
-        self.compact_requested = False
-        """Compact at the next model call, whatever the context's size (a user's `/compact`)."""
         self.notices: list[str] = []
         """Told to the model at the start of the next turn (e.g. that its kernel is new)."""
         self._resumed: str | None = None
@@ -150,6 +101,46 @@ class Session:
         self._seq = last_seq
         self._trajectory: TrajectoryWriter | None = None
         self._task: asyncio.Task | None = None
+        self._watcher: HarnessWatcher | None = None
+
+        sinks = Sinks(emit=self.emit, record=self.record, charge=self.charge, turn_id=self._turn_id)
+        self.context = Context(self.record)
+        self.inbox = Inbox()
+        """Messages from the user (steering) and from the parent or children: delivered at the next
+        model call, or by `agent_message.recv`."""
+        self.harness = SessionHarness(harness_roots or scope_roots(home(), project_root(self.cwd), self.dir), self.id)
+        self.kernel = Kernel(self.cwd, self.dir, config.kernel, env={})
+        self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks)
+        self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
+                                      turns=lambda: self.turns)
+        slots = subagent_slots if subagent_slots is not None else (parent.subagents.process_slots if parent else {})
+        self.subagents = Subagents(
+            config, model, self.layout, self.id, self.depth, slots, sinks, self._child, self.inbox,
+            parent_inbox=parent.inbox if parent else None, name=self.id.rsplit(".", 1)[-1] if parent else None,
+        )
+        self.bridge = BridgeServer(
+            self.dir,
+            {"final": self._final, "note": self._note, "ping": self._ping, "refine.request": self._refine,
+             **self.harness.handlers(), **self.subagents.handlers()},
+        )
+        self.harness_version: str | None = None
+        """The harness in force in the system prompt: each scope's commit."""
+        self._parent_id = parent.id if parent else None
+
+    def preload(self, code: str) -> None:
+        """Run `code` in the kernel after the runtime's bootstrap, before any cell (a child's `context`)."""
+        self.kernel.setup.append(code)
+
+    @property
+    def messages(self) -> list[Message]:
+        """The model's context, as it will be sent."""
+        return self.context.messages
+
+    def _child(self, config: Config, model: Model, name: str, layout: SessionLayout, instructions: str) -> Session:
+        """A subagent: its own session in `layout`, on this session's user and project scopes."""
+        roots = {scope: store.root for scope, store in self.harness.stores.items() if scope != "session"}
+        return Session(config, model, cwd=self.cwd, session_dir=layout.dir, session_id=f"{self.id}.{name}",
+                       parent=self, instructions=instructions, harness_roots={**roots, "session": layout.harness})
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -162,7 +153,7 @@ class Session:
 
     async def _start(self) -> None:
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._trajectory = TrajectoryWriter(self.dir / "trajectory.jsonl")
+        self._trajectory = TrajectoryWriter(self.layout.trajectory)
         await self.bridge.start()
         self.kernel.env = {
             ENV_PATH: str(self.bridge.path),
@@ -179,9 +170,9 @@ class Session:
         self._watch_harness()
         await self.kernel.start(self.kernel_pool)
         if self._resumed is not None:
-            self.emit("session.resumed", None, reason=self._resumed, turns=self.turns)
+            self.emit(ev.SessionResumed(reason=self._resumed, turns=self.turns))
         else:
-            self.emit("session.started", None, dir=str(self.dir), cwd=str(self.cwd), model=self.model.name)
+            self.emit(ev.SessionStarted(dir=str(self.dir), cwd=str(self.cwd), model=self.model.name))
 
     def _record_start(self) -> None:
         self.harness_version = self.harness.view.version()
@@ -192,11 +183,11 @@ class Session:
                 model=self.model.name,
                 action_format=self.model.action_format,
                 harness_version=self.harness_version,
-                parent=self.parent.id if self.parent else None,
+                parent=self._parent_id,
                 config=self.config.model_dump(mode="json", exclude={"model": {"api_key"}}),
             )
         )
-        self.append(Message(role="system", content=self._system_prompt()), None)
+        self.context.append(Message(role="system", content=self._system_prompt()), None)
 
     def resume(self, records: list[Record], reason: str) -> None:
         """Before `start`: take up a session from its trajectory in a new process.
@@ -206,8 +197,8 @@ class Session:
         process never finished must already be closed (`finish_cut_turn`).
         """
         conversations = list(contexts(records))
-        self.messages = conversations[-1] if conversations else []
-        self.turn_starts = turn_starts(records)
+        self.context.messages = conversations[-1] if conversations else []
+        self.context.turn_starts = turn_starts(records)
         self.harness_version = next(
             (r.harness_version for r in reversed(records) if isinstance(r, SystemPromptRecord | SessionRecord)), None
         )
@@ -228,13 +219,11 @@ class Session:
         last = next((m for m in reversed(self.messages) if m.role == "assistant"), None)
         for call in last.tool_calls if last else []:
             if call.id not in answered:
-                self.append(Message(role="tool", tool_call_id=call.id,
-                                    content="[lost: the session's process stopped while this cell ran]"), None)
+                self.context.append(Message(role="tool", tool_call_id=call.id,
+                                            content="[lost: the session's process stopped while this cell ran]"), None)
 
     async def close(self) -> None:
-        if self.refiner.task is not None and not self.refiner.task.done():
-            self.refiner.task.cancel()
-            await asyncio.gather(self.refiner.task, return_exceptions=True)
+        await self.refiner.close()
         await self.subagents.close()
         if self._watcher is not None:
             self._watcher.stop()
@@ -260,109 +249,141 @@ class Session:
         if self.turn is not None:
             raise RuntimeError("a turn is already running in this session; steer it or wait")
         self._task = asyncio.current_task()
+        turn = self._begin_turn(text, turn_id)
+        outcome: Outcome = "interrupted"
+        answer = None
+        error = "the session was closed during this turn"
         try:
-            return await loop.run_turn(self, text, turn_id)
+            outcome, answer, error = await self.loop.run(turn)
         finally:
             self._task = None
+            result = self._end_turn(turn, outcome, answer, error)
+        return result
 
     def steer(self, text: str) -> None:
         """Queue a message for the running turn; it reaches the model at its next call."""
-        self.steering.append(text)
+        self.inbox.steer(text)
+
+    def take_steering(self) -> list[str]:
+        """Steering that no model call took (it came as the turn ended), now no longer queued."""
+        return self.inbox.take_steering()
+
+    def request_compaction(self) -> None:
+        """Summarise the older context at the next model call (the running turn's, else the next turn's)."""
+        self.context.compact_requested = True
 
     async def interrupt(self) -> None:
         """Stop the running turn: interrupt the running cell (kernel state kept), or the model call."""
         turn = self.turn
         if turn is None:
             return
-        turn.interrupted = True
+        turn.stop_with(Interrupted())
         if self.kernel.state is KernelState.BUSY:
             await self.kernel.interrupt()
         elif self.kernel.state is KernelState.IDLE and self._task is not None:
             self._task.cancel()  # waiting on the model: stop now
         # starting or restarting: the loop stops at its next step, with the kernel whole
 
-    # --- record keeping (used by the loop) ---------------------------------------------------
+    def is_busy(self) -> bool:
+        """A turn running, a refinement being planned, or children still running."""
+        return self.turn is not None or self.refiner.planning() or self.subagents.running()
 
-    def emit(self, type: EventType, turn_id: str | None, **data: object) -> None:
+    async def children(self) -> list[ChildInfo]:
+        """This session's subagents, as its registry lists them."""
+        return self.subagents.list_children()
+
+    def refine(self, instructions: str | None = None, trigger: str = "explicit", mode: str | None = None) -> str:
+        """Plan a harness refinement in the background; it applies at the next turn boundary (now if idle)."""
+        return self.refiner.request(instructions, trigger=trigger, mode=mode)
+
+    async def decide(self, refinement_id: str, approve: bool) -> RefinementOutcome:
+        """Approve or reject a refinement waiting for review (KeyError when none has that id)."""
+        return await self.refiner.decide(refinement_id, approve)
+
+    def use_model(self, model: Model, config: Config) -> None:
+        """Switch the model (between turns); the refiner and new children use the new one too."""
+        self.model, self.config = model, config
+        self.loop.model, self.loop.config = model, config
+        self.subagents.model = model
+        self.refiner.use_model(model, config)
+
+    def use_gate(self, gate: Gate | None) -> None:
+        """A regression gate (`evals.gate.gate_for`) every refinement must pass before it applies."""
+        self.refiner.use_gate(gate)
+
+    # --- record keeping (the sinks handed to the parts) ---------------------------------------
+
+    def emit(self, event: ev.Event) -> None:
         self._seq += 1
-        event = Event(seq=self._seq, type=type, session_id=self.id, turn_id=turn_id, data=data)
+        event.seq, event.session_id = self._seq, self.id
         for listener in self.listeners:
             try:
                 listener(event)
             except Exception:  # a client that cannot take events must not break the session
-                log.exception("event listener failed on %s", type)
+                log.exception("event listener failed on %s", event.type)
 
-    def record(self, record: _Record) -> None:
+    def record(self, record: Record) -> None:
         assert self._trajectory is not None, "session not started"
         self._trajectory.append(record)
 
-    def append(self, message: Message, turn: Turn | None) -> None:
-        self.messages.append(message)
-        self.record(MessageRecord(turn_id=turn.id if turn else None, message=message))
+    def charge(self, usage: Usage, purpose: str) -> None:
+        """Model spend: the session's, and the running turn's (reported when it ends); spend outside
+        a turn is an event of its own, so clients count every token once."""
+        self.usage += usage
+        if self.turn is not None:
+            self.turn.usage += usage
+        elif usage.total_tokens or usage.cost:
+            self.emit(ev.UsageCharged(usage=usage, purpose=purpose))
 
-    def begin_turn(self, prompt: str, turn_id: str | None = None) -> Turn:
+    def _turn_id(self) -> str | None:
+        return self.turn.id if self.turn else None
+
+    def _begin_turn(self, prompt: str, turn_id: str | None = None) -> Turn:
         self.turns += 1
         turn = Turn(id=turn_id or f"t{self.turns}", prompt=prompt)
         self.turn = turn
         self.record(TurnStarted(turn_id=turn.id, prompt=prompt))
-        self.emit("turn.started", turn.id, prompt=prompt)
+        self.emit(ev.TurnStarted(turn_id=turn.id, prompt=prompt))
         try:
             self.refiner.at_boundary()
             self.reload_harness(turn)
         except Exception as e:  # a broken harness must not wedge the session: keep the prompt in force
             log.exception("harness reload failed")
-            self.emit("error", turn.id, message=f"the harness could not be reloaded ({type(e).__name__}: {e}); "
-                                               "the previous system prompt stays in force")
+            self.emit(ev.Error(turn_id=turn.id, message=f"the harness could not be reloaded ({type(e).__name__}: "
+                                                        f"{e}); the previous system prompt stays in force"))
         notes = self.notices
         self.notices = []
         last = self.last_result
         if last is not None and last.outcome != "completed":
             notes.insert(0, f"[Your previous turn ended early ({last.outcome}): {last.error}]")
-        text = "\n\n".join([*notes, prompt])
-        self.turn_starts.append(len(self.messages))
-        self.append(Message(role="user", content=text), turn)
+        self.context.begin_turn(Message(role="user", content="\n\n".join([*notes, prompt])), turn.id)
         return turn
 
-    def end_turn(self, turn: Turn, outcome: Outcome, answer: str | None, error: str | None) -> TurnResult:
+    def _end_turn(self, turn: Turn, outcome: Outcome, answer: str | None, error: str | None) -> TurnResult:
         result = TurnResult(
-            turn_id=turn.id,
-            outcome=outcome,
-            answer=answer,
-            error=error,
-            usage=turn.usage,
-            duration=time.monotonic() - turn.started,
-            steps=turn.steps,
-            cells=turn.cells,
+            turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
+            duration=time.monotonic() - turn.started, steps=turn.steps, cells=turn.cells,
         )
-        self.record(
-            TurnFinished(
-                turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
-                duration=result.duration, steps=turn.steps, cells=turn.cells,
-            )
-        )
+        self.record(TurnFinished(
+            turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
+            duration=result.duration, steps=turn.steps, cells=turn.cells,
+        ))
         self.turn = None
         self.last_result = result
-        self.emit(
-            "turn.finished", turn.id, outcome=outcome, answer=answer, error=error,
-            usage=turn.usage.model_dump(), duration=result.duration, steps=turn.steps, cells=turn.cells,
-        )
+        self.emit(ev.TurnFinished(turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
+                                  duration=result.duration, steps=turn.steps, cells=turn.cells))
         # The turn boundary: a refinement planned meanwhile lands now, in force from the next call.
         try:
             if outcome == "interrupted":
                 self.refiner.invalidate("an interrupt")
             self.refiner.at_boundary()
-            self.refiner.after_turn(turn, turn.compacted)
+            self.refiner.after_turn()
         except Exception as e:
             log.exception("refinement at the turn boundary failed")
-            self.emit("error", turn.id, message=f"a refinement could not be applied: {type(e).__name__}: {e}")
+            self.emit(ev.Error(turn_id=turn.id, message=f"a refinement could not be applied: {type(e).__name__}: {e}"))
         assert self._trajectory is not None
         self._trajectory.sync()
         return result
-
-    def use_model(self, model: Model, config: Config) -> None:
-        """Switch the model (between turns); the refiner plans with the new one too."""
-        self.model, self.config = model, config
-        self.refiner.use_model(model)
 
     # --- the harness -------------------------------------------------------------------------
 
@@ -380,7 +401,7 @@ class Session:
             return
         self.messages[0] = Message(role="system", content=content)
         self.record(SystemPromptRecord(turn_id=turn.id, content=content, harness_version=version))
-        self.emit("harness.reloaded", turn.id, harness_version=version)
+        self.emit(ev.HarnessReloaded(turn_id=turn.id, harness_version=version))
 
     def _watch_harness(self) -> None:
         """Commit a person's own edits of existing scopes as they happen (see harness_store.watch)."""
@@ -390,8 +411,9 @@ class Session:
         loop = asyncio.get_running_loop()
 
         def on_edit(store: HarnessStore, change: Change | None, problems: list[str]) -> None:
-            data = {"scope": store.scope, "entries": change.entries if change else [], "problems": problems}
-            loop.call_soon_threadsafe(lambda: self.emit("harness.edited", self.turn.id if self.turn else None, **data))
+            entries = change.entries if change else []
+            loop.call_soon_threadsafe(lambda: self.emit(ev.HarnessEdited(
+                turn_id=self._turn_id(), scope=store.scope, entries=entries, problems=problems)))
 
         self._watcher = HarnessWatcher(existing, on_edit)
         self._watcher.start()
@@ -401,23 +423,27 @@ class Session:
     async def _final(self, answer: str) -> None:
         if self.turn is None:
             raise RuntimeError("final() ends a turn, and no turn is running")
-        self.turn.final = answer
+        self.turn.stop_with(Submitted(answer))
 
-    def rollback(self, ref: str, scope: str, to: bool = False) -> str:
+    def rollback(self, ref: str, scope: str, to: bool = False) -> Change:
         """Roll the harness back (one change, or `to` a whole earlier state); in force next turn."""
         store = self.harness.store(scope)
         change = store.rollback_to(ref, session=self.id) if to else store.rollback(ref, session=self.id)
-        self.refiner.invalidate("a rollback")
-        self.emit("refinement.rolled_back", self.turn.id if self.turn else None, ref=ref, scope=scope,
-                  id=change.refinement_id, entries=change.entries)
-        return change.refinement_id
+        self.harness_changed("a rollback")
+        self.emit(ev.RefinementRolledBack(turn_id=self._turn_id(), ref=ref, scope=scope, id=change.refinement_id,
+                                          entries=change.entries))
+        return change
+
+    def harness_changed(self, why: str) -> None:
+        """Someone rolled back a scope this session uses: what was planned before is stale."""
+        self.refiner.invalidate(why)
 
     async def _refine(self, instructions: str | None = None) -> str:
-        return self.refiner.request(instructions, trigger="explicit")
+        return self.refine(instructions, trigger="explicit")
 
     async def _ping(self) -> str:
         """A no-op round trip: a health check for the bridge, and what bench/kernel.py times."""
         return "pong"
 
     async def _note(self, text: str) -> None:
-        self.emit("note", self.turn.id if self.turn else None, text=text)
+        self.emit(ev.Note(turn_id=self._turn_id(), text=text))

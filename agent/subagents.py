@@ -9,23 +9,42 @@ children. A parent that closes cancels its children: none is ever orphaned.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import os
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from agent import events as ev
 from agent.config import Config
+from agent.context import Inbox, Sinks
+from agent.layout import SessionLayout
+from agent.model import Model
+from agent.prompt import render
 from agent.trajectory import ModelCall, SubagentRecord
-from agent.types import Budget, Message, Usage
-
-if TYPE_CHECKING:
-    from agent.session import Session
-
+from agent.types import Budget, Message, TurnResult, Usage
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+class Child(Protocol):
+    """What the manager needs of a child session (agent.session.Session is one)."""
+
+    usage: Usage
+    inbox: Inbox
+
+    def preload(self, code: str) -> None: ...
+    async def prompt(self, text: str) -> TurnResult: ...
+    async def __aenter__(self) -> Child: ...
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+ChildFactory = Callable[[Config, Model, str, SessionLayout, str], Child]
+"""(config, model, name, layout, instructions) -> a new child session, not yet started."""
 
 
 class SubagentLimit(Exception):
@@ -54,19 +73,23 @@ class ChildInfo:
 class Subagents:
     """The children of one session, and the handlers behind `rlm`, `llm` and `agent_message`."""
 
-    def __init__(self, session: Session, process_slots: dict[int, asyncio.Semaphore]):
-        self.session = session
-        self.config = session.config.subagents
+    def __init__(self, config: Config, model: Model, layout: SessionLayout, session_id: str, depth: int,
+                 process_slots: dict[int, asyncio.Semaphore], sinks: Sinks, new_child: ChildFactory, inbox: Inbox, *,
+                 parent_inbox: Inbox | None = None, name: str | None = None):
+        """The session's `config`, `model`, `layout`, id, depth (0 for a person's session) and
+        `inbox`; `parent_inbox` and `name` when the session is itself a child."""
+        self.session_config, self.model, self.layout = config, model, layout
+        self.session_id, self.depth = session_id, depth
+        self.config = config.subagents
+        self.sinks, self.new_child, self.inbox = sinks, new_child, inbox
+        self.parent_inbox, self.name = parent_inbox, name
         self.process_slots = process_slots
         """Per-process limits, one pool per depth: a child holding a slot while it waits for its own
         children never starves them (they draw from the next depth's pool)."""
         self.session_slots = asyncio.Semaphore(self.config.max_concurrent)
-        self.registry = session.dir / "subagents.json"
-        self.children: dict[str, ChildInfo] = {}
-        if self.registry.is_file():  # a reused session directory: earlier children stay listed
-            for c in json.loads(self.registry.read_text()):
-                self.children[c["id"]] = ChildInfo(**c)
-        self.sessions: dict[str, Session] = {}
+        self.children: dict[str, ChildInfo] = read_registry(layout)
+        """A reused session directory: earlier children stay listed."""
+        self.sessions: dict[str, Child] = {}
         self.tasks: dict[str, asyncio.Task] = {}
         self.closing = False
 
@@ -83,15 +106,12 @@ class Subagents:
                     budget: dict[str, Any] | None = None) -> dict[str, Any]:
         """Admit a child now; it runs when a slot is free. `context_path` is a pickle the kernel
         wrote (loaded only in the child's kernel, never here); `context_about` describes it."""
-        from agent.session import Session
-
-        parent = self.session
         if self.closing:
             raise SubagentLimit("rlm refused: this session is closing")
         if name is not None and not NAME.match(name):
             raise SubagentLimit(f"rlm refused: name {name!r} must be 1-64 letters, digits, '-' or '_'")
-        if parent.depth + 1 > self.config.max_depth:
-            raise SubagentLimit(f"rlm refused: this agent is at depth {parent.depth}, and subagents.max_depth is "
+        if self.depth + 1 > self.config.max_depth:
+            raise SubagentLimit(f"rlm refused: this agent is at depth {self.depth}, and subagents.max_depth is "
                                 f"{self.config.max_depth}; do the work here instead")
         live = [c for c in self.children.values() if c.status in ("queued", "running")]
         if len(live) >= self.config.max_children:
@@ -101,48 +121,37 @@ class Subagents:
         name = name or f"child-{len(self.children) + 1}"
         if any(c.name == name for c in self.children.values()):
             raise SubagentLimit(f"rlm refused: a child named {name!r} already exists; names must be unique")
-        child_dir = parent.dir / f"sub-{name}"
-        child_model = parent.model.variant(model) if model else parent.model
-        config = self._child_config(budget)
-        note = self._child_note(name, context_about if context_path else None)
-        roots = {scope: store.root for scope, store in parent.harness.stores.items() if scope != "session"}
-        child = Session(config, child_model, cwd=parent.cwd, session_dir=child_dir, session_id=f"{parent.id}.{name}",
-                        parent=parent, instructions=note, on_event=None,
-                        harness_roots={**roots, "session": child_dir / "harness"})
+        child_layout = self.layout.child(name)
+        child_model = self.model.variant(model) if model else self.model
+        note = render("subagent", name=name)
+        if context_path and context_about:
+            note += "\n\n" + render("subagent_context", about=context_about)
+        child = self.new_child(self._child_config(budget), child_model, name, child_layout, note)
         if context_path:
-            child.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            target = child.dir / "context.pkl"
+            child_layout.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            target = child_layout.context
             os.replace(context_path, target)
-            child.kernel.setup.append(f"import pickle as _p\nwith open({str(target)!r}, 'rb') as _f:\n"
-                                      "    context = _p.load(_f)\ndel _p, _f")
-        info = ChildInfo(id=child_id, name=name, dir=str(child_dir), model=child_model.name, task=task)
+            child.preload(f"import pickle as _p\nwith open({str(target)!r}, 'rb') as _f:\n"
+                          "    context = _p.load(_f)\ndel _p, _f")
+        info = ChildInfo(id=child_id, name=name, dir=str(child_layout.dir), model=child_model.name, task=task)
         self.children[child_id] = info
         self.sessions[child_id] = child
         self._save()
         self.tasks[child_id] = asyncio.create_task(self._run(child_id, task))
-        parent.emit("subagent.spawned", parent.turn.id if parent.turn else None, id=child_id, name=name, dir=str(child_dir))
+        self.sinks.emit(ev.SubagentSpawned(turn_id=self.sinks.turn_id(), id=child_id, name=name,
+                                           dir=str(child_layout.dir)))
         return asdict(info)
 
     def _child_config(self, budget: dict[str, Any] | None) -> Config:
-        parent = self.session.config
+        parent = self.session_config
         merged = {**parent.budget.model_dump(), **(budget or {})}
         return parent.model_copy(update={"budget": Budget.model_validate(merged)})
-
-    @staticmethod
-    def _child_note(name: str, context_about: str | None) -> str:
-        lines = [f"# You are a subagent\nYou are `{name}`, started by a parent agent to do one task. Your final "
-                 "answer is returned to the parent as a string: make it complete and self-contained. "
-                 "`agent_message.send(text)` reaches your parent while you work."]
-        if context_about:
-            lines.append(f"The variable `context` in your kernel holds the data for your task: {context_about}. "
-                         "Explore it with code (lengths, slices, searches) rather than printing it whole.")
-        return "\n\n".join(lines)
 
     async def _run(self, child_id: str, task: str) -> None:
         info, child = self.children[child_id], self.sessions[child_id]
         outcome, answer, error = "error", None, None
         try:
-            depth = self.session.depth + 1
+            depth = self.depth + 1
             pool = self.process_slots.setdefault(depth, asyncio.Semaphore(self.config.max_concurrent_process))
             async with self.session_slots, pool:
                 info.status, info.started = "running", time.time()
@@ -162,17 +171,14 @@ class Subagents:
 
     def _attribute(self, info: ChildInfo, usage: Usage) -> None:
         """Child usage counts as the parent's, and the parent's trajectory links the child."""
-        parent = self.session
-        parent.usage += usage
-        if parent.turn is not None:
-            parent.turn.usage += usage
-        parent.record(SubagentRecord(
-            turn_id=parent.turn.id if parent.turn else None, child_id=info.id, name=info.name, dir=info.dir,
-            outcome=info.status, usage=usage,
+        turn_id = self.sinks.turn_id()
+        self.sinks.charge(usage, "subagent")
+        self.sinks.record(SubagentRecord(
+            turn_id=turn_id, child_id=info.id, name=info.name, dir=info.dir, outcome=info.status, usage=usage,
             duration=(info.finished or 0) - (info.started or info.finished or 0),
         ))
-        parent.emit("subagent.finished", parent.turn.id if parent.turn else None, id=info.id, name=info.name,
-                    outcome=info.status, answer=info.answer, error=info.error, usage=usage.model_dump())
+        self.sinks.emit(ev.SubagentFinished(turn_id=turn_id, id=info.id, name=info.name, outcome=info.status,
+                                            answer=info.answer, error=info.error, usage=usage))
 
     async def wait(self, id: str) -> dict[str, Any]:
         task = self.tasks.get(id)
@@ -191,7 +197,14 @@ class Subagents:
         return asdict(self.children[id])
 
     async def list(self) -> list[dict[str, Any]]:
-        return [asdict(c) for c in self.children.values()]
+        return [asdict(c) for c in self.list_children()]
+
+    def list_children(self) -> builtins.list[ChildInfo]:  # `list` here is the handler above
+        return list(self.children.values())
+
+    def running(self) -> bool:
+        """Some child is queued or running in this process."""
+        return not all(t.done() for t in self.tasks.values())
 
     async def close(self) -> None:
         """Refuse new children, cancel every running one and wait for their kernels to stop."""
@@ -210,22 +223,19 @@ class Subagents:
             self._save()
 
     def _save(self) -> None:
-        tmp = self.registry.with_suffix(".tmp")
+        tmp = self.layout.subagents.with_suffix(".tmp")
         tmp.write_text(json.dumps([asdict(c) for c in self.children.values()], indent=1))
-        os.replace(tmp, self.registry)
+        os.replace(tmp, self.layout.subagents)
 
     # --- llm -----------------------------------------------------------------------------------
 
     async def llm(self, prompt: str, model: str | None = None, system: str | None = None) -> str:
-        s = self.session
-        m = s.model.variant(model) if model else s.model
+        m = self.model.variant(model) if model else self.model
         messages = ([Message(role="system", content=system)] if system else []) + [Message(role="user", content=prompt)]
         completion = await m.complete(messages, tools=False)
-        s.usage += completion.usage
-        if s.turn is not None:
-            s.turn.usage += completion.usage
-        s.record(ModelCall(
-            turn_id=s.turn.id if s.turn else "", purpose="llm", context_messages=len(messages), usage=completion.usage,
+        self.sinks.charge(completion.usage, "llm")
+        self.sinks.record(ModelCall(
+            turn_id=self.sinks.turn_id() or "", purpose="llm", context_messages=len(messages), usage=completion.usage,
             duration=completion.duration, attempts=completion.attempts, finish_reason=completion.finish_reason,
             model=completion.model,
         ))
@@ -234,22 +244,29 @@ class Subagents:
     # --- agent_message -------------------------------------------------------------------------
 
     async def send(self, text: str, to: str = "parent") -> str:
-        s = self.session
         if to == "parent":
-            if s.parent is None:
+            if self.parent_inbox is None:
                 raise KeyError("this agent has no parent; it was started by a person")
-            target, sender = s.parent, s.subagent_name
+            target, sender = self.parent_inbox, self.name
         else:
-            target = next((self.sessions[i] for i, c in self.children.items() if c.name == to), None)
-            if target is None:
+            child = next((self.sessions[i] for i, c in self.children.items() if c.name == to and i in self.sessions),
+                         None)
+            if child is None:
                 raise KeyError(f"no child named {to!r}; children: {[c.name for c in self.children.values()]}")
-            sender = "parent"
-        target.inbox.put_nowait((sender, text))
+            target, sender = child.inbox, "parent"
+        target.put(sender, text)
         return f"sent to {to}"
 
     async def recv(self, timeout: float | None = None) -> dict[str, str] | None:
         try:
-            sender, text = await asyncio.wait_for(self.session.inbox.get(), timeout)
+            sender, text = await asyncio.wait_for(self.inbox.agents.get(), timeout)
         except TimeoutError:
             return None
         return {"from": sender, "text": text}
+
+
+def read_registry(layout: SessionLayout) -> dict[str, ChildInfo]:
+    """The children a session's registry (`subagents.json`) lists, by id."""
+    if not layout.subagents.is_file():
+        return {}
+    return {c["id"]: ChildInfo(**c) for c in json.loads(layout.subagents.read_text())}

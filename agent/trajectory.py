@@ -17,6 +17,8 @@ from pydantic import BaseModel, Field, TypeAdapter
 from agent.types import Cell, CellResult, Message, Outcome, Usage
 
 SCHEMA = 1
+"""The record format written here (in each trajectory's `session` record). A change to it appends
+a migration, as daemon/meta.py does for a daemon's files; a newer trajectory is refused, not misread."""
 
 
 class _Record(BaseModel):
@@ -205,11 +207,15 @@ def read_records(path: Path) -> list[Record]:
         if not line.strip():
             continue
         try:
-            out.append(_adapter.validate_json(line))
+            record = _adapter.validate_json(line)
         except ValueError as e:
             if n == len(lines):  # last line, no newline after it: a write cut short
                 break
             raise TrajectoryError(f"{path}:{n}: not a trajectory record: {str(e)[:200]}") from None
+        if isinstance(record, SessionRecord) and record.schema_version > SCHEMA:
+            raise TrajectoryError(f"{path}: written by a newer Prime Agent (trajectory schema {record.schema_version}; "
+                                  f"this one reads up to {SCHEMA})")
+        out.append(record)
     return out
 
 

@@ -1,4 +1,5 @@
-"""Core values of one agent session: messages, cells, results, usage, events.
+"""Core values of one agent session: messages, cells, results, usage, turns (events are in
+agent/events.py).
 
 Typed inside; they become JSON only on disk (trajectory) and on the wire (events),
 through pydantic's own serialisation.
@@ -7,7 +8,8 @@ through pydantic's own serialisation.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -139,45 +141,33 @@ class Budget(BaseModel):
     """Wall-clock seconds for one turn."""
 
 
-EventType = Literal[
-    "session.started",
-    "session.resumed",
-    "turn.queued",
-    "turn.started",
-    "model.started",
-    "model.delta",
-    "model.completed",
-    "model.retry",
-    "cell.started",
-    "cell.output",
-    "cell.finished",
-    "note",
-    "steer.delivered",
-    "compaction",
-    "harness.edited",
-    "refinement.proposed",
-    "refinement.applied",
-    "refinement.rejected",
-    "refinement.pending",
-    "refinement.dry_run",
-    "refinement.failed",
-    "refinement.skipped",
-    "refinement.rolled_back",
-    "subagent.spawned",
-    "subagent.finished",
-    "message.delivered",
-    "harness.reloaded",
-    "turn.finished",
-    "error",
-]
+@dataclass
+class Turn:
+    """One user prompt through to the model's final answer, while it runs."""
+
+    id: str
+    prompt: str
+    started: float = field(default_factory=time.monotonic)
+    steps: int = 0
+    """Model calls so far."""
+    cells: int = 0
+    usage: Usage = field(default_factory=Usage)
+    stop: Exception | None = None
+    """Set from outside the loop (`final(answer)` from the kernel, an interrupt): what ends the
+    turn at the loop's next check. The first one set wins."""
+
+    def stop_with(self, reason: Exception) -> None:
+        if self.stop is None:
+            self.stop = reason
 
 
-class Event(BaseModel):
-    """What clients see; `seq` increases by one per event within a session."""
-
-    seq: int
-    type: EventType
-    session_id: str
-    turn_id: str | None = None
-    ts: float = Field(default_factory=time.time)
-    data: dict[str, Any] = Field(default_factory=dict)
+@dataclass
+class TurnResult:
+    turn_id: str
+    outcome: Outcome
+    answer: str | None
+    error: str | None
+    usage: Usage
+    duration: float
+    steps: int
+    cells: int

@@ -2,6 +2,8 @@
 harness, each on a private copy of it, and refuse a change that lowers the pass count.
 
 The selection is `evals.tasksets.select`, the same as `prime-agent eval` and RL evaluation.
+Every refinement path uses it: `prime-agent run` and `refine` build it here, and the daemon is
+handed `session_gate` by the command line that starts it (the daemon cannot import evals).
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from agent.config import Config
+from agent.harness import SessionHarness
+from agent.model import Model
+from agent.refine import Gate
 from agent.session import Session
 from evals.runner import EvalSpec, rollout
 from evals.tasksets import load_taskset
@@ -18,11 +24,22 @@ from harness_store.refiner import Plan, RefinementFailed, Refiner, Verdict
 from harness_store.store import HarnessStore
 
 
-def make_gate(session: Session, taskset: str, n: int | None = None, seed: int = 0,
-              timeout: float = 600.0) -> Callable[[Plan], Awaitable[Verdict]]:
+def gate_for(config: Config, model: Model, harness: SessionHarness) -> Gate | None:
+    """The gate `config.refine` asks for (`gate_taskset`), or None."""
+    r = config.refine
+    return make_gate(config, model, harness, r.gate_taskset, r.gate_n, r.gate_seed) if r.gate_taskset else None
+
+
+def session_gate(session: Session) -> Gate | None:
+    """`gate_for` a session: what the daemon is handed as its gate factory."""
+    return gate_for(session.config, session.model, session.harness)
+
+
+def make_gate(config: Config, model: Model, harness: SessionHarness, taskset: str, n: int | None = None,
+              seed: int = 0, timeout: float = 600.0) -> Callable[[Plan], Awaitable[Verdict]]:
     async def gate(plan: Plan) -> Verdict:
-        before, unjudged_before = await passes(session, taskset, n, seed, timeout, plan=None)
-        after, unjudged_after = await passes(session, taskset, n, seed, timeout, plan=plan)
+        before, unjudged_before = await passes(config, model, harness, taskset, n, seed, timeout, plan=None)
+        after, unjudged_after = await passes(config, model, harness, taskset, n, seed, timeout, plan=plan)
         total = len(load_taskset(taskset).tasks(n, seed=seed))
         if unjudged_before or unjudged_after:  # an error is not evidence either way: do not apply blind
             return Verdict(False, f"the gate could not judge the change: {unjudged_before + unjudged_after} "
@@ -34,16 +51,16 @@ def make_gate(session: Session, taskset: str, n: int | None = None, seed: int = 
     return gate
 
 
-async def passes(session: Session, taskset: str, n: int | None, seed: int, timeout: float,
-                 plan: Plan | None) -> tuple[int, int]:
-    """(passed, unjudged) of the selected tasks in fresh sessions over a copy of `session`'s harness
-    (with `plan` applied); unjudged rollouts errored or timed out."""
+async def passes(config: Config, model: Model, harness: SessionHarness, taskset: str, n: int | None, seed: int,
+                 timeout: float, plan: Plan | None) -> tuple[int, int]:
+    """(passed, unjudged) of the selected tasks in fresh sessions over a copy of `harness` (with
+    `plan` applied); unjudged rollouts errored or timed out."""
     env = load_taskset(taskset)
     spec = EvalSpec(taskset, n, 1, 1, seed, timeout)
-    config = session.config.model_copy(update={"refine": session.config.refine.model_copy(update={"auto_every": 0})})
+    config = config.model_copy(update={"refine": config.refine.model_copy(update={"auto_every": 0})})
     with tempfile.TemporaryDirectory(prefix="pa-gate-") as tmp:
         roots = {}
-        for scope, store in session.harness.stores.items():
+        for scope, store in harness.stores.items():
             roots[scope] = Path(tmp) / "harness" / scope
             if store.root.is_dir():
                 shutil.copytree(store.root, roots[scope], ignore=shutil.ignore_patterns(".harness.lock"))
@@ -56,7 +73,7 @@ async def passes(session: Session, taskset: str, n: int | None, seed: int, timeo
                 raise RefinementFailed(f"the change could not be applied to the gate's copy: {outcome.reason}")
         passed = unjudged = 0
         for task in env.tasks(n, seed=seed):
-            result = await rollout(env, task, 0, "", spec, config, session.model, Path(tmp) / "runs", harness_roots=roots)
+            result = await rollout(env, task, 0, "", spec, config, model, Path(tmp) / "runs", harness_roots=roots)
             passed += result.outcome == "passed"
             unjudged += result.outcome in ("error", "timed_out")
         return passed, unjudged

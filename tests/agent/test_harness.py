@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from agent.events import Event
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import SystemPromptRecord, read_records
-from agent.types import Event
 from harness_store.store import Edit, HarnessStore
 from tests.conftest import make_config
 
@@ -91,6 +91,6 @@ async def test_a_persons_edit_during_a_session_reaches_the_next_turn(project: Pa
     assert "Use tabs." in system_of(s.model.calls[0])
     assert "Use four spaces." in system_of(s.model.calls[1])
     edited = next(e for e in events if e.type == "harness.edited")
-    assert edited.data == {"scope": "user", "entries": ["style"], "problems": []}
+    assert (edited.scope, edited.entries, edited.problems) == ("user", ["style"], [])
     assert user.get("style").source == "user"
     user.close()

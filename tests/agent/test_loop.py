@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from agent.events import Event
 from agent.kernel import KernelError
 from agent.model import ContextOverflow, ModelError, ModelTimeout
 from agent.prompt import system_prompt
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import CellRecord, CompactionRecord, TurnFinished, read_records
-from agent.types import Completion, Event, Message, ToolCall
+from agent.types import Completion, Message, ToolCall
 from tests.conftest import make_config
 
 
@@ -194,7 +195,7 @@ async def test_note_reaches_the_user_and_everything_is_recorded(project: Path):
     events: list[Event] = []
     async with session(project, [cells("note('halfway'); print(1)"), "done"], events) as s:
         await s.prompt("go")
-    assert [e.data["text"] for e in events if e.type == "note"] == ["halfway"]
+    assert [e.text for e in events if e.type == "note"] == ["halfway"]
     records = read_records(s.dir / "trajectory.jsonl")
     kinds = [r.kind for r in records]
     assert kinds[0] == "session" and kinds[-1] == "turn_finished"

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from agent import events as ev
+from agent.events import Event
 from agent.model import ModelTimeout
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import RefinementRecord, read_records
-from agent.types import Event, Message
+from agent.types import Message
 from harness_store.refiner import Proposal, RefinementFailed, parse_json_reply
 from tests.conftest import make_config
 
@@ -71,11 +73,11 @@ async def test_a_repeated_mistake_becomes_a_memory_and_a_note_that_rollback_remo
 
         store = s.harness.stores["project"]
         (change,) = [c for c in store.log() if c.trigger == "explicit"]
-        assert change.refinement_id == applied.data["id"] and change.entries == ["check-build-files", "test-command"]
+        assert change.refinement_id == applied.id and change.entries == ["check-build-files", "test-command"]
         assert change.trailers["Session"] == s.id and "make test" in change.trailers["Evidence"]
-        assert "+Run the tests with `python -m pytest -q`" in applied.data["diff"]
+        assert "+Run the tests with `python -m pytest -q`" in applied.diff
 
-        s.rollback(applied.data["id"], "project")
+        s.rollback(applied.id, "project")
         await s.prompt("fifth")
         assert "test-command" not in s.model.calls[-1][0].content
     types = [e.type for e in events]
@@ -101,13 +103,27 @@ async def test_invalid_edits_are_refused_with_reasons_and_valid_ones_still_apply
     async with Session(make_config(), agent_model(proposal(*edits), ["ok"]), cwd=project, on_event=events.append) as s:
         s.refiner.request()
         applied = await wait_for(events, "refinement.applied")
-        reasons = {r["id"]: r["reason"] for r in applied.data["refused"]}
+        reasons = {r.id: r.reason for r in applied.refused}
         assert s.harness.stores["project"].get("test-command").source == "refine"
     assert "base prompt" in reasons["base_prompt"]
     assert "policy: looks like a secret" in reasons["key"]
     assert "policy: looks like weakening tests" in reasons["fast"]
     assert "skill check: the skill failed to import: RuntimeError: boom" in reasons["broken"]
     assert set(reasons) == {"base_prompt", "key", "fast", "broken"}
+
+
+async def test_refinement_spend_is_counted_once_in_the_turn_or_as_its_own_event(project: Path):
+    """Planning between turns is a `usage` event; planning during a turn is in that turn's usage."""
+    events: list[Event] = []
+    async with Session(make_config(), agent_model(proposal(MEMORY), ["one", "two"]), cwd=project,
+                       on_event=events.append) as s:
+        s.refine()
+        await wait_for(events, "refinement.applied")
+        await s.prompt("one")
+        (charged,) = [e for e in events if isinstance(e, ev.UsageCharged)]
+        assert charged.purpose == "refine" and charged.usage.total_tokens > 0
+        turns = [e.usage for e in events if isinstance(e, ev.TurnFinished)]
+        assert s.usage == sum(turns, charged.usage)  # every token the session spent, in the events once
 
 
 @pytest.mark.parametrize("reply", [
@@ -127,7 +143,7 @@ async def test_a_failed_plan_leaves_the_session_and_harness_alone(project: Path,
         s.refiner.request()
         failed = await wait_for(events, "refinement.failed")
         assert (await s.prompt("are you ok?")).answer == "still here"
-    assert failed.data["reason"]
+    assert failed.reason
     assert not (project / ".prime-agent" / "harness").exists()
 
 
@@ -137,9 +153,9 @@ async def test_review_mode_waits_for_approval_and_dry_run_applies_nothing(projec
                        on_event=events.append) as s:
         s.refiner.request()
         pending = await wait_for(events, "refinement.pending")
-        assert (s.dir / "refinements" / f"{pending.data['id']}.json").is_file()
+        assert (s.dir / "refinements" / f"{pending.id}.json").is_file()
         assert s.harness.stores["project"].version_of("test-command") is None
-        outcome = await s.refiner.decide(pending.data["id"], approve=True)
+        outcome = await s.refiner.decide(pending.id, approve=True)
         assert outcome.status == "applied" and s.harness.stores["project"].get("test-command")
 
     events = []
@@ -147,7 +163,7 @@ async def test_review_mode_waits_for_approval_and_dry_run_applies_nothing(projec
                        on_event=events.append) as s:
         s.refiner.request()
         dry = await wait_for(events, "refinement.dry_run")
-        assert "create prompt check-build-files" in dry.data["diff"]
+        assert "create prompt check-build-files" in dry.diff
         assert s.harness.stores["project"].version_of("check-build-files") is None
 
 

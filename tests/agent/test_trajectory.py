@@ -8,8 +8,15 @@ from pathlib import Path
 import pytest
 
 from agent.trajectory import (
-    CompactionRecord, MessageRecord, SessionRecord, TrajectoryError, TrajectoryWriter, TurnStarted,
-    export_openai_chat, read_records,
+    SCHEMA,
+    CompactionRecord,
+    MessageRecord,
+    SessionRecord,
+    TrajectoryError,
+    TrajectoryWriter,
+    TurnStarted,
+    export_openai_chat,
+    read_records,
 )
 from agent.types import Message, ToolCall, Usage
 
@@ -35,6 +42,13 @@ def test_a_torn_last_line_is_dropped_but_corruption_elsewhere_is_an_error(tmp_pa
     lines = path.read_text().splitlines()
     path.write_text("\n".join([lines[0], "garbage", lines[1]]) + "\n")
     with pytest.raises(TrajectoryError, match=r"trajectory.jsonl:2: not a trajectory record"):
+        read_records(path)
+
+
+def test_a_trajectory_from_a_newer_schema_is_refused_not_misread(tmp_path: Path):
+    path = tmp_path / "trajectory.jsonl"
+    write(path, SessionRecord(session_id="s", cwd="/", model="m", action_format="tools", schema_version=SCHEMA + 1))
+    with pytest.raises(TrajectoryError, match=rf"newer Prime Agent \(trajectory schema {SCHEMA + 1}"):
         read_records(path)
 
 

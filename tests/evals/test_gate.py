@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from agent.events import Event
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel
-from agent.types import Event, Message
+from agent.types import Message
 from evals.gate import make_gate
 from tests.agent.test_refine import PLANNER, proposal, wait_for
 from tests.conftest import make_config
@@ -26,8 +27,8 @@ async def test_the_gate_refuses_a_change_that_breaks_a_passing_task(project: Pat
 
     events: list[Event] = []
     async with Session(make_config(), ScriptedModel([respond] * 50), cwd=project, on_event=events.append) as s:
-        s.refiner.use_gate(make_gate(s, str(tasks)))
-        s.refiner.request()
+        s.use_gate(make_gate(s.config, s.model, s.harness, str(tasks)))
+        s.refine()
         rejected = await wait_for(events, "refinement.rejected")
-    assert "gate: the change lowers the task set's pass count from 1 to 0 of 1" in rejected.data["reason"]
+    assert "gate: the change lowers the task set's pass count from 1 to 0 of 1" in rejected.reason
     assert not (project / ".prime-agent" / "harness" / "prompt" / "zero.md").exists()

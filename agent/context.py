@@ -1,0 +1,129 @@
+"""What a session hands its collaborators (the turn loop, compaction, the refiner, subagents) so
+none of them needs the session itself: the model's context (the messages as they will be sent),
+the inbox of messages waiting for it, and the sinks for what they report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent.events import Event
+from agent.trajectory import MessageRecord, Record
+from agent.types import Message, Usage
+
+
+@dataclass(frozen=True)
+class Sinks:
+    """Where a session's collaborators report."""
+
+    emit: Callable[[Event], None]
+    """An event for the session's clients (numbered by the session)."""
+    record: Callable[[Record], None]
+    """A record appended to the trajectory."""
+    charge: Callable[[Usage, str], None]
+    """Model spend (and what it was for): the session's, and the running turn's when there is one."""
+    turn_id: Callable[[], str | None]
+    """The running turn, if any."""
+
+
+class Context:
+    """Every message appended is recorded in the trajectory as it happens."""
+
+    def __init__(self, record: Callable[[Record], None]):
+        self._record = record
+        self.messages: list[Message] = []
+        self.turn_starts: list[int] = []
+        """Index in `messages` where each turn's prompt stands."""
+        self.tokens = 0
+        """Prompt plus completion tokens of the last model call (the server's count)."""
+        self.mark = 0
+        """len(messages) when `tokens` was measured."""
+        self.compact_requested = False
+        """Compact at the next model call, whatever the context's size (a user's `/compact`)."""
+        self.compactions = 0
+        """How many times older context was folded into a summary (in this process)."""
+
+    def append(self, message: Message, turn_id: str | None) -> None:
+        self.messages.append(message)
+        self._record(MessageRecord(turn_id=turn_id, message=message))
+
+    def begin_turn(self, prompt: Message, turn_id: str) -> None:
+        self.turn_starts.append(len(self.messages))
+        self.append(prompt, turn_id)
+
+    def measured(self, tokens: int) -> None:
+        """The server counted `tokens` for everything up to now."""
+        self.tokens, self.mark = tokens, len(self.messages)
+
+    def estimate(self) -> int:
+        """Tokens in the context: the server's last count plus ~4 characters a token for what came after."""
+        since = self.messages[self.mark :] if self.tokens else self.messages
+        return self.tokens + chars(since) // 4
+
+
+def chars(messages: list[Message]) -> int:
+    return sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages)
+
+
+class Inbox:
+    """Messages for a running agent: the user's steering, and other agents' (`agent_message`).
+    Delivered at the next model call, steering first; `recv` from the kernel takes agents' ones."""
+
+    def __init__(self) -> None:
+        self.steering: list[str] = []
+        self.agents: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+
+    def steer(self, text: str) -> None:
+        self.steering.append(text)
+
+    def put(self, sender: str, text: str) -> None:
+        self.agents.put_nowait((sender, text))
+
+    def empty(self) -> bool:
+        return not self.steering and self.agents.empty()
+
+    def take_steering(self) -> list[str]:
+        taken, self.steering = self.steering, []
+        return taken
+
+    def take_agents(self) -> list[tuple[str, str]]:
+        taken = []
+        while not self.agents.empty():
+            taken.append(self.agents.get_nowait())
+        return taken
+
+
+# --- as text, for a reader (a summariser, the refiner's planner, a person) -------------------------
+
+
+def message_text(m: Message, limit: int | None = None) -> str:
+    """`[role] content`, each tool call's code after it; past `limit` characters the middle is cut."""
+    text = m.content + "".join(f"\n[code]\n{_code(c.arguments)}" for c in m.tool_calls)
+    if limit is not None and len(text) > limit:
+        text = text[: limit // 2] + f"\n[... {len(text) - limit:,} characters cut ...]\n" + text[-(limit // 2) :]
+    return f"[{m.role}] {text}"
+
+
+def transcript(messages: list[Message], per_message: int, total: int | None = None) -> str:
+    """The messages as text, each bounded by `per_message`; with `total`, only the newest that fit."""
+    blocks = [message_text(m, per_message) for m in messages]
+    if total is not None:
+        kept, used = [], 0
+        for block in reversed(blocks):
+            if used + len(block) > total:
+                break
+            kept.append(block)
+            used += len(block)
+        blocks = kept[::-1]
+    return "\n\n".join(blocks)
+
+
+def _code(arguments: str) -> str:
+    """A tool call's code (its arguments are JSON), or the arguments as written when they are not."""
+    try:
+        return json.loads(arguments).get("code", arguments)
+    except (ValueError, AttributeError):
+        return arguments

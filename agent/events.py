@@ -1,0 +1,318 @@
+"""Events: what a session tells its clients, one pydantic model per `type`.
+
+Producers build them as typed values (`CellStarted(cell_id=..., code=...)`); the session stamps
+`seq` and `session_id` when it emits one. They become JSON once, at the edge (the daemon's
+journal and event stream, `prime-agent run --json`), and are read back with `parse_event`.
+A field a producer leaves out or a consumer misspells is a type error, not a silent `None`.
+
+On the wire an event is flat: `{"seq", "session_id", "turn_id", "ts", "type", ...its fields}`.
+Journals written before this shape (schema 1: the fields nested under `data`) are migrated
+forward by `migrate_v1` (see daemon/meta.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from agent.types import CellResult, Outcome, ToolCall, Usage
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seq: int = 0
+    """Increases by one per event within a session; set when the session emits the event."""
+    session_id: str = ""
+    turn_id: str | None = None
+    ts: float = Field(default_factory=time.time)
+
+
+# --- the session ---------------------------------------------------------------------------------
+
+
+class SessionStarted(_Event):
+    type: Literal["session.started"] = "session.started"
+    dir: str
+    cwd: str
+    model: str
+
+
+class SessionResumed(_Event):
+    """The session was taken up in a new process from its trajectory: its kernel is new."""
+
+    type: Literal["session.resumed"] = "session.resumed"
+    reason: str
+    turns: int
+
+
+class Note(_Event):
+    """Something said to the user: `note(text)` from the kernel, or the daemon's own remark."""
+
+    type: Literal["note"] = "note"
+    text: str
+
+
+class Error(_Event):
+    """A failure the session survived (the turn's own failures end it: see `TurnFinished.error`)."""
+
+    type: Literal["error"] = "error"
+    message: str
+
+
+class UsageCharged(_Event):
+    """Model spend outside any turn (a refinement planned between turns, a child that outlived its
+    parent's turn); spend inside a turn is in that turn's `TurnFinished.usage`."""
+
+    type: Literal["usage"] = "usage"
+    usage: Usage
+    purpose: str
+
+
+# --- turns ---------------------------------------------------------------------------------------
+
+
+class TurnQueued(_Event):
+    type: Literal["turn.queued"] = "turn.queued"
+    prompt: str
+    position: int
+
+
+class TurnStarted(_Event):
+    type: Literal["turn.started"] = "turn.started"
+    prompt: str
+
+
+class TurnFinished(_Event):
+    type: Literal["turn.finished"] = "turn.finished"
+    outcome: Outcome
+    answer: str | None = None
+    error: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    duration: float = 0.0
+    steps: int = 0
+    cells: int = 0
+
+
+class SteerDelivered(_Event):
+    type: Literal["steer.delivered"] = "steer.delivered"
+    text: str
+
+
+class MessageDelivered(_Event):
+    """A message from another agent (parent or child) reached the model."""
+
+    type: Literal["message.delivered"] = "message.delivered"
+    sender: str
+    text: str
+
+
+class Compaction(_Event):
+    type: Literal["compaction"] = "compaction"
+    folded_messages: int
+    summary: str
+
+
+# --- the model -----------------------------------------------------------------------------------
+
+
+class ModelStarted(_Event):
+    type: Literal["model.started"] = "model.started"
+    step: int
+
+
+class ModelDelta(_Event):
+    type: Literal["model.delta"] = "model.delta"
+    text: str
+
+
+class ModelRetry(_Event):
+    type: Literal["model.retry"] = "model.retry"
+    attempt: int
+    delay: float
+    reason: str
+
+
+class ModelCompleted(_Event):
+    type: Literal["model.completed"] = "model.completed"
+    text: str
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+
+
+# --- cells ---------------------------------------------------------------------------------------
+
+
+class CellStarted(_Event):
+    type: Literal["cell.started"] = "cell.started"
+    cell_id: str
+    code: str
+
+
+class CellOutput(_Event):
+    type: Literal["cell.output"] = "cell.output"
+    cell_id: str
+    stream: str
+    text: str
+
+
+class CellFinished(_Event):
+    type: Literal["cell.finished"] = "cell.finished"
+    cell_id: str
+    result: CellResult
+    """Without its attachments' data (the trajectory keeps them): see `attachments`."""
+    attachments: list[str] = Field(default_factory=list)
+    """The MIME type of each display attachment."""
+
+
+# --- the harness and its refinements -------------------------------------------------------------
+
+
+class HarnessEdited(_Event):
+    """A person edited a harness scope with their own editor; committed as `source: user`."""
+
+    type: Literal["harness.edited"] = "harness.edited"
+    scope: str
+    entries: list[str] = Field(default_factory=list)
+    problems: list[str] = Field(default_factory=list)
+
+
+class HarnessReloaded(_Event):
+    type: Literal["harness.reloaded"] = "harness.reloaded"
+    harness_version: str | None
+
+
+class RefinementProposed(_Event):
+    type: Literal["refinement.proposed"] = "refinement.proposed"
+    id: str
+    trigger: str
+    summary: str
+    rationale: str
+    edits: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Refused(BaseModel):
+    id: str
+    reason: str
+
+
+class _RefinementDecided(_Event):
+    id: str
+    summary: str
+    diff: str = ""
+    reason: str = ""
+    scopes: list[str] = Field(default_factory=list)
+    refused: list[Refused] = Field(default_factory=list)
+
+
+class RefinementApplied(_RefinementDecided):
+    type: Literal["refinement.applied"] = "refinement.applied"
+
+
+class RefinementPending(_RefinementDecided):
+    """Waits for a person's approval (refine.mode = "review")."""
+
+    type: Literal["refinement.pending"] = "refinement.pending"
+
+
+class RefinementDryRun(_RefinementDecided):
+    type: Literal["refinement.dry_run"] = "refinement.dry_run"
+
+
+class RefinementRejected(_RefinementDecided):
+    type: Literal["refinement.rejected"] = "refinement.rejected"
+
+
+class RefinementFailed(_Event):
+    type: Literal["refinement.failed"] = "refinement.failed"
+    trigger: str
+    reason: str
+
+
+class RefinementSkipped(_Event):
+    """Auto-refine's review call said there is nothing worth changing."""
+
+    type: Literal["refinement.skipped"] = "refinement.skipped"
+    trigger: str
+    rationale: str
+
+
+class RefinementRolledBack(_Event):
+    type: Literal["refinement.rolled_back"] = "refinement.rolled_back"
+    ref: str
+    """The change undone (a refinement id or commit)."""
+    scope: str
+    id: str
+    """The rollback's own refinement id."""
+    entries: list[str] = Field(default_factory=list)
+
+
+# --- subagents -----------------------------------------------------------------------------------
+
+
+class SubagentSpawned(_Event):
+    type: Literal["subagent.spawned"] = "subagent.spawned"
+    id: str
+    name: str
+    dir: str
+
+
+class SubagentFinished(_Event):
+    type: Literal["subagent.finished"] = "subagent.finished"
+    id: str
+    name: str
+    outcome: str
+    answer: str | None = None
+    error: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+
+
+Event = Annotated[
+    SessionStarted | SessionResumed | Note | Error | UsageCharged
+    | TurnQueued | TurnStarted | TurnFinished | SteerDelivered | MessageDelivered | Compaction
+    | ModelStarted | ModelDelta | ModelRetry | ModelCompleted
+    | CellStarted | CellOutput | CellFinished
+    | HarnessEdited | HarnessReloaded
+    | RefinementProposed | RefinementApplied | RefinementPending | RefinementDryRun | RefinementRejected
+    | RefinementFailed | RefinementSkipped | RefinementRolledBack
+    | SubagentSpawned | SubagentFinished,
+    Field(discriminator="type"),
+]
+"""Every event a client can see."""
+
+Decided = RefinementApplied | RefinementPending | RefinementDryRun | RefinementRejected
+"""A refinement's outcome (`isinstance(e, Decided)`)."""
+
+EVENTS: TypeAdapter[Event] = TypeAdapter(Event)
+DECIDED: dict[str, type[_RefinementDecided]] = {
+    "applied": RefinementApplied, "pending": RefinementPending, "dry-run": RefinementDryRun,
+}
+"""A refinement's outcome status -> its event (any other status is a rejection)."""
+
+
+def parse_event(data: str | bytes) -> Event:
+    """One event from its JSON (as the journal and the event stream carry it)."""
+    return EVENTS.validate_json(data)
+
+
+def migrate_v1(event: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 -> 2: the type's fields move out of `data` to the top level; fields schema 1 wrote
+    that schema 2 has no place for are dropped (none were read), and a null takes the field's default."""
+    data = event.pop("data", None) or {}
+    cls = _by_type().get(event.get("type", ""))
+    if cls is not None:
+        data = {k: v for k, v in data.items() if k in cls.model_fields and v is not None}
+        if cls is CellFinished and isinstance(data.get("result"), dict):
+            data["result"] = {k: v for k, v in data["result"].items() if k in CellResult.model_fields}
+    return {**event, **{k: v for k, v in data.items() if k not in event}}
+
+
+def _by_type() -> dict[str, type[_Event]]:
+    return {cls.model_fields["type"].default: cls for cls in _leaves(_Event)}
+
+
+def _leaves(cls: type[_Event]) -> list[type[_Event]]:
+    subs = cls.__subclasses__()
+    return [leaf for sub in subs for leaf in _leaves(sub)] if subs else [cls]
