@@ -47,12 +47,13 @@ sys.path.insert(0, str(ROOT))
 
 import httpx2  # noqa: E402
 
+from agent.events import Event, parse_event  # noqa: E402
+from agent.layout import SessionLayout  # noqa: E402
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
-from agent.types import Event  # noqa: E402
 from bench.kernel import descendants, pct, pss_kb  # noqa: E402
+from daemon import meta as meta_file  # noqa: E402
 from daemon.client import Client, DaemonUnavailable, spawn  # noqa: E402
 from daemon.paths import log_file, socket_file  # noqa: E402
-from daemon.sessions import SessionMeta  # noqa: E402
 
 
 def agent_script(request: dict[str, Any]) -> Reply:
@@ -86,7 +87,7 @@ def processes_of(home: str) -> list[int]:
 
 
 class Daemon:
-    """`async with Daemon(home, pool_size=2) as client`: `python -m daemon` for a fresh home, with
+    """`async with Daemon(home, pool_size=2) as client`: the daemon (`daemon.client.spawn`) for a fresh home, with
     `[daemon]` settings in its config.toml; stopped with SIGTERM (it drains) at exit, then anything
     of its still alive is killed."""
 
@@ -153,7 +154,7 @@ async def until(check, timeout: float = 60.0) -> None:
 
 async def pool_full(client: Client, size: int) -> None:
     async def full() -> bool:
-        return (await client.status())["pool_ready"] >= size
+        return (await client.status()).pool_ready >= size
 
     await until(full)
 
@@ -206,7 +207,7 @@ async def creates(client: Client, project: Path, url: str, n: int, pool_size: in
         t = time.perf_counter()
         s = await client.create_session(project, model="fake", base_url=url)
         times.append(time.perf_counter() - t)
-        await client.delete(s["id"])
+        await client.delete(s.id)
     return times
 
 
@@ -214,15 +215,15 @@ async def turns(client: Client, follower: Follower, session_id: str, n: int) -> 
     """Prompt to first event and to the end, for n answer-only and n one-cell turns."""
     out: dict[str, float] = {}
     turn = await client.send(session_id, "warm up: the stream opens, the model client connects")
-    await follower.until(turn["turn_id"], "turn.finished")
+    await follower.until(turn.turn_id, "turn.finished")
     first: list[float] = []
     for name, prompt in (("answer", "hello"), ("cell", "run: 6 * 7")):
         finished = []
         for _ in range(n):
             t = time.perf_counter()
             turn = await client.send(session_id, prompt)
-            first.append(await follower.until(turn["turn_id"], "turn.started") - t)
-            finished.append(await follower.until(turn["turn_id"], "turn.finished") - t)
+            first.append(await follower.until(turn.turn_id, "turn.started") - t)
+            finished.append(await follower.until(turn.turn_id, "turn.finished") - t)
         out[f"turn_{name}_finished_p50_ms"] = statistics.median(finished) * 1e3
     out["first_event_p50_ms"] = statistics.median(first) * 1e3
     out["first_event_p90_ms"] = pct(first, 0.9) * 1e3
@@ -239,7 +240,7 @@ async def live(client: Client, follower: Follower, session_id: str, lines: int, 
     made: list[float] = []
     lags: list[float] = []
     text: list[str] = []
-    result: dict = {}
+    result = None
     hung = False
     deadline = time.monotonic() + limit
     while True:
@@ -252,19 +253,19 @@ async def live(client: Client, follower: Follower, session_id: str, lines: int, 
             await client.interrupt(session_id)
             deadline = time.monotonic() + 60
             continue
-        if e.turn_id != turn["turn_id"]:
+        if e.turn_id != turn.turn_id:
             continue
         if e.type == "cell.output":
             seen.append(t)
             made.append(e.ts)
             lags.append(follower.lags[e.seq])
-            text.append(e.data["text"])
+            text.append(e.text)
         elif e.type == "cell.finished":
-            result = e.data["result"]
+            result = e.result
         elif e.type == "turn.finished":
             break
     printed = "".join(text)
-    stdout = result.get("stdout", "")
+    stdout = result.stdout if result else ""
     rate = re.search(r"lines/s (\S+)", stdout)
     # Past the output limit the middle of a cell's output is cut by design (the model sees head and
     # tail; only the head streams live). The runtime counts every character it received: any
@@ -286,17 +287,17 @@ async def live(client: Client, follower: Follower, session_id: str, lines: int, 
     }
 
 
-def extend_journal(session_dir: Path, target: int) -> int:
+def extend_journal(layout: SessionLayout, target: int) -> int:
     """Repeat the session's real turns (renumbered: seq, turn id) until the journal holds `target`
     events; the daemon must be stopped. Returns the journal's last seq."""
-    path = session_dir / "events.jsonl"
-    events = [Event.model_validate_json(line) for line in path.read_text().splitlines() if line]
+    path = layout.events
+    events = [parse_event(line) for line in path.read_text().splitlines() if line]
     by_turn: dict[str, list[Event]] = {}
     for e in events:
         if e.turn_id is not None:
             by_turn.setdefault(e.turn_id, []).append(e)
     templates = list(by_turn.values())
-    meta = SessionMeta.model_validate_json((session_dir / "session.json").read_text())
+    meta = meta_file.load(layout)
     seq, ts, lines = events[-1].seq, events[-1].ts, []
     while seq < target:
         for template in templates:
@@ -308,7 +309,7 @@ def extend_journal(session_dir: Path, target: int) -> int:
                 lines.append(e.model_copy(update={"seq": seq, "ts": ts, "turn_id": f"t{meta.assigned}"}).model_dump_json())
     with open(path, "a") as f:
         f.write("\n".join(lines) + "\n")
-    meta.save(session_dir)
+    meta.save(layout)
     return seq
 
 
@@ -351,7 +352,7 @@ async def memory(daemon: Daemon, client: Client, project: Path, url: str, n: int
     await asyncio.sleep(2.0)  # idle: whatever the kernels do just after starting is over
     kernels = descendants(daemon.pid)
     status = await client.status()
-    assert status["live_sessions"] == n, status
+    assert status.live_sessions == n, status
     return {"daemon_pss_mb": pss_kb(daemon.pid) / 1024, "daemon_pss_empty_mb": empty / 1024,
             "kernels_pss_mb": sum(pss_kb(pid) for pid in kernels) / 1024, "kernels": len(kernels)}
 
@@ -374,23 +375,23 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
             await pool_full(client, args.pool)
             s = await client.create_session(project, model="fake", base_url=url)
             await pool_full(client, args.pool)  # the kernel that replaces the one taken is up: no boot runs
-            follower = Follower(client, s["id"], s["last_seq"])
+            follower = Follower(client, s.id, s.last_seq)
             try:
-                figures.update(await turns(client, follower, s["id"], args.turns))
-                figures.update(await live(client, follower, s["id"], args.lines, limit=30))
+                figures.update(await turns(client, follower, s.id, args.turns))
+                figures.update(await live(client, follower, s.id, args.lines, limit=30))
             finally:
                 await follower.close()
             templates = await client.create_session(project, model="fake", base_url=url)
             for prompt in ("hello", "run: x = 6 * 7\nprint(x)"):
-                turn = await client.send(templates["id"], prompt)
-                await client.wait_turn(templates["id"], turn["turn_id"])
+                turn = await client.send(templates.id, prompt)
+                await client.wait_turn(templates.id, turn.turn_id)
 
         print("replay", file=sys.stderr)
-        journal = root / "warm" / "sessions" / templates["id"]
+        journal = SessionLayout.of(templates.id, root / "warm")
         figures["replay_events"] = extend_journal(journal, args.replay)
-        figures["replay_journal_mb"] = (journal / "events.jsonl").stat().st_size / 2**20
+        figures["replay_journal_mb"] = journal.events.stat().st_size / 2**20
         async with Daemon(root / "warm", pool_size=0) as client:
-            figures.update(await replay(client, templates["id"], args.replay, args.repeats))
+            figures.update(await replay(client, templates.id, args.replay, args.repeats))
 
         print("cold creates", file=sys.stderr)
         async with Daemon(root / "cold", pool_size=0) as client:

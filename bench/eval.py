@@ -26,7 +26,7 @@ from agent.config import Config  # noqa: E402
 from agent.model import OpenAIModel  # noqa: E402
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
 from agent.trajectory import ModelCall, read_records  # noqa: E402
-from evals.runner import EvalSpec, evaluate  # noqa: E402
+from evals.runner import EvalSpec, evaluate, rollout_layout  # noqa: E402
 from evals.tasksets import select  # noqa: E402
 
 
@@ -54,7 +54,7 @@ async def measure(n: int, concurrency: int, work: Path) -> dict[str, float]:
     assert all(r.outcome == "passed" for r in results), [r.outcome for r in results]
     overhead = []
     for r in results:
-        records = read_records(run / "sessions" / f"{r.task_id}-0" / "trajectory.jsonl")
+        records = read_records(rollout_layout(run, r).trajectory)
         overhead.append(r.seconds - sum(x.duration for x in records if isinstance(x, ModelCall)))
     return {"rollouts_per_min": n / wall * 60, "overhead_per_rollout_s": statistics.median(overhead)}
 

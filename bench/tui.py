@@ -30,9 +30,9 @@ async def build(client, project: Path, base_url: str, events: int) -> tuple[str,
     n, seq = 0, 0
     while seq < events:
         n += 1
-        turn = await client.send(s["id"], f"run: for i in range(5): print('turn {n} line', i)")
-        seq = (await client.wait_turn(s["id"], turn["turn_id"], after=seq)).seq
-    return s["id"], (await client.session(s["id"]))["last_seq"]
+        turn = await client.send(s.id, f"run: for i in range(5): print('turn {n} line', i)")
+        seq = (await client.wait_turn(s.id, turn.turn_id, after=seq)).seq
+    return s.id, (await client.session(s.id)).last_seq
 
 
 async def attach_once(client, project: Path, base_url: str, session_id: str, last_seq: int) -> dict[str, float]:
@@ -71,10 +71,10 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
                 session_id, last_seq = await build(client, project, server.base_url, args.events)
                 built = time.perf_counter() - t
                 empty = await client.create_session(project, model="fake", base_url=server.base_url)
-                baseline = await attach_once(client, project, server.base_url, empty["id"], 1)
+                baseline = await attach_once(client, project, server.base_url, empty.id, 1)
                 runs = []
                 for _ in range(args.repeats):  # each run's live turn adds a few events to the next one's history
-                    seq = (await client.session(session_id))["last_seq"]
+                    seq = (await client.session(session_id)).last_seq
                     runs.append(await attach_once(client, project, server.base_url, session_id, seq))
     return {
         "events": float(last_seq),

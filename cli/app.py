@@ -61,10 +61,10 @@ async def _run(config, cwd: Path, args: argparse.Namespace) -> str | None:
     try:
         session_id = args.resume or None
         if args.cont:
-            here = [s for s in await client.sessions() if Path(s["cwd"]) == cwd]
+            here = [s for s in await client.sessions() if Path(s.cwd) == cwd]
             if not here:
                 raise DaemonError(404, "not_found", f"no session in {cwd} to continue; run prime-agent to start one")
-            session_id = max(here, key=lambda s: s["updated"])["id"]
+            session_id = max(here, key=lambda s: s.updated).id
         app = PrimeApp(client, cwd, session_id=session_id, choose=args.resume == "",
                        new=NewSession(config.model.name, config.model.base_url, config.budget.model_dump()))
         await app.run_async()

@@ -11,8 +11,10 @@ import signal
 import sys
 import time
 
+from agent.config import home
 from daemon.client import Client, DaemonUnavailable, daemon_pid
 from daemon.paths import run_dir
+from daemon.schemas import Status
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
@@ -39,17 +41,22 @@ def _start(args: argparse.Namespace) -> int:
         print(f"prime-agent: {e}", file=sys.stderr)
         return 2
     if daemon_pid() is not None:
-        print(f"prime-agent: the daemon is already running (pid {daemon_pid()})", file=sys.stderr)
+        print(f"prime-agent: a daemon already runs for {home()} (pid {daemon_pid()})", file=sys.stderr)
         return 1
     if args.foreground:
+        from evals.gate import session_gate
+
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        for name in ("httpx", "httpx2", "openai"):  # a line per model request would bury what the daemon says
+            logging.getLogger(name).setLevel(logging.WARNING)
         try:
-            asyncio.run(serve(args.tcp, on_ready=lambda r: print(f"daemon ready: {json.dumps(r)}", flush=True)))
+            asyncio.run(serve(args.tcp, on_ready=lambda r: print(f"daemon ready: {json.dumps(r)}", flush=True),
+                              gate_factory=session_gate))
         except AlreadyRunning as e:
             print(f"prime-agent: {e}", file=sys.stderr)
             return 1
         return 0
-    async def start() -> dict:
+    async def start() -> Status:
         async with Client() as client:
             await client.start_daemon(tcp=args.tcp)
             return await client.status()
@@ -59,9 +66,9 @@ def _start(args: argparse.Namespace) -> int:
     except DaemonUnavailable as e:
         print(f"prime-agent: {e.message}", file=sys.stderr)
         return 1
-    line = f"daemon running: pid {status['pid']}, socket {status['socket']}"
-    if status["tcp"]:
-        line += f", tcp {status['tcp']} (bearer token in {run_dir() / 'token'})"
+    line = f"daemon running: pid {status.pid}, socket {status.socket}"
+    if status.tcp:
+        line += f", tcp {status.tcp} (bearer token in {run_dir() / 'token'})"
     print(line)
     return 0
 
@@ -83,7 +90,7 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    async def get() -> dict:
+    async def get() -> Status:
         async with Client() as client:
             return await client.status()
 
@@ -96,11 +103,11 @@ def _status(args: argparse.Namespace) -> int:
             print("the daemon is not running", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"running": True, **status}, indent=2))
+        print(json.dumps({"running": True, **status.model_dump()}, indent=2))
         return 0
-    hours, rest = divmod(int(status["uptime"]), 3600)
-    print(f"pid        {status['pid']}\nversion    {status['version']}\nsocket     {status['socket']}\n"
-          f"tcp        {status['tcp'] or '-'}\nuptime     {hours}h{rest // 60:02d}m{rest % 60:02d}s\n"
-          f"sessions   {status['sessions']} ({status['live_sessions']} live, {status['running_turns']} running)\n"
-          f"pool       {status['pool_ready']} kernels ready")
+    hours, rest = divmod(int(status.uptime), 3600)
+    print(f"pid        {status.pid}\nversion    {status.version}\nsocket     {status.socket}\n"
+          f"tcp        {status.tcp or '-'}\nuptime     {hours}h{rest // 60:02d}m{rest % 60:02d}s\n"
+          f"sessions   {status.sessions} ({status.live_sessions} live, {status.running_turns} running)\n"
+          f"pool       {status.pool_ready} kernels ready")
     return 0

@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
+
+from agent.events import TurnFinished
 
 if TYPE_CHECKING:
     from daemon.client import Client
@@ -14,39 +17,48 @@ if TYPE_CHECKING:
 EXIT_CODES = {"completed": 0, "error": 3, "budget_exhausted": 4, "timed_out": 5, "interrupted": 130}
 
 
-async def follow(client: Client, session_id: str, turn_id: str, after: int | None, show, print_answer: bool) -> int:
-    """Show events until `turn_id` finishes. Ctrl-C interrupts the turn; a second one detaches."""
+def on_ctrl_c(interrupt: Callable[[], Awaitable[object]], then: str,
+              running: Callable[[], bool] = lambda: True) -> None:
+    """The first Ctrl-C runs `interrupt()` if `running()`, saying that a second press will `then`;
+    a second one (or the first, when nothing runs) cancels the task that called this."""
     loop = asyncio.get_running_loop()
     me = asyncio.current_task()
+    assert me is not None
     presses = 0
     pending: set[asyncio.Task] = set()
 
     def on_sigint() -> None:
         nonlocal presses
         presses += 1
-        if presses == 1:
-            print("\n[interrupting: Ctrl-C again to detach]", file=sys.stderr)
-            t = loop.create_task(client.interrupt(session_id, turn_id=turn_id))
+        if presses == 1 and running():
+            print(f"\n[interrupting: Ctrl-C again to {then}]", file=sys.stderr)
+            t = loop.create_task(interrupt())
             pending.add(t)
             t.add_done_callback(pending.discard)
         else:
             me.cancel()
 
     loop.add_signal_handler(signal.SIGINT, on_sigint)
+
+
+async def follow(client: Client, session_id: str, turn_id: str, after: int | None, show, print_answer: bool) -> int:
+    """Show events until `turn_id` finishes. Ctrl-C interrupts the turn; a second one detaches."""
+    loop = asyncio.get_running_loop()
+    on_ctrl_c(lambda: client.interrupt(session_id, turn_id=turn_id), "detach")
     try:
         async for event in client.events(session_id, after):
             show(event)
-            if event.type == "turn.finished" and event.turn_id == turn_id:
+            if isinstance(event, TurnFinished) and event.turn_id == turn_id:
+                finished = event
                 break
     except asyncio.CancelledError:
         print(f"[detached: the turn goes on in session {session_id}]", file=sys.stderr)
         return EXIT_CODES["interrupted"]
     finally:
         loop.remove_signal_handler(signal.SIGINT)
-    outcome, answer, error = event.data["outcome"], event.data.get("answer"), event.data.get("error")
-    if outcome == "completed":
+    if finished.outcome == "completed":
         if print_answer:
-            print(answer)
+            print(finished.answer)
     else:
-        print(f"prime-agent: turn {outcome}: {error}", file=sys.stderr)
-    return EXIT_CODES[outcome]
+        print(f"prime-agent: turn {finished.outcome}: {finished.error}", file=sys.stderr)
+    return EXIT_CODES[finished.outcome]

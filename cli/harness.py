@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from pathlib import Path
 
 from agent.config import home, project_root
 from agent.harness import SessionHarness, scope_roots
+from agent.layout import SessionLayout, sessions_dir
+from daemon.client import Client, DaemonError, daemon_pid
+from daemon.schemas import RolledBack
 from harness_store.entries import HarnessError, parse
 from harness_store.store import Change, Edit, HarnessStore, copy_skill_folder
 
@@ -42,9 +46,9 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    session_dir = home() / "sessions" / args.session if args.session else None
+    session_dir = SessionLayout.of(args.session).dir if args.session else None
     if session_dir is not None and not session_dir.is_dir():
-        return _fail(f"no session {args.session!r} under {home() / 'sessions'}")
+        return _fail(f"no session {args.session!r} under {sessions_dir()}")
     if args.scope == "session" and session_dir is None:
         return _fail("--scope session needs --session ID")
     project = project_root(Path(args.project or "."))
@@ -106,9 +110,23 @@ def _diff(harness: SessionHarness, args: argparse.Namespace) -> int:
 
 
 def _rollback(harness: SessionHarness, args: argparse.Namespace) -> int:
+    """Through the daemon when it runs, so every live session on the scope drops the plans the
+    rollback made stale (and a session's own rollback is its event); here otherwise."""
+    if daemon_pid() is not None:
+        return asyncio.run(_rollback_in_daemon(args))
     store = harness.store(args.scope)
     change = store.rollback_to(args.ref, session=args.session) if args.to else store.rollback(args.ref, session=args.session)
     return _report(change, args)
+
+
+async def _rollback_in_daemon(args: argparse.Namespace) -> int:
+    project = str(project_root(Path(args.project or ".")))
+    async with Client() as client:
+        try:
+            r = await client.rollback(args.ref, args.scope, args.to, session=args.session, project=project)
+        except DaemonError as e:
+            return _fail(e.message)
+    return _report(r, args)
 
 
 def _import(harness: SessionHarness, args: argparse.Namespace) -> int:
@@ -129,14 +147,14 @@ def _import(harness: SessionHarness, args: argparse.Namespace) -> int:
     return _report(change, args)
 
 
-def _report(change: Change, args: argparse.Namespace) -> int:
+def _report(change: Change | RolledBack, args: argparse.Namespace) -> int:
     if args.json:
         return _json(_change_json(change))
     print(f"{change.refinement_id}: {change.summary}" + (f" [{', '.join(change.entries)}]" if change.entries else ""))
     return 0
 
 
-def _change_json(c: Change) -> dict:
+def _change_json(c: Change | RolledBack) -> dict:
     return {"commit": c.commit, "refinement_id": c.refinement_id, "trigger": c.trigger, "summary": c.summary,
             "date": c.date.isoformat(), "entries": c.entries, "trailers": c.trailers}
 

@@ -1,8 +1,9 @@
 """`prime-agent refine SESSION` and `prime-agent refine approve|reject ID --session SESSION`.
 
-Refines the harness from a session's recorded trajectory (the session need not be running; a
-running one picks the change up at its next turn boundary), or decides a refinement that waits
-for review.
+Refines the harness from a session's evidence, or decides a refinement that waits for review.
+One path, the session's own refiner (agent.refine.SessionRefiner), with its regression gate:
+a session the daemon hosts is refined through the daemon (so nothing else writes its trajectory
+or invalidates its plans behind its back); any other session here, in this process.
 """
 
 from __future__ import annotations
@@ -12,13 +13,18 @@ import asyncio
 import sys
 from pathlib import Path
 
+from agent import events as ev
 from agent.config import ConfigError, home, load_config, project_root
-from agent.harness import SessionHarness, scope_roots
-from agent.model import ModelError, OpenAIModel
-from agent.refine import check_skill, model_caller, transcript
-from agent.trajectory import RefinementRecord, SessionRecord, TrajectoryWriter, contexts, read_records
-from harness_store.refiner import Outcome, Plan, RefinementFailed, Refiner
+from agent.model import ModelError
+from agent.trajectory import SessionRecord, read_records
+from agent.types import Usage
 from cli.trajectory import find_trajectory
+from daemon.client import Client, DaemonError, daemon_pid
+from harness_store.refiner import RefinementFailed
+
+STATUS = {"refinement.applied": "applied", "refinement.pending": "pending", "refinement.dry_run": "dry-run",
+          "refinement.rejected": "rejected"}
+"""What each outcome event says of the refinement."""
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
@@ -33,8 +39,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_main(args))
     except (FileNotFoundError, KeyError, ConfigError, ModelError, RefinementFailed) as e:
-        print(f"prime-agent: {e}", file=sys.stderr)
+        print(f"prime-agent: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
+    except DaemonError as e:
+        print(f"prime-agent: {e.message}", file=sys.stderr)
+        return 2 if e.status in (400, 404, 409) else 1
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -45,63 +54,100 @@ async def _main(args: argparse.Namespace) -> int:
     path = find_trajectory(ref)
     records = read_records(path)
     meta = next(r for r in records if isinstance(r, SessionRecord))
+    client = await _daemon_hosting(meta.session_id)
+    if client is not None:
+        async with client:
+            return await _through_daemon(client, meta.session_id, args, deciding)
+    return await _here(path, records, meta, args, deciding)
+
+
+async def _daemon_hosting(session_id: str) -> Client | None:
+    """A client of the running daemon, when it hosts this session."""
+    if daemon_pid() is None:
+        return None
+    client = Client()
+    try:
+        await client.session(session_id)
+    except DaemonError:  # not one of its sessions (or it just stopped): refine it here
+        await client.close()
+        return None
+    return client
+
+
+async def _through_daemon(client: Client, session_id: str, args: argparse.Namespace, deciding: bool) -> int:
+    after = (await client.session(session_id)).last_seq
+    if deciding:
+        decided = await client.decide(session_id, args.id, args.what == "approve")
+        if decided["status"] == "ready":
+            print(f"{args.id} approved: it applies at the session's next turn boundary")
+            return 0
+    else:
+        started = await client.refine(session_id, args.instructions, args.mode)
+        print(started.message, file=sys.stderr)
+    async for event in client.events(session_id, after):
+        if isinstance(event, ev.Decided) and event.id == args.id if deciding else _outcome(event):
+            return _report(event, session_id)
+    raise AssertionError("unreachable: the event stream does not end")
+
+
+async def _here(path: Path, records: list, meta: SessionRecord, args: argparse.Namespace, deciding: bool) -> int:
+    """Refine a session no process hosts, with its own refiner over its recorded context."""
+    from agent.context import Context, Sinks
+    from agent.harness import SessionHarness, scope_roots
+    from agent.layout import SessionLayout
+    from agent.model import OpenAIModel
+    from agent.refine import SessionRefiner
+    from agent.trajectory import TrajectoryWriter, contexts
+    from evals.gate import gate_for
+
     cwd = Path(meta.cwd)
     config = load_config(cwd)
-    if args.mode:
-        config.refine.mode = args.mode
-    harness = SessionHarness(scope_roots(home(), project_root(cwd), path.parent), meta.session_id)
-    model = OpenAIModel(config.model) if config.model.name else None
+    layout = SessionLayout(path.parent)
+    harness = SessionHarness(scope_roots(home(), project_root(cwd), layout.dir), meta.session_id)
+    model = OpenAIModel(config.model) if config.model.configured else None
+    writer = TrajectoryWriter(path)
+    said: list[ev.Event] = []
+    spent: list[Usage] = []
+    context = Context(writer.append)
+    context.messages = (list(contexts(records)) or [[]])[-1]
+    sinks = Sinks(emit=said.append, record=writer.append, charge=lambda usage, purpose: spent.append(usage),
+                  turn_id=lambda: None)
+    refiner = SessionRefiner(config, model, harness, context, layout, meta.session_id, sinks, turns=lambda: 0)
+    refiner.use_gate(gate_for(config, model, harness) if model else None)
     try:
-        refiner = Refiner(harness.stores, model_caller(model, config) if model else _no_model, mode=config.refine.mode,
-                          default_scope=config.refine.default_scope, check_skill=check_skill)
         if deciding:
-            pending = path.parent / "refinements" / f"{args.id}.json"
-            if not pending.is_file():
-                raise KeyError(f"no refinement {args.id!r} waits for review in session {meta.session_id}")
-            plan = Plan.from_json(pending.read_text())
-            if args.what == "approve":
-                outcome = await refiner.apply(plan, session=meta.session_id, generation=plan.generation, approved=True)
-            else:
-                outcome = Outcome(plan, "rejected", reason="rejected by the user")
-            pending.unlink()
+            await refiner.decide(args.id, args.what == "approve")
         else:
-            evidence = transcript(list(contexts(records))[-1], config.refine.window_chars)
-            plan = await refiner.plan(evidence, harness.view.render(), trigger="explicit", instructions=args.instructions)
-            outcome = await refiner.apply(plan, session=meta.session_id)
-            if outcome.status == "pending":
-                (path.parent / "refinements").mkdir(exist_ok=True)
-                (path.parent / "refinements" / f"{plan.id}.json").write_text(plan.to_json())
+            refiner.request(args.instructions, trigger="explicit", mode=args.mode)
+            await refiner.task
     finally:
+        writer.close()
         harness.close()
         if model:
             await model.close()
-    _record(path, outcome)
-    _report(outcome, meta.session_id)
-    return 0 if outcome.status in ("applied", "pending", "dry-run") else 1
+    if tokens := sum(u.total_tokens for u in spent):
+        print(f"[the refiner used {tokens:,} tokens]", file=sys.stderr)
+    return _report(next(e for e in said if _outcome(e)), meta.session_id)
 
 
-async def _no_model(messages):
-    raise RefinementFailed("no model configured to plan with (set PRIME_AGENT_MODEL and OPENAI_BASE_URL)")
+def _outcome(event: ev.Event) -> bool:
+    return isinstance(event, ev.Decided | ev.RefinementFailed | ev.RefinementSkipped)
 
 
-def _record(path: Path, outcome: Outcome) -> None:
-    plan = outcome.plan
-    writer = TrajectoryWriter(path)  # one appended line: safe beside a running session's writer
-    writer.append(RefinementRecord(
-        refinement_id=plan.id, trigger=plan.trigger, status=outcome.status, summary=plan.proposal.summary,
-        rationale=plan.proposal.rationale, edits=[e.model_dump() for e in outcome.applied],
-        refused=[{"id": e.id, "reason": r} for e, r in outcome.refused],
-        commit=outcome.change.commit if outcome.change else None, reason=outcome.reason or None,
-    ))
-    writer.close()
-
-
-def _report(outcome: Outcome, session_id: str) -> None:
-    plan = outcome.plan
-    print(f"{plan.id} {outcome.status}: {plan.proposal.summary}" + (f" ({outcome.reason})" if outcome.reason else ""))
-    for edit, reason in outcome.refused:
-        print(f"  refused {edit.action} {edit.id}: {reason}")
-    if outcome.diff:
-        print(outcome.diff)
-    if outcome.status == "pending":
-        print(f"approve with: prime-agent refine approve {plan.id} --session {session_id}")
+def _report(event: ev.Event, session_id: str) -> int:
+    if isinstance(event, ev.RefinementFailed):
+        print(f"prime-agent: the refinement failed: {event.reason}", file=sys.stderr)
+        return 1
+    if isinstance(event, ev.RefinementSkipped):
+        print(f"nothing to refine: {event.rationale}")
+        return 0
+    assert isinstance(event, ev.Decided)
+    status = STATUS[event.type]
+    print(f"{event.id} {status}: {event.summary}" + (f" ({event.reason})" if event.reason else ""))
+    for refused in event.refused:
+        print(f"  refused {refused.id}: {refused.reason}")
+    if event.diff:
+        print(event.diff)
+    if status == "pending":
+        print(f"approve with: prime-agent refine approve {event.id} --session {session_id}")
+    return 0 if status in ("applied", "pending", "dry-run") else 1

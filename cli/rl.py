@@ -71,12 +71,13 @@ def _session_dir(ref: str) -> Path:
 
 
 def ingest(args: argparse.Namespace) -> int:
-    from agent.config import home
+    from agent.layout import session_layouts
     from agent.trajectory import TrajectoryError
-    from rl.data import ingest as run, load_rubric, write
+    from rl.data import ingest as run
+    from rl.data import load_rubric, write
 
     try:
-        dirs = ([p.parent for p in sorted((home() / "sessions").glob("*/trajectory.jsonl"))] if args.all
+        dirs = ([s.dir for s in session_layouts()] if args.all
                 else [_session_dir(s) for s in args.sessions])
         if not dirs:
             raise ValueError("name sessions to ingest, or pass --all")

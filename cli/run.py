@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from agent.config import Config, ConfigError, load_config, merge, parse_override
-from cli.follow import EXIT_CODES, follow
+from cli.follow import EXIT_CODES, follow, on_ctrl_c
 from cli.show import Printer, print_json
 
 EXIT_CONFIG = 2
@@ -96,9 +96,9 @@ async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answe
     async with await connect() as client:
         s = await client.create_session(cwd, model=config.model.name, base_url=config.model.base_url,
                                         budget=config.budget.model_dump())
-        accepted = await client.send(s["id"], task)
-        code = await follow(client, s["id"], accepted["turn_id"], None, show, print_answer)
-        print(f"[session {s['id']} stays in the daemon: prime-agent send {s['id']} \"...\" | attach {s['id']}]",
+        accepted = await client.send(s.id, task)
+        code = await follow(client, s.id, accepted.turn_id, None, show, print_answer)
+        print(f"[session {s.id} stays in the daemon: prime-agent send {s.id} \"...\" | attach {s.id}]",
               file=sys.stderr)
         return code
 
@@ -109,29 +109,12 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
 
     model = OpenAIModel(config.model)
     session = Session(config, model, cwd=cwd, session_dir=session_dir, on_event=show)
-    if config.refine.gate_taskset:
-        from evals.gate import make_gate
+    if config.refine.gate_taskset:  # evals (and what it imports) only when a gate is asked for
+        from evals.gate import session_gate
 
-        session.refiner.use_gate(make_gate(session, config.refine.gate_taskset, config.refine.gate_n,
-                                           config.refine.gate_seed))
+        session.use_gate(session_gate(session))
     loop = asyncio.get_running_loop()
-    main_task = asyncio.current_task()
-    presses = 0
-
-    pending: set[asyncio.Task] = set()
-
-    def on_sigint() -> None:
-        nonlocal presses
-        presses += 1
-        if presses == 1 and session.turn is not None:
-            print("\n[interrupting: Ctrl-C again to stop at once]", file=sys.stderr)
-            task = loop.create_task(session.interrupt())
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-        else:
-            main_task.cancel()
-
-    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    on_ctrl_c(session.interrupt, "stop at once", running=lambda: session.turn is not None)
     try:
         # The kernel boots in its own process while this one imports the model client.
         await asyncio.gather(session.start(), asyncio.to_thread(model.prepare))

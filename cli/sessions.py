@@ -50,12 +50,11 @@ async def _sessions(args: argparse.Namespace) -> int:
     async with await connect() as client:
         rows = await client.sessions()
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([s.model_dump() for s in rows], indent=2))
         return 0
     for s in rows:
-        age = time.strftime("%Y-%m-%d %H:%M", time.localtime(s["created"]))
-        title = s["title"] or ""
-        print(f"{s['id']}  {s['state']:<8} {s['turns']:>3} turns  {age}  {s['model']:<20} {s['cwd']}  {title}")
+        age = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created))
+        print(f"{s.id}  {s.state:<8} {s.turns:>3} turns  {age}  {s.model:<20} {s.cwd}  {s.title or ''}")
     if not rows:
         print("(no sessions)", file=sys.stderr)
     return 0
@@ -64,22 +63,23 @@ async def _sessions(args: argparse.Namespace) -> int:
 async def _send(args: argparse.Namespace) -> int:
     text = sys.stdin.read() if args.text == "-" else args.text
     async with await connect() as client:
-        last = (await client.session(args.session))["last_seq"]
+        last = (await client.session(args.session)).last_seq
         accepted = await client.send(args.session, text, args.mode)
         if not args.wait:
-            print(accepted["turn_id"] + (" (queued)" if accepted["queued"] else ""))
+            print(accepted.turn_id + (" (queued)" if accepted.queued else ""))
             return 0
-        return await follow(client, args.session, accepted["turn_id"], last, Printer().show, print_answer=True)
+        return await follow(client, args.session, accepted.turn_id, last, Printer().show, print_answer=True)
 
 
 async def _attach(args: argparse.Namespace) -> int:
     show = print_json if args.json else Printer().show
     async with await connect() as client:
         info = await client.session(args.session)
-        print(f"[attached to {info['id']} ({info['state']}, {info['cwd']}); Ctrl-C detaches, the session goes on]",
+        print(f"[attached to {info.id} ({info.state}, {info.cwd}); Ctrl-C detaches, the session goes on]",
               file=sys.stderr)
-        after = args.after if args.after is not None else (None if args.all else info["last_seq"])
+        after = args.after if args.after is not None else (None if args.all else info.last_seq)
         task = asyncio.current_task()
+        assert task is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGINT, task.cancel)
         try:
             async for event in client.events(args.session, after):
@@ -91,7 +91,7 @@ async def _attach(args: argparse.Namespace) -> int:
 
 async def _kernel(args: argparse.Namespace) -> int:
     async with await connect() as client:
-        print((await client.kernel(args.session))["connection_file"])
+        print((await client.kernel(args.session)).connection_file)
     return 0
 
 

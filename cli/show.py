@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from agent.types import Event
+from agent import events as ev
+from agent.events import Event
 
 
 def print_json(event: Event) -> None:
@@ -37,35 +38,35 @@ class Printer:
         from rich.syntax import Syntax
         from rich.text import Text
 
-        c, d = self.console, e.data
-        if e.type == "model.delta":
+        c = self.console
+        if isinstance(e, ev.ModelDelta):
             self.streaming = True
-            c.print(Text(d["text"], style="dim"), end="")
+            c.print(Text(e.text, style="dim"), end="")
             return
         if self.streaming:
             c.print()
             self.streaming = False
-        if e.type == "cell.started":
-            self.lines = 0
-            c.print(Syntax(d["code"], "python", theme="ansi_dark", line_numbers=False, background_color="default"))
-        elif e.type == "cell.output":
-            self._output(d["text"], "red" if d["stream"] == "stderr" else "cyan")
-        elif e.type == "cell.finished":
-            r = d["result"]
-            if r["result"] is not None:
-                self._output(r["result"] + "\n", "cyan")
-            if r["traceback"]:
-                self._output(r["traceback"] + "\n", "red")
-            if self.lines > self.MAX_LINES:
-                c.print(Text(f"... {self.lines - self.MAX_LINES} more lines", style="dim"))
-            if r["kernel_message"]:
-                c.print(Text("kernel: " + r["kernel_message"], style="yellow"))
-            c.print(Text(f"({r['duration']:.2f}s)", style="dim"))
-        elif e.type == "note":
-            c.print(Text("note: " + d["text"], style="bold"))
-        elif e.type == "model.retry":
-            c.print(Text(f"model: {d['reason']}; retry {d['attempt']} in {d['delay']:.1f}s", style="yellow"))
-        elif e.type == "compaction":
-            c.print(Text(f"context compacted ({d['folded_messages']} messages summarised)", style="dim"))
-        elif e.type == "error":
-            c.print(Text(d["message"], style="red"))
+        match e:
+            case ev.CellStarted():
+                self.lines = 0
+                c.print(Syntax(e.code, "python", theme="ansi_dark", line_numbers=False, background_color="default"))
+            case ev.CellOutput():
+                self._output(e.text, "red" if e.stream == "stderr" else "cyan")
+            case ev.CellFinished(result=r):
+                if r.result is not None:
+                    self._output(r.result + "\n", "cyan")
+                if r.traceback:
+                    self._output(r.traceback + "\n", "red")
+                if self.lines > self.MAX_LINES:
+                    c.print(Text(f"... {self.lines - self.MAX_LINES} more lines", style="dim"))
+                if r.kernel_message:
+                    c.print(Text("kernel: " + r.kernel_message, style="yellow"))
+                c.print(Text(f"({r.duration:.2f}s)", style="dim"))
+            case ev.Note():
+                c.print(Text("note: " + e.text, style="bold"))
+            case ev.ModelRetry():
+                c.print(Text(f"model: {e.reason}; retry {e.attempt} in {e.delay:.1f}s", style="yellow"))
+            case ev.Compaction():
+                c.print(Text(f"context compacted ({e.folded_messages} messages summarised)", style="dim"))
+            case ev.Error():
+                c.print(Text(e.message, style="red"))

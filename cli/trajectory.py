@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from agent.config import home
+from agent.layout import SessionLayout, session_layouts, sessions_dir
 from agent.trajectory import TrajectoryError, export_openai_chat, read_records
 
 
@@ -21,16 +21,15 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
 
 def find_trajectory(ref: str) -> Path:
     """A session id, session directory, trajectory file, or 'last' (the newest session)."""
-    sessions = home() / "sessions"
     if ref == "last":
-        candidates = sorted(sessions.glob("*/trajectory.jsonl"), key=lambda p: p.stat().st_mtime)
+        candidates = sorted((s.trajectory for s in session_layouts()), key=lambda p: p.stat().st_mtime)
         if not candidates:
-            raise FileNotFoundError(f"no sessions under {sessions}")
+            raise FileNotFoundError(f"no sessions under {sessions_dir()}")
         return candidates[-1]
-    for path in (Path(ref), Path(ref) / "trajectory.jsonl", sessions / ref / "trajectory.jsonl"):
+    for path in (Path(ref), SessionLayout(Path(ref)).trajectory, SessionLayout.of(ref).trajectory):
         if path.is_file():
             return path
-    raise FileNotFoundError(f"no session {ref!r} (looked for a file, a directory and {sessions / ref})")
+    raise FileNotFoundError(f"no session {ref!r} (looked for a file, a directory and {SessionLayout.of(ref).dir})")
 
 
 def main(args: argparse.Namespace) -> int:

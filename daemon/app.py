@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import os
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,9 +24,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from agent.config import home, project_root
+from agent.events import EVENTS
 from agent.harness import SessionHarness, scope_roots
+from agent.layout import SessionLayout
 from agent.model import ModelError
+from agent.subagents import read_registry
 from agent.trajectory import read_records
+from daemon.errors import Refused
+from daemon.manager import SessionManager
 from daemon.schemas import (
     CreateSession,
     Decide,
@@ -44,7 +49,6 @@ from daemon.schemas import (
     Status,
     UpdateSession,
 )
-from daemon.sessions import ApiError, SessionManager
 from harness_store.entries import HarnessError
 from harness_store.refiner import RefinementFailed
 
@@ -58,6 +62,12 @@ REPLAY_CHUNK = 1000
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 404, 409, 413, 422, 429, 503)
 }
+STATUS = {
+    "bad_config": 400, "bad_cwd": 400, "no_model": 400, "bad_scope": 400, "harness": 400, "bad_project": 400,
+    "bad_last_event_id": 400, "not_found": 404, "busy": 409, "config_broken": 409, "cwd_missing": 409,
+    "not_running": 409, "refinement_failed": 409, "turn_running": 409, "too_many_sessions": 429, "stopping": 503,
+}
+"""The HTTP status of each reason the daemon refuses a request (daemon.errors.Refused)."""
 
 
 def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = None) -> FastAPI:
@@ -65,9 +75,9 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
                   description="Sessions that outlive their terminal: create, prompt, steer, interrupt, stream events.")
     started = time.monotonic()
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, e: ApiError) -> JSONResponse:
-        return _error(e.status, e.code, e.message)
+    @app.exception_handler(Refused)
+    async def refused(request: Request, e: Refused) -> JSONResponse:
+        return _error(STATUS[e.code], e.code, e.message)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
@@ -92,7 +102,7 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         return Status(
             pid=os.getpid(), version=VERSION, socket=socket, tcp=tcp, uptime=time.monotonic() - started,
             sessions=len(manager.sessions), live_sessions=manager.live(),
-            running_turns=sum(1 for s in manager.sessions.values() if s.session and s.session.turn),
+            running_turns=manager.running_turns(),
             pool_ready=manager.pool.ready,
         )
 
@@ -126,15 +136,15 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         """Stop an idle session's kernel now; it stays listed (dormant) and wakes on its next prompt."""
         managed = manager.get(session_id)
         if managed.busy():
-            raise ApiError(409, "busy", "the session is busy (a turn, queued prompts, or background work): "
-                           "interrupt it or wait")
+            raise Refused("busy", "the session is busy (a turn, queued prompts, or background work): "
+                          "interrupt it or wait")
         await managed.sleep()
         return managed.info()
 
     @app.post("/v1/sessions/{session_id}/messages", status_code=202)
     async def send_message(session_id: str, req: SendMessage) -> MessageAccepted:
         if manager.stopping:
-            raise ApiError(503, "stopping", "the daemon is stopping")
+            raise Refused("stopping", "the daemon is stopping")
         return manager.get(session_id).send(req.text, req.mode)
 
     @app.post("/v1/sessions/{session_id}/interrupt")
@@ -143,7 +153,9 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         return await manager.get(session_id).interrupt(req.drop_queued, req.turn_id)
 
     @app.get("/v1/sessions/{session_id}/events", response_class=StreamingResponse,
-             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}})
+             responses={200: {"content": {"text/event-stream": {"schema": {"$ref": "#/components/schemas/Event"}}},
+                              "description": "Server-Sent Events: `id` is the event's seq, `data` one Event "
+                                             "(one schema per `type`)."}})
     async def events(
         session_id: str,
         after: Annotated[int | None, Query(ge=0, lt=10**18, description="Replay events after this seq, then stream.")] = None,
@@ -151,7 +163,7 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
     ) -> StreamingResponse:
         if after is None and last_event_id is not None:
             if not re.fullmatch(r"\s*[0-9]{1,18}\s*", last_event_id):
-                raise ApiError(400, "bad_last_event_id", f"Last-Event-ID must be an event seq, not {last_event_id[:40]!r}")
+                raise Refused("bad_last_event_id", f"Last-Event-ID must be an event seq, not {last_event_id[:40]!r}")
             after = int(last_event_id)
         managed = manager.get(session_id)
         replay, sub = managed.subscribe(after or 0)
@@ -185,17 +197,13 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
     async def transcript(session_id: str) -> dict[str, Any]:
         """The session's whole trajectory: every record, in order (see agent/trajectory.py)."""
         managed = manager.get(session_id)
-        path = managed.dir / "trajectory.jsonl"
-        records = await asyncio.to_thread(read_records, path) if path.is_file() else []
-        return {"session": managed.info().model_dump(), "records": [r.model_dump(mode="json") for r in records]}
+        return {"session": managed.info().model_dump(), "records": await _records(managed.layout)}
 
     @app.get("/v1/sessions/{session_id}/subagents")
     async def subagents(session_id: str) -> list[dict[str, Any]]:
         managed = manager.get(session_id)
-        if managed.session is not None:
-            return await managed.session.subagents.list()
-        registry = managed.dir / "subagents.json"
-        return json.loads(registry.read_text()) if registry.is_file() else []
+        children = await managed.session.children() if managed.session else read_registry(managed.layout).values()
+        return [asdict(c) for c in children]
 
     @app.get("/v1/sessions/{session_id}/kernel")
     async def kernel(session_id: str) -> KernelInfo:
@@ -207,13 +215,13 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
     async def refine(session_id: str, req: Annotated[RefineRequest | None, Body()] = None) -> RefineStarted:
         req = req or RefineRequest()
         session = await manager.get(session_id).wake()
-        return RefineStarted(message=session.refiner.request(req.instructions, trigger="api", mode=req.mode))
+        return RefineStarted(message=session.refine(req.instructions, trigger="api", mode=req.mode))
 
     @app.post("/v1/sessions/{session_id}/compact", status_code=202)
     async def compact(session_id: str) -> dict[str, str]:
         """Summarise the older context at the next model call (the running turn's, else the next turn's)."""
         session = await manager.get(session_id).wake()
-        session.compact_requested = True
+        session.request_compaction()
         return {"message": "the context is compacted at the next model call"}
 
     @app.post("/v1/sessions/{session_id}/refinements/{refinement_id}")
@@ -221,25 +229,20 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         """Approve or reject a refinement that waits for review (refine.mode = "review")."""
         session = await manager.get(session_id).wake()
         try:
-            outcome = await session.refiner.decide(refinement_id, req.approve)
+            outcome = await session.decide(refinement_id, req.approve)
         except KeyError as e:
-            raise ApiError(404, "not_found", str(e.args[0])) from None
+            raise Refused("not_found", str(e.args[0])) from None
         except (RefinementFailed, ModelError) as e:  # the plan still waits for review
-            raise ApiError(409, "refinement_failed", str(e)) from None
+            raise Refused("refinement_failed", str(e)) from None
         return {"refinement_id": refinement_id, "status": outcome.status}
 
     @app.get("/v1/sessions/{session_id}/subagents/{child_id}/transcript")
     async def child_transcript(session_id: str, child_id: str) -> dict[str, Any]:
         """A child's whole trajectory."""
-        managed = manager.get(session_id)
-        registry = managed.dir / "subagents.json"
-        children = json.loads(registry.read_text()) if registry.is_file() else []
-        child = next((c for c in children if c["id"] == child_id), None)
+        child = read_registry(manager.get(session_id).layout).get(child_id)
         if child is None:
-            raise ApiError(404, "not_found", f"no subagent {child_id!r} in session {session_id}")
-        path = Path(child["dir"]) / "trajectory.jsonl"
-        records = await asyncio.to_thread(read_records, path) if path.is_file() else []
-        return {"child": child, "records": [r.model_dump(mode="json") for r in records]}
+            raise Refused("not_found", f"no subagent {child_id!r} in session {session_id}")
+        return {"child": asdict(child), "records": await _records(SessionLayout(Path(child.dir)))}
 
     # --- the harness ---------------------------------------------------------------------------
 
@@ -252,11 +255,11 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
             if managed.session is not None:
                 yield managed.session.harness
                 return
-            cwd, session_dir = Path(managed.meta.cwd), managed.dir
+            cwd, session_dir = Path(managed.meta.cwd), managed.layout.dir
         else:
             cwd, session_dir = Path(project or home()), None
         if project is not None and not Path(project).is_dir():
-            raise ApiError(400, "bad_project", f"project {project!r} is not a directory")
+            raise Refused("bad_project", f"project {project!r} is not a directory")
         harness = SessionHarness(scope_roots(home(), project_root(cwd), session_dir), session_id)
         try:
             yield harness
@@ -277,7 +280,7 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
             try:
                 text = await asyncio.to_thread(harness.show, entry_id)
             except (KeyError, HarnessError) as e:
-                raise ApiError(404, "not_found", str(e)) from None
+                raise Refused("not_found", str(e)) from None
         return Response(text, media_type="text/markdown")
 
     @app.get("/v1/harness/log")
@@ -298,35 +301,63 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
             try:
                 text = await asyncio.to_thread(_scope(harness, scope).diff, a, b)
             except HarnessError as e:
-                raise ApiError(400, "harness", str(e)) from None
+                raise Refused("harness", str(e)) from None
         return Response(text, media_type="text/plain")
 
     @app.post("/v1/harness/rollback")
     async def harness_rollback(req: Rollback) -> RolledBack:
-        """Undo one change (or restore a whole earlier state); a live session picks it up next turn."""
+        """Undo one change (or restore a whole earlier state); every live session on that scope
+        picks it up next turn, and what they had planned before it is stale."""
         live = manager.get(req.session).session if req.session else None
         try:
             if live is not None:
-                _scope(live.harness, req.scope)
-                rid = live.rollback(req.ref, req.scope, req.to)
-                change = next(c for c in live.harness.store(req.scope).log(5) if c.refinement_id == rid)
+                root = _scope(live.harness, req.scope).root
+                change = live.rollback(req.ref, req.scope, req.to)
             else:
                 with harness_for(req.session, req.project) as harness:
                     store = _scope(harness, req.scope)
+                    root = store.root
                     rollback = store.rollback_to if req.to else store.rollback
                     change = await asyncio.to_thread(rollback, req.ref, session=req.session)
         except HarnessError as e:
-            raise ApiError(400, "harness", str(e)) from None
-        return RolledBack(refinement_id=change.refinement_id, scope=req.scope, entries=change.entries)
+            raise Refused("harness", str(e)) from None
+        for other in manager.live_sessions():
+            if other is not live and any(s.root == root for s in other.harness.stores.values()):
+                other.harness_changed("a rollback")
+        return RolledBack(scope=req.scope, **asdict(change))
 
+    _publish_events(app)
     return app
+
+
+def _publish_events(app: FastAPI) -> None:
+    """The OpenAPI spec describes the event stream's `data`: the Event union, one schema per type."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = build()
+            union = EVENTS.json_schema(ref_template="#/components/schemas/{model}")
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(union.pop("$defs", {}))
+            schemas["Event"] = union
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+async def _records(layout: SessionLayout) -> list[dict[str, Any]]:
+    """A session's whole trajectory: every record, in order (see agent/trajectory.py)."""
+    path = layout.trajectory
+    records = await asyncio.to_thread(read_records, path) if path.is_file() else []
+    return [r.model_dump(mode="json") for r in records]
 
 
 def _scope(harness: SessionHarness, scope: str):
     try:
         return harness.store(scope)
     except ValueError as e:
-        raise ApiError(400, "bad_scope", str(e)) from None
+        raise Refused("bad_scope", str(e)) from None
 
 
 def _change(c) -> dict[str, Any]:

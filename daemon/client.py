@@ -2,9 +2,11 @@
 
     client = await connect()              # starts the daemon when it is not running
     s = await client.create_session(cwd="/src/app")
-    turn = await client.send(s["id"], "fix the failing test")
-    async for event in client.events(s["id"]):
+    turn = await client.send(s.id, "fix the failing test")
+    async for event in client.events(s.id):
         ...
+
+Replies are the API's own types (daemon/schemas.py), events are agent.events' typed union.
 
 Async first; `SyncClient` is the same API for code without an event loop. An event stream
 reconnects by itself (with `Last-Event-ID`) when the daemon restarts or drops a slow reader, so
@@ -22,14 +24,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2
+from pydantic import BaseModel
 
-from agent.types import Event
+from agent.events import Event, TurnFinished, parse_event
 from daemon.paths import lock_file, log_file, pid_file, socket_file
+from daemon.schemas import Interrupted, KernelInfo, MessageAccepted, RefineStarted, RolledBack, SessionInfo, Status
+
+_T = TypeVar("_T", bound=BaseModel)
 
 
 class DaemonError(RuntimeError):
@@ -98,25 +104,29 @@ class Client:
 
     # --- the daemon and its sessions ---------------------------------------------------------
 
-    async def status(self) -> dict[str, Any]:
-        return await self._call("GET", "/v1/status")
+    async def _typed(self, reply: type[_T], method: str, path: str, **kw: Any) -> _T:
+        return reply.model_validate(await self._call(method, path, **kw))
+
+    async def status(self) -> Status:
+        return await self._typed(Status, "GET", "/v1/status")
 
     async def create_session(self, cwd: str | Path, model: str | None = None, base_url: str | None = None,
                              title: str | None = None, budget: dict[str, Any] | None = None,
-                             config: dict[str, Any] | None = None) -> dict[str, Any]:
+                             config: dict[str, Any] | None = None) -> SessionInfo:
         body = {"cwd": str(Path(cwd).resolve()), "model": model, "base_url": base_url, "title": title, "budget": budget,
                 "config": config}
-        return await self._call("POST", "/v1/sessions", json={k: v for k, v in body.items() if v is not None})
+        return await self._typed(SessionInfo, "POST", "/v1/sessions",
+                                 json={k: v for k, v in body.items() if v is not None})
 
-    async def sessions(self) -> list[dict[str, Any]]:
-        return await self._call("GET", "/v1/sessions")
+    async def sessions(self) -> list[SessionInfo]:
+        return [SessionInfo.model_validate(s) for s in await self._call("GET", "/v1/sessions")]
 
-    async def session(self, session_id: str) -> dict[str, Any]:
-        return await self._call("GET", f"/v1/sessions/{session_id}")
+    async def session(self, session_id: str) -> SessionInfo:
+        return await self._typed(SessionInfo, "GET", f"/v1/sessions/{session_id}")
 
-    async def update(self, session_id: str, title: str | None = None, model: str | None = None) -> dict[str, Any]:
+    async def update(self, session_id: str, title: str | None = None, model: str | None = None) -> SessionInfo:
         body = {k: v for k, v in {"title": title, "model": model}.items() if v is not None}
-        return await self._call("PATCH", f"/v1/sessions/{session_id}", json=body)
+        return await self._typed(SessionInfo, "PATCH", f"/v1/sessions/{session_id}", json=body)
 
     async def compact(self, session_id: str) -> dict[str, Any]:
         return await self._call("POST", f"/v1/sessions/{session_id}/compact")
@@ -134,20 +144,20 @@ class Client:
             raise _error(r.status_code, r.content)
         return r.text
 
-    async def sleep(self, session_id: str) -> dict[str, Any]:
-        return await self._call("POST", f"/v1/sessions/{session_id}/sleep")
+    async def sleep(self, session_id: str) -> SessionInfo:
+        return await self._typed(SessionInfo, "POST", f"/v1/sessions/{session_id}/sleep")
 
     async def delete(self, session_id: str) -> None:
         await self._call("DELETE", f"/v1/sessions/{session_id}")
 
-    async def send(self, session_id: str, text: str, mode: str = "prompt") -> dict[str, Any]:
-        """Returns `{"turn_id", "mode", "queued"}`."""
-        return await self._call("POST", f"/v1/sessions/{session_id}/messages", json={"text": text, "mode": mode})
+    async def send(self, session_id: str, text: str, mode: str = "prompt") -> MessageAccepted:
+        return await self._typed(MessageAccepted, "POST", f"/v1/sessions/{session_id}/messages",
+                                 json={"text": text, "mode": mode})
 
-    async def interrupt(self, session_id: str, drop_queued: bool = False, turn_id: str | None = None) -> dict[str, Any]:
+    async def interrupt(self, session_id: str, drop_queued: bool = False, turn_id: str | None = None) -> Interrupted:
         """Stop the running turn; with `turn_id`, only that turn (dropped if it is still queued)."""
         body = {"drop_queued": drop_queued, **({"turn_id": turn_id} if turn_id else {})}
-        return await self._call("POST", f"/v1/sessions/{session_id}/interrupt", json=body)
+        return await self._typed(Interrupted, "POST", f"/v1/sessions/{session_id}/interrupt", json=body)
 
     async def transcript(self, session_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/v1/sessions/{session_id}/transcript")
@@ -155,12 +165,12 @@ class Client:
     async def subagents(self, session_id: str) -> list[dict[str, Any]]:
         return await self._call("GET", f"/v1/sessions/{session_id}/subagents")
 
-    async def kernel(self, session_id: str) -> dict[str, Any]:
-        return await self._call("GET", f"/v1/sessions/{session_id}/kernel")
+    async def kernel(self, session_id: str) -> KernelInfo:
+        return await self._typed(KernelInfo, "GET", f"/v1/sessions/{session_id}/kernel")
 
-    async def refine(self, session_id: str, instructions: str | None = None, mode: str | None = None) -> dict[str, Any]:
+    async def refine(self, session_id: str, instructions: str | None = None, mode: str | None = None) -> RefineStarted:
         body = {k: v for k, v in {"instructions": instructions, "mode": mode}.items() if v is not None}
-        return await self._call("POST", f"/v1/sessions/{session_id}/refine", json=body)
+        return await self._typed(RefineStarted, "POST", f"/v1/sessions/{session_id}/refine", json=body)
 
     async def harness(self, session: str | None = None, project: str | None = None) -> list[dict[str, Any]]:
         return await self._call("GET", "/v1/harness", params=_params(session=session, project=project))
@@ -168,14 +178,15 @@ class Client:
     async def harness_log(self, scope: str = "user", n: int = 20, session: str | None = None) -> list[dict[str, Any]]:
         return await self._call("GET", "/v1/harness/log", params=_params(scope=scope, n=n, session=session))
 
-    async def rollback(self, ref: str, scope: str = "user", to: bool = False, session: str | None = None) -> dict[str, Any]:
-        return await self._call("POST", "/v1/harness/rollback",
-                                json={"ref": ref, "scope": scope, "to": to, "session": session})
+    async def rollback(self, ref: str, scope: str = "user", to: bool = False, session: str | None = None,
+                       project: str | None = None) -> RolledBack:
+        body = {"ref": ref, "scope": scope, "to": to, "session": session, "project": project}
+        return await self._typed(RolledBack, "POST", "/v1/harness/rollback", json=_params(**body))
 
     # --- events --------------------------------------------------------------------------------
 
     async def events(self, session_id: str, after: int | None = None, reconnect: float = 30.0,
-                     on_connection: Callable[[bool], None] | None = None) -> AsyncIterator[Event]:
+                     on_connection: Callable[[bool], None] | None = None) -> AsyncGenerator[Event, None]:
         """Every event after `after` (from the first without it), then live ones, forever.
 
         A dropped stream is resumed from the last event seen; `reconnect` is how many seconds to
@@ -202,7 +213,7 @@ class Client:
                         if kind == "stopping":  # stopped on purpose: wait for it, do not start another
                             restarted = True
                             continue
-                        event = Event.model_validate_json(data)
+                        event = parse_event(data)
                         last = event.seq
                         yield event
             except (httpx2.TransportError, FileNotFoundError) as e:
@@ -218,10 +229,10 @@ class Client:
                     raise DaemonUnavailable(f"lost the event stream of {session_id}: {e}") from None
             await asyncio.sleep(0.2 if down_since else 0)
 
-    async def wait_turn(self, session_id: str, turn_id: str, after: int | None = None) -> Event:
+    async def wait_turn(self, session_id: str, turn_id: str, after: int | None = None) -> TurnFinished:
         """Follow the events until `turn_id` finishes; its `turn.finished` event."""
         async for event in self.events(session_id, after):
-            if event.type == "turn.finished" and event.turn_id == turn_id:
+            if isinstance(event, TurnFinished) and event.turn_id == turn_id:
                 return event
         raise AssertionError("unreachable: the event stream does not end")
 
@@ -272,8 +283,10 @@ async def connect(autostart: bool = True) -> Client:
 
 
 def spawn(tcp: str | None = None) -> subprocess.Popen:
-    """Start the daemon in the background, detached from this terminal; its log is `run/daemon.log`."""
-    argv = [sys.executable, "-m", "daemon", *(["--tcp", tcp] if tcp else [])]
+    """Start the daemon in the background, detached from this terminal; its log is `run/daemon.log`.
+    It runs as `prime-agent daemon start --foreground`: the command line is what hands the daemon
+    the parts of the layers above it (the regression gate)."""
+    argv = [sys.executable, "-m", "cli", "daemon", "start", "--foreground", *(["--tcp", tcp] if tcp else [])]
     with open(log_file(), "ab") as log:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd="/")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -98,9 +99,16 @@ class Rollback(_Body):
 
 
 class RolledBack(BaseModel):
+    """The rollback's own change (a new commit; history is never rewritten)."""
+
     refinement_id: str
     scope: str
     entries: list[str]
+    commit: str
+    summary: str
+    trigger: str
+    date: datetime
+    trailers: dict[str, str] = Field(default_factory=dict)
 
 
 class KernelInfo(BaseModel):

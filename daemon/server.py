@@ -23,8 +23,8 @@ import uvicorn
 
 from agent.config import Config, home, load_config
 from daemon.app import BodyLimit, TokenAuth, create_app
+from daemon.manager import GateFactory, SessionManager
 from daemon.paths import lock_file, pid_file, socket_file, token
-from daemon.sessions import SessionManager
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +49,14 @@ def parse_tcp(text: str) -> tuple[str, int]:
 
 
 async def serve(tcp: str | None = None, config: Config | None = None, stop: asyncio.Event | None = None,
-                on_ready: Callable[[dict], None] | None = None, handle_signals: bool = True) -> None:
-    """Run the daemon until `stop` is set or a signal arrives. `on_ready` gets where it listens."""
+                on_ready: Callable[[dict], None] | None = None, handle_signals: bool = True,
+                gate_factory: GateFactory | None = None) -> None:
+    """Run the daemon until `stop` is set or a signal arrives. `on_ready` gets where it listens;
+    `gate_factory` gives each session its regression gate (see daemon.manager.GateFactory)."""
     lock = _lock()
     config = config or load_config(home())
     stop = stop or asyncio.Event()
-    manager = SessionManager(config, home())
+    manager = SessionManager(config, home(), gate_factory)
     sockets: list[socket.socket] = []
     try:
         await manager.start()

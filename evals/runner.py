@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import Config
+from agent.layout import SessionLayout
 from agent.model import Model
 from agent.session import Session
 from evals.env import Environment, Task
@@ -118,7 +119,7 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
     result = Result(task.id, r, key, "error")
     with tempfile.TemporaryDirectory(prefix="pa-eval-") as tmp:
         work = Path(tmp)
-        session = Session(config, model, cwd=work, session_dir=run_dir / "sessions" / f"{task.id}-{r}",
+        session = Session(config, model, cwd=work, session_dir=rollout_layout(run_dir, result).dir,
                           harness_roots=harness_roots)
         result.session_id = session.id
 
@@ -138,6 +139,11 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
             result.error = f"{type(e).__name__}: {e}"
     result.seconds = time.monotonic() - started
     return result
+
+
+def rollout_layout(run_dir: Path, result: Result) -> SessionLayout:
+    """Where a rollout's session lives in its run: `<run>/sessions/<task>-<rollout>`."""
+    return SessionLayout.of(f"{result.task_id}-{result.rollout}", run_dir)
 
 
 def prompt_of(task: Task) -> str:

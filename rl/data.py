@@ -26,14 +26,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from agent.layout import SessionLayout
 from agent.trajectory import (
-    CompactionRecord, MessageRecord, ModelCall, Record, SessionRecord, SystemPromptRecord, read_records,
+    CompactionRecord,
+    MessageRecord,
+    ModelCall,
+    Record,
+    SessionRecord,
+    SystemPromptRecord,
+    read_records,
 )
 from agent.types import Message
 from rl.model import ByteTokenizer
 from rl.orchestrator import Sample
 
-RATING_FILE = "rating.json"
 Rubric = Callable[[list[Record]], float]
 
 
@@ -209,14 +215,15 @@ def rate(session_dir: Path, score: float, note: str = "") -> None:
     """A person's rating of a session, 0..1: its samples' reward."""
     if not 0.0 <= score <= 1.0 or math.isnan(score):
         raise ValueError(f"a rating is between 0 and 1, not {score}")
-    tmp = session_dir / (RATING_FILE + ".tmp")
+    path = SessionLayout(session_dir).rating
+    tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"score": score, "note": note}))
-    tmp.replace(session_dir / RATING_FILE)
+    tmp.replace(path)
 
 
 def rating(session_dir: Path) -> float | None:
     try:
-        return float(json.loads((session_dir / RATING_FILE).read_text())["score"])
+        return float(json.loads(SessionLayout(session_dir).rating.read_text())["score"])
     except (FileNotFoundError, KeyError, ValueError, TypeError):
         return None
 
@@ -246,7 +253,7 @@ def ingest(session_dirs: list[Path], rubric: Rubric | None = None) -> tuple[list
     counts = IngestCounts()
     out: list[TokenSample] = []
     for d in session_dirs:
-        records = read_records(d / "trajectory.jsonl")
+        records = read_records(SessionLayout(d).trajectory)
         counts.sessions += 1
         reward = rating(d)
         if reward is None and rubric is not None:

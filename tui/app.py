@@ -22,8 +22,9 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 
+from agent import events as ev
 from agent.config import home
-from agent.types import Event
+from agent.events import Event
 from daemon.client import Client, DaemonError
 from tui.screens.harness import HarnessScreen
 from tui.screens.sessions import SessionsScreen
@@ -107,7 +108,7 @@ class PrimeApp(App):
         except DaemonError as e:
             await self.say(f"could not start a session: {e.message}", "error")
             return
-        await self.attach(s["id"])
+        await self.attach(s.id)
 
     async def attach(self, session_id: str) -> None:
         try:
@@ -117,11 +118,11 @@ class PrimeApp(App):
             return
         self.session_id = session_id
         status = self.query_one(StatusBar)
-        status.session_id, status.model, status.state = session_id, info["model"], info["state"]
+        status.session_id, status.model, status.state = session_id, info.model, info.state
         status.tokens, status.cost = 0, 0.0  # the replay adds up every turn's usage
-        status.harness = info.get("harness_version") or ""
-        self.state = info["state"]
-        self.sub_title = info["title"] or info["cwd"]
+        status.harness = info.harness_version or ""
+        self.state = info.state
+        self.sub_title = info.title or info.cwd
         await self.query_one(Conversation).clear()
         self.events_seen = 0
         self.follow(session_id)
@@ -170,20 +171,20 @@ class PrimeApp(App):
     def _track(self, e: Event) -> None:
         """Turn state, tokens and harness version for the status bar."""
         status = self.query_one(StatusBar)
-        if e.type == "turn.started":
-            self.state, self.running_turn = "running", e.turn_id
-        elif e.type == "turn.queued" and self.state == "idle":
-            self.state = "queued"
-        elif e.type == "turn.finished" and e.turn_id == self.running_turn:
-            self.state, self.running_turn = "idle", None
-        elif e.type == "turn.finished" and self.state == "queued" and self.running_turn is None:
-            self.state = "idle"
-        elif e.type == "harness.reloaded":
-            status.harness = e.data.get("harness_version") or ""
-        if e.type == "turn.finished":
-            usage = e.data.get("usage") or {}
-            status.tokens += usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
-            status.cost += usage.get("cost", 0.0)
+        match e:
+            case ev.TurnStarted():
+                self.state, self.running_turn = "running", e.turn_id
+            case ev.TurnQueued() if self.state == "idle":
+                self.state = "queued"
+            case ev.TurnFinished() if e.turn_id == self.running_turn:
+                self.state, self.running_turn = "idle", None
+            case ev.TurnFinished() if self.state == "queued" and self.running_turn is None:
+                self.state = "idle"
+            case ev.HarnessReloaded():
+                status.harness = e.harness_version or ""
+        if isinstance(e, ev.TurnFinished | ev.UsageCharged):  # every token spent, counted once
+            status.tokens += e.usage.total_tokens
+            status.cost += e.usage.cost
         status.state = self.state
 
     async def say(self, text: str, kind: str = "info") -> None:
@@ -239,7 +240,7 @@ class PrimeApp(App):
         except DaemonError as e:
             await self.say(f"not sent: {e.message}", "error")
             return
-        if accepted["mode"] == "steer":  # it reaches the model at its next call (the events say when)
+        if accepted.mode == "steer":  # it reaches the model at its next call (the events say when)
             await conversation.mount(UserMessage(text, label="you (steering)"))
             conversation.scroll_end(animate=False)
 
@@ -271,14 +272,14 @@ class PrimeApp(App):
     async def model_command(self, arg: str) -> None:
         if arg and self.session_id:
             info = await self.client.update(self.session_id, model=arg)
-            self.query_one(StatusBar).model = info["model"]
-            await self.say(f"model: {info['model']} (from the next turn)")
+            self.query_one(StatusBar).model = info.model
+            await self.say(f"model: {info.model} (from the next turn)")
         else:
             await self.say(f"model: {self.query_one(StatusBar).model}; /model NAME switches")
 
     async def refine_command(self, arg: str) -> None:
         r = await self.client.refine(self.session_id, instructions=arg or None)
-        await self.say(r["message"])
+        await self.say(r.message)
 
     async def harness_command(self, arg: str) -> None:
         self.push_screen(HarnessScreen(self.client, self.session_id))
@@ -306,7 +307,7 @@ class PrimeApp(App):
             return
         for scope in card.scopes or ["project"]:
             r = await self.client.rollback(card.refinement_id, scope=scope, session=self.session_id)
-            await self.say(f"rolled back {card.refinement_id} in the {scope} scope ({r['refinement_id']}); "
+            await self.say(f"rolled back {card.refinement_id} in the {scope} scope ({r.refinement_id}); "
                            "in force from the next turn")
         card.set_status("rolled back")
 

@@ -42,7 +42,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table  # noqa: E402
 
 from agent.config import home  # noqa: E402
+from agent.layout import SessionLayout  # noqa: E402
 from daemon.client import Client, DaemonError, DaemonUnavailable, connect  # noqa: E402
+from daemon.schemas import Status  # noqa: E402
 from evals.env import Environment, Task  # noqa: E402
 from evals.runner import Result, judge, lay_out, prompt_of, ran_past  # noqa: E402
 from evals.tasksets import task_key  # noqa: E402
@@ -72,22 +74,23 @@ class DaemonOrchestrator(HarnessOrchestrator):
         self.log = run_dir / "rollouts.jsonl"
 
     async def rollouts(self, tasks: list[Task], group: int, step: int) -> list[tuple[Result, Path]]:
-        bar = self.progress.add_task(f"{self.label} rollouts", total=len(tasks) * group) if self.progress else None
+        progress = self.progress
+        bar = progress.add_task(f"{self.label} rollouts", total=len(tasks) * group) if progress else None
         slots = asyncio.Semaphore(self.concurrency)
         async with Client() as client:
 
             async def one(task: Task, r: int) -> tuple[Result, Path]:
                 async with slots:
                     result, trajectory = await self._one(client, task, r, step)
-                if bar is not None:
-                    self.progress.advance(bar)
+                if progress is not None and bar is not None:
+                    progress.advance(bar)
                 return result, trajectory
 
             try:
                 return await asyncio.gather(*(one(task, r) for task in tasks for r in range(group)))
             finally:
-                if bar is not None:
-                    self.progress.remove_task(bar)
+                if progress is not None and bar is not None:
+                    progress.remove_task(bar)
 
     async def _one(self, client: Client, task: Task, r: int, step: int) -> tuple[Result, Path]:
         started = time.monotonic()
@@ -99,17 +102,15 @@ class DaemonOrchestrator(HarnessOrchestrator):
         try:
             session = await client.create_session(work, title=f"demo {self.label} {task.id} #{r}",
                                                   config=self.overrides)
-            result.session_id, trajectory = session["id"], Path(session["dir"]) / "trajectory.jsonl"
-            turn = await client.send(session["id"], prompt_of(task))
-            finished = await asyncio.wait_for(client.wait_turn(session["id"], turn["turn_id"]), self.env_config.timeout)
-            data = finished.data
-            result.turns, result.cells = data.get("steps", 0), data.get("cells", 0)
-            result.tokens = data.get("usage", {}).get("completion_tokens", 0)
-            await judge(result, self.env, task, data["outcome"], data.get("answer"), data.get("error"), work)
+            result.session_id, trajectory = session.id, SessionLayout(Path(session.dir)).trajectory
+            turn = await client.send(session.id, prompt_of(task))
+            finished = await asyncio.wait_for(client.wait_turn(session.id, turn.turn_id), self.env_config.timeout)
+            result.turns, result.cells, result.tokens = finished.steps, finished.cells, finished.usage.completion_tokens
+            await judge(result, self.env, task, finished.outcome, finished.answer, finished.error, work)
             if self.label == "train":
-                await client.delete(session["id"])
+                await client.delete(session.id)
             else:
-                await client.sleep(session["id"])
+                await client.sleep(session.id)
         except TimeoutError:
             ran_past(result, self.env_config.timeout)
             with contextlib.suppress(DaemonError, DaemonUnavailable):  # its turn must not run on unseen
@@ -276,7 +277,7 @@ def run(cfg: RunConfig, args: argparse.Namespace, run_dir: Path, console: Consol
 
     console.rule("[bold]1. the daemon and the policy")
     status = asyncio.run(_daemon_status())
-    _log(console, f"daemon pid {status['pid']}, {status['sessions']} sessions; run folder {run_dir}")
+    _log(console, f"daemon pid {status.pid}, {status.sessions} sessions; run folder {run_dir}")
     warm = warm_start(cfg, args.fresh_warm_start, lambda text: _log(console, text))
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"init_from": str(warm)})})
     tasks = env.tasks(args.eval_tasks, seed=EVAL_SEED)
@@ -312,7 +313,7 @@ def _log(console: Console, text: str) -> None:
     console.print(text, style="dim", markup=False, highlight=False)
 
 
-async def _daemon_status() -> dict:
+async def _daemon_status() -> Status:
     client = await connect()
     try:
         return await client.status()

@@ -21,7 +21,7 @@ from agent.model import OpenAIModel
 from agent.prompt import system_prompt
 from agent.trajectory import read_records
 from evals.env import Environment, Task
-from evals.runner import EvalSpec, Result, rollout
+from evals.runner import EvalSpec, Result, rollout, rollout_layout
 from evals.tasksets import task_key
 from rl.advantages import Excluded, group_advantages
 from rl.config import EnvConfig, RunConfig, TrainConfig
@@ -88,7 +88,7 @@ class HarnessOrchestrator:
             async with slots:
                 result = await rollout(self.env, task, r, task_key(task, {"step": step}), spec, self.config, model,
                                        step_dir)
-            return result, step_dir / "sessions" / f"{result.task_id}-{result.rollout}" / "trajectory.jsonl"
+            return result, rollout_layout(step_dir, result).trajectory
 
         try:
             return await asyncio.gather(*(one(task, r) for task in tasks for r in range(group)))

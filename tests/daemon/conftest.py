@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 
+from agent.events import Event
 from agent.testing.openai_server import OpenAIServer, Reply
-from agent.types import Event
 from daemon.client import Client, daemon_pid
 from daemon.server import serve
 from tests.conftest import make_config
-
 
 MEMORY_PLAN = {
     "summary": "remember how this project runs its tests", "rationale": "the user asked for it",

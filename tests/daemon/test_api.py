@@ -18,71 +18,71 @@ from tests.daemon.conftest import collect, running_daemon
 
 async def test_a_session_runs_a_turn_and_streams_its_events(daemon: Client, project: Path, model_server, prime_home):
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url, title="t")
-    assert (s["state"], s["cwd"], s["model"], s["title"]) == ("idle", str(project), "fake", "t")
-    accepted = await daemon.send(s["id"], "run: x = 6 * 7\nprint(x)")
-    assert accepted == {"turn_id": "t1", "mode": "prompt", "queued": False}
-    events = await collect(daemon, s["id"], "t1")
+    assert (s.state, s.cwd, s.model, s.title) == ("idle", str(project), "fake", "t")
+    accepted = await daemon.send(s.id, "run: x = 6 * 7\nprint(x)")
+    assert accepted.model_dump() == {"turn_id": "t1", "mode": "prompt", "queued": False}
+    events = await collect(daemon, s.id, "t1")
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     types = [e.type for e in events]
     assert types[0] == "session.started" and "cell.finished" in types
-    assert events[-1].data["outcome"] == "completed" and events[-1].data["answer"] == "ran: 42"
-    info = await daemon.session(s["id"])
-    assert (info["state"], info["turns"], info["last_seq"]) == ("idle", 1, events[-1].seq)
-    assert info["usage"]["prompt_tokens"] > 0
-    on_disk = prime_home / "sessions" / s["id"]
+    assert events[-1].outcome == "completed" and events[-1].answer == "ran: 42"
+    info = await daemon.session(s.id)
+    assert (info.state, info.turns, info.last_seq) == ("idle", 1, events[-1].seq)
+    assert info.usage.prompt_tokens > 0
+    on_disk = prime_home / "sessions" / s.id
     assert {"session.json", "events.jsonl", "trajectory.jsonl"} <= {p.name for p in on_disk.iterdir()}
-    transcript = await daemon.transcript(s["id"])
+    transcript = await daemon.transcript(s.id)
     assert [r["kind"] for r in transcript["records"]][-1] == "turn_finished"
-    assert [x["id"] for x in await daemon.sessions()] == [s["id"]]
+    assert [x.id for x in await daemon.sessions()] == [s.id]
 
 
 async def test_prompts_queue_behind_a_running_turn_and_steering_reaches_it(daemon: Client, project: Path, model_server):
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
-    first = await daemon.send(s["id"], "run: import time; time.sleep(1.5); print('slept')")
-    second = await daemon.send(s["id"], "second")
-    assert (first["turn_id"], second["turn_id"], second["queued"]) == ("t1", "t2", True)
-    while (await daemon.session(s["id"]))["state"] != "running":
+    first = await daemon.send(s.id, "run: import time; time.sleep(1.5); print('slept')")
+    second = await daemon.send(s.id, "second")
+    assert (first.turn_id, second.turn_id, second.queued) == ("t1", "t2", True)
+    while (await daemon.session(s.id)).state != "running":
         await asyncio.sleep(0.02)
-    steer = await daemon.send(s["id"], "also this", mode="steer")
-    assert steer == {"turn_id": "t1", "mode": "steer", "queued": False}
-    events = await collect(daemon, s["id"], "t2")
+    steer = await daemon.send(s.id, "also this", mode="steer")
+    assert steer.model_dump() == {"turn_id": "t1", "mode": "steer", "queued": False}
+    events = await collect(daemon, s.id, "t2")
     finished = [e for e in events if e.type == "turn.finished"]
-    assert [(e.turn_id, e.data["outcome"]) for e in finished] == [("t1", "completed"), ("t2", "completed")]
-    assert finished[1].data["answer"] == "echo: second"
+    assert [(e.turn_id, e.outcome) for e in finished] == [("t1", "completed"), ("t2", "completed")]
+    assert finished[1].answer == "echo: second"
     assert any(e.type == "turn.queued" and e.turn_id == "t2" for e in events)
     assert any(e.type == "steer.delivered" for e in events)
 
 
 async def test_interrupt_stops_the_running_cell_and_can_drop_the_queue(daemon: Client, project: Path, model_server):
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
-    await daemon.send(s["id"], "run: import time; print('sleeping', flush=True); time.sleep(60)")
-    await daemon.send(s["id"], "never")
-    async for e in daemon.events(s["id"]):
+    await daemon.send(s.id, "run: import time; print('sleeping', flush=True); time.sleep(60)")
+    await daemon.send(s.id, "never")
+    async for e in daemon.events(s.id):
         if e.type == "cell.output":  # the cell runs (not merely sent to the kernel)
             break
-    stopped = await daemon.interrupt(s["id"], drop_queued=True)
-    assert stopped == {"turn_id": "t1", "dropped": ["t2"]}
-    events = await collect(daemon, s["id"], "t1")
-    outcomes = {e.turn_id: e.data["outcome"] for e in events if e.type == "turn.finished"}
+    stopped = await daemon.interrupt(s.id, drop_queued=True)
+    assert stopped.model_dump() == {"turn_id": "t1", "dropped": ["t2"]}
+    events = await collect(daemon, s.id, "t1")
+    outcomes = {e.turn_id: e.outcome for e in events if e.type == "turn.finished"}
     assert outcomes == {"t2": "interrupted", "t1": "interrupted"}
     # the kernel kept its state; the session takes the next prompt
-    turn = await daemon.send(s["id"], "run: print(time.time() > 0)")
-    assert turn["turn_id"] == "t3"
-    events = await collect(daemon, s["id"], "t3", after=events[-1].seq)
-    assert events[-1].data["answer"] == "ran: True"
+    turn = await daemon.send(s.id, "run: print(time.time() > 0)")
+    assert turn.turn_id == "t3"
+    events = await collect(daemon, s.id, "t3", after=events[-1].seq)
+    assert events[-1].answer == "ran: True"
 
 
 async def test_replay_from_last_event_id_then_live_with_nothing_repeated(daemon: Client, project: Path, model_server):
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
-    await daemon.send(s["id"], "one")
-    first = await collect(daemon, s["id"], "t1")
-    await daemon.send(s["id"], "two")
-    rest = await collect(daemon, s["id"], "t2", after=first[3].seq)
+    await daemon.send(s.id, "one")
+    first = await collect(daemon, s.id, "t1")
+    await daemon.send(s.id, "two")
+    rest = await collect(daemon, s.id, "t2", after=first[3].seq)
     assert rest[0].seq == first[3].seq + 1
     seqs = [e.seq for e in rest]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     async with httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(socket_file())), base_url="http://d") as h:
-        async with h.stream("GET", f"/v1/sessions/{s['id']}/events", params={"after": rest[-1].seq - 1}) as r:
+        async with h.stream("GET", f"/v1/sessions/{s.id}/events", params={"after": rest[-1].seq - 1}) as r:
             assert r.headers["content-type"].startswith("text/event-stream")
             lines = []
             async for line in r.aiter_lines():
@@ -113,9 +113,9 @@ async def test_bad_requests_get_clear_4xx_errors(daemon: Client, project: Path, 
             error = response.json()["error"]
             assert error["code"] and error["message"]
         s = await Client().create_session(project, model="fake", base_url=model_server.base_url)
-        r = await h.post(f"/v1/sessions/{s['id']}/messages", json={"text": "hi", "mode": "shout"})
+        r = await h.post(f"/v1/sessions/{s.id}/messages", json={"text": "hi", "mode": "shout"})
         assert r.status_code == 422 and "mode" in r.json()["error"]["message"]
-        r = await h.get(f"/v1/sessions/{s['id']}/events", headers={"Last-Event-ID": "abc"})
+        r = await h.get(f"/v1/sessions/{s.id}/events", headers={"Last-Event-ID": "abc"})
         assert r.status_code == 400
 
 
@@ -124,7 +124,7 @@ async def test_socket_is_private_and_tcp_needs_the_token(project: Path, prime_ho
         mode = stat.S_IMODE(os.stat(socket_file()).st_mode)
         assert mode == 0o600 and stat.S_IMODE(os.stat(prime_home / "run").st_mode) == 0o700
         status = await client.status()
-        url = f"http://{status['tcp']}"
+        url = f"http://{status.tcp}"
         token = (prime_home / "run" / "token").read_text().strip()
         assert stat.S_IMODE(os.stat(prime_home / "run" / "token").st_mode) == 0o600
         async with httpx2.AsyncClient(base_url=url) as h:
@@ -133,35 +133,35 @@ async def test_socket_is_private_and_tcp_needs_the_token(project: Path, prime_ho
                 assert r.status_code == 401 and "token" in r.json()["error"]["message"]
             assert (await h.get("/openapi.json")).status_code == 401
         async with Client(url=url, token=token) as tcp:
-            assert (await tcp.status())["pid"] == os.getpid()
+            assert (await tcp.status()).pid == os.getpid()
             assert await tcp.sessions() == []
 
 
 async def test_deleting_a_session_stops_its_kernel_and_ends_its_streams(daemon: Client, project: Path, model_server,
                                                                           prime_home: Path):
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
-    kernel = await daemon.kernel(s["id"])
-    assert Path(kernel["connection_file"]).is_file()
-    stream = daemon.events(s["id"], reconnect=0)
+    kernel = await daemon.kernel(s.id)
+    assert Path(kernel.connection_file).is_file()
+    stream = daemon.events(s.id, reconnect=0)
     assert (await anext(stream)).type == "session.started"
-    await daemon.delete(s["id"])
+    await daemon.delete(s.id)
     with pytest.raises(DaemonError) as e:
         await anext(stream)  # the stream ends; reconnecting finds the session gone
     assert e.value.status == 404
-    assert not Path(kernel["connection_file"]).exists()
+    assert not Path(kernel.connection_file).exists()
     assert await daemon.sessions() == []
-    assert json.loads((prime_home / "sessions" / s["id"] / "session.json").read_text())["deleted"] is True
+    assert json.loads((prime_home / "sessions" / s.id / "session.json").read_text())["deleted"] is True
 
 
 async def test_a_jupyter_client_attaches_to_the_agents_kernel(daemon: Client, project: Path, model_server):
     from jupyter_client import AsyncKernelClient
 
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
-    await daemon.send(s["id"], "run: answer = 6 * 7\nprint('set')")
-    await collect(daemon, s["id"], "t1")
+    await daemon.send(s.id, "run: answer = 6 * 7\nprint('set')")
+    await collect(daemon, s.id, "t1")
     seen: list[dict] = []
     kc = AsyncKernelClient()
-    kc.load_connection_file((await daemon.kernel(s["id"]))["connection_file"])
+    kc.load_connection_file((await daemon.kernel(s.id)).connection_file)
     kc.start_channels()
     try:
         await kc.wait_for_ready(timeout=30)
@@ -171,19 +171,19 @@ async def test_a_jupyter_client_attaches_to_the_agents_kernel(daemon: Client, pr
     assert reply["content"]["status"] == "ok"
     results = [m["content"]["data"]["text/plain"] for m in seen if m["msg_type"] == "execute_result"]
     assert results == ["42"]
-    await daemon.send(s["id"], "run: print(answer + 1)")  # the agent goes on, undisturbed
-    assert (await collect(daemon, s["id"], "t2"))[-1].data["answer"] == "ran: 43"
+    await daemon.send(s.id, "run: print(answer + 1)")  # the agent goes on, undisturbed
+    assert (await collect(daemon, s.id, "t2"))[-1].answer == "ran: 43"
 
 
 
 async def test_a_kernel_that_dies_never_takes_the_daemon_down(daemon: Client, project: Path, model_server):
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
-    await daemon.send(s["id"], "run: import os; os._exit(1)")
-    events = await collect(daemon, s["id"], "t1")
-    assert "restarted" in events[-1].data["answer"]
-    await daemon.send(s["id"], "run: print('alive')")
-    assert (await collect(daemon, s["id"], "t2", after=events[-1].seq))[-1].data["answer"] == "ran: alive"
-    assert (await daemon.status())["live_sessions"] == 1
+    await daemon.send(s.id, "run: import os; os._exit(1)")
+    events = await collect(daemon, s.id, "t1")
+    assert "restarted" in events[-1].answer
+    await daemon.send(s.id, "run: print('alive')")
+    assert (await collect(daemon, s.id, "t2", after=events[-1].seq))[-1].answer == "ran: alive"
+    assert (await daemon.status()).live_sessions == 1
 
 
 async def test_a_home_too_deep_for_a_socket_path_gets_a_short_private_one(tmp_path: Path, monkeypatch):
@@ -194,19 +194,19 @@ async def test_a_home_too_deep_for_a_socket_path_gets_a_short_private_one(tmp_pa
         assert len(str(path)) < 100 and not str(path).startswith(str(deep))
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
-        assert (await client.status())["socket"] == str(path)
+        assert (await client.status()).socket == str(path)
 
 
 async def test_events_with_unicode_line_separators_arrive_whole(daemon: Client, project: Path, model_server):
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
-    await daemon.send(s["id"], "run: print('a\\u2028b\\u2029c\\x85d')")
-    events = await collect(daemon, s["id"], "t1")
-    assert events[-1].data["answer"] == "ran: a\u2028b\u2029c\x85d"
+    await daemon.send(s.id, "run: print('a\\u2028b\\u2029c\\x85d')")
+    events = await collect(daemon, s.id, "t1")
+    assert events[-1].answer == "ran: a\u2028b\u2029c\x85d"
 
 
 async def test_odd_headers_get_4xx_not_5xx(project: Path, prime_home: Path):
     async with running_daemon(tcp="127.0.0.1:0") as client:
-        url = f"http://{(await client.status())['tcp']}"
+        url = f"http://{(await client.status()).tcp}"
         async with httpx2.AsyncClient(base_url=url) as h:
             r = await h.get("/v1/sessions", headers={"Authorization": "Bearer \xe9\xe9".encode("latin-1")})
             assert r.status_code == 401
@@ -235,8 +235,8 @@ async def test_a_session_takes_its_own_config_and_an_idle_one_can_be_put_to_slee
                                                                                    model_server):
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url, config={
         "model": {"temperature": 0.25, "extra_body": {"truncate_prompt_tokens": 64}}})
-    await daemon.send(s["id"], "hello")
-    await collect(daemon, s["id"], "t1")
+    await daemon.send(s.id, "hello")
+    await collect(daemon, s.id, "t1")
     request = model_server.requests[-1]
     assert (request["temperature"], request["truncate_prompt_tokens"]) == (0.25, 64)
     for bad in ({"daemon": {"max_sessions": 1}}, {"model": "text"}, {"model": {"temperature": "hot"}}, {"colour": 1}):
@@ -244,15 +244,15 @@ async def test_a_session_takes_its_own_config_and_an_idle_one_can_be_put_to_slee
             await daemon.create_session(project, model="fake", base_url=model_server.base_url, config=bad)
         assert e.value.status == 400 and e.value.code == "bad_config", bad
 
-    kernel = await daemon.kernel(s["id"])
-    assert (await daemon.sleep(s["id"]))["state"] == "dormant"
-    assert not Path(kernel["connection_file"]).exists()
-    await daemon.send(s["id"], "run: print('awake')")  # wakes on its next prompt
-    assert (await collect(daemon, s["id"], "t2"))[-1].data["answer"] == "ran: awake"
-    await daemon.send(s["id"], "run: import time; time.sleep(30)")
-    while (await daemon.session(s["id"]))["state"] != "running":
+    kernel = await daemon.kernel(s.id)
+    assert (await daemon.sleep(s.id)).state == "dormant"
+    assert not Path(kernel.connection_file).exists()
+    await daemon.send(s.id, "run: print('awake')")  # wakes on its next prompt
+    assert (await collect(daemon, s.id, "t2"))[-1].answer == "ran: awake"
+    await daemon.send(s.id, "run: import time; time.sleep(30)")
+    while (await daemon.session(s.id)).state != "running":
         await asyncio.sleep(0.02)
     with pytest.raises(DaemonError) as e:
-        await daemon.sleep(s["id"])
+        await daemon.sleep(s.id)
     assert e.value.status == 409
-    await daemon.interrupt(s["id"])
+    await daemon.interrupt(s.id)

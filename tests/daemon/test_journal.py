@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from agent.types import Event
+from agent import events as ev
+from agent.events import Note
 from daemon.journal import EventJournal
 
 
 def line(seq: int) -> str:
-    return Event(seq=seq, type="note", session_id="s", data={"text": f"n{seq}"}).model_dump_json()
+    return Note(seq=seq, session_id="s", text=f"n{seq}").model_dump_json()
 
 
 def test_replays_after_a_seq_and_refuses_gaps(tmp_path: Path):
@@ -44,9 +46,54 @@ def test_a_torn_last_line_is_cut_and_numbering_goes_on(tmp_path: Path):
 def test_the_last_seq_comes_from_the_tail_of_a_long_journal(tmp_path: Path):
     path = tmp_path / "events.jsonl"
     j = EventJournal(path)
-    big = Event(seq=0, type="note", session_id="s", data={"text": "x" * 100_000})
+    big = Note(seq=0, session_id="s", text="x" * 100_000)
     for seq in range(1, 40):
         j.append(seq, big.model_copy(update={"seq": seq}).model_dump_json())
     j.close()
     assert EventJournal(path).last_seq == 39
     assert EventJournal(tmp_path / "absent.jsonl").last_seq == 0
+
+
+async def test_a_journal_written_before_typed_events_is_migrated_and_replays_typed(project: Path, prime_home: Path):
+    """Schema 1 (the daemon before typed events) nested each type's fields under `data`."""
+    from daemon.meta import SCHEMA
+    from tests.daemon.conftest import running_daemon
+
+    directory = prime_home / "sessions" / "20261130-120000-abcdef"
+    directory.mkdir(parents=True)
+    (directory / "session.json").write_text(json.dumps({
+        "schema_version": 1, "id": directory.name, "cwd": str(project), "model": "fake", "created": 1.0,
+        "turns": 1, "assigned": 1}))
+    old = [
+        {"type": "session.started", "data": {"dir": str(directory), "cwd": str(project), "model": "fake"}},
+        {"type": "turn.started", "turn_id": "t1", "data": {"prompt": "hi"}},
+        {"type": "cell.finished", "turn_id": "t1", "data": {"cell_id": "c1", "attachments": [], "result": {
+            "stdout": "42\n", "stderr": "", "result": None, "error_name": None, "error_value": None,
+            "traceback": None, "truncated": {}, "kernel_events": [], "kernel_message": None, "duration": 0.5}}},
+        {"type": "refinement.applied", "data": {"id": "r1", "summary": "s", "diff": None, "reason": None,
+                                                "scopes": ["project"], "refused": []}},
+        {"type": "turn.finished", "turn_id": "t1", "data": {
+            "outcome": "completed", "answer": "42", "error": None, "steps": 1, "cells": 1, "duration": 1.0,
+            "usage": {"prompt_tokens": 10, "completion_tokens": 2, "cost": 0.0}}},
+    ]
+    lines = [json.dumps({"seq": n, "session_id": directory.name, "turn_id": None, "ts": 1.0, **e},
+                        separators=(",", ":")) for n, e in enumerate(old, 1)]
+    (directory / "events.jsonl").write_text("\n".join(lines) + "\n" + lines[-1][:30])  # and a torn last line
+    async with running_daemon() as client:
+        events = [e async for e in _first(client.events(directory.name, 0), len(old))]
+    assert [e.seq for e in events] == [1, 2, 3, 4, 5]
+    started, turn, cell, applied, finished = events
+    assert isinstance(started, ev.SessionStarted) and started.cwd == str(project)
+    assert isinstance(turn, ev.TurnStarted) and turn.prompt == "hi"
+    assert isinstance(cell, ev.CellFinished) and cell.result.stdout == "42\n" and cell.result.duration == 0.5
+    assert isinstance(applied, ev.RefinementApplied) and (applied.diff, applied.scopes) == ("", ["project"])
+    assert isinstance(finished, ev.TurnFinished) and finished.answer == "42" and finished.usage.prompt_tokens == 10
+    assert json.loads((directory / "session.json").read_text())["schema_version"] == SCHEMA
+
+
+async def _first(stream, n: int):
+    async for e in stream:
+        yield e
+        n -= 1
+        if n == 0:
+            return

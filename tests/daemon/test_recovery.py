@@ -55,8 +55,8 @@ def _events_until(client: SyncClient, sid: str, stop, after: int | None = None):
 @pytest.mark.slow
 def test_a_killed_client_loses_nothing_a_new_one_sees_the_turn_finish(client: SyncClient, project: Path, model_server):
     s = client.create_session(project, model="fake", base_url=model_server.base_url)
-    attach = subprocess.Popen([PRIME_AGENT, "attach", s["id"], "--all", "--json"], stdout=subprocess.PIPE, text=True)
-    client.send(s["id"], SLOW_CELL)
+    attach = subprocess.Popen([PRIME_AGENT, "attach", s.id, "--all", "--json"], stdout=subprocess.PIPE, text=True)
+    client.send(s.id, SLOW_CELL)
     seen = []
     for line in attach.stdout:
         seen.append(json.loads(line))
@@ -64,10 +64,10 @@ def test_a_killed_client_loses_nothing_a_new_one_sees_the_turn_finish(client: Sy
             break
     attach.kill()  # mid-turn, SIGKILL: no goodbye
     attach.wait()
-    rest = _events_until(client, s["id"], lambda e: e.type == "turn.finished", after=seen[-1]["seq"])
+    rest = _events_until(client, s.id, lambda e: e.type == "turn.finished", after=seen[-1]["seq"])
     seqs = [e["seq"] for e in seen] + [e.seq for e in rest]
     assert seqs == list(range(1, len(seqs) + 1))  # nothing lost, nothing twice
-    assert rest[-1].data["outcome"] == "completed" and rest[-1].data["answer"].startswith("ran: tick 0")
+    assert rest[-1].outcome == "completed" and rest[-1].answer.startswith("ran: tick 0")
 
 
 @pytest.mark.slow
@@ -75,10 +75,10 @@ def test_kill_9_mid_turn_then_restart_recovers_every_session(client: SyncClient,
                                                               prime_home: Path):
     idle = client.create_session(project, model="fake", base_url=model_server.base_url, title="idle one")
     busy = client.create_session(project, model="fake", base_url=model_server.base_url)
-    client.send(idle["id"], "hello")
-    _events_until(client, idle["id"], lambda e: e.type == "turn.finished")
-    client.send(busy["id"], SLOW_CELL)
-    before = _events_until(client, busy["id"], lambda e: e.type == "cell.output")
+    client.send(idle.id, "hello")
+    _events_until(client, idle.id, lambda e: e.type == "turn.finished")
+    client.send(busy.id, SLOW_CELL)
+    before = _events_until(client, busy.id, lambda e: e.type == "cell.output")
     pid = daemon_pid()
     os.kill(pid, signal.SIGKILL)
     _wait_gone(pid)
@@ -88,28 +88,28 @@ def test_kill_9_mid_turn_then_restart_recovers_every_session(client: SyncClient,
     assert _processes_mentioning(str(prime_home)) == []
 
     # A client resumes its stream from its last id: the daemon comes back (the client starts it).
-    after_restart = _events_until(client, busy["id"], lambda e: e.type == "turn.finished", after=before[-1].seq)
+    after_restart = _events_until(client, busy.id, lambda e: e.type == "turn.finished", after=before[-1].seq)
     assert daemon_pid() not in (None, pid)
     seqs = [e.seq for e in before + after_restart]
     assert seqs == list(range(1, len(seqs) + 1))
     cut = after_restart[-1]
-    assert (cut.turn_id, cut.data["outcome"]) == ("t1", "interrupted") and "restarted" in cut.data["error"]
+    assert (cut.turn_id, cut.outcome) == ("t1", "interrupted") and "restarted" in cut.error
 
-    listed = {x["id"]: x for x in client.sessions()}
-    assert set(listed) == {idle["id"], busy["id"]}
-    assert listed[idle["id"]]["state"] == "dormant" and listed[idle["id"]]["title"] == "idle one"
-    assert listed[busy["id"]]["turns"] == 1 and listed[busy["id"]]["last_seq"] == cut.seq
-    history = list(_events_until(client, busy["id"], lambda e: e.seq == cut.seq))
+    listed = {x.id: x for x in client.sessions()}
+    assert set(listed) == {idle.id, busy.id}
+    assert listed[idle.id].state == "dormant" and listed[idle.id].title == "idle one"
+    assert listed[busy.id].turns == 1 and listed[busy.id].last_seq == cut.seq
+    history = list(_events_until(client, busy.id, lambda e: e.seq == cut.seq))
     assert [e.seq for e in history] == list(range(1, cut.seq + 1))
 
     # The session takes a new prompt on a new kernel, and the model is told its namespace is gone.
-    turn = client.send(busy["id"], "run: print(x)")
-    events = _events_until(client, busy["id"], lambda e: e.type == "turn.finished", after=cut.seq)
-    assert turn["turn_id"] == "t2" and events[0].type == "session.resumed"
-    assert "NameError" in events[-1].data["answer"]
+    turn = client.send(busy.id, "run: print(x)")
+    events = _events_until(client, busy.id, lambda e: e.type == "turn.finished", after=cut.seq)
+    assert turn.turn_id == "t2" and events[0].type == "session.resumed"
+    assert "NameError" in events[-1].answer
     prompt = next(m for m in reversed(model_server.requests[-2]["messages"]) if m["role"] == "user")["content"]
     assert "new kernel" in prompt and "ended early (interrupted)" in prompt
-    records = client.transcript(busy["id"])["records"]
+    records = client.transcript(busy.id)["records"]
     assert [r["kind"] for r in records].count("resumed") == 1
 
 
@@ -147,9 +147,10 @@ def test_spawned_daemon_refuses_a_second_instance(prime_home: Path):
         time.sleep(0.05)
     c = SyncClient(autostart=False)
     try:
-        second = subprocess.run([sys.executable, "-m", "daemon"], capture_output=True, text=True, timeout=60)
+        second = subprocess.run([sys.executable, "-m", "cli", "daemon", "start", "--foreground"], capture_output=True,
+                                text=True, timeout=60)
         assert "already runs" in second.stderr
-        assert c.status()["pid"] == first.pid
+        assert c.status().pid == first.pid
     finally:
         c.close()
         first.send_signal(signal.SIGTERM)

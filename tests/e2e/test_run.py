@@ -75,7 +75,7 @@ def test_json_mode_prints_one_event_per_line(project: Path):
     types = [e["type"] for e in events]
     assert types[0] == "session.started" and types[-1] == "turn.finished"
     assert {"cell.started", "cell.output", "cell.finished", "model.delta"} <= set(types)
-    assert events[-1]["data"]["answer"] == "bye"
+    assert events[-1]["answer"] == "bye"
 
 
 def test_without_a_model_it_says_how_to_configure_one(project: Path):
@@ -122,7 +122,7 @@ def test_ctrl_c_interrupts_the_running_cell_then_the_turn(project: Path, prime_h
     assert p.returncode == 130, err
     assert time.monotonic() - started < 10
     finished = json.loads(out.splitlines()[-1])
-    assert finished["type"] == "turn.finished" and finished["data"]["outcome"] == "interrupted"
+    assert finished["type"] == "turn.finished" and finished["outcome"] == "interrupted"
     records = read_records(session_dir(prime_home) / "trajectory.jsonl")
     cell = next(r for r in records if isinstance(r, CellRecord))
     assert cell.result.error_name == "KeyboardInterrupt" and cell.result.kernel_events == ["interrupted"]

@@ -110,9 +110,9 @@ async def test_a_daemon_session_against_the_policy_server_becomes_exact_samples(
         async with running_daemon() as client:
             s = await client.create_session(project, model="prime-policy", base_url=url)
             for n, text in enumerate(["say something", "and again"], 1):
-                turn = await client.send(s["id"], text)
-                await collect(client, s["id"], turn["turn_id"])
-    directory = prime_home / "sessions" / s["id"]
+                turn = await client.send(s.id, text)
+                await collect(client, s.id, turn.turn_id)
+    directory = prime_home / "sessions" / s.id
     records = read_records(directory / "trajectory.jsonl")
     replies = [r.message for r in records if isinstance(r, MessageRecord) and r.message.role == "assistant"]
     assert replies and all(m.token_ids and len(m.token_ids) == len(m.logprobs) for m in replies)
@@ -175,9 +175,9 @@ async def test_samples_of_a_truncating_server_reproduce_its_logprobs(project: Pa
         async with running_daemon() as client:
             s = await client.create_session(project, model="prime-policy", base_url=url)
             for text in ("first", "second"):
-                turn = await client.send(s["id"], text)
-                await collect(client, s["id"], turn["turn_id"])
-    records = read_records(prime_home / "sessions" / s["id"] / "trajectory.jsonl")
+                turn = await client.send(s.id, text)
+                await collect(client, s.id, turn.turn_id)
+    records = read_records(prime_home / "sessions" / s.id / "trajectory.jsonl")
     calls = [r for r in records if r.kind == "model_call"]
     assert calls and all(c.prompt_token_ids and len(c.prompt_token_ids) < 256 for c in calls)
     out = list(samples(records))

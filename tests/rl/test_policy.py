@@ -13,7 +13,16 @@ import openai
 import pytest
 import torch
 
-from rl.model import ByteTokenizer, Policy, PolicyConfig, generate, latest_checkpoint, load_policy, save_checkpoint, token_logprobs
+from rl.model import (
+    ByteTokenizer,
+    Policy,
+    PolicyConfig,
+    generate,
+    latest_checkpoint,
+    load_policy,
+    save_checkpoint,
+    token_logprobs,
+)
 from rl.serve import BackgroundServer, Engine
 from tests.rl.servers import policy_server
 
@@ -93,7 +102,7 @@ def test_prime_agent_run_works_against_prime_agent_rl_serve(project: Path):
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
         finished = json.loads(run.stdout.splitlines()[-1])
-        assert finished["type"] == "turn.finished" and finished["data"]["outcome"] == "completed"
+        assert finished["type"] == "turn.finished" and finished["outcome"] == "completed"
 
 
 def test_bad_reloads_are_refused_and_streams_match_plain_replies(policy: Policy, tmp_path: Path):

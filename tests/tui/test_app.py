@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from textual.widgets import DataTable
 
 from daemon.client import Client
@@ -49,7 +48,7 @@ async def test_a_prompt_streams_its_answer_and_shows_the_cell(daemon: Client, pr
         await pilot.press("enter")
         await until(pilot, lambda: any(m.text == "ran: 42" for m in app.query(AssistantMessage)))
         (cell,) = app.query(CellView)
-        assert cell.code == "print(6 * 7)" and cell.output == [("stdout", "42\n")] and cell.result["duration"] > 0
+        assert cell.code == "print(6 * 7)" and cell.output == [("stdout", "42\n")] and cell.result.duration > 0
         assert [m.text for m in app.query(UserMessage)] == ["run: print(6 * 7)"]
         status = app.query_one(StatusBar)
         assert status.state == "idle" and status.tokens > 0 and status.model == "fake"
@@ -69,7 +68,7 @@ async def test_escape_interrupts_a_long_cell_and_the_session_goes_on(daemon: Cli
         await until(pilot, lambda: app.state == "idle")
         notices = [str(n.render()) for n in app.query(Notice)]
         assert any("turn interrupted" in n for n in notices)
-        assert "interrupted" in app.query_one(CellView).result["kernel_message"]
+        assert "interrupted" in app.query_one(CellView).result.kernel_message
         app.query_one("#prompt").load_text("run: print(time.time() > 0)")  # the kernel kept `time`
         await pilot.press("enter")
         await until(pilot, lambda: any(m.text == "ran: True" for m in app.query(AssistantMessage)))
@@ -116,10 +115,10 @@ async def test_detach_and_reattach_shows_the_whole_history(daemon: Client, proje
         await pilot.press("ctrl+c")  # idle: twice detaches
         await until(pilot, lambda: app.return_value is not None)
     session_id = app.return_value
-    assert (await daemon.session(session_id))["state"] == "idle"  # still there
+    assert (await daemon.session(session_id)).state == "idle"  # still there
     again = app_for(daemon, project, model_server, session_id=session_id)
     async with again.run_test(size=SIZE) as pilot:
-        last = (await daemon.session(session_id))["last_seq"]
+        last = (await daemon.session(session_id)).last_seq
         await until(pilot, lambda: again.events_seen >= last)
         assert [m.text for m in again.query(UserMessage)] == [f"run: print({n} * 10)" for n in range(3)]
         assert [c.output for c in again.query(CellView)] == [[("stdout", f"{n * 10}\n")] for n in range(3)]
@@ -132,12 +131,12 @@ async def test_the_sessions_screen_lists_attaches_and_starts_sessions(daemon: Cl
         await until(pilot, lambda: isinstance(app.screen, SessionsScreen) and app.screen.query_one(DataTable).row_count)
         app.save_screenshot(str(project / "sessions.svg"))
         await pilot.press("enter")
-        await until(pilot, lambda: app.session_id == first["id"])
+        await until(pilot, lambda: app.session_id == first.id)
         await type_and_send(pilot, "/harness")
         await until(pilot, lambda: isinstance(app.screen, HarnessScreen))
         await pilot.press("escape")
         await type_and_send(pilot, "/new")
-        await until(pilot, lambda: app.session_id not in (None, first["id"]))
+        await until(pilot, lambda: app.session_id not in (None, first.id))
     assert len(await daemon.sessions()) == 2
 
 

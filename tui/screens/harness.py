@@ -8,9 +8,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Markdown, Static, Tree
+from textual.widgets.tree import TreeNode
 
 from daemon.client import Client, DaemonError
-
 
 PLURAL = {"prompt": "prompt notes", "memory": "memories", "skill": "skills", "subagent": "subagents"}
 
@@ -38,7 +38,7 @@ class HarnessScreen(ModalScreen[None]):
         except DaemonError as e:
             self.notify(e.message, severity="error")
             return
-        kinds: dict[str, object] = {}
+        kinds: dict[str, TreeNode] = {}
         for row in sorted(entries, key=lambda r: (r["kind"], r["id"])):
             node = kinds.get(row["kind"]) or tree.root.add(PLURAL.get(row["kind"], row["kind"]), expand=True)
             kinds[row["kind"]] = node

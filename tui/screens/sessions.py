@@ -48,12 +48,11 @@ class SessionsScreen(Screen[str | None]):
         except DaemonError as e:
             self.notify(e.message, severity="error")
             return
-        here = [s for s in sessions if Path(s["cwd"]).is_relative_to(self.project)]
-        for s in sorted(here, key=lambda s: -s["created"]):
-            tokens = s["usage"]["prompt_tokens"] + s["usage"]["completion_tokens"]
-            mark = "▶ " if s["id"] == self.current else "  "
-            table.add_row(mark + s["id"], s["state"], str(s["turns"]), f"{tokens:,}", s["model"],
-                          time.strftime("%m-%d %H:%M", time.localtime(s["created"])), s["title"] or "", key=s["id"])
+        here = [s for s in sessions if Path(s.cwd).is_relative_to(self.project)]
+        for s in sorted(here, key=lambda s: -s.created):
+            mark = "▶ " if s.id == self.current else "  "
+            table.add_row(mark + s.id, s.state, str(s.turns), f"{s.usage.total_tokens:,}", s.model,
+                          time.strftime("%m-%d %H:%M", time.localtime(s.created)), s.title or "", key=s.id)
 
     def _selected(self) -> str | None:
         table = self.query_one(DataTable)

@@ -9,6 +9,9 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
+from agent.context import message_text
+from agent.types import Message
+
 
 class TranscriptScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "back")]
@@ -22,9 +25,8 @@ class TranscriptScreen(ModalScreen[None]):
         with VerticalScroll():
             for r in self.records:
                 if r["kind"] == "message" and r["message"]["role"] != "system":
-                    m = r["message"]
-                    body = m["content"] + "".join(f"\n[code] {c['arguments']}" for c in m.get("tool_calls") or [])
-                    yield Static(Text.assemble((f"{m['role']}: ", "bold"), body[:4000]))
+                    role, _, body = message_text(Message.model_validate(r["message"]), limit=4000).partition(" ")
+                    yield Static(Text.assemble((role + " ", "bold"), body))
                 elif r["kind"] == "turn_finished":
                     yield Static(Text(f"turn {r['outcome']}: {r.get('answer') or r.get('error') or ''}", style="dim"))
         yield Footer()

@@ -14,6 +14,8 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Static
 
+from agent.types import CellResult
+
 COLLAPSED_LINES = 8
 
 
@@ -28,7 +30,9 @@ class CellView(Vertical):
         super().__init__()
         self.cell_id, self.code = cell_id, code
         self.output: list[tuple[str, str]] = []
-        self.result: dict | None = None
+        self.result: CellResult | None = None
+        self.never_finished: str | None = None
+        """Why the cell has no result: the turn ended under it (a daemon that died, a closed session)."""
         self.expanded = False
         self._code = Static(Syntax(code, "python", theme="ansi_dark", background_color="default", word_wrap=True),
                             classes="code")
@@ -48,10 +52,14 @@ class CellView(Vertical):
         if self.is_mounted:
             self._render_output()
 
-    def finish(self, result: dict) -> None:
+    def finish(self, result: CellResult) -> None:
         self.result = result
         if self.is_mounted:
             self._render_output()
+
+    def abandon(self, why: str) -> None:
+        self.never_finished = why
+        self.finish(CellResult(kernel_message=f"the cell never finished: {why}"))
 
     async def add_child(self, row: SubagentRow) -> None:
         self.children_rows[row.child_id] = row
@@ -71,12 +79,12 @@ class CellView(Vertical):
             text.append(chunk, style="red" if stream == "stderr" else "")
         r = self.result
         if r is not None:
-            if r.get("result") is not None:
-                text.append(r["result"] + "\n")
-            if r.get("traceback"):
-                text.append(r["traceback"].rstrip("\n") + "\n", style="red")
-            elif r.get("error_name"):
-                text.append(f"{r['error_name']}: {r['error_value']}\n", style="red")
+            if r.result is not None:
+                text.append(r.result + "\n")
+            if r.traceback:
+                text.append(r.traceback.rstrip("\n") + "\n", style="red")
+            elif r.error_name:
+                text.append(f"{r.error_name}: {r.error_value}\n", style="red")
         lines = text.split("\n", allow_blank=True)
         if lines and not lines[-1].plain:
             lines = lines[:-1]
@@ -93,16 +101,15 @@ class CellView(Vertical):
             parts.append(Text(f"… {hidden} more lines (enter to expand)" if not self.expanded
                               else "(enter to collapse)", style="dim italic"))
         if r is not None:
-            if r.get("kernel_message"):
-                parts.append(Text("kernel: " + r["kernel_message"], style="yellow"))
-            cut = sum((r.get("truncated") or {}).values())
-            if "duration" in r:
-                parts.append(Text(f"{r['duration']:.2f}s" + (f" · {cut:,} characters cut" if cut else ""),
-                                  style="dim"))
+            if r.kernel_message:
+                parts.append(Text("kernel: " + r.kernel_message, style="yellow"))
+            cut = sum(r.truncated.values())
+            if self.never_finished is None:
+                parts.append(Text(f"{r.duration:.2f}s" + (f" · {cut:,} characters cut" if cut else ""), style="dim"))
         else:
             parts.append(Text("running…", style="dim italic"))
         self._out.update(Group(*parts))
-        self.set_class(bool(r and (r.get("error_name") or r.get("kernel_events"))), "failed")
+        self.set_class(r is not None and not r.ok, "failed")
 
 
 class SubagentRow(Static):

@@ -9,12 +9,12 @@ from __future__ import annotations
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 
-from agent.types import Event
+from agent import events as ev
+from agent.events import Event
 from tui.widgets.cell_view import CellView, SubagentRow
 from tui.widgets.message import AssistantMessage, Notice, UserMessage
 from tui.widgets.refinement_card import RefinementCard
 
-QUIET = {"model.started", "harness.reloaded", "message.delivered"}
 REFINEMENT_CARDS = {"refinement.applied": "applied", "refinement.pending": "pending",
                     "refinement.dry_run": "dry run", "refinement.rejected": "rejected"}
 
@@ -54,111 +54,111 @@ class Conversation(VerticalScroll):
         if following:
             self.scroll_end(animate=False)
 
-    async def _apply(self, e: Event) -> Widget | None:  # noqa: C901 - one branch per event type
-        d, turn = e.data, e.turn_id
-        if e.type in QUIET:
+    async def _apply(self, e: Event) -> Widget | None:
+        turn = e.turn_id
+        match e:
+            case ev.ModelStarted() | ev.HarnessReloaded() | ev.MessageDelivered() | ev.UsageCharged():
+                return None
+            case ev.TurnQueued():
+                self.prompts[turn] = UserMessage(e.prompt, queued=True)
+                return self.prompts[turn]
+            case ev.TurnStarted():
+                if turn in self.prompts:
+                    self.prompts[turn].started()
+                    return None
+                self.prompts[turn] = UserMessage(e.prompt)
+                return self.prompts[turn]
+            case ev.ModelDelta():
+                message = self.speaking.get(turn)
+                fresh = message is None
+                if message is None:
+                    message = self.speaking[turn] = AssistantMessage()
+                await message.feed(e.text)
+                return message if fresh else None
+            case ev.ModelCompleted():
+                message = self.speaking.pop(turn, None)
+                if e.text:
+                    self.said[turn] = e.text
+                if message is not None:
+                    await message.finish(e.text)
+                    return None
+                return AssistantMessage(e.text) if e.text.strip() else None
+            case ev.CellStarted():
+                cell = self.cells[e.cell_id] = self.last_cell[turn] = CellView(e.cell_id, e.code)
+                self.turn_cells.setdefault(turn, []).append(cell)
+                return cell
+            case ev.CellOutput():
+                if cell := self.cells.get(e.cell_id):
+                    cell.add_output(e.stream, e.text)
+                return None
+            case ev.CellFinished():
+                if cell := self.cells.get(e.cell_id):
+                    cell.finish(e.result)
+                return None
+            case ev.SubagentSpawned():
+                cell = self.last_cell.get(turn)
+                row = self.children_rows[e.id] = SubagentRow(e.id, e.name)
+                if cell is not None:
+                    await cell.add_child(row)
+                    return None
+                return row
+            case ev.SubagentFinished():
+                if row := self.children_rows.get(e.id):
+                    row.finished(e.outcome, e.answer)
+                return None
+            case ev.TurnFinished():
+                return self._turn_finished(e)
+            case ev.RefinementApplied() | ev.RefinementPending() | ev.RefinementDryRun() | ev.RefinementRejected():
+                status = REFINEMENT_CARDS[e.type]
+                if card := self.cards.get(e.id):
+                    card.set_status(status, e.reason)
+                    return None
+                card = self.cards[e.id] = RefinementCard(e.id, status, e.summary, e.diff, e.scopes, e.reason)
+                return card
+            case ev.RefinementRolledBack():  # ref: the change undone; id: the rollback's own
+                if card := self.cards.get(e.ref):
+                    card.set_status("rolled back")
+                return Notice(f"rolled back {e.ref} ({e.scope} scope)", "info")
+        return Notice(_describe(e), "error" if isinstance(e, ev.Error) else "info")
+
+    def _turn_finished(self, e: ev.TurnFinished) -> Widget | None:
+        turn = e.turn_id
+        self.speaking.pop(turn, None)
+        for cell in self.turn_cells.pop(turn, []):
+            if cell.result is None:  # the turn ended under it (a daemon that died, a closed session)
+                cell.abandon(e.error or "")
+        if turn in self.prompts and self.prompts[turn].has_class("queued"):
+            self.prompts[turn].started()  # dropped before it began: the notice below says so
+        if e.outcome == "completed":
+            if e.answer and e.answer.strip() != self.said.get(turn, "").strip():
+                return AssistantMessage(e.answer)
             return None
-        if e.type == "turn.queued":
-            self.prompts[turn] = UserMessage(d["prompt"], queued=True)
-            return self.prompts[turn]
-        if e.type == "turn.started":
-            if turn in self.prompts:
-                self.prompts[turn].started()
-                return None
-            self.prompts[turn] = UserMessage(d["prompt"])
-            return self.prompts[turn]
-        if e.type == "model.delta":
-            message = self.speaking.get(turn)
-            fresh = message is None
-            if fresh:
-                message = self.speaking[turn] = AssistantMessage()
-            await message.feed(d["text"])
-            return message if fresh else None
-        if e.type == "model.completed":
-            message = self.speaking.pop(turn, None)
-            text = d.get("text") or ""
-            if text:
-                self.said[turn] = text
-            if message is not None:
-                await message.finish(text)
-                return None
-            return AssistantMessage(text) if text.strip() else None
-        if e.type == "cell.started":
-            cell = self.cells[d["cell_id"]] = self.last_cell[turn] = CellView(d["cell_id"], d["code"])
-            self.turn_cells.setdefault(turn, []).append(cell)
-            return cell
-        if e.type == "cell.output":
-            if cell := self.cells.get(d["cell_id"]):
-                cell.add_output(d["stream"], d["text"])
-            return None
-        if e.type == "cell.finished":
-            if cell := self.cells.get(d["cell_id"]):
-                cell.finish(d["result"])
-            return None
-        if e.type == "subagent.spawned":
-            cell = self.last_cell.get(turn)
-            row = SubagentRow(d["id"], d["name"])
-            self.children_rows[d["id"]] = row
-            if cell is not None:
-                await cell.add_child(row)
-                return None
-            return row
-        if e.type == "subagent.finished":
-            if row := self.children_rows.get(d["id"]):
-                row.finished(d["outcome"], d.get("answer"))
-            return None
-        if e.type == "turn.finished":
-            self.speaking.pop(turn, None)
-            for cell in self.turn_cells.pop(turn, []):
-                if cell.result is None:  # the turn ended under it (a daemon that died, a closed session)
-                    cell.finish({"kernel_message": f"the cell never finished: {d.get('error')}"})
-            outcome, answer = d["outcome"], d.get("answer")
-            if turn in self.prompts and self.prompts[turn].has_class("queued"):
-                self.prompts[turn].started()  # dropped before it began: the notice below says so
-            if outcome == "completed":
-                if answer and answer.strip() != self.said.get(turn, "").strip():
-                    return AssistantMessage(answer)
-                return None
-            return Notice(f"turn {outcome}: {d.get('error') or ''}", "error" if outcome == "error" else "warning")
-        if e.type in REFINEMENT_CARDS:
-            status = REFINEMENT_CARDS[e.type]
-            if card := self.cards.get(d["id"]):
-                card.set_status(status, d.get("reason") or "")
-                return None
-            card = self.cards[d["id"]] = RefinementCard(d["id"], status, d.get("summary", ""), d.get("diff") or "",
-                                                        d.get("scopes") or [], d.get("reason") or "")
-            return card
-        if e.type == "refinement.rolled_back":  # ref: the change undone; id: the rollback's own
-            if card := self.cards.get(d.get("ref") or ""):
-                card.set_status("rolled back")
-            return Notice(f"rolled back {d.get('ref')} ({d.get('scope')} scope)", "info")
-        return Notice(_describe(e), "error" if e.type == "error" else "info")
+        return Notice(f"turn {e.outcome}: {e.error or ''}", "error" if e.outcome == "error" else "warning")
 
 
 def _describe(e: Event) -> str:
-    d = e.data
-    match e.type:
-        case "session.started":
-            return f"session {e.session_id} started in {d.get('cwd')} ({d.get('model')})"
-        case "session.resumed":
-            return f"session resumed ({d.get('reason')}): a new kernel; variables from before are gone"
-        case "note":
-            return f"note: {d.get('text')}"
-        case "error":
-            return f"error: {d.get('message')}"
-        case "steer.delivered":
-            return f"steer delivered: {d.get('text')}"
-        case "model.retry":
-            return f"model: {d.get('reason')}; retry {d.get('attempt')} in {d.get('delay', 0):.1f}s"
-        case "compaction":
-            return f"context compacted ({d.get('folded_messages')} messages summarised)"
-        case "harness.edited":
-            return f"harness edited by you ({d.get('scope')}): {', '.join(d.get('entries') or [])}" + (
-                f"; problems: {'; '.join(d['problems'])}" if d.get("problems") else "")
-        case "refinement.proposed":
-            return f"refinement proposed: {d.get('summary')}"
-        case "refinement.failed":
-            return f"refinement failed: {d.get('reason')}"
-        case "refinement.skipped":
-            return f"refinement skipped: {d.get('rationale')}"
-    return f"{e.type}: {d}"
+    match e:
+        case ev.SessionStarted():
+            return f"session {e.session_id} started in {e.cwd} ({e.model})"
+        case ev.SessionResumed():
+            return f"session resumed ({e.reason}): a new kernel; variables from before are gone"
+        case ev.Note():
+            return f"note: {e.text}"
+        case ev.Error():
+            return f"error: {e.message}"
+        case ev.SteerDelivered():
+            return f"steer delivered: {e.text}"
+        case ev.ModelRetry():
+            return f"model: {e.reason}; retry {e.attempt} in {e.delay:.1f}s"
+        case ev.Compaction():
+            return f"context compacted ({e.folded_messages} messages summarised)"
+        case ev.HarnessEdited():
+            return f"harness edited by you ({e.scope}): {', '.join(e.entries)}" + (
+                f"; problems: {'; '.join(e.problems)}" if e.problems else "")
+        case ev.RefinementProposed():
+            return f"refinement proposed: {e.summary}"
+        case ev.RefinementFailed():
+            return f"refinement failed: {e.reason}"
+        case ev.RefinementSkipped():
+            return f"refinement skipped: {e.rationale}"
+    return f"{e.type}: {e.model_dump_json(exclude={'seq', 'session_id', 'turn_id', 'ts', 'type'})}"

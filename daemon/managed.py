@@ -1,0 +1,276 @@
+"""A daemon session: an agent `Session` plus what outlives it (its metadata, journal and queue).
+
+A session is *live* when its agent session and kernel run in this process, *dormant* when only
+its files do (after a daemon restart, or put to sleep when idle): a dormant session wakes, with
+a new kernel, on its next prompt. The directory's files are named in agent/layout.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from agent import events as ev
+from agent.config import Config, ConfigError, load_config
+from agent.kernel import KernelPool
+from agent.layout import SessionLayout
+from agent.model import OpenAIModel
+from agent.refine import Gate
+from agent.session import Session
+from agent.trajectory import SessionRecord, TurnStarted, finish_cut_turn, read_records
+from daemon.errors import Refused
+from daemon.fanout import Fanout, Subscriber
+from daemon.journal import EventJournal
+from daemon.meta import SessionMeta
+from daemon.schemas import Interrupted, MessageAccepted, SessionInfo
+from daemon.turns import TurnQueue
+
+RESTARTED = "The daemon restarted"
+SLEPT = "The session was idle and its kernel was stopped to free memory"
+
+
+class Daemon(Protocol):
+    """What a daemon session needs of the daemon that hosts it (daemon.manager.SessionManager)."""
+
+    config: Config
+    stopping: bool
+    turn_slots: asyncio.Semaphore
+    subagent_slots: dict[int, asyncio.Semaphore]
+    pool: KernelPool
+    gate_factory: Callable[[Session], Gate | None] | None
+
+    def live(self) -> int: ...
+    async def make_room(self) -> bool: ...
+
+
+class ManagedSession:
+    def __init__(self, manager: Daemon, meta: SessionMeta, layout: SessionLayout):
+        self.manager = manager
+        self.meta = meta
+        self.layout = layout
+        self.journal = EventJournal(layout.events)
+        self.fanout = Fanout(meta.id, manager.config.daemon.client_buffer)
+        self.queue = TurnQueue(self)
+        self.turn_slots = manager.turn_slots
+        self.session: Session | None = None
+        self.model: OpenAIModel | None = None
+        self._retired: list[OpenAIModel] = []
+        """Models switched away from, closed with the session (background work may still use them)."""
+        self._waking = asyncio.Lock()
+        self.last_active = time.monotonic()
+        self._woken_because = RESTARTED
+        """Why a dormant session is dormant, told to the model when it wakes."""
+        self.closed = False
+
+    @property
+    def id(self) -> str:
+        return self.meta.id
+
+    def stopping(self) -> bool:
+        return self.manager.stopping
+
+    def save(self) -> None:
+        self.meta.save(self.layout)
+
+    def info(self) -> SessionInfo:
+        m = self.meta
+        if self.session is not None and self.session.turn is not None:
+            state = "running"
+        elif self.queue.busy():
+            state = "queued"
+        else:
+            state = "idle" if self.session is not None else "dormant"
+        return SessionInfo(
+            id=m.id, cwd=m.cwd, model=m.model, base_url=m.base_url, title=m.title, created=m.created, state=state,
+            turns=m.turns, queued=len(m.queued), last_seq=self.journal.last_seq, usage=m.usage,
+            dir=str(self.layout.dir), updated=m.updated or m.created,
+            harness_version=self.session.harness_version if self.session else None,
+        )
+
+    # --- events ------------------------------------------------------------------------------
+
+    def emit(self, event: ev.Event) -> None:
+        """An event of the daemon's own (queueing, recovery), numbered in the session's sequence."""
+        if self.session is not None:
+            self.session.emit(event)
+        else:
+            event.seq, event.session_id = self.journal.last_seq + 1, self.id
+            self._on_event(event)
+
+    def _on_event(self, event: ev.Event) -> None:
+        line = event.model_dump_json()
+        self.journal.append(event.seq, line)
+        if isinstance(event, ev.TurnStarted):
+            self.meta.turns += 1
+        elif isinstance(event, ev.UsageCharged):
+            self.meta.usage += event.usage
+        elif isinstance(event, ev.TurnFinished):
+            if self.meta.running_turn == event.turn_id:
+                self.meta.running_turn = None
+            self.meta.usage += event.usage
+            self.save()
+            self.journal.sync()
+        self.fanout.publish(event.seq, line)
+
+    def subscribe(self, after: int) -> tuple[list[tuple[int, str]], Subscriber]:
+        """The journal's events after `after`, and a subscriber for every later one: nothing is
+        missed or repeated between the two (no await separates them)."""
+        if self.manager.stopping:
+            raise Refused("stopping", "the daemon is stopping; reconnect once it is back")
+        if self.closed:
+            raise Refused("not_found", f"session {self.id} was deleted")
+        return self.journal.read_after(after), self.fanout.subscribe()
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.fanout.unsubscribe(sub)
+        self.last_active = time.monotonic()
+
+    # --- turns -------------------------------------------------------------------------------
+
+    def send(self, text: str, mode: str) -> MessageAccepted:
+        return self.queue.send(text, mode)
+
+    async def interrupt(self, drop_queued: bool, turn_id: str | None = None) -> Interrupted:
+        return await self.queue.interrupt(drop_queued, turn_id)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def config(self) -> Config:
+        return load_config(Path(self.meta.cwd), self.meta.overrides)
+
+    async def wake(self) -> Session:
+        """The live agent session: resumed from its trajectory, on a new kernel, if it was dormant."""
+        async with self._waking:
+            if self.session is not None:
+                return self.session
+            if self.closed:
+                raise Refused("not_found", f"session {self.id} was deleted")
+            if self.manager.stopping:
+                raise Refused("stopping", "the daemon is stopping")
+            while self.manager.live() >= self.manager.config.daemon.max_sessions:  # re-checked after each await
+                if not await self.manager.make_room():
+                    raise Refused("too_many_sessions", f"{self.manager.live()} sessions are live and busy "
+                                  "(daemon.max_sessions); delete one, or raise the limit")
+            cwd = Path(self.meta.cwd)
+            if not cwd.is_dir():
+                raise Refused("cwd_missing", f"the session's directory {cwd} no longer exists")
+            try:
+                config = self.config()
+            except ConfigError as e:
+                raise Refused("config_broken", str(e)) from None
+            records = read_records(self.layout.trajectory) if self.layout.trajectory.is_file() else []
+            model = OpenAIModel(config.model)
+            session = Session(
+                config, model, cwd=cwd, session_dir=self.layout.dir, session_id=self.id, on_event=self._on_event,
+                subagent_slots=self.manager.subagent_slots, kernel_pool=self.manager.pool,
+                last_seq=self.journal.last_seq,
+            )
+            if self.manager.gate_factory is not None:
+                session.use_gate(self.manager.gate_factory(session))
+            # Live from here: the session numbers every event (the daemon's own too), and counts
+            # against max_sessions before the first await.
+            self.session, self.model = session, model
+            self.last_active = time.monotonic()
+            try:
+                if any(isinstance(r, SessionRecord) for r in records):
+                    session.resume(records, self._woken_because)
+                await session.start()
+            except BaseException:
+                self.session = self.model = None
+                await session.close()
+                await model.close()
+                raise
+            return session
+
+    async def close(self, why: str = "the session was deleted") -> None:
+        """Stop its turns, kernel and children; the files stay (trajectories are training data)."""
+        self.closed = True
+        await self.queue.stop(why, self.manager.config.kernel.interrupt_grace + 5)
+        async with self._waking:
+            if self.session is not None:
+                await _close(self.session, [self.model, *self._retired])
+            self.session = self.model = None
+            self._retired = []
+        self.fanout.end_all()
+        self.journal.close()
+
+    def busy(self) -> bool:
+        """A turn running or queued, something waking it, or work of its own in the background (a
+        refinement being planned, children still running)."""
+        return self.queue.busy() or self._waking.locked() or (self.session is not None and self.session.is_busy())
+
+    def idle(self) -> bool:
+        """Live, not busy, and nobody following its events: the sweep may put it to sleep."""
+        return self.session is not None and not self.busy() and not self.fanout
+
+    async def sleep(self) -> None:
+        """Stop the kernel of an idle session; it stays listed (dormant) and wakes on its next prompt."""
+        async with self._waking:
+            if self.session is None:
+                return
+            session, models = self.session, [self.model, *self._retired]
+            self._woken_because = SLEPT
+            # Shielded: a cancelled caller (an interrupt of the turn that wanted the room) must not
+            # leave a kernel running that nothing refers to any more.
+            closing = asyncio.ensure_future(_close(session, models))
+            try:
+                await asyncio.shield(closing)
+            finally:
+                self.session = self.model = None
+                self._retired = []
+                if closing.done():
+                    self.journal.close()  # reopened by the next event
+
+    def recover(self) -> None:
+        """After a crash: close the turn it cut (as interrupted) and the turns it left queued."""
+        turn_id = self.meta.running_turn
+        if turn_id is not None:
+            why = f"{RESTARTED} while this turn ran; the turn was cut short"
+            finished = finish_cut_turn(self.layout.trajectory, turn_id, why)
+            seen = any(json.loads(line).get("turn_id") == turn_id
+                       for _, line in self.journal.read_after(0) if '"turn.finished"' in line)
+            if not seen:
+                if finished is None:
+                    self.queue.never_ran(turn_id, f"{RESTARTED} before this turn began")
+                else:
+                    self.emit(ev.TurnFinished(turn_id=turn_id, outcome=finished.outcome, answer=finished.answer,
+                                              error=finished.error, usage=finished.usage, duration=finished.duration,
+                                              steps=finished.steps, cells=finished.cells))
+            records = read_records(self.layout.trajectory) if self.layout.trajectory.is_file() else []
+            self.meta.turns = sum(1 for r in records if isinstance(r, TurnStarted))
+            self.meta.running_turn = None
+        for queued in self.meta.queued:
+            self.queue.never_ran(queued.turn_id, f"{RESTARTED} before this turn began")
+        self.meta.queued = []
+        self.save()
+
+    async def update(self, title: str | None, model: str | None) -> None:
+        """Rename the session, or switch its model (from the next turn on)."""
+        if title is not None:
+            self.meta.title = title
+        if model is not None and model != self.meta.model:
+            if self.session is not None and self.session.turn is not None:
+                raise Refused("turn_running", "the model can change between turns; interrupt or wait")
+            overrides = {**self.meta.overrides, "model": {**self.meta.overrides.get("model", {}), "name": model}}
+            try:
+                config = load_config(Path(self.meta.cwd), overrides)
+            except ConfigError as e:
+                raise Refused("bad_config", str(e)) from None
+            if self.session is not None:
+                if self.model is not None:  # a refinement or a child may still be using it: closed with the session
+                    self._retired.append(self.model)
+                self.model = OpenAIModel(config.model)
+                self.session.use_model(self.model, config)
+            self.meta.overrides, self.meta.model = overrides, model
+        self.save()
+
+
+async def _close(session: Session, models: list[OpenAIModel | None]) -> None:
+    await session.close()
+    for model in models:
+        if model is not None:
+            await model.close()

@@ -1,0 +1,176 @@
+"""Every session of the daemon: loading them at start (recovering what a crash cut), creating them
+(validating the request), the warm kernel pool, the daemon-wide limits and the idle sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from agent.config import Config, ConfigError, load_config
+from agent.kernel import KernelPool
+from agent.layout import SessionLayout, session_layouts
+from agent.refine import Gate
+from agent.session import Session, new_session_id
+from daemon import meta as meta_file
+from daemon.errors import Refused
+from daemon.managed import ManagedSession
+from daemon.meta import SCHEMA, SessionMeta
+from daemon.schemas import CreateSession
+
+log = logging.getLogger(__name__)
+
+GateFactory = Callable[[Session], Gate | None]
+"""The regression gate for a session (None: ungated). The daemon cannot build one itself (gates
+run task sets, a layer above it); the command line that starts it hands it `evals.gate.gate_for`."""
+
+
+class SessionManager:
+    def __init__(self, config: Config, root: Path, gate_factory: GateFactory | None = None):
+        self.config = config
+        self.root = root
+        self.gate_factory = gate_factory
+        self.sessions: dict[str, ManagedSession] = {}
+        self.pool = KernelPool(root / "run" / "pool", config.daemon.pool_size, config.kernel)
+        self.turn_slots = asyncio.Semaphore(config.daemon.max_running_turns)
+        self.subagent_slots: dict[int, asyncio.Semaphore] = {}
+        self.stopping = False
+        self._sweeper: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Load every session on disk (closing turns a crash cut) and fill the kernel pool."""
+        for stale in (self.root / "run" / "pool").glob("*"):  # a killed daemon's pooled kernels died with it
+            shutil.rmtree(stale, ignore_errors=True)
+        for layout in session_layouts(self.root, having="meta"):
+            try:
+                meta = meta_file.load(layout)
+            except (ValidationError, ValueError, OSError) as e:
+                log.error("skipping %s: %s", layout.meta, e)
+                continue
+            if meta.deleted:
+                continue
+            managed = ManagedSession(self, meta, layout)
+            try:
+                managed.recover()
+            except Exception:
+                log.exception("session %s could not be recovered", meta.id)
+            self.sessions[meta.id] = managed
+        self.pool.fill()
+        self._sweeper = asyncio.create_task(self.sweep(min(30.0, self.config.daemon.idle_timeout / 2)))
+
+    def live(self) -> int:
+        return len(self.live_sessions())
+
+    def live_sessions(self) -> list[Session]:
+        return [s.session for s in self.sessions.values() if s.session is not None]
+
+    def running_turns(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.session is not None and s.session.turn is not None)
+
+    async def make_room(self) -> bool:
+        """Put the idle session unused longest to sleep; False when every live one is busy."""
+        idle = [s for s in self.sessions.values() if s.idle()]
+        if not idle:
+            return False
+        await min(idle, key=lambda s: s.last_active).sleep()
+        return True
+
+    async def sweep(self, every: float = 30.0) -> None:
+        """Put sessions idle past `daemon.idle_timeout` to sleep, for as long as the daemon runs."""
+        while not self.stopping:
+            await asyncio.sleep(every)
+            limit = time.monotonic() - self.config.daemon.idle_timeout
+            for s in list(self.sessions.values()):
+                if s.idle() and s.last_active < limit:
+                    log.info("session %s idle since %.0f s: its kernel stops", s.id, time.monotonic() - s.last_active)
+                    await s.sleep()
+
+    def get(self, session_id: str) -> ManagedSession:
+        managed = self.sessions.get(session_id)
+        if managed is None:
+            raise Refused("not_found", f"no session {session_id!r}")
+        return managed
+
+    async def create(self, req: CreateSession) -> ManagedSession:
+        if self.stopping:
+            raise Refused("stopping", "the daemon is stopping")
+        cwd, overrides, config = validate(req)
+        session_id = new_session_id()
+        layout = SessionLayout.of(session_id, self.root)
+        layout.dir.mkdir(mode=0o700, parents=True)
+        meta = SessionMeta(schema_version=SCHEMA, id=session_id, cwd=str(cwd.resolve()), model=config.model.name,
+                           base_url=config.model.base_url, title=req.title, overrides=overrides, created=time.time())
+        meta.save(layout)
+        managed = ManagedSession(self, meta, layout)
+        self.sessions[session_id] = managed
+        try:
+            await managed.wake()
+        except BaseException:
+            self.sessions.pop(session_id, None)
+            meta.deleted = True
+            meta.save(layout)
+            await managed.close()
+            raise
+        return managed
+
+    async def delete(self, session_id: str) -> None:
+        managed = self.get(session_id)
+        del self.sessions[session_id]
+        managed.meta.deleted = True
+        managed.save()
+        await managed.close()
+
+    async def stop(self, timeout: float) -> None:
+        """Interrupt every turn and wait (up to `timeout`) for each to be recorded; then close all."""
+        self.stopping = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        why = "the daemon stopped before this turn began"
+        await asyncio.gather(*(s.queue.stop(why, timeout) for s in self.sessions.values()))
+        await asyncio.gather(*(s.close(why) for s in self.sessions.values()), return_exceptions=True)
+        await self.pool.close()
+
+
+def validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:
+    """A create request's directory, its config overrides (as `session.json` keeps them) and the config."""
+    cwd = Path(req.cwd)
+    if not cwd.is_absolute():
+        raise Refused("bad_cwd", f"cwd must be an absolute path, not {req.cwd!r}")
+    if not cwd.is_dir():
+        raise Refused("bad_cwd", f"cwd {req.cwd!r} is not a directory")
+    if req.config and "daemon" in req.config:
+        raise Refused("bad_config", "[daemon] settings are the daemon's own, not a session's")
+    overrides: dict[str, Any] = copy.deepcopy(req.config or {})
+    model = overrides.setdefault("model", {})
+    if not isinstance(model, dict):
+        raise Refused("bad_config", "config.model must be a table of model settings")
+    model.update({k: v for k, v in (("name", req.model), ("base_url", req.base_url)) if v})
+    if model.get("base_url") and "api_key" not in model \
+            and str(model["base_url"]).rstrip("/") != (_configured_base_url(cwd) or "").rstrip("/"):
+        model["api_key"] = None  # the daemon's key goes only where it was configured to go
+    if req.budget is not None:
+        overrides["budget"] = req.budget.model_dump(exclude_unset=True)
+    try:
+        config = load_config(cwd, overrides)
+    except ConfigError as e:
+        raise Refused("bad_config", str(e)) from None
+    if not config.model.configured:
+        raise Refused("no_model", "no model configured: pass `model` and `base_url`, or set them in the daemon's "
+                      "environment (PRIME_AGENT_MODEL, OPENAI_BASE_URL, OPENAI_API_KEY) or config.toml")
+    return cwd, overrides, config
+
+
+def _configured_base_url(cwd: Path) -> str | None:
+    try:
+        return load_config(cwd).model.base_url
+    except ConfigError:
+        return None

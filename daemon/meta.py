@@ -1,0 +1,106 @@
+"""`session.json`: what the daemon knows about a session, and the forward migrations of its files.
+
+A session directory's files carry the schema of the daemon that wrote them (`schema_version`
+in `session.json`). An older one is brought forward when the daemon loads it, by the
+migrations below, in order; migrations are only ever appended (STYLE 10).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from agent.events import EVENTS, migrate_v1
+from agent.layout import SessionLayout
+from agent.types import Usage
+
+log = logging.getLogger(__name__)
+
+
+class QueuedTurn(BaseModel):
+    turn_id: str
+    text: str
+
+
+class SessionMeta(BaseModel):
+    """Written when the session is created and at every turn boundary."""
+
+    schema_version: int
+    id: str
+    cwd: str
+    model: str
+    base_url: str | None = None
+    title: str | None = None
+    overrides: dict[str, Any] = {}
+    """Config overrides the session was created with (its `config`, model, base_url, budget)."""
+    created: float
+    deleted: bool = False
+    turns: int = 0
+    """Turns begun."""
+    assigned: int = 0
+    """Turn numbers handed out (queued turns included), so an id is never reused."""
+    running_turn: str | None = None
+    """Set before a turn begins and cleared when it ends: a restart finds turns a crash cut."""
+    queued: list[QueuedTurn] = []
+    """Prompts waiting behind the running turn (a restart closes them, said so)."""
+    usage: Usage = Usage()
+    updated: float = 0.0
+    """When the session was last prompted or finished a turn."""
+
+    def save(self, layout: SessionLayout) -> None:
+        self.updated = time.time()
+        _write_atomically(layout.meta, self.model_dump_json(indent=1))
+
+
+def load(layout: SessionLayout) -> SessionMeta:
+    """A session's metadata, its directory first brought forward to this daemon's schema."""
+    raw = json.loads(layout.meta.read_text())
+    version = raw.get("schema_version", 1)
+    if version > SCHEMA:
+        raise ValueError(f"written by a newer daemon (schema {version}; this one reads up to {SCHEMA})")
+    for migrate in MIGRATIONS[version - 1 :]:
+        migrate(layout)
+    meta = SessionMeta.model_validate({**raw, "schema_version": SCHEMA})
+    if version < SCHEMA:
+        meta.save(layout)  # written last: a crash mid-migration runs the (idempotent) migrations again
+    return meta
+
+
+# --- migrations: MIGRATIONS[i] brings schema i + 1 to i + 2 ----------------------------------------
+
+
+def _flat_events(layout: SessionLayout) -> None:
+    """1 -> 2: events are typed and flat (agent/events.py); a journal's nested `data` moves up."""
+    if not layout.events.is_file():
+        return
+    lines = []
+    for raw in layout.events.read_bytes().split(b"\n")[:-1]:  # after the last newline: nothing, or a torn line
+        if not raw.strip():
+            continue
+        event = migrate_v1(json.loads(raw))
+        try:
+            lines.append(EVENTS.validate_python(event).model_dump_json())
+        except ValueError as e:  # kept as written (flattened) rather than lost
+            log.warning("%s: event %s kept untyped: %s", layout.events, event.get("seq"), str(e)[:200])
+            lines.append(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
+    _write_atomically(layout.events, "".join(line + "\n" for line in lines))
+
+
+MIGRATIONS: list[Callable[[SessionLayout], None]] = [_flat_events]
+SCHEMA = len(MIGRATIONS) + 1
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

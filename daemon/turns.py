@@ -1,0 +1,157 @@
+"""A daemon session's turn queue: prompts run one after another, each in a daemon-wide turn slot.
+
+The queue lives in `session.json` (`queued`, `running_turn`), so a restart knows what a crash
+cut and what never ran; every turn that never runs still gets its `turn.finished`, saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+from agent import events as ev
+from agent.session import Session
+from daemon.errors import Refused
+from daemon.meta import QueuedTurn, SessionMeta
+from daemon.schemas import Interrupted, MessageAccepted
+
+log = logging.getLogger(__name__)
+
+
+class Host(Protocol):
+    """What the queue needs of its daemon session (daemon.managed.ManagedSession)."""
+
+    id: str
+    meta: SessionMeta
+    session: Session | None
+    closed: bool
+    turn_slots: asyncio.Semaphore
+    last_active: float
+
+    def stopping(self) -> bool: ...
+    def save(self) -> None: ...
+    def emit(self, event: ev.Event) -> None: ...
+    async def wake(self) -> Session: ...
+
+
+class TurnQueue:
+    def __init__(self, host: Host):
+        self.host = host
+        self.running: str | None = None
+        """The turn the worker has taken up (waiting for a turn slot, waking, or running)."""
+        self.worker: asyncio.Task | None = None
+        self.cancelled_because = "interrupted before it began"
+        """Why the worker was cancelled, for a turn it had not begun."""
+
+    def busy(self) -> bool:
+        return self.running is not None or bool(self.host.meta.queued)
+
+    def send(self, text: str, mode: str) -> MessageAccepted:
+        h, meta = self.host, self.host.meta
+        if h.closed:
+            raise Refused("not_found", f"session {h.id} was deleted")
+        h.last_active = time.monotonic()
+        session = h.session
+        if mode == "steer" and session is not None and session.turn is not None:
+            session.steer(text)
+            return MessageAccepted(turn_id=session.turn.id, mode=mode, queued=False)
+        meta.assigned += 1
+        turn_id = f"t{meta.assigned}"
+        queued = self.running is not None or bool(meta.queued) or h.turn_slots.locked()
+        meta.queued.append(QueuedTurn(turn_id=turn_id, text=text))
+        h.save()
+        if queued:
+            h.emit(ev.TurnQueued(turn_id=turn_id, prompt=text, position=len(meta.queued)))
+        if self.worker is None or self.worker.done():
+            self.worker = asyncio.create_task(self._work())
+        # a steer with no turn running to steer is a prompt: say so
+        return MessageAccepted(turn_id=turn_id, mode="prompt" if mode == "steer" else mode, queued=queued)
+
+    async def interrupt(self, drop_queued: bool, turn_id: str | None = None) -> Interrupted:
+        """Stop the running turn (or, with `turn_id`, that turn: running, or dropped from the queue)."""
+        meta = self.host.meta
+        if turn_id is not None and turn_id != self.running:
+            if not any(q.turn_id == turn_id for q in meta.queued):
+                raise Refused("not_running", f"turn {turn_id} is neither running nor queued")
+            self.drop([q for q in meta.queued if q.turn_id == turn_id], "dropped from the queue by an interrupt")
+            return Interrupted(turn_id=None, dropped=[turn_id])
+        dropped = [q.turn_id for q in meta.queued] if drop_queued else []
+        if drop_queued:
+            self.drop(meta.queued, "dropped from the queue by an interrupt")
+        running = self.running
+        session = self.host.session
+        if session is not None and session.turn is not None:
+            await session.interrupt()
+        elif running is not None and self.worker is not None:  # waiting for a turn slot, or waking
+            self.cancelled_because = "interrupted before it began"
+            self.worker.cancel()
+        return Interrupted(turn_id=running, dropped=dropped)
+
+    def drop(self, turns: list[QueuedTurn], why: str) -> None:
+        for q in list(turns):
+            self.host.meta.queued.remove(q)
+            self.never_ran(q.turn_id, why)
+        self.host.save()
+
+    def never_ran(self, turn_id: str, why: str) -> None:
+        self.host.emit(ev.TurnFinished(turn_id=turn_id, outcome="interrupted", error=why))
+
+    async def _work(self) -> None:
+        h, meta = self.host, self.host.meta
+        while meta.queued and not h.closed and not h.stopping():
+            q = meta.queued.pop(0)
+            self.running = meta.running_turn = q.turn_id
+            h.save()
+            began = False
+            try:
+                async with h.turn_slots:
+                    session = await h.wake()
+                    if h.closed or h.stopping():
+                        self.never_ran(q.turn_id, "the daemon stopped before this turn began")
+                        return
+                    began = True
+                    result = await session.prompt(q.text, q.turn_id)
+                if late := "\n\n".join(session.take_steering()):  # steering that came too late for its turn
+                    if result.outcome == "interrupted":  # the user stopped the turn: do not start another
+                        h.emit(ev.Note(turn_id=q.turn_id, text=f"not delivered (the turn was interrupted): {late}"))
+                    else:
+                        self.send(late, "prompt")
+            except asyncio.CancelledError:
+                if not began:
+                    self.never_ran(q.turn_id, self.cancelled_because)
+                if h.closed or h.stopping():
+                    raise
+                if meta.queued:  # an interrupt of a waiting turn: the queue goes on
+                    self.worker = asyncio.create_task(self._work())
+                return
+            except Refused as e:
+                self.never_ran(q.turn_id, e.message)
+            except Exception as e:  # the session could not wake (kernel, config): this turn fails, not the daemon
+                log.exception("session %s: turn %s could not run", h.id, q.turn_id)
+                self.never_ran(q.turn_id, f"the session could not start: {type(e).__name__}: {e}")
+            finally:
+                self.running = None
+                h.last_active = time.monotonic()
+                if meta.running_turn == q.turn_id:
+                    meta.running_turn = None
+                    h.save()
+
+    async def stop(self, why: str, timeout: float) -> None:
+        """Drop what is queued, interrupt what runs, and wait (up to `timeout`) for it to be recorded."""
+        if self.host.meta.queued:
+            self.drop(self.host.meta.queued, why)
+        worker = self.worker
+        if worker is None or worker.done():
+            return
+        session = self.host.session
+        if session is not None and session.turn is not None:
+            await session.interrupt()
+        else:  # waiting for a turn slot, or waking
+            self.cancelled_because = why
+            worker.cancel()
+        await asyncio.wait([worker], timeout=timeout)
+        if not worker.done():
+            worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
