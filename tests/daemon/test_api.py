@@ -256,3 +256,17 @@ async def test_a_session_takes_its_own_config_and_an_idle_one_can_be_put_to_slee
         await daemon.sleep(s.id)
     assert e.value.status == 409
     await daemon.interrupt(s.id)
+
+
+async def test_the_spec_describes_every_event_the_stream_carries(daemon: Client, project: Path, model_server):
+    spec = (await daemon._http.get("/openapi.json")).json()
+    schemas = spec["components"]["schemas"]
+    stream = spec["paths"]["/v1/sessions/{session_id}/events"]["get"]["responses"]["200"]["content"]
+    assert stream["text/event-stream"]["schema"] == {"$ref": "#/components/schemas/Event"}
+    types = {ref["$ref"].rsplit("/", 1)[1]: schemas[ref["$ref"].rsplit("/", 1)[1]]["properties"]["type"]["const"]
+             for ref in schemas["Event"]["oneOf"]}
+    assert types["CellFinished"] == "cell.finished" and types["TurnFinished"] == "turn.finished"
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    await daemon.send(s.id, "run: print(1)")
+    seen = {e.type for e in await collect(daemon, s.id, "t1")}
+    assert seen <= set(types.values()) and {"cell.finished", "turn.finished"} <= seen
