@@ -56,9 +56,14 @@ async def follow(client: Client, session_id: str, turn_id: str, after: int | Non
         return EXIT_CODES["interrupted"]
     finally:
         loop.remove_signal_handler(signal.SIGINT)
-    if finished.outcome == "completed":
+    return report(finished.outcome, finished.answer, finished.error, print_answer)
+
+
+def report(outcome: str, answer: str | None, error: str | None, print_answer: bool) -> int:
+    """A finished turn: its answer on stdout (when asked), or what ended it on stderr; its exit code."""
+    if outcome == "completed":
         if print_answer:
-            print(finished.answer)
+            print(answer)
     else:
-        print(f"prime-agent: turn {finished.outcome}: {finished.error}", file=sys.stderr)
-    return EXIT_CODES[finished.outcome]
+        print(f"prime-agent: turn {outcome}: {error}", file=sys.stderr)
+    return EXIT_CODES[outcome]

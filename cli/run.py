@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from agent.config import Config, ConfigError, load_config, merge, parse_override
-from cli.follow import EXIT_CODES, follow, on_ctrl_c
+from cli.follow import EXIT_CODES, follow, on_ctrl_c, report
 from cli.show import Printer, print_json
 
 EXIT_CONFIG = 2
@@ -129,10 +129,6 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
         await session.close()
         await model.close()
         loop.remove_signal_handler(signal.SIGINT)
-    if result.outcome == "completed":
-        if print_answer:
-            print(result.answer)
-    else:
-        print(f"prime-agent: turn {result.outcome}: {result.error}", file=sys.stderr)
+    code = report(result.outcome, result.answer, result.error, print_answer)
     print(f"[session {session.id}: {session.dir}]", file=sys.stderr)
-    return EXIT_CODES[result.outcome]
+    return code
