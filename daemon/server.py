@@ -5,7 +5,9 @@ optionally, TCP with a bearer token.
 
 SIGTERM (or SIGINT) drains: running turns are interrupted and recorded, queued ones are dropped
 (and said so), event streams end, kernels stop; then the process exits. A second daemon for the
-same home refuses to start (an flock on `run/daemon.lock`).
+same home refuses to start (an flock on `run/daemon.lock`). A daemon whose lock file or socket is
+gone, or is another file (its home deleted, moved or replaced), drains the same way within a few
+seconds: no client could reach it any more, and a second daemon may already serve that home.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
 import uvicorn
 
@@ -27,6 +30,9 @@ from daemon.manager import GateFactory, SessionManager
 from daemon.paths import lock_file, pid_file, socket_file, token
 
 log = logging.getLogger(__name__)
+
+WATCH_EVERY = 1.0
+"""Seconds between two checks that the daemon's lock file and socket are still its own."""
 
 
 class AlreadyRunning(RuntimeError):
@@ -53,16 +59,22 @@ async def serve(tcp: str | None = None, config: Config | None = None, stop: asyn
                 gate_factory: GateFactory | None = None) -> None:
     """Run the daemon until `stop` is set or a signal arrives. `on_ready` gets where it listens;
     `gate_factory` gives each session its regression gate (see daemon.manager.GateFactory)."""
-    lock = _lock()
+    lock_path = lock_file()
+    lock = _lock(lock_path)
+    # The files this daemon made, as (st_dev, st_ino): watched while it runs, removed at exit only
+    # if they are still these (a second daemon may serve a new home at the same path by then).
+    ours: dict[Path, tuple[int, int]] = {lock_path: _identity(os.fstat(lock))}
     config = config or load_config(home())
     stop = stop or asyncio.Event()
     manager = SessionManager(config, home(), gate_factory)
     sockets: list[socket.socket] = []
+    watchdog: asyncio.Task | None = None
     try:
         await manager.start()
         path = socket_file()
         unix = _unix_socket(str(path))
         sockets.append(unix)
+        ours[path] = _identity(os.stat(path))
         tcp_address = None
         if tcp:
             host, port = parse_tcp(tcp)
@@ -84,7 +96,10 @@ async def serve(tcp: str | None = None, config: Config | None = None, stop: asyn
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
-        pid_file().write_text(str(os.getpid()))  # written last: its presence means the daemon is up
+        pid_path = pid_file()
+        pid_path.write_text(str(os.getpid()))  # written last: its presence means the daemon is up
+        ours[pid_path] = _identity(os.stat(pid_path))
+        watchdog = asyncio.create_task(_watch({p: ours[p] for p in (lock_path, path)}, stop))
         ready = {"pid": os.getpid(), "socket": str(path), "tcp": tcp_address}
         log.info("daemon ready: %s", ready)
         if on_ready:
@@ -101,12 +116,15 @@ async def serve(tcp: str | None = None, config: Config | None = None, stop: asyn
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
     finally:
+        if watchdog is not None:
+            watchdog.cancel()
         if not manager.stopping:
             await manager.stop(0)
         for sock in sockets:
             sock.close()
-        pid_file().unlink(missing_ok=True)
-        socket_file().unlink(missing_ok=True)
+        for file, identity in ours.items():
+            if file != lock_path:
+                _unlink_if(file, identity)
         os.close(lock)
 
 
@@ -129,8 +147,36 @@ def _unix_socket(path: str) -> socket.socket:
     return sock
 
 
-def _lock() -> int:
-    fd = os.open(lock_file(), os.O_RDWR | os.O_CREAT, 0o600)
+async def _watch(files: dict[Path, tuple[int, int]], stop: asyncio.Event) -> None:
+    """Set `stop` once one of `files` is gone or is another file than the one recorded."""
+    while not stop.is_set():
+        await asyncio.sleep(WATCH_EVERY)
+        for file, identity in files.items():
+            try:
+                now = _identity(os.stat(file))
+            except OSError:  # FileNotFoundError, or NotADirectoryError: a file where its directory was
+                now = None
+            if now != identity:
+                log.warning("daemon stopping: %s %s; no client can reach this daemon any more",
+                            file, "is gone" if now is None else "was replaced")
+                stop.set()
+                return
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _unlink_if(file: Path, identity: tuple[int, int]) -> None:
+    """Remove `file` if it is still the one recorded. (One replaced between the check and the unlink
+    would still go, as there is no unlink by inode; that window is microseconds wide.)"""
+    with contextlib.suppress(OSError):
+        if _identity(os.stat(file)) == identity:
+            file.unlink()
+
+
+def _lock(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
