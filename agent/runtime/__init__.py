@@ -15,6 +15,7 @@ import tempfile
 from agent.runtime.bridge import Host, HostError
 from agent.runtime.files import edit, glob, grep, read, write
 from agent.runtime.harness import Harness, install_skill_finder
+from agent.runtime.streams import guard_streams
 from agent.runtime.subagents import LLM, RLM, AgentMessage, SubagentError
 
 class Refine:
@@ -70,6 +71,7 @@ def bootstrap(namespace: dict) -> None:
     os.environ.update(NO_COLOR="1", TERM="dumb", PAGER="cat", GIT_PAGER="cat")
     install_skill_finder([d for d in os.environ.get(ENV_SKILLS, "").split(os.pathsep) if d])
     _interruptible_async_cells()
+    guard_streams()  # a cell that closes sys.stdout (or fd 1) does not leave the kernel mute
 
     def final(answer) -> None:
         """End the turn with `answer` (converted to text) as the final answer."""
