@@ -154,8 +154,7 @@ def test_a_daemon_whose_home_is_replaced_leaves_the_new_daemon_alone(prime_home:
         _stop(first)
 
 
-@pytest.mark.slow
-def test_deleting_only_the_run_directory_stops_the_daemon(prime_home: Path, project: Path, model_server):
+def test_deleting_only_the_run_directory_stops_the_daemon(prime_home: Path):
     """Its lock and socket are gone, so nothing can find it: it stops rather than live on unseen."""
     first = _start_daemon()
     try:
