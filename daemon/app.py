@@ -288,10 +288,7 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
                           n: Annotated[int, Query(ge=1, le=1000)] = 20,
                           session: str | None = None, project: str | None = None) -> list[dict[str, Any]]:
         with harness_for(session, project) as harness:
-            store = _scope(harness, scope)
-            if not (store.root / ".git").is_dir():
-                return []
-            return [_change(c) for c in await asyncio.to_thread(store.log, n)]
+            return [_change(c) for c in await asyncio.to_thread(_scope(harness, scope).log, n)]
 
     @app.get("/v1/harness/diff", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
     async def harness_diff(scope: Annotated[str, Query(pattern="^(user|project|session)$")] = "user",

@@ -4,6 +4,10 @@ Changes are atomic (all of a change's edits land in one commit, or none), serial
 file shared across processes, and checked optimistically: an edit planned against a version of
 an entry that has since changed is refused with `Conflict`. History is never rewritten;
 rollbacks are new commits.
+
+A scope's repository (its folder, too) is created by the first write, never by a read: listing,
+showing, a log, a diff or the version of a scope that nothing has been written to yet finds it
+empty and leaves the disk as it was (a project is not littered by looking at its harness).
 """
 
 from __future__ import annotations
@@ -103,10 +107,20 @@ class HarnessStore:
 
     @property
     def repo(self) -> git.Repo:
-        """The scope's repository, created (with a first commit) on first use."""
+        """The scope's repository, created (with a first commit) if it has none: for writes only."""
         if self._repo is None:
             if not (self.root / ".git").is_dir():
                 self._init()
+            self._repo = git.Repo(self.root)
+        return self._repo
+
+    def exists(self) -> bool:
+        """Whether the scope has its repository (something was written to it)."""
+        return (self.root / ".git").is_dir()
+
+    def _existing(self) -> git.Repo | None:
+        """The scope's repository for a read: None (and nothing created) if it has none yet."""
+        if self._repo is None and self.exists():
             self._repo = git.Repo(self.root)
         return self._repo
 
@@ -143,7 +157,10 @@ class HarnessStore:
                     os.close(self._fd)
 
     def _git(self, *args: str) -> str:
-        """Run git in the scope (plain subprocess: gitpython's wrapper costs ~1 ms a call)."""
+        """Run git in the scope (plain subprocess: gitpython's wrapper costs ~1 ms a call); only
+        in its own repository, never in one around it (a project's, for the project scope)."""
+        if not self.exists():
+            raise HarnessError(f"the {self.scope} scope has no repository yet ({self.root})")
         done = subprocess.run(["git", *args], cwd=self.root, capture_output=True, text=True)
         if done.returncode != 0:
             raise HarnessError(f"git {args[-1] if args else ''} failed in {self.root}: {done.stderr.strip()}")
@@ -154,9 +171,10 @@ class HarnessStore:
         out = self._git("status", "--porcelain", "-z", "--untracked-files=all", "--no-renames")
         return {item[3:] for item in out.split("\0") if len(item) > 3}
 
-    def head(self) -> str:
-        """The commit the scope is at (its harness version)."""
-        return self.repo.head.commit.hexsha
+    def head(self) -> str | None:
+        """The commit the scope is at (its harness version); None before anything was written to it."""
+        repo = self._existing()
+        return repo.head.commit.hexsha if repo is not None else None
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -230,20 +248,27 @@ class HarnessStore:
         """Validate every edit, then land them all in one commit; nothing is written on refusal."""
         if not edits:
             raise InvalidEntry("a change needs at least one edit")
+        if not self.exists():
+            self._planned(edits, source)  # a refused first change creates no scope, not even its folder
         with self._lock():
             self.repo  # noqa: B018 - the scope's repository exists from here on
             self._commit_user_edits()  # a person's unsaved-to-git edit lands in history before ours
-            writes: dict[str, Write] = {}
-            touched: list[str] = []
-            for e in edits:
-                if e.id in touched:
-                    raise InvalidEntry(f"entry {e.id!r} is edited twice in one change")
-                touched.append(e.id)
-                writes.update(self._plan(e, source))
-            _check_layout(writes)
+            writes, touched = self._planned(edits, source)
             rid = refinement_id or new_refinement_id()
             trailers = {"Refinement-Id": rid, "Trigger": trigger, "Session": session, "Evidence": evidence}
             return self._land(writes, summary, trailers, touched)
+
+    def _planned(self, edits: list[Edit], source: Source) -> tuple[dict[str, Write], list[str]]:
+        """The writes of a change and the entries it touches; raises what makes it refused."""
+        writes: dict[str, Write] = {}
+        touched: list[str] = []
+        for e in edits:
+            if e.id in touched:
+                raise InvalidEntry(f"entry {e.id!r} is edited twice in one change")
+            touched.append(e.id)
+            writes.update(self._plan(e, source))
+        _check_layout(writes)
+        return writes, touched
 
     def dry_run(self, edit: Edit) -> None:
         """Raise what `apply` would raise for this edit alone; write nothing."""
@@ -301,7 +326,7 @@ class HarnessStore:
 
     def _files_under(self, folder: str) -> list[str]:
         """The committed files of a skill folder (never a person's untracked files or caches)."""
-        if not (self.root / folder).is_dir():
+        if not self.exists() or not (self.root / folder).is_dir():
             return []
         return sorted(p for p in self._git("ls-files", "-z", "--", folder).split("\0") if p)
 
@@ -354,9 +379,11 @@ class HarnessStore:
     # --- history -------------------------------------------------------------------------------
 
     def log(self, limit: int | None = None) -> list[Change]:
-        """Changes, newest first."""
-        out = []
-        repo = self.repo
+        """Changes, newest first (none before anything was written to the scope)."""
+        out: list[Change] = []
+        repo = self._existing()
+        if repo is None:
+            return out
         with self._lock():
             commits = list(repo.iter_commits(max_count=limit))
             stats = [c.stats.files for c in commits]
@@ -371,7 +398,9 @@ class HarnessStore:
 
     def resolve(self, ref: str) -> git.Commit:
         """A commit from a refinement id, a commit id (or prefix), or a git revision such as HEAD~2."""
-        repo = self.repo
+        repo = self._existing()
+        if repo is None:
+            raise NotFound(f"no change {ref!r} in the {self.scope} scope: it has no history yet")
         for c in repo.iter_commits():
             if _trailers(c.message).get("Refinement-Id") == ref:
                 return c
@@ -381,8 +410,12 @@ class HarnessStore:
             raise NotFound(f"no change {ref!r} in the {self.scope} scope (give a refinement id or a commit)") from None
 
     def diff(self, a: str | None = None, b: str | None = None) -> str:
-        """Unified diff from `a` to `b` (default: the last change alone)."""
-        repo = self.repo
+        """Unified diff from `a` to `b` (default: the last change alone; '' before any change)."""
+        repo = self._existing()
+        if repo is None:
+            if a is not None:
+                self.resolve(a)  # raises NotFound
+            return ""
         with self._lock():
             if a is None:
                 head = repo.head.commit
@@ -391,6 +424,7 @@ class HarnessStore:
 
     def rollback(self, ref: str, *, session: str | None = None) -> Change:
         """Undo exactly the files one change touched (a new commit); later changes elsewhere stay."""
+        self.resolve(ref)  # a scope with no history has nothing to undo, and is not created for it
         with self._lock():
             target = self.resolve(ref)
             if not target.parents:
@@ -414,6 +448,7 @@ class HarnessStore:
 
     def rollback_to(self, ref: str, *, session: str | None = None) -> Change:
         """Restore the whole scope as it was at `ref` (a new commit)."""
+        self.resolve(ref)  # a scope with no history has nothing to restore, and is not created for it
         repo = self.repo
         with self._lock():
             target = self.resolve(ref)
@@ -438,7 +473,10 @@ class HarnessStore:
 
         Returns the change (None when nothing valid changed) and a message per refused file;
         refused files stay uncommitted, and the prompt view keeps the last committed version.
+        A scope with no repository and no files stays as it is (nothing to commit).
         """
+        if not self.exists() and not (self.root.is_dir() and any(p.is_file() for p in self.root.rglob("*"))):
+            return None, []
         with self._lock():
             self.repo  # noqa: B018 - the scope's repository exists from here on
             return self._commit_user_edits()

@@ -54,8 +54,8 @@ class HarnessView:
         raise NotFound(f"no harness entry {entry_id!r} in any scope")
 
     def version(self) -> str:
-        """The harness version in force: each scope's commit."""
-        return " ".join(f"{s.scope}@{s.head()[:12]}" for s in self.stores if (s.root / ".git").is_dir())
+        """The harness version in force: each scope's commit (a scope nothing was written to has none)."""
+        return " ".join(f"{s.scope}@{head[:12]}" for s in self.stores if (head := s.head()) is not None)
 
     def render(self) -> str:
         """The harness section of the system prompt ('' when the harness is empty)."""

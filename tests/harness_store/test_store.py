@@ -84,6 +84,10 @@ def test_a_change_of_several_entries_is_one_commit_or_nothing(store: HarnessStor
     ],
 )
 def test_refusals_write_nothing(store: HarnessStore, edit: Edit, error: type, message: str):
+    with pytest.raises(error, match=message):  # the scope's first change: refused, it creates no scope
+        store.apply([edit], summary="bad", trigger="test", source="agent")
+    assert not store.root.exists()
+    create(store, "other")
     head = store.head()
     with pytest.raises(error, match=message):
         store.apply([edit], summary="bad", trigger="test", source="agent")
