@@ -6,6 +6,7 @@ Order, later wins: defaults < $PRIME_AGENT_HOME/config.toml < <project>/.prime-a
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from pathlib import Path
@@ -16,12 +17,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agent.types import Budget
 
 
+MAX_DEPTH = 32
+"""How deeply a config value may nest (tables and arrays, counted from the top): bounded, so
+nothing that walks a config (validation, a deep copy, a JSON encoder) can run out of stack."""
+
+
 class ConfigError(Exception):
     """A configuration source is invalid; the message names the source and the field."""
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    """Every section: no unknown fields, and no NaN or infinity (JSON, in which session.json and
+    requests are written, has neither; a timeout of NaN would silently never fire)."""
 
 
 class ModelConfig(_Section):
@@ -174,19 +182,25 @@ def project_root(cwd: Path) -> Path:
     return cwd
 
 
-def load_config(cwd: Path, overrides: dict[str, Any] | None = None) -> Config:
-    """Merge every source for a session in `cwd`; raise ConfigError naming the bad source and field."""
+def load_config(cwd: Path, overrides: dict[str, Any] | None = None, source: str = "command line") -> Config:
+    """Merge every source for a session in `cwd`; raise ConfigError naming the bad source and field.
+
+    `source` names the overrides in messages (the command line's, or a request's)."""
     merged: dict[str, Any] = {}
-    for path in (home() / "config.toml", project_root(cwd) / ".prime-agent" / "config.toml"):
-        if path.is_file():
-            merge(merged, _validated(_read_toml(path), str(path)))
+    try:
+        files = [home() / "config.toml", project_root(cwd) / ".prime-agent" / "config.toml"]
+        files = [path for path in files if path.is_file()]
+    except OSError as e:
+        raise ConfigError(f"{shorten(e.filename or cwd)}: {e.strerror}") from None
+    for path in files:
+        merge(merged, _validated(_read_toml(path), str(path)))
     env: dict[str, Any] = {}
     for var, (section, key) in ENV_VARS.items():
         if os.environ.get(var):
             env.setdefault(section, {})[key] = os.environ[var]
     merge(merged, env)
     if overrides:
-        merge(merged, _validated(overrides, "command line"))
+        merge(merged, _validated(overrides, source))
     return _parse(merged, "configuration")
 
 
@@ -199,6 +213,8 @@ def parse_override(text: str) -> dict[str, Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
+    except RecursionError:
+        raise ConfigError(f"override {key.strip()!r}: nested deeper than {MAX_DEPTH} levels") from None
     out: dict[str, Any] = {}
     node = out
     *parents, leaf = key.strip().split(".")
@@ -213,6 +229,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read: {getattr(e, 'strerror', None) or e}") from None
 
 
 def _validated(data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -221,10 +241,42 @@ def _validated(data: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def _parse(data: dict[str, Any], source: str) -> Config:
+    check_values(data, source)
     try:
         return Config.model_validate(data)
     except ValidationError as e:
         raise ConfigError(f"{source}: {describe(e)}") from None
+
+
+def check_values(data: Any, source: str) -> None:
+    """Refuse, naming the field, what no config may hold wherever it comes from (a file, an
+    override, a request): a value nested deeper than MAX_DEPTH, and a number that is not finite.
+
+    Checked on the raw data, before anything recurses into it (this walk does not recurse), and
+    on every value: free-form ones such as `model.extra_body` too, which no section's
+    `allow_inf_nan=False` reaches. TOML and Python's json both read `nan` and `inf`; JSON cannot
+    write them (pydantic writes null), so a session keeping one could not be loaded again."""
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{source}: field {_dotted(path)}: Input should be a finite number, not {value}")
+        if isinstance(value, dict | list) and value:
+            if len(path) >= MAX_DEPTH:
+                raise ConfigError(f"{source}: field {_dotted(path)}...: nested deeper than {MAX_DEPTH} levels")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            stack.extend(((*path, k), v) for k, v in items)
+
+
+def _dotted(path: tuple[Any, ...]) -> str:
+    return shorten(".".join(str(p) for p in path), 200)
+
+
+def shorten(text: Any, limit: int = 80) -> str:
+    """A name or path as a message shows it: cut in the middle past `limit` characters (a
+    request's 5,000-character path is not echoed whole)."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-(limit // 2):]} ({len(text):,} characters)"
 
 
 def describe(e: ValidationError) -> str:

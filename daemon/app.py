@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import logging
 import os
@@ -23,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from agent.config import home, project_root
+from agent.config import home, project_root, shorten
 from agent.events import EVENTS
 from agent.harness import SessionHarness, scope_roots
 from agent.layout import SessionLayout
@@ -249,7 +250,8 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
     @contextlib.contextmanager
     def harness_for(session_id: str | None, project: str | None) -> Iterator[SessionHarness]:
         """The harness a session sees (its own, when live), or the user's and a project's; one
-        opened here is closed on leaving."""
+        opened here is closed on leaving. A project path the file system refuses (too long, a
+        loop) is the request's problem (400), whether found checking it or reading under it."""
         if session_id is not None:
             managed = manager.get(session_id)
             if managed.session is not None:
@@ -258,11 +260,18 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
             cwd, session_dir = Path(managed.meta.cwd), managed.layout.dir
         else:
             cwd, session_dir = Path(project or home()), None
-        if project is not None and not Path(project).is_dir():
-            raise Refused("bad_project", f"project {project!r} is not a directory")
-        harness = SessionHarness(scope_roots(home(), project_root(cwd), session_dir), session_id)
+        try:
+            if project is not None and not Path(project).is_dir():
+                raise Refused("bad_project", f"project {shorten(project)!r} is not a directory")
+            harness = SessionHarness(scope_roots(home(), project_root(cwd), session_dir), session_id)
+        except OSError as e:
+            raise Refused("bad_project", f"project {shorten(str(project or cwd))!r}: {e.strerror or e}") from None
         try:
             yield harness
+        except OSError as e:
+            if e.errno not in _BAD_PATH:
+                raise
+            raise Refused("bad_project", f"{shorten(str(e.filename or project or cwd))!r}: {e.strerror}") from None
         finally:
             harness.close()
 
@@ -355,6 +364,10 @@ def _scope(harness: SessionHarness, scope: str):
         return harness.store(scope)
     except ValueError as e:
         raise Refused("bad_scope", str(e)) from None
+
+
+_BAD_PATH = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR}
+"""Errors of a path's shape, not of the disk: a request naming such a path gets a 400."""
 
 
 def _change(c) -> dict[str, Any]:

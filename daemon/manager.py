@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import logging
 import shutil
 import time
@@ -13,9 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
-from agent.config import Config, ConfigError, load_config
+from agent.config import MAX_DEPTH, Config, ConfigError, check_values, load_config, shorten
 from agent.kernel import KernelPool
 from agent.layout import SessionLayout, session_layouts
 from agent.refine import Gate
@@ -141,14 +143,36 @@ class SessionManager:
 
 
 def validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:
-    """A create request's directory, its config overrides (as `session.json` keeps them) and the config."""
+    """A create request's directory, its config overrides (as `session.json` keeps them) and the config.
+
+    Anything wrong with the request is a `Refused` (a 4xx), raised before anything is written:
+    a path the file system cannot check is the path's problem, and no error of the checking
+    itself (a RecursionError, an OSError) escapes as a 500."""
+    try:
+        return _validate(req)
+    except RecursionError:
+        raise Refused("bad_config", f"the request is nested too deeply to check (at most {MAX_DEPTH} levels)") from None
+    except OSError as e:
+        raise Refused("bad_config", f"the request could not be checked: {shorten(e.filename or '')}: "
+                      f"{e.strerror or e}") from None
+
+
+def _validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:
     cwd = Path(req.cwd)
     if not cwd.is_absolute():
-        raise Refused("bad_cwd", f"cwd must be an absolute path, not {req.cwd!r}")
-    if not cwd.is_dir():
-        raise Refused("bad_cwd", f"cwd {req.cwd!r} is not a directory")
+        raise Refused("bad_cwd", f"cwd must be an absolute path, not {shorten(req.cwd)!r}")
+    try:
+        is_dir = cwd.is_dir()
+    except OSError as e:
+        raise Refused("bad_cwd", f"cwd {shorten(req.cwd)!r}: {e.strerror or e}") from None
+    if not is_dir:
+        raise Refused("bad_cwd", f"cwd {shorten(req.cwd)!r} is not a directory")
     if req.config and "daemon" in req.config:
         raise Refused("bad_config", "[daemon] settings are the daemon's own, not a session's")
+    try:
+        check_values(req.config or {}, "config")  # before the deep copy below, or anything else that recurses
+    except ConfigError as e:
+        raise Refused("bad_config", str(e)) from None
     overrides: dict[str, Any] = copy.deepcopy(req.config or {})
     model = overrides.setdefault("model", {})
     if not isinstance(model, dict):
@@ -160,13 +184,31 @@ def validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:
     if req.budget is not None:
         overrides["budget"] = req.budget.model_dump(exclude_unset=True)
     try:
-        config = load_config(cwd, overrides)
+        config = load_config(cwd, overrides, source="config")
+        if load_config(cwd, _as_saved(overrides), source="config") != config:
+            raise Refused("bad_config", "the config would not load back the same from session.json")
     except ConfigError as e:
         raise Refused("bad_config", str(e)) from None
     if not config.model.configured:
         raise Refused("no_model", "no model configured: pass `model` and `base_url`, or set them in the daemon's "
                       "environment (PRIME_AGENT_MODEL, OPENAI_BASE_URL, OPENAI_API_KEY) or config.toml")
     return cwd, overrides, config
+
+
+_SAVED_OVERRIDES = TypeAdapter(dict[str, Any])
+"""`SessionMeta.overrides`, written as session.json writes it (pydantic's JSON encoder)."""
+
+
+def _as_saved(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The overrides as a restarted daemon reads them from session.json; refused unless the same."""
+    try:
+        saved = json.loads(_SAVED_OVERRIDES.dump_json(overrides))
+    except (PydanticSerializationError, ValueError) as e:
+        raise Refused("bad_config", f"the config cannot be saved in session.json: {e}") from None
+    if saved != overrides:
+        raise Refused("bad_config", "the config would not read back the same from session.json "
+                      "(JSON has no NaN or infinity)")
+    return saved
 
 
 def _configured_base_url(cwd: Path) -> str | None:

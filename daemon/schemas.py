@@ -14,7 +14,7 @@ SessionState = Literal["idle", "queued", "running", "dormant"]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class CreateSession(_Body):

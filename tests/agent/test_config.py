@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import typing
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, ValidationError
 
-from agent.config import ConfigError, load_config, parse_override
+from agent.config import Config, ConfigError, load_config, parse_override
+from agent.types import Budget
 
 
 def test_sources_apply_in_order(prime_home: Path, project: Path, monkeypatch: pytest.MonkeyPatch):
@@ -51,3 +55,68 @@ def test_overrides_parse_toml_values_or_fall_back_to_strings():
         parse_override("model.name")
     with pytest.raises(ConfigError, match="command line: field budget.max_steps"):
         load_config(Path("."), parse_override("budget.max_steps=many"))
+
+
+def _sections(model: type[BaseModel]) -> set[type[BaseModel]]:
+    """Every model a config is made of, `model` included."""
+    out = {model}
+    for field in model.model_fields.values():
+        for t in (field.annotation, *typing.get_args(field.annotation)):
+            if isinstance(t, type) and issubclass(t, BaseModel) and t not in out:
+                out |= _sections(t)
+    return out
+
+
+def test_every_config_section_refuses_nan_and_infinity():
+    sections = _sections(Config)
+    assert len(sections) == 8 and Budget in sections
+    # Budget is agent.types' (the loop's own type): the raw-value check refuses its NaN (below).
+    assert [m for m in sections - {Budget} if m.model_config.get("allow_inf_nan") is not False] == []
+    for bad in ({"kernel": {"cell_timeout": float("nan")}}, {"model": {"temperature": float("inf")}}):
+        with pytest.raises(ValidationError, match="finite number"):
+            Config.model_validate(bad)
+
+
+@pytest.mark.parametrize("text, field", [
+    ("[kernel]\ncell_timeout = nan\n", "kernel.cell_timeout"),
+    ("[model]\ntemperature = -inf\n", "model.temperature"),
+    ("[budget]\nmax_seconds = inf\n", "budget.max_seconds"),  # Budget is agent.types', reached all the same
+    ("[model.extra_body]\nstop = [1.0, nan]\n", "model.extra_body.stop.1"),
+])
+def test_non_finite_numbers_are_refused_in_every_source(prime_home: Path, project: Path, text: str, field: str):
+    prime_home.mkdir()
+    config = prime_home / "config.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^{config}: field {re.escape(field)}: Input should be a finite number"):
+        load_config(project)
+    config.unlink()
+    section, _, key = field.partition(".")
+    override = f"{section}.{key.split('.')[0]}={'nan' if 'nan' in text else 'inf'}"
+    with pytest.raises(ConfigError, match=r"^command line: field .*finite number"):
+        load_config(project, parse_override(override))
+
+
+def test_values_nested_too_deep_are_refused_before_validation(prime_home: Path, project: Path):
+    deep: dict = {"x": 1}
+    for _ in range(5000):  # far past the interpreter's recursion limit
+        deep = {"a": deep}
+    with pytest.raises(ConfigError, match=r"^req: field model\.extra_body\.a\.a.*\.\.\.: nested deeper than 32 levels"):
+        load_config(project, {"model": {"extra_body": deep}}, source="req")
+    prime_home.mkdir()
+    (prime_home / "config.toml").write_text("[model]\nextra_body = " + "{a = " * 2000 + "1" + "}" * 2000 + "\n")
+    with pytest.raises(ConfigError, match="config.toml: nested deeper than 32 levels"):
+        load_config(project)
+    with pytest.raises(ConfigError, match="nested deeper than 32 levels"):
+        parse_override("model.extra_body=" + "[" * 2000 + "]" * 2000)
+    (prime_home / "config.toml").write_text("[model]\nextra_body = " + "{a = " * 30 + "1" + "}" * 30 + "\n")
+    assert load_config(project).model.extra_body["a"]["a"]  # 32 levels in all: allowed
+
+
+def test_a_path_too_long_for_the_file_system_is_a_config_error(project: Path):
+    deep = project
+    while len(str(deep)) < 4080:
+        deep /= "d" * min(200, 4080 - len(str(deep)))
+    deep.mkdir(parents=True)
+    (deep / ".git").mkdir()  # its own project root, whose .prime-agent/config.toml cannot even be looked for
+    with pytest.raises(ConfigError, match=r"config.toml \(4,1\d\d characters\): File name too long"):
+        load_config(deep)
