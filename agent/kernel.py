@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import enum
 import logging
 import os
@@ -18,7 +17,6 @@ import queue
 import re
 import secrets
 import shutil
-import signal
 import sys
 import time
 from collections import deque
@@ -33,6 +31,7 @@ from jupyter_client.manager import _ShutdownStatus
 
 from agent.bridge import socket_path
 from agent.config import KernelConfig
+from agent.reaper import ProcessTree
 from agent.types import Attachment, Cell, CellResult
 
 OutputCallback = Callable[[str, str], None]
@@ -64,8 +63,24 @@ class KernelError(RuntimeError):
 
 
 class _Manager(AsyncKernelManager):
-    """Launch kernels with the running interpreter, never whatever kernel spec is installed; ask them
-    to shut down where ipykernel cannot hang on it."""
+    """Launch kernels with the running interpreter, never whatever kernel spec is installed, each in
+    a process tree of its own (agent/reaper.py: a cgroup where the host can make one, else its
+    process group and an environment variable); ask them to shut down where ipykernel cannot hang on it."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.tree = ProcessTree()
+        """Everything this manager's kernel starts: killed with it, or by the next daemon if the host dies."""
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+        await self.tree.kill()  # a restart: what the old kernel started (nothing at the first launch)
+        kw["env"] = self.tree.env(kw.get("env") or dict(os.environ))
+        self.tree.prepare()
+        try:
+            await super()._async_launch_kernel(kernel_cmd, **kw)
+        finally:
+            if self.provisioner is not None and self.provisioner.has_process:
+                self.tree.adopt(self.provisioner.process.pid)
 
     @property
     def kernel_spec(self) -> KernelSpec:
@@ -94,16 +109,13 @@ class _Manager(AsyncKernelManager):
 async def _shut_down(km: _Manager, wait: float) -> None:
     """Stop a kernel the way jupyter_client escalates: a shutdown request (the kernel exits and runs
     its atexit handlers), SIGTERM to its process group after `wait / 2` seconds, SIGKILL after
-    `wait`; `wait=0` kills at once. Then SIGKILL whatever is left in the group, such as a job `%%bash`
-    put in the background: nothing else stops it once the kernel has exited on its own."""
-    if not km.has_kernel:
-        return
-    group = km.provisioner.pgid  # the kernel's pid: it is launched as a process group leader
-    km.shutdown_wait_time = wait
-    await km.shutdown_kernel(now=wait == 0)
-    if group:
-        with contextlib.suppress(ProcessLookupError):  # the group is empty: the usual case
-            os.killpg(group, signal.SIGKILL)
+    `wait`; `wait=0` kills at once. Then SIGKILL whatever is left of its process tree: a job `%%bash`
+    put in the background, a child in a session of its own (`setsid`), a daemon it forked. Nothing
+    else stops them once the kernel has exited on its own."""
+    if km.has_kernel:
+        km.shutdown_wait_time = wait
+        await km.shutdown_kernel(now=wait == 0)
+    await km.tree.kill()
 
 
 class CappedText:

@@ -20,6 +20,7 @@ from pydantic_core import PydanticSerializationError
 from agent.config import MAX_DEPTH, Config, ConfigError, check_values, load_config, shorten
 from agent.kernel import KernelPool
 from agent.layout import SessionLayout, session_layouts
+from agent.reaper import reap_orphans
 from agent.refine import Gate
 from agent.session import Session, new_session_id
 from daemon import meta as meta_file
@@ -49,6 +50,7 @@ class SessionManager:
 
     async def start(self) -> None:
         """Load every session on disk (closing turns a crash cut) and fill the kernel pool."""
+        reap_orphans(self.root)  # what the kernels of a killed daemon (or `prime-agent run`) left running
         for stale in (self.root / "run" / "pool").glob("*"):  # a killed daemon's pooled kernels died with it
             shutil.rmtree(stale, ignore_errors=True)
         for layout in session_layouts(self.root, having="meta"):

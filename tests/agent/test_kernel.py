@@ -234,3 +234,103 @@ async def test_a_kernel_that_will_not_exit_is_killed_with_its_children(make_kern
     await k.shutdown()
     assert time.monotonic() - started < 2 + 10  # shutdown_wait, then SIGKILL: far short of the 60 s hang
     assert await gone(kernel_pid) and await gone(sleep_pid)
+
+
+# --- the kernel's descendants ------------------------------------------------------------------
+
+def spawn_tree(forks: int = 5, clean_env: bool = True, report: Path | None = None) -> str:
+    """A cell that starts what a model's code might leave running, and prints (and, with `report`,
+    writes to that file) the kernel's pid then every descendant's: `forks` forked children, a
+    `Popen` child, two in sessions of their own (`setsid`, `start_new_session`), a daemon (setsid,
+    fork, the parent exits: the grandchild is nobody's child) and, with `clean_env`, a setsid child
+    with an empty environment (only a cgroup still knows it is the kernel's)."""
+    target = str(report) if report else None
+    return f"""\
+import os, subprocess, time
+_kids = [subprocess.Popen(['sleep', '120']).pid,
+         subprocess.Popen(['setsid', 'sleep', '120']).pid,
+         subprocess.Popen(['sleep', '120'], start_new_session=True).pid]
+if {clean_env}:
+    _kids.append(subprocess.Popen(['/bin/sleep', '120'], start_new_session=True, env={{}}).pid)
+for _ in range({forks}):
+    _pid = os.fork()
+    if _pid == 0:
+        try:
+            time.sleep(120)
+        finally:
+            os._exit(0)
+    _kids.append(_pid)
+_r, _w = os.pipe()
+_pid = os.fork()
+if _pid == 0:
+    try:
+        os.setsid()
+        if os.fork() == 0:
+            os.write(_w, str(os.getpid()).encode())
+            time.sleep(120)
+    finally:
+        os._exit(0)
+os.close(_w)
+os.waitpid(_pid, 0)
+_kids.append(int(os.read(_r, 32)))
+os.close(_r)
+_line = ' '.join(map(str, [os.getpid(), *_kids]))
+if {target!r}:
+    open({target!r}, 'w').write(_line)
+print(_line)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.fixture(params=["cgroup", "no cgroup"])
+def tree_mode(request, monkeypatch) -> str:
+    """Both ways a kernel's descendants are tracked: a cgroup of its own (where this machine lets the
+    test make one), and without (its process group and the environment variable they inherit)."""
+    from agent import reaper
+
+    if request.param == "cgroup" and reaper.cgroup_base() is None:
+        pytest.skip("no writable cgroup v2 hierarchy here")
+    if request.param == "no cgroup":
+        monkeypatch.setattr(reaper, "cgroup_base", lambda: None)
+    return request.param
+
+
+async def test_shutdown_leaves_no_descendant_alive_not_even_a_setsid_one(make_kernel, tree_mode: str,
+                                                                         prime_home: Path):
+    k = await make_kernel()
+    pids = [int(p) for p in (await run(k, spawn_tree(clean_env=tree_mode == "cgroup"))).stdout.split()]
+    assert len(pids) == 1 + 4 + (tree_mode == "cgroup") + 5 and all(map(alive, pids))
+    cgroup = k._km.tree.cgroup
+    assert (cgroup is not None) == (tree_mode == "cgroup")
+    await k.shutdown()
+    assert [p for p in pids if not await gone(p)] == []
+    assert cgroup is None or not cgroup.exists()
+    assert list((prime_home / "run" / "kernels").iterdir()) == []  # its journal entry goes with it
+
+
+async def test_a_restart_kills_what_the_old_kernel_started(make_kernel, tree_mode: str):
+    k = await make_kernel()
+    pids = [int(p) for p in (await run(k, spawn_tree(forks=1, clean_env=False))).stdout.split()]
+    await k.restart()
+    assert [p for p in pids if not await gone(p)] == []
+    again = [int(p) for p in (await run(k, spawn_tree(forks=1, clean_env=False))).stdout.split()]
+    assert all(map(alive, again))  # the new kernel and its tree are tracked as the old one was
+    await k.shutdown()
+    assert [p for p in again if not await gone(p)] == []
+
+
+async def test_a_kernel_starts_and_its_tree_dies_with_it_when_the_journal_cannot_be_written(make_kernel,
+                                                                                           prime_home: Path):
+    (prime_home / "run").mkdir(parents=True)
+    (prime_home / "run" / "kernels").write_text("not a directory")  # as a full disk or a read-only home would
+    k = await make_kernel()
+    pids = [int(p) for p in (await run(k, spawn_tree(forks=1, clean_env=False))).stdout.split()]
+    await k.shutdown()
+    assert [p for p in pids if not await gone(p)] == []
