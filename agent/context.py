@@ -47,8 +47,8 @@ class Context:
         """How many times older context was folded into a summary (in this process)."""
 
     def append(self, message: Message, turn_id: str | None) -> None:
+        self._record(MessageRecord(turn_id=turn_id, message=message))  # first: a record that fails adds nothing
         self.messages.append(message)
-        self._record(MessageRecord(turn_id=turn_id, message=message))
 
     def begin_turn(self, prompt: Message, turn_id: str) -> None:
         self.turn_starts.append(len(self.messages))

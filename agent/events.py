@@ -17,14 +17,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from agent.types import CellResult, Outcome, ToolCall, Usage
+from agent.types import CellResult, Outcome, Text, ToolCall, Usage
 
 
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     seq: int = 0
-    """Increases by one per event within a session; set when the session emits the event."""
+    """Increases by one per event within a session; set when the session emits the event. A daemon
+    that cannot journal an event (a full disk) still sends it to live readers, with seq 0."""
     session_id: str = ""
     turn_id: str | None = None
     ts: float = Field(default_factory=time.time)
@@ -44,7 +45,7 @@ class SessionResumed(_Event):
     """The session was taken up in a new process from its trajectory: its kernel is new."""
 
     type: Literal["session.resumed"] = "session.resumed"
-    reason: str
+    reason: Text
     turns: int
 
 
@@ -52,14 +53,14 @@ class Note(_Event):
     """Something said to the user: `note(text)` from the kernel, or the daemon's own remark."""
 
     type: Literal["note"] = "note"
-    text: str
+    text: Text
 
 
 class Error(_Event):
     """A failure the session survived (the turn's own failures end it: see `TurnFinished.error`)."""
 
     type: Literal["error"] = "error"
-    message: str
+    message: Text
 
 
 class UsageCharged(_Event):
@@ -76,20 +77,20 @@ class UsageCharged(_Event):
 
 class TurnQueued(_Event):
     type: Literal["turn.queued"] = "turn.queued"
-    prompt: str
+    prompt: Text
     position: int
 
 
 class TurnStarted(_Event):
     type: Literal["turn.started"] = "turn.started"
-    prompt: str
+    prompt: Text
 
 
 class TurnFinished(_Event):
     type: Literal["turn.finished"] = "turn.finished"
     outcome: Outcome
-    answer: str | None = None
-    error: str | None = None
+    answer: Text | None = None
+    error: Text | None = None
     usage: Usage = Field(default_factory=Usage)
     duration: float = 0.0
     steps: int = 0
@@ -98,7 +99,7 @@ class TurnFinished(_Event):
 
 class SteerDelivered(_Event):
     type: Literal["steer.delivered"] = "steer.delivered"
-    text: str
+    text: Text
 
 
 class MessageDelivered(_Event):
@@ -106,13 +107,13 @@ class MessageDelivered(_Event):
 
     type: Literal["message.delivered"] = "message.delivered"
     sender: str
-    text: str
+    text: Text
 
 
 class Compaction(_Event):
     type: Literal["compaction"] = "compaction"
     folded_messages: int
-    summary: str
+    summary: Text
 
 
 # --- the model -----------------------------------------------------------------------------------
@@ -125,19 +126,19 @@ class ModelStarted(_Event):
 
 class ModelDelta(_Event):
     type: Literal["model.delta"] = "model.delta"
-    text: str
+    text: Text
 
 
 class ModelRetry(_Event):
     type: Literal["model.retry"] = "model.retry"
     attempt: int
     delay: float
-    reason: str
+    reason: Text
 
 
 class ModelCompleted(_Event):
     type: Literal["model.completed"] = "model.completed"
-    text: str
+    text: Text
     tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
 
@@ -148,14 +149,14 @@ class ModelCompleted(_Event):
 class CellStarted(_Event):
     type: Literal["cell.started"] = "cell.started"
     cell_id: str
-    code: str
+    code: Text
 
 
 class CellOutput(_Event):
     type: Literal["cell.output"] = "cell.output"
     cell_id: str
     stream: str
-    text: str
+    text: Text
 
 
 class CellFinished(_Event):
@@ -188,21 +189,21 @@ class RefinementProposed(_Event):
     type: Literal["refinement.proposed"] = "refinement.proposed"
     id: str
     trigger: str
-    summary: str
-    rationale: str
+    summary: Text
+    rationale: Text
     edits: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class Refused(BaseModel):
     id: str
-    reason: str
+    reason: Text
 
 
 class _RefinementDecided(_Event):
     id: str
-    summary: str
-    diff: str = ""
-    reason: str = ""
+    summary: Text
+    diff: Text = ""
+    reason: Text = ""
     scopes: list[str] = Field(default_factory=list)
     refused: list[Refused] = Field(default_factory=list)
 
@@ -228,7 +229,7 @@ class RefinementRejected(_RefinementDecided):
 class RefinementFailed(_Event):
     type: Literal["refinement.failed"] = "refinement.failed"
     trigger: str
-    reason: str
+    reason: Text
 
 
 class RefinementSkipped(_Event):
@@ -236,7 +237,7 @@ class RefinementSkipped(_Event):
 
     type: Literal["refinement.skipped"] = "refinement.skipped"
     trigger: str
-    rationale: str
+    rationale: Text
 
 
 class RefinementRolledBack(_Event):
@@ -264,8 +265,8 @@ class SubagentFinished(_Event):
     id: str
     name: str
     outcome: str
-    answer: str | None = None
-    error: str | None = None
+    answer: Text | None = None
+    error: Text | None = None
     usage: Usage = Field(default_factory=Usage)
 
 

@@ -20,7 +20,7 @@ from agent.context import Context, Inbox, Sinks
 from agent.kernel import Kernel, KernelError
 from agent.model import ContextOverflow, Model, ModelError, ModelTimeout, fenced_cells, parse_tool_arguments
 from agent.prompt import render
-from agent.trajectory import CellRecord, CompactionRecord, ModelCall
+from agent.trajectory import CellRecord, CompactionRecord, ModelCall, WriteFailed
 from agent.types import Cell, CellResult, Completion, Message, Outcome, ToolCall, Turn
 
 T = TypeVar("T")
@@ -67,6 +67,10 @@ class TurnLoop:
             return "timed_out", None, str(e)
         except (ModelError, KernelError) as e:
             return "error", None, str(e)
+        except WriteFailed as e:  # the disk is full, or the session's directory is gone: said, not a bug
+            error = f"the session's records could not be written, so the turn stops: {e}"
+            self.emit(ev.Error(turn_id=turn.id, message=error))
+            return "error", None, error
         except asyncio.CancelledError:
             if not isinstance(turn.stop, Interrupted):  # the session is being torn down: let it through
                 raise

@@ -37,6 +37,7 @@ from agent.trajectory import (
     TrajectoryWriter,
     TurnFinished,
     TurnStarted,
+    WriteFailed,
     contexts,
     turn_starts,
 )
@@ -99,6 +100,8 @@ class Session:
         self._resumed: str | None = None
         """Why this session was resumed from its trajectory, when it was."""
         self._seq = last_seq
+        self._reporting = False
+        """An event could not be recorded, and the error event saying so is being emitted."""
         self._trajectory: TrajectoryWriter | None = None
         self._task: asyncio.Task | None = None
         self._watcher: HarnessWatcher | None = None
@@ -249,12 +252,17 @@ class Session:
         if self.turn is not None:
             raise RuntimeError("a turn is already running in this session; steer it or wait")
         self._task = asyncio.current_task()
-        turn = self._begin_turn(text, turn_id)
+        self.turns += 1
+        turn = self.turn = Turn(id=turn_id or f"t{self.turns}", prompt=text)
         outcome: Outcome = "interrupted"
         answer = None
         error = "the session was closed during this turn"
         try:
+            self._begin_turn(turn)
             outcome, answer, error = await self.loop.run(turn)
+        except WriteFailed as e:  # the turn's beginning could not be recorded: it ends here, said so
+            outcome, error = "error", f"the session's records could not be written, so the turn stops: {e}"
+            self.emit(ev.Error(turn_id=turn.id, message=error))
         finally:
             self._task = None
             result = self._end_turn(turn, outcome, answer, error)
@@ -314,13 +322,26 @@ class Session:
     # --- record keeping (the sinks handed to the parts) ---------------------------------------
 
     def emit(self, event: ev.Event) -> None:
-        self._seq += 1
-        event.seq, event.session_id = self._seq, self.id
+        """Number the event and hand it to the listeners. One that cannot take it (the daemon's
+        journal on a full disk) must not break the session, nor leave a gap: the number is not used
+        up, and the failure is an error event of its own (if that fails too, the log has it)."""
+        event.seq, event.session_id = self._seq + 1, self.id
+        failed: Exception | None = None
         for listener in self.listeners:
             try:
                 listener(event)
-            except Exception:  # a client that cannot take events must not break the session
+            except Exception as e:
+                failed = e
                 log.exception("event listener failed on %s", event.type)
+        if failed is None:
+            self._seq = event.seq
+        elif not self._reporting:
+            self._reporting = True
+            try:
+                self.emit(ev.Error(turn_id=event.turn_id, message=f"a {event.type} event could not be recorded: "
+                                                                  f"{type(failed).__name__}: {failed}"))
+            finally:
+                self._reporting = False
 
     def record(self, record: Record) -> None:
         assert self._trajectory is not None, "session not started"
@@ -338,10 +359,8 @@ class Session:
     def _turn_id(self) -> str | None:
         return self.turn.id if self.turn else None
 
-    def _begin_turn(self, prompt: str, turn_id: str | None = None) -> Turn:
-        self.turns += 1
-        turn = Turn(id=turn_id or f"t{self.turns}", prompt=prompt)
-        self.turn = turn
+    def _begin_turn(self, turn: Turn) -> None:
+        prompt = turn.prompt
         self.record(TurnStarted(turn_id=turn.id, prompt=prompt))
         self.emit(ev.TurnStarted(turn_id=turn.id, prompt=prompt))
         try:
@@ -357,19 +376,22 @@ class Session:
         if last is not None and last.outcome != "completed":
             notes.insert(0, f"[Your previous turn ended early ({last.outcome}): {last.error}]")
         self.context.begin_turn(Message(role="user", content="\n\n".join([*notes, prompt])), turn.id)
-        return turn
 
     def _end_turn(self, turn: Turn, outcome: Outcome, answer: str | None, error: str | None) -> TurnResult:
+        """Close the turn, whatever else fails: the session is free for the next one."""
         result = TurnResult(
             turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
             duration=time.monotonic() - turn.started, steps=turn.steps, cells=turn.cells,
         )
-        self.record(TurnFinished(
-            turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
-            duration=result.duration, steps=turn.steps, cells=turn.cells,
-        ))
         self.turn = None
         self.last_result = result
+        try:
+            self.record(TurnFinished(
+                turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
+                duration=result.duration, steps=turn.steps, cells=turn.cells,
+            ))
+        except WriteFailed as e:  # a restart finds the turn open and closes it as cut short
+            self.emit(ev.Error(turn_id=turn.id, message=f"the end of this turn could not be recorded: {e}"))
         self.emit(ev.TurnFinished(turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
                                   duration=result.duration, steps=turn.steps, cells=turn.cells))
         # The turn boundary: a refinement planned meanwhile lands now, in force from the next call.
@@ -382,7 +404,10 @@ class Session:
             log.exception("refinement at the turn boundary failed")
             self.emit(ev.Error(turn_id=turn.id, message=f"a refinement could not be applied: {type(e).__name__}: {e}"))
         assert self._trajectory is not None
-        self._trajectory.sync()
+        try:
+            self._trajectory.sync()
+        except OSError as e:
+            self.emit(ev.Error(turn_id=turn.id, message=f"the trajectory could not be made durable: {e}"))
         return result
 
     # --- the harness -------------------------------------------------------------------------

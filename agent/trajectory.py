@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, TextIO
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -154,9 +154,54 @@ Record = Annotated[
 _adapter: TypeAdapter[Record] = TypeAdapter(Record)
 
 
-def open_append(path: Path) -> TextIO:
-    """Open a JSONL file for appending, first cutting a torn last line (a crash mid-write), so the
-    next record starts on a line of its own."""
+class WriteFailed(OSError):
+    """A line could not be appended (a full disk, a deleted directory); the file is as it was before."""
+
+
+class AppendFile:
+    """A JSONL file appended to a whole line at a time: a line that cannot be written whole (ENOSPC,
+    EIO) is cut back off, so a partial line is never followed by a whole one. Opening it first cuts
+    a torn last line a crash left."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        cut_torn_line(path)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._size = os.fstat(self._fd).st_size
+
+    def append(self, line: str) -> None:
+        """`line` (without its newline), written whole or not at all (then WriteFailed)."""
+        data = (line + "\n").encode("utf-8")
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+        except OSError as e:
+            try:
+                os.ftruncate(self._fd, self._size)
+            except OSError:
+                pass  # then the next open cuts the torn line
+            raise WriteFailed(e.errno, f"could not write to {self.path}: {e.strerror}") from e
+        self._size += written
+
+    def sync(self) -> None:
+        os.fsync(self._fd)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            try:
+                self.sync()
+            finally:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def cut_torn_line(path: Path) -> None:
+    """Cut a torn last line (a crash mid-write), so the next record starts on a line of its own."""
     if path.exists():
         with open(path, "rb+") as f:
             end = pos = f.seek(0, os.SEEK_END)
@@ -173,35 +218,33 @@ def open_append(path: Path) -> TextIO:
                 pos -= step
             else:
                 f.truncate(0)
-    return open(path, "a", encoding="utf-8")
 
 
 class TrajectoryWriter:
     def __init__(self, path: Path):
         self.path = path
-        self._file = open_append(path)
+        self._file = AppendFile(path)
 
     def append(self, record: _Record) -> None:
-        self._file.write(record.model_dump_json(exclude_none=True) + "\n")
-        self._file.flush()
+        """One record, flushed; WriteFailed (nothing of it written) when the disk refuses it."""
+        self._file.append(record.model_dump_json(exclude_none=True))
 
     def sync(self) -> None:
         """Make everything written so far durable (turn boundaries)."""
-        os.fsync(self._file.fileno())
+        self._file.sync()
 
     def close(self) -> None:
-        if not self._file.closed:
-            self.sync()
-            self._file.close()
+        self._file.close()
 
 
 class TrajectoryError(ValueError):
     pass
 
 
-def read_records(path: Path) -> list[Record]:
-    """All records of a trajectory; a torn final line is dropped, corruption elsewhere is an error."""
-    lines = path.read_text(encoding="utf-8").split("\n")
+def read_records(path: Path, damaged: list[str] | None = None) -> list[Record]:
+    """All records of a trajectory; a torn final line is dropped. A bad line elsewhere is an error,
+    or, with `damaged` (recovery: a session must still wake), skipped and described in it."""
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
     out: list[Record] = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -211,7 +254,11 @@ def read_records(path: Path) -> list[Record]:
         except ValueError as e:
             if n == len(lines):  # last line, no newline after it: a write cut short
                 break
-            raise TrajectoryError(f"{path}:{n}: not a trajectory record: {str(e)[:200]}") from None
+            problem = f"{path}:{n}: not a trajectory record: {str(e)[:200]}"
+            if damaged is None:
+                raise TrajectoryError(problem) from None
+            damaged.append(problem)
+            continue
         if isinstance(record, SessionRecord) and record.schema_version > SCHEMA:
             raise TrajectoryError(f"{path}: written by a newer Prime Agent (trajectory schema {record.schema_version}; "
                                   f"this one reads up to {SCHEMA})")
@@ -221,8 +268,9 @@ def read_records(path: Path) -> list[Record]:
 
 def finish_cut_turn(path: Path, turn_id: str, error: str) -> TurnFinished | None:
     """The record that closes turn `turn_id`: its own, or, for a turn a dead process left open, a new
-    `interrupted` one written now. None when the turn never began."""
-    records = read_records(path) if path.exists() else []
+    `interrupted` one written now. None when the turn never began. (Recovery: damaged lines are
+    skipped.)"""
+    records = read_records(path, []) if path.exists() else []
     started = next((r for r in records if isinstance(r, TurnStarted) and r.turn_id == turn_id), None)
     if started is None:
         return None

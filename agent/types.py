@@ -7,11 +7,25 @@ through pydantic's own serialisation.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """`text` with every lone UTF-16 surrogate (half a character: what a server that cut a multi-byte
+    character, or JSON's `"\\ud83d"`, leaves) replaced by U+FFFD, so no encoder downstream (a JSON
+    journal, the next request to the model, a terminal) can fail on it."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
+Text = Annotated[str, AfterValidator(valid_text)]
+"""A str that came from outside (a model, a kernel, a client): made valid where it becomes ours."""
 
 Role = Literal["system", "user", "assistant", "tool"]
 Outcome = Literal["completed", "interrupted", "budget_exhausted", "timed_out", "error"]
@@ -21,13 +35,13 @@ class ToolCall(BaseModel):
     """One tool call as the model wrote it; `arguments` is the raw JSON text, parsed by the loop."""
 
     id: str
-    name: str
-    arguments: str
+    name: Text
+    arguments: Text
 
 
 class Message(BaseModel):
     role: Role
-    content: str = ""
+    content: Text = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
     """For role=tool: the call this message answers."""
@@ -70,7 +84,8 @@ class Completion(BaseModel):
 
 class Cell(BaseModel):
     id: str
-    code: str
+    code: Text
+    """Parsed from the model's reply (a tool call's JSON may spell a lone surrogate as an escape)."""
     timeout: float | None = None
     """Seconds; None uses the kernel's configured cell timeout."""
 
@@ -79,7 +94,7 @@ class Attachment(BaseModel):
     """Rich display output of a cell (an image, HTML, ...) kept out of the model's text."""
 
     mime: str
-    data: str
+    data: Text
     """Base64 for binary types, text otherwise."""
 
 
@@ -87,18 +102,20 @@ KernelEvent = Literal["timed_out", "interrupted", "died", "restarted"]
 
 
 class CellResult(BaseModel):
-    stdout: str = ""
-    stderr: str = ""
-    result: str | None = None
+    model_config = ConfigDict(validate_assignment=True)  # the kernel runtime fills one in as output arrives
+
+    stdout: Text = ""
+    stderr: Text = ""
+    result: Text | None = None
     """The text/plain value of the cell's last expression, if any."""
     error_name: str | None = None
-    error_value: str | None = None
-    traceback: str | None = None
+    error_value: Text | None = None
+    traceback: Text | None = None
     attachments: list[Attachment] = Field(default_factory=list)
     truncated: dict[str, int] = Field(default_factory=dict)
     """Per stream, how many characters were cut from the middle."""
     kernel_events: list[KernelEvent] = Field(default_factory=list)
-    kernel_message: str | None = None
+    kernel_message: Text | None = None
     """What the runtime did to the kernel during this cell (timeout, death, restart), for the model."""
     duration: float = 0.0
 
@@ -129,7 +146,7 @@ class CellResult(BaseModel):
 class Budget(BaseModel):
     """Limits on one turn; None means unlimited."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_steps: int | None = 200
     """Model calls in one turn."""

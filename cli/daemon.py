@@ -109,5 +109,7 @@ def _status(args: argparse.Namespace) -> int:
     print(f"pid        {status.pid}\nversion    {status.version}\nsocket     {status.socket}\n"
           f"tcp        {status.tcp or '-'}\nuptime     {hours}h{rest // 60:02d}m{rest % 60:02d}s\n"
           f"sessions   {status.sessions} ({status.live_sessions} live, {status.running_turns} running)\n"
-          f"pool       {status.pool_ready} kernels ready")
+          f"pool       {status.pool_ready} kernels ready\n"
+          f"disk       {status.disk_free_mb:,.0f} MB free" + (f"; a write failed at {status.write_error}"
+                                                         if status.write_error else ""))
     return 0

@@ -13,6 +13,7 @@ import hmac
 import logging
 import os
 import re
+import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict
@@ -67,6 +68,7 @@ STATUS = {
     "bad_config": 400, "bad_cwd": 400, "no_model": 400, "bad_scope": 400, "harness": 400, "bad_project": 400,
     "bad_last_event_id": 400, "not_found": 404, "busy": 409, "config_broken": 409, "cwd_missing": 409,
     "not_running": 409, "refinement_failed": 409, "turn_running": 409, "too_many_sessions": 429, "stopping": 503,
+    "write_failed": 503, "disk_full": 507,
 }
 """The HTTP status of each reason the daemon refuses a request (daemon.errors.Refused)."""
 
@@ -104,7 +106,8 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
             pid=os.getpid(), version=VERSION, socket=socket, tcp=tcp, uptime=time.monotonic() - started,
             sessions=len(manager.sessions), live_sessions=manager.live(),
             running_turns=manager.running_turns(),
-            pool_ready=manager.pool.ready,
+            pool_ready=manager.pool.ready, disk_free_mb=shutil.disk_usage(manager.root).free / 2**20,
+            write_error=manager.write_error,
         )
 
     # --- sessions ------------------------------------------------------------------------------
@@ -353,9 +356,10 @@ def _publish_events(app: FastAPI) -> None:
 
 
 async def _records(layout: SessionLayout) -> list[dict[str, Any]]:
-    """A session's whole trajectory: every record, in order (see agent/trajectory.py)."""
+    """A session's whole trajectory: every record, in order (see agent/trajectory.py); a damaged line
+    (a write a full disk cut short) is skipped."""
     path = layout.trajectory
-    records = await asyncio.to_thread(read_records, path) if path.is_file() else []
+    records = await asyncio.to_thread(read_records, path, []) if path.is_file() else []
     return [r.model_dump(mode="json") for r in records]
 
 

@@ -214,7 +214,8 @@ class Client:
                             restarted = True
                             continue
                         event = parse_event(data)
-                        last = event.seq
+                        if event.seq:  # 0: told live but not journaled (a full disk), so no place to resume from
+                            last = event.seq
                         yield event
             except (httpx2.TransportError, FileNotFoundError) as e:
                 if down_since is None:

@@ -10,9 +10,8 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TextIO
 
-from agent.trajectory import open_append
+from agent.trajectory import AppendFile
 
 _SEQ = re.compile(rb'^\{"seq":(\d+),')
 
@@ -23,28 +22,29 @@ class EventJournal:
 
     def __init__(self, path: Path):
         self.path = path
-        self._file: TextIO | None = None
+        self._file: AppendFile | None = None
         self.last_seq = _last_seq(path)
 
     def append(self, seq: int, line: str) -> None:
-        """`line` is the event's JSON (no newline); `seq` must be the next number."""
+        """`line` is the event's JSON (no newline); `seq` must be the next number. A line the disk
+        refuses is not written at all (WriteFailed), and the last seq stays."""
         if seq != self.last_seq + 1:
             raise ValueError(f"event {seq} does not follow {self.last_seq} in {self.path}")
         if self._file is None:
-            self._file = open_append(self.path)  # cuts a torn last line first
-        self._file.write(line + "\n")
-        self._file.flush()
+            self._file = AppendFile(self.path)  # cuts a torn last line first
+        self._file.append(line)
         self.last_seq = seq
 
     def sync(self) -> None:
         if self._file is not None:
-            os.fsync(self._file.fileno())
+            self._file.sync()
 
     def close(self) -> None:
         if self._file is not None:
-            self.sync()
-            self._file.close()
-            self._file = None
+            try:
+                self._file.close()
+            finally:
+                self._file = None
 
     def read_after(self, after: int) -> list[tuple[int, str]]:
         """(seq, JSON line) of every event after `after`, in order."""

@@ -8,7 +8,9 @@ a new kernel, on its next prompt. The directory's files are named in agent/layou
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +31,7 @@ from daemon.meta import SessionMeta
 from daemon.schemas import Interrupted, MessageAccepted, SessionInfo
 from daemon.turns import TurnQueue
 
+log = logging.getLogger(__name__)
 RESTARTED = "The daemon restarted"
 SLEPT = "The session was idle and its kernel was stopped to free memory"
 
@@ -42,9 +45,11 @@ class Daemon(Protocol):
     subagent_slots: dict[int, asyncio.Semaphore]
     pool: KernelPool
     gate_factory: Callable[[Session], Gate | None] | None
+    write_error: str | None
 
     def live(self) -> int: ...
     async def make_room(self) -> bool: ...
+    def write_failed(self, error: OSError) -> None: ...
 
 
 class ManagedSession:
@@ -74,7 +79,13 @@ class ManagedSession:
         return self.manager.stopping
 
     def save(self) -> None:
-        self.meta.save(self.layout)
+        """Write `session.json`; a disk that refuses it is a request the daemon cannot serve (507)."""
+        try:
+            self.meta.save(self.layout)
+        except OSError as e:
+            self.manager.write_failed(e)
+            raise Refused("disk_full" if e.errno == errno.ENOSPC else "write_failed",
+                          f"the daemon could not save {self.layout.meta}: {e.strerror or e}") from e
 
     def info(self) -> SessionInfo:
         m = self.meta
@@ -97,13 +108,25 @@ class ManagedSession:
         """An event of the daemon's own (queueing, recovery), numbered in the session's sequence."""
         if self.session is not None:
             self.session.emit(event)
-        else:
-            event.seq, event.session_id = self.journal.last_seq + 1, self.id
+            return
+        event.seq, event.session_id = self.journal.last_seq + 1, self.id
+        try:
             self._on_event(event)
+        except OSError:  # live readers were told; it is in the log
+            log.exception("session %s: a %s event could not be journaled", self.id, event.type)
 
     def _on_event(self, event: ev.Event) -> None:
+        """Journal the event, then hand it to every reader; what the session's metadata keeps of it
+        is saved last. A journal that refuses it (a full disk) raises, so its number is not used
+        up; live readers still get it, numbered 0 (not in the journal, so never replayed)."""
         line = event.model_dump_json()
-        self.journal.append(event.seq, line)
+        try:
+            self.journal.append(event.seq, line)
+        except OSError as e:
+            self.manager.write_failed(e)
+            self.fanout.publish(0, event.model_copy(update={"seq": 0}).model_dump_json())
+            raise
+        self.fanout.publish(event.seq, line)
         if isinstance(event, ev.TurnStarted):
             self.meta.turns += 1
         elif isinstance(event, ev.UsageCharged):
@@ -112,9 +135,13 @@ class ManagedSession:
             if self.meta.running_turn == event.turn_id:
                 self.meta.running_turn = None
             self.meta.usage += event.usage
-            self.save()
-            self.journal.sync()
-        self.fanout.publish(event.seq, line)
+            try:
+                self.save()
+                self.journal.sync()
+                self.manager.write_error = None  # a whole turn is on disk again
+            except (Refused, OSError) as e:  # its own event, after this one (which every reader has)
+                why = e.message if isinstance(e, Refused) else f"the event journal could not be synced: {e}"
+                asyncio.get_running_loop().call_soon(self.emit, ev.Error(turn_id=event.turn_id, message=why))
 
     def subscribe(self, after: int) -> tuple[list[tuple[int, str]], Subscriber]:
         """The journal's events after `after`, and a subscriber for every later one: nothing is
@@ -162,7 +189,8 @@ class ManagedSession:
                 config = self.config()
             except ConfigError as e:
                 raise Refused("config_broken", str(e)) from None
-            records = read_records(self.layout.trajectory) if self.layout.trajectory.is_file() else []
+            damaged: list[str] = []
+            records = read_records(self.layout.trajectory, damaged) if self.layout.trajectory.is_file() else []
             model = OpenAIModel(config.model)
             session = Session(
                 config, model, cwd=cwd, session_dir=self.layout.dir, session_id=self.id, on_event=self._on_event,
@@ -179,6 +207,8 @@ class ManagedSession:
                 if any(isinstance(r, SessionRecord) for r in records):
                     session.resume(records, self._woken_because)
                 await session.start()
+                for problem in damaged:  # a write a crash or a full disk cut short: skipped, said once
+                    session.emit(ev.Error(message=f"a damaged line of the session's record was skipped: {problem}"))
             except BaseException:
                 self.session = self.model = None
                 await session.close()
@@ -240,7 +270,7 @@ class ManagedSession:
                     self.emit(ev.TurnFinished(turn_id=turn_id, outcome=finished.outcome, answer=finished.answer,
                                               error=finished.error, usage=finished.usage, duration=finished.duration,
                                               steps=finished.steps, cells=finished.cells))
-            records = read_records(self.layout.trajectory) if self.layout.trajectory.is_file() else []
+            records = read_records(self.layout.trajectory, []) if self.layout.trajectory.is_file() else []
             self.meta.turns = sum(1 for r in records if isinstance(r, TurnStarted))
             self.meta.running_turn = None
         for queued in self.meta.queued:

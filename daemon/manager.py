@@ -46,6 +46,8 @@ class SessionManager:
         self.turn_slots = asyncio.Semaphore(config.daemon.max_running_turns)
         self.subagent_slots: dict[int, asyncio.Semaphore] = {}
         self.stopping = False
+        self.write_error: str | None = None
+        """The last write the disk refused (a full disk), until a turn's records are written again."""
         self._sweeper: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -69,6 +71,10 @@ class SessionManager:
             self.sessions[meta.id] = managed
         self.pool.fill()
         self._sweeper = asyncio.create_task(self.sweep(min(30.0, self.config.daemon.idle_timeout / 2)))
+
+    def write_failed(self, error: OSError) -> None:
+        self.write_error = f"{time.strftime('%H:%M:%S')}: {error}"
+        log.error("a write failed: %s", error)
 
     def live(self) -> int:
         return len(self.live_sessions())
@@ -133,15 +139,23 @@ class SessionManager:
         await managed.close()
 
     async def stop(self, timeout: float) -> None:
-        """Interrupt every turn and wait (up to `timeout`) for each to be recorded; then close all."""
+        """Interrupt every turn and wait (up to `timeout`) for each to be recorded; then close all.
+        A session whose drain fails (its files went with a deleted home) is still closed, and the
+        pool's kernels stop whatever the sessions did."""
         self.stopping = True
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
         why = "the daemon stopped before this turn began"
-        await asyncio.gather(*(s.queue.stop(why, timeout) for s in self.sessions.values()))
-        await asyncio.gather(*(s.close(why) for s in self.sessions.values()), return_exceptions=True)
-        await self.pool.close()
+        sessions = list(self.sessions.values())
+        try:
+            drained = await asyncio.gather(*(s.queue.stop(why, timeout) for s in sessions), return_exceptions=True)
+            closed = await asyncio.gather(*(s.close(why) for s in sessions), return_exceptions=True)
+            for s, result in zip(sessions + sessions, drained + closed):
+                if isinstance(result, BaseException):
+                    log.error("session %s: its drain failed: %s", s.id, result, exc_info=result)
+        finally:
+            await self.pool.close()
 
 
 def validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:

@@ -126,6 +126,8 @@ class Status(BaseModel):
     live_sessions: int = Field(description="Sessions with a kernel.")
     running_turns: int
     pool_ready: int = Field(description="Pre-started kernels ready to hand out.")
+    disk_free_mb: float = Field(description="Free space where the daemon keeps its sessions.")
+    write_error: str | None = Field(None, description="The last write the disk refused (e.g. it is full), if any.")
 
 
 class ErrorDetail(BaseModel):

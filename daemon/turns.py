@@ -136,7 +136,10 @@ class TurnQueue:
                 h.last_active = time.monotonic()
                 if meta.running_turn == q.turn_id:
                     meta.running_turn = None
-                    h.save()
+                    try:
+                        h.save()
+                    except Refused as e:  # the disk is full: the next save writes it; a restart knows the turn ended
+                        log.error("session %s: %s", h.id, e.message)
 
     async def stop(self, why: str, timeout: float) -> None:
         """Drop what is queued, interrupt what runs, and wait (up to `timeout`) for it to be recorded."""
