@@ -146,7 +146,7 @@ class CellResult(BaseModel):
 class Budget(BaseModel):
     """Limits on one turn; None means unlimited."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid")
 
     max_steps: int | None = 200
     """Model calls in one turn."""
