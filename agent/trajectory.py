@@ -187,10 +187,6 @@ class AppendFile:
     def sync(self) -> None:
         os.fsync(self._fd)
 
-    @property
-    def closed(self) -> bool:
-        return self._fd < 0
-
     def close(self) -> None:
         if self._fd >= 0:
             try:
