@@ -197,12 +197,12 @@ def _validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:
     if model.get("base_url") and "api_key" not in model \
             and str(model["base_url"]).rstrip("/") != (_configured_base_url(cwd) or "").rstrip("/"):
         model["api_key"] = None  # the daemon's key goes only where it was configured to go
-    if req.budget is not None:
-        overrides["budget"] = req.budget.model_dump(exclude_unset=True)
     try:
-        config = load_config(cwd, overrides, source="config")
-        if load_config(cwd, _as_saved(overrides), source="config") != config:
-            raise Refused("bad_config", "the config would not load back the same from session.json")
+        if req.budget is not None:
+            overrides["budget"] = req.budget.model_dump(exclude_unset=True)
+            check_values({"budget": overrides["budget"]}, "config")
+        # loaded as a restarted daemon will load it: from what session.json keeps
+        config = load_config(cwd, as_saved(overrides), source="config")
     except ConfigError as e:
         raise Refused("bad_config", str(e)) from None
     if not config.model.configured:
@@ -215,7 +215,7 @@ _SAVED_OVERRIDES = TypeAdapter(dict[str, Any])
 """`SessionMeta.overrides`, written as session.json writes it (pydantic's JSON encoder)."""
 
 
-def _as_saved(overrides: dict[str, Any]) -> dict[str, Any]:
+def as_saved(overrides: dict[str, Any]) -> dict[str, Any]:
     """The overrides as a restarted daemon reads them from session.json; refused unless the same."""
     try:
         saved = json.loads(_SAVED_OVERRIDES.dump_json(overrides))

@@ -157,19 +157,17 @@ async def test_a_project_too_deep_to_read_under_is_a_bad_request(daemon: Client,
     assert not any((prime_home / "sessions").glob("*"))
 
 
-def test_the_round_trip_alone_stops_a_config_that_would_not_load_back(project: Path, model_server, monkeypatch):
-    """Without the value check (as if a new kind of value slipped past it), the create is still
-    refused: the overrides are written and read as session.json would, and must come back the same."""
-    import agent.config
-    import daemon.manager
+def test_the_round_trip_alone_stops_a_config_that_would_not_load_back(project: Path, model_server):
+    """Behind the value check, the overrides are written and read as session.json would, and must
+    come back the same (as if a new kind of value slipped past the check)."""
     from daemon.errors import Refused
+    from daemon.manager import as_saved, validate
     from daemon.schemas import CreateSession
 
-    monkeypatch.setattr(agent.config, "check_values", lambda data, source: None)
-    monkeypatch.setattr(daemon.manager, "check_values", lambda data, source: None)
-    req = CreateSession(cwd=str(project), model="fake", base_url=model_server.base_url,
-                        config={"model": {"extra_body": {"top_p": float("nan")}}})
     with pytest.raises(Refused, match="would not read back the same from session.json"):
-        daemon.manager.validate(req)
-    cwd, overrides, config = daemon.manager.validate(req.model_copy(update={"config": {"model": {"extra_body": {}}}}))
+        as_saved({"model": {"extra_body": {"top_p": float("nan")}}})
+    req = CreateSession(cwd=str(project), model="fake", base_url=model_server.base_url,
+                        config={"model": {"extra_body": {}}})
+    cwd, overrides, config = validate(req)
+    assert as_saved(overrides) == overrides
     assert overrides["model"]["name"] == "fake" and config.model.name == "fake"
