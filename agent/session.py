@@ -296,7 +296,7 @@ class Session:
         """A turn running, a refinement being planned, or children still running."""
         return self.turn is not None or self.refiner.planning() or self.subagents.running()
 
-    async def children(self) -> list[ChildInfo]:
+    def children(self) -> list[ChildInfo]:
         """This session's subagents, as its registry lists them."""
         return self.subagents.list_children()
 

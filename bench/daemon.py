@@ -50,7 +50,7 @@ import httpx2  # noqa: E402
 from agent.events import Event, parse_event  # noqa: E402
 from agent.layout import SessionLayout  # noqa: E402
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
-from bench.kernel import descendants, pct, pss_kb  # noqa: E402
+from bench.kernel import descendants, pct, print_table, pss_kb  # noqa: E402
 from daemon import meta as meta_file  # noqa: E402
 from daemon.client import Client, DaemonUnavailable, spawn  # noqa: E402
 from daemon.paths import log_file, socket_file  # noqa: E402
@@ -466,12 +466,7 @@ def main() -> None:
                 print(f"killed processes left behind: {left}", file=sys.stderr)
     total = time.perf_counter() - started
 
-    print(f"{'measure':<50} {'value':>10} {'target':>8}")
-    for key, (label, target) in TARGETS.items():
-        value = figures[key]
-        mark = "" if target is None else ("ok" if value <= target else "MISS")
-        print(f"{label:<50} {value:>10.3f} {'' if target is None else '<= %g' % target:>8} {mark}")
-    print(f"{'total bench time (s)':<50} {total:>10.1f}")
+    print_table(figures, TARGETS, total)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"figures": figures, "args": {k: v for k, v in vars(args).items() if k != "out"},
                                           "total_s": total, "nproc": os.cpu_count()}, indent=2) + "\n")

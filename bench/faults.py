@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 from agent.events import Event  # noqa: E402
 from agent.testing.openai_server import OpenAIServer  # noqa: E402
 from bench.daemon import agent_script, processes_of  # noqa: E402
-from bench.kernel import descendants, pct  # noqa: E402
+from bench.kernel import descendants, pct, print_table  # noqa: E402
 from daemon.client import Client, DaemonUnavailable, spawn  # noqa: E402
 from daemon.paths import socket_file  # noqa: E402
 
@@ -333,12 +333,7 @@ def main() -> int:
         "trial_p50_s": statistics.median([t.seconds for t in trials] or [0.0]),
         "trial_max_s": pct([t.seconds for t in trials], 1.0) if trials else 0.0,
     }
-    print(f"{'measure':<50} {'value':>10} {'target':>8}")
-    for key, (label, target) in TARGETS.items():
-        value = figures[key]
-        mark = "" if target is None else ("ok" if value <= target else "MISS")
-        print(f"{label:<50} {value:>10.3f} {'' if target is None else '<= %g' % target:>8} {mark}")
-    print(f"{'total bench time (s)':<50} {total:>10.1f}")
+    print_table(figures, TARGETS, total)
     problems: dict[str, int] = {}
     for t in trials:
         for p in t.problems:

@@ -35,6 +35,16 @@ from agent.types import Cell  # noqa: E402
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
 
 
+def print_table(figures: dict[str, float], targets: dict[str, tuple[str, float | None]], total: float) -> None:
+    """The benchmarks' table: each of `targets` (key -> label, upper bound or None) with its figure."""
+    print(f"{'measure':<50} {'value':>10} {'target':>8}")
+    for key, (label, target) in targets.items():
+        value = figures[key]
+        mark = "" if target is None else ("ok" if value <= target else "MISS")
+        print(f"{label:<50} {value:>10.3f} {'' if target is None else '<= %g' % target:>8} {mark}")
+    print(f"{'total bench time (s)':<50} {total:>10.1f}")
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]

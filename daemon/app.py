@@ -206,7 +206,7 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
     @app.get("/v1/sessions/{session_id}/subagents")
     async def subagents(session_id: str) -> list[dict[str, Any]]:
         managed = manager.get(session_id)
-        children = await managed.session.children() if managed.session else read_registry(managed.layout).values()
+        children = managed.session.children() if managed.session else read_registry(managed.layout).values()
         return [asdict(c) for c in children]
 
     @app.get("/v1/sessions/{session_id}/kernel")

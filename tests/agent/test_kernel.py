@@ -16,30 +16,6 @@ from agent.types import Cell
 
 
 @pytest.fixture
-async def make_kernel(project: Path, tmp_path: Path):
-    """Start the test's kernel: quick test limits, overridden by KernelConfig fields."""
-    async def final(answer: str) -> None:
-        return None
-
-    bridge = BridgeServer(tmp_path / "run", {"final": final})
-    await bridge.start()
-    made: list[Kernel] = []
-
-    async def make(**config) -> Kernel:
-        env = {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
-        limits = {"cell_timeout": 30, "interrupt_grace": 1.0, "output_limit": 4096, **config}
-        k = Kernel(project, tmp_path / "run", KernelConfig(**limits), env)
-        made.append(k)
-        await k.start()
-        return k
-
-    yield make
-    for k in made:
-        await k.shutdown()
-    await bridge.close()
-
-
-@pytest.fixture
 async def kernel(make_kernel) -> Kernel:
     return await make_kernel()
 

@@ -12,39 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.bridge import BridgeServer
-from agent.config import KernelConfig
 from agent.kernel import Kernel
-from agent.runtime import ENV_PATH, ENV_TOKEN
 from agent.types import Cell
 
 
 @pytest.fixture
-async def make_kernel(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    bridge = BridgeServer(tmp_path / "run", {})
-    await bridge.start()
-    made: list[Kernel] = []
-
-    async def make(fd_capture: bool = True) -> Kernel:
-        if fd_capture:
-            monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
-        else:
-            monkeypatch.setenv("PYTEST_CURRENT_TEST", "test_streams")
-        config = KernelConfig(cell_timeout=20, interrupt_grace=1.0)
-        k = Kernel(project, tmp_path / "run", config, {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token})
-        made.append(k)
-        await k.start()
-        return k
-
-    yield make
-    for k in made:
-        await k.shutdown()
-    await bridge.close()
-
-
-@pytest.fixture
 async def kernel(make_kernel) -> Kernel:
-    return await make_kernel()
+    return await make_kernel(fd_capture=True)
 
 
 async def run(k: Kernel, code: str):

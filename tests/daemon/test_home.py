@@ -3,7 +3,6 @@ unreachable, and never runs beside a second daemon for the same home."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
