@@ -40,6 +40,7 @@ COMMANDS = {  # in the order --help lists them
     "refine": Command("cli.refine", "refine the harness from a session, or decide a pending refinement"),
     "eval": Command("cli.eval", "evaluate the agent on a task set (or: eval compare RUN_A RUN_B)"),
     "rl": Command("cli.rl", "train the policy with RL, or serve it"),
+    "models": Command("cli.models", "pull known models into $PRIME_AGENT_HOME/models, list them"),
 }
 
 APP_FLAGS = ("--resume", "-c", "--continue", "--model", "--base-url", "--cwd")

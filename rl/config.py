@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agent.config import describe, merge, parse_override
 from rl.model import PolicyConfig
+from rl.models import ModelNotFound, resolve
 
 
 class _Section(BaseModel):
@@ -125,6 +126,10 @@ class RunConfig(_Section):
     @classmethod
     def _runs_sample_the_byte_policy(cls, model: PolicyConfig) -> PolicyConfig:
         if model.hf:  # rather than quietly training a byte policy in its place
+            try:  # a name to pull or a path mistyped says so first
+                resolve(model.hf)
+            except ModelNotFound as e:
+                raise ValueError(f"hf: {e}") from None
             raise ValueError("hf: a run samples its rollouts from the built-in policy server, which serves the byte "
                              "policy only; Hugging Face models train through rl.train.train_step (see bench/gpu.py)")
         return model

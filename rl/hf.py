@@ -1,6 +1,7 @@
-"""Hugging Face causal LMs as the policy (the optional extra `hf`: transformers).
+"""Hugging Face causal LMs as the policy (transformers).
 
     [model]
+    hf = "smollm2-135m-instruct" # a model pulled with `prime-agent models pull` (rl/models.py)
     hf = "path/to/model-dir"     # weights, tokenizer and its chat template, from a local directory
     hf = "path/to/config.json"   # that architecture with random weights (benchmarks, no download)
 
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from rl.models import resolve
 
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config fields of architectures whose logits are not hidden @ output_weight.T alone."""
@@ -88,11 +91,11 @@ class HFTokenizer:
 
 
 def load_hf(spec: str | Path, attn_implementation: str = "sdpa") -> HFPolicy:
-    """A model directory (weights, and its tokenizer when there is one), or a config.json built with
-    random weights (seeded by torch's global generator) and no tokenizer. fp32 either way."""
+    """A model directory (weights, and its tokenizer when there is one) or the name of a pulled one, or a
+    config.json built with random weights (seeded by torch's global generator) and no tokenizer. fp32 either way."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    path = Path(spec)
+    path = resolve(spec)
     if path.is_file():
         config = AutoConfig.for_model(**json.loads(path.read_text()))
         return HFPolicy(AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,

@@ -1,4 +1,5 @@
-"""Every test gets its own $PRIME_AGENT_HOME and no model settings from the environment."""
+"""Every test gets its own $PRIME_AGENT_HOME and no model settings from the environment; `smollm2` is the
+real SmolLM2-135M-Instruct, pulled once per test run."""
 
 from __future__ import annotations
 
@@ -16,6 +17,18 @@ def prime_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
     return home
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Hugging Face directory of the real SmolLM2-135M-Instruct, pulled once per test run (~20 s) as
+    `prime-agent models pull` does, into a home of its own: `smollm2.parents[1]` is that $PRIME_AGENT_HOME.
+    Read it, never write it: every test that asks shares it."""
+    from rl.models import pull
+
+    with pytest.MonkeyPatch.context() as mp:  # this call only: each test still gets its own home (prime_home)
+        mp.setenv("PRIME_AGENT_HOME", str(tmp_path_factory.mktemp("models-home")))
+        return pull("smollm2-135m-instruct")
 
 
 @pytest.fixture

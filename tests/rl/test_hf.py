@@ -93,8 +93,10 @@ def test_a_local_model_directory_loads_weights_tokenizer_and_chat_template(tmp_p
     ids = loaded.tokenizer.chat(messages)
     assert loaded.tokenizer.decode(ids) == "<|user|>hello world<|assistant|>"
     assert ids[-len(loaded.tokenizer.encode("<|assistant|>")):] == loaded.tokenizer.encode("<|assistant|>")
-    with pytest.raises(FileNotFoundError, match="neither a config.json nor a model directory"):
+    with pytest.raises(FileNotFoundError, match="neither a model directory, a config.json nor a known model name"):
         load_hf(tmp_path / "nothing")
+    with pytest.raises(FileNotFoundError, match="neither a config.json nor a model directory"):
+        load_hf(tmp_path)  # a directory, but no model in it
 
 
 def test_a_run_config_naming_an_hf_model_is_refused_rather_than_trained_as_a_byte_policy(tmp_path: Path):
