@@ -24,7 +24,17 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     ingest.add_argument("--rubric", metavar="FILE.py:FUNC", help="reward unrated sessions with FUNC(records) -> float")
     ingest.add_argument("-o", "--output", default="samples.jsonl", help="JSONL file to write (default samples.jsonl)")
     serve = actions.add_parser("serve", help="an OpenAI-compatible server for the policy")
-    serve.add_argument("--checkpoint", help="a checkpoint directory (default: fresh weights)")
+    what = serve.add_mutually_exclusive_group()
+    what.add_argument("--checkpoint", help="a byte-policy checkpoint directory (default: fresh weights)")
+    what.add_argument("--model", metavar="NAME|DIR",
+                      help="a Hugging Face causal LM: a name `prime-agent models list` shows, or a model directory")
+    serve.add_argument("--served-model-name", metavar="ID", help="the id /v1/models lists (default: the model's name)")
+    serve.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                       help="weights and activations of --model (float32: greedy decoding as plain transformers)")
+    serve.add_argument("--prefix-cache-mb", type=int, default=1024, metavar="MB",
+                       help="memory for the keys and values of shared prompt heads (0: no prefix cache)")
+    serve.add_argument("--max-model-len", type=int, metavar="TOKENS",
+                       help="the context of --model (default: its config's max_position_embeddings)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--truncate", action="store_true",

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from rl.models import resolve
+from rl.textstream import TextStream
 
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config fields of architectures whose logits are not hidden @ output_weight.T alone."""
@@ -74,6 +75,14 @@ class HFTokenizer:
     def __init__(self, tok):
         self.tok = tok
         self.vocab_size = len(tok)
+        self.bos = tok.bos_token_id if getattr(tok, "add_bos_token", False) else None
+        """Kept at the head of a prompt cut to its tail, when the tokenizer starts every text with it."""
+
+    def token_str(self, i: int) -> str:
+        return self.tok.decode([i])
+
+    def detokenizer(self) -> TextStream:
+        return TextStream(self.decode)
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)

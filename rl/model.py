@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from rl.logprobs import chunked_logprobs, plain_logprobs
+from rl.textstream import TextStream
 
 # --- tokenizer ------------------------------------------------------------------------------------
 
@@ -39,6 +42,12 @@ class ByteTokenizer:
         if i < 256:
             return bytes([i]).decode("utf-8", errors="replace")
         return self.NAMES.get(i, f"<{i}>")
+
+    bos: int | None = BOS
+    """Kept at the head of a prompt cut to its tail (rl.serve.keep_tail)."""
+
+    def detokenizer(self) -> TextStream:
+        return TextStream(lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", errors="replace"))
 
     def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """<bos> then <|role|> text <|end|> per message, then <|assistant|> to generate."""
@@ -67,7 +76,7 @@ class PolicyConfig(BaseModel):
     """Longest sequence (prompt plus completion) in tokens."""
     vocab_size: int = ByteTokenizer.vocab_size
     hf: str | None = None
-    """A Hugging Face causal LM instead of the byte policy (rl/hf.py, extra `hf`): a local model
+    """A Hugging Face causal LM instead of the byte policy (rl/hf.py): a model name, a local model
     directory, or a config.json built with random weights. The fields above then do not apply.
     For `build_policy` and `train_step`; a whole run refuses it (its sampler serves byte policies)."""
 
@@ -179,6 +188,29 @@ class Sampled:
     tokens: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
+
+
+@dataclass
+class Job:
+    """One request to a sampler (rl.serve.Engine, rl.engine.HFEngine): its prompts, one row each
+    (`n` copies already expanded), and how to sample them."""
+
+    prompts: list[list[int]]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stops: list[str]
+    on_token: Callable[[int, int, float], bool] | None = None
+    """on_token(row, token, logprob) streams each token; returning True stops that row (a stop string)."""
+    ignore_eos: bool = False
+    """Sample past the end-of-text tokens (benchmarks: every row decodes max_tokens)."""
+    done: threading.Event = field(default_factory=threading.Event)
+    result: list[Sampled] | None = None
+    cached: list[int] | None = None
+    """Per row, the prompt tokens whose keys and values came from a prefix cache."""
+    version: int = 0
+    error: BaseException | None = None
 
 
 @torch.no_grad()

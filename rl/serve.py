@@ -4,7 +4,11 @@ Every sampled token comes with its logprob and id. Concurrent requests are batch
 New weights load between batches (hot reload), so requests in flight finish on the weights they
 started with; each response names the `policy_version` that sampled it.
 
-    prime-agent rl serve [--checkpoint DIR] [--host 127.0.0.1] [--port 8000]
+    prime-agent rl serve [--checkpoint DIR] [--host 127.0.0.1] [--port 8000]     # a byte policy
+    prime-agent rl serve --model NAME|DIR [--dtype bfloat16] [--port 8000]       # a Hugging Face model
+
+A byte policy samples in batches (`Engine`); a Hugging Face causal LM with continuous batching
+and a prefix cache (rl/engine.py), its chat template the tokenizer's own.
 
 It also stands in for vLLM as an external rollout server (`train.rollout_url`): the trainer POSTs
 {"path": DIR} to /v1/reload after each step. vLLM's replies name no policy version and it has no
@@ -14,14 +18,11 @@ such reload route: the README's RL section says what to configure there.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import json
 import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,24 +32,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from rl.model import ByteTokenizer, Policy, PolicyConfig, generate, latest_checkpoint, load_policy
+from rl.model import ByteTokenizer, Job, Policy, PolicyConfig, generate, latest_checkpoint, load_policy
 
 MAX_BATCH_ROWS = 256
-
-
-@dataclass
-class Job:
-    prompts: list[list[int]]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stops: list[str]
-    on_token: Callable[[int, int, float], None] | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    result: list | None = None
-    version: int = 0
-    error: BaseException | None = None
 
 
 class Engine:
@@ -61,6 +47,8 @@ class Engine:
         self.truncate = truncate
         """Keep the most recent tokens of a prompt longer than the context, instead of refusing it."""
         self.tok = ByteTokenizer()
+        self.context = model.config.max_seq
+        self.vocab_size = ByteTokenizer.vocab_size
         self._jobs: queue.Queue[Job] = queue.Queue()
         self._pending: tuple[dict, int] | None = None
         self._lock = threading.Lock()
@@ -110,7 +98,7 @@ class Engine:
                     print(f"policy server: could not load new weights: {e}", flush=True)
             groups: dict[tuple, list[Job]] = {}
             for j in batch:  # one forward pass per compatible group; a seeded job samples alone (reproducible)
-                key = (j.temperature, j.top_p) if j.seed is None else ("seeded", id(j))
+                key = (j.temperature, j.top_p, j.ignore_eos) if j.seed is None else ("seeded", id(j))
                 groups.setdefault(key, []).append(j)
             for jobs in groups.values():
                 self._sample(jobs)
@@ -128,14 +116,15 @@ class Engine:
         try:
             out = generate(self.model, [j.prompts[i] for j, i in rows], max_tokens=max(j.max_tokens for j in jobs),
                            temperature=first.temperature, top_p=first.top_p, generator=gen, on_token=on_token,
-                           row_max_tokens=[j.max_tokens for j, _ in rows])
+                           row_max_tokens=[j.max_tokens for j, _ in rows],
+                           stop_ids=() if first.ignore_eos else (ByteTokenizer.END, ByteTokenizer.EOS))
         except BaseException as e:  # a failed batch fails its requests, not the server
             for j in jobs:
                 j.error = e
                 j.done.set()
             return
         for j in jobs:
-            j.result, j.version = [], self.version
+            j.result, j.version, j.cached = [], self.version, [0] * len(j.prompts)
         for (j, _), sampled in zip(rows, out):
             j.result.append(sampled)
         for j in jobs:
@@ -160,6 +149,8 @@ class _Request(BaseModel):
     seed: int | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=1)
     """As in vLLM: keep only the last N prompt tokens."""
+    ignore_eos: bool = False
+    """As in vLLM: sample past the end-of-text tokens."""
 
 
 class ChatRequest(_Request):
@@ -173,7 +164,8 @@ class CompletionRequest(_Request):
     echo: bool = False
 
 
-def create_app(engine: Engine) -> FastAPI:
+def create_app(engine) -> FastAPI:
+    """The HTTP API over a sampler: `Engine` (byte policies) or rl.engine.HFEngine."""
     app = FastAPI(title="Prime Agent policy server")
     tok = engine.tok
 
@@ -190,7 +182,7 @@ def create_app(engine: Engine) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": engine.name, "object": "model", "owned_by": "prime-agent",
-                                            "policy_version": engine.version}]}
+                                            "max_model_len": engine.context, "policy_version": engine.version}]}
 
     @app.post("/v1/reload")
     async def reload(body: dict) -> dict:
@@ -204,7 +196,11 @@ def create_app(engine: Engine) -> FastAPI:
         for m in req.messages:
             if not isinstance(m.get("content", ""), (str, type(None))):
                 m["content"] = "".join(p.get("text", "") for p in m["content"] if isinstance(p, dict))
-        prompt = tok.chat([{"role": m.get("role", "user"), "content": m.get("content") or ""} for m in req.messages])
+        try:
+            prompt = tok.chat([{"role": m.get("role", "user"), "content": m.get("content") or ""}
+                               for m in req.messages])
+        except Exception as e:  # the model's own chat template refused the messages (jinja raise_exception)
+            raise HTTPException(400, f"the chat template refused the messages: {e}") from None
         return await _respond(engine, req, [prompt], chat=True)
 
     @app.post("/v1/completions")
@@ -218,21 +214,21 @@ def create_app(engine: Engine) -> FastAPI:
             prompts = [tok.encode(x) if isinstance(x, str) else list(x) for x in p]
         if not prompts or any(not x for x in prompts):
             raise HTTPException(400, "prompt must not be empty")
-        if any(t < 0 or t >= tok.vocab_size for x in prompts for t in x):
-            raise HTTPException(400, f"token ids must be in [0, {tok.vocab_size})")
+        if any(t < 0 or t >= engine.vocab_size for x in prompts for t in x):
+            raise HTTPException(400, f"token ids must be in [0, {engine.vocab_size})")
         return await _respond(engine, req, prompts, chat=False)
 
     return app
 
 
-async def _respond(engine: Engine, req: _Request, prompts: list[list[int]], chat: bool):
+async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool):
     tok = engine.tok
-    limit = engine.model.config.max_seq
+    limit = engine.context
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     max_tokens = next((m for m in (req.max_completion_tokens, req.max_tokens) if m is not None), 256 if chat else 16)
     keep = req.truncate_prompt_tokens or (max(1, limit - min(max_tokens, limit // 2)) if engine.truncate else None)
     if keep is not None:
-        prompts = [keep_tail(p, keep) for p in prompts]
+        prompts = [keep_tail(p, keep, tok.bos) for p in prompts]
     if any(len(p) >= limit for p in prompts):
         raise HTTPException(400, f"the prompt is longer than the policy's context ({limit} tokens); "
                                  "pass truncate_prompt_tokens, or start the server with --truncate")
@@ -241,12 +237,14 @@ async def _respond(engine: Engine, req: _Request, prompts: list[list[int]], chat
     created = int(time.time())
     loop = asyncio.get_running_loop()
     stream_q: asyncio.Queue | None = asyncio.Queue() if req.stream else None
-    decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in expanded]
+    streams = [tok.detokenizer() for _ in expanded]
     texts = [""] * len(expanded)
+    ends: list[list[int]] = [[] for _ in expanded]  # each row's text length after each of its tokens
     sent = [0] * len(expanded)  # characters of each row's text already streamed
 
     def on_token(i: int, token: int, logprob: float) -> bool:
-        texts[i] += decoders[i].decode(bytes([token])) if token < 256 else ""
+        texts[i] += streams[i].push(token)
+        ends[i].append(len(texts[i]))
         hit = min((texts[i].index(s) for s in stops if s and s in texts[i]), default=None)
         # Stream only text that cannot turn out to be the start of a stop string.
         safe = hit if hit is not None else len(texts[i]) - _held(texts[i], stops)
@@ -255,17 +253,21 @@ async def _respond(engine: Engine, req: _Request, prompts: list[list[int]], chat
             loop.call_soon_threadsafe(stream_q.put_nowait, (i, token, logprob, piece, hit is not None))
         return hit is not None
 
-    job = engine.submit(Job(expanded, max_tokens, req.temperature, req.top_p, req.seed, stops, on_token))
+    job = engine.submit(Job(expanded, max_tokens, req.temperature, req.top_p, req.seed, stops, on_token,
+                            ignore_eos=req.ignore_eos))
     waiter = asyncio.ensure_future(asyncio.to_thread(job.done.wait))
     if stream_q is not None:
-        return StreamingResponse(_stream(engine, req, job, waiter, stream_q, rid, created, chat, prompts, texts, sent),
+        return StreamingResponse(_stream(engine, req, job, waiter, stream_q, rid, created, chat, expanded, streams,
+                                         texts, sent),
                                  media_type="text/event-stream")
     await waiter
     if job.error is not None:
         raise HTTPException(500, f"sampling failed: {job.error}")
+    for i, stream in enumerate(streams):
+        texts[i] += stream.flush()
     choices = []
     for i, s in enumerate(job.result):
-        text, tokens, lps, finish = _cut(tok, texts[i], s, stops)
+        text, tokens, lps, finish = _cut(texts[i], ends[i], s, stops)
         choice: dict[str, Any] = {"index": i, "finish_reason": finish, "token_ids": tokens}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
@@ -276,20 +278,27 @@ async def _respond(engine: Engine, req: _Request, prompts: list[list[int]], chat
                                    "top_logprobs": None, "text_offset": None} if req.logprobs else None)
         choices.append(choice)
     completion_tokens = sum(len(c["token_ids"]) for c in choices)
-    prompt_tokens = sum(len(p) for p in prompts)
     return JSONResponse({
         "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
         "model": req.model or engine.name, "choices": choices, "policy_version": job.version,
         "prompt_token_ids": prompts[0] if len(prompts) == 1 else prompts,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "usage": _usage(expanded, job, completion_tokens),
     })
 
 
-async def _stream(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat, prompts, texts, sent):
+def _usage(rows: list[list[int]], job: Job, completion_tokens: int) -> dict[str, Any]:
+    """OpenAI's usage, the prompt counted once per row sampled (as vLLM counts `n`), with the part
+    its prefix cache served."""
+    prompt_tokens = sum(len(p) for p in rows)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": sum(job.cached or [])}}
+
+
+async def _stream(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat, rows, streams, texts, sent):
     tok = engine.tok
     obj = "chat.completion.chunk" if chat else "text_completion"
-    counts = [0] * (len(prompts) * req.n)
+    counts = [0] * len(rows)
     base = {"id": rid, "object": obj, "created": created, "model": req.model or engine.name}
 
     def chunk(choice: dict) -> str:
@@ -321,24 +330,24 @@ async def _stream(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat
     if job.error is not None:
         yield "data: " + json.dumps({"error": {"message": f"sampling failed: {job.error}"}}) + "\n\n"
         return
+    for i, stream in enumerate(streams):
+        texts[i] += stream.flush()
     for i, s in enumerate(job.result):
         finish = "stop" if i in stopped else s.finish_reason
         rest = "" if i in stopped else texts[i][sent[i]:]  # text held back for a stop string that never came
         yield chunk({"index": i, "delta": {"content": rest} if rest else {}, "finish_reason": finish} if chat
                     else {"index": i, "text": rest, "finish_reason": finish})
     if (req.stream_options or {}).get("include_usage"):
-        prompt_tokens = sum(len(p) for p in prompts)
-        yield "data: " + json.dumps({**base, "choices": [], "policy_version": job.version, "usage": {
-            "prompt_tokens": prompt_tokens, "completion_tokens": sum(counts),
-            "total_tokens": prompt_tokens + sum(counts)}}) + "\n\n"
+        yield "data: " + json.dumps({**base, "choices": [], "policy_version": job.version,
+                                     "usage": _usage(rows, job, sum(counts))}) + "\n\n"
     yield "data: [DONE]\n\n"
 
 
-def keep_tail(ids: list[int], keep: int) -> list[int]:
-    """A prompt cut to its last `keep` tokens, still starting with <bos> if it did."""
+def keep_tail(ids: list[int], keep: int, bos: int | None = ByteTokenizer.BOS) -> list[int]:
+    """A prompt cut to its last `keep` tokens, still starting with `bos` if it did."""
     if len(ids) <= keep:
         return ids
-    return [ByteTokenizer.BOS, *ids[len(ids) - keep + 1:]] if ids[0] == ByteTokenizer.BOS else ids[-keep:]
+    return [bos, *ids[len(ids) - keep + 1:]] if bos is not None and ids[0] == bos else ids[-keep:]
 
 
 def _held(text: str, stops: list[str]) -> int:
@@ -346,20 +355,23 @@ def _held(text: str, stops: list[str]) -> int:
     return max((n for s in stops for n in range(min(len(s), len(text)), 0, -1) if text.endswith(s[:n])), default=0)
 
 
-def _cut(tok: ByteTokenizer, text: str, s, stops: list[str]):
-    """Apply stop strings: the text ends before the stop; tokens past it are dropped."""
+def _cut(text: str, ends: list[int], s, stops: list[str]):
+    """Apply stop strings: the text ends before the stop; the tokens whose text reaches into it are
+    dropped. `ends[j]` is the length of the text after token j."""
     tokens, lps = list(s.tokens), list(s.logprobs)
     hit = min((text.index(x) for x in stops if x and x in text), default=None)
     if hit is None:
         return text, tokens, lps, s.finish_reason
-    kept, n = text[:hit], 0
-    while n < len(tokens) and len(tok.decode(tokens[: n + 1])) <= len(kept):
+    n = 0
+    while n < len(tokens) and n < len(ends) and ends[n] <= hit:
         n += 1
-    return kept, tokens[:n], lps[:n], "stop"
+    return text[:hit], tokens[:n], lps[:n], "stop"
 
 
-def _lp_entry(tok: ByteTokenizer, token: int, logprob: float) -> dict[str, Any]:
-    return {"token": tok.token_str(token), "logprob": logprob, "bytes": [token] if token < 256 else [],
+def _lp_entry(tok, token: int, logprob: float) -> dict[str, Any]:
+    text = tok.token_str(token)
+    return {"token": text, "logprob": logprob,
+            "bytes": ([token] if token < 256 else []) if isinstance(tok, ByteTokenizer) else list(text.encode()),
             "top_logprobs": []}
 
 
@@ -407,11 +419,29 @@ def engine_from(checkpoint: str | None, config: PolicyConfig | None = None, seed
     return Engine(Policy(config or PolicyConfig()), truncate=truncate)
 
 
+def hf_engine(model: str, name: str | None = None, dtype: str = "float32", truncate: bool = False, **options):
+    """A Hugging Face model served by rl.engine.HFEngine: a name `prime-agent models list` shows, or a
+    directory. Served under `name` (default: the model's name)."""
+    from rl.engine import HFEngine
+    from rl.hf import load_hf
+    from rl.models import resolve
+
+    path = resolve(model)
+    version = int((path / "COMPLETE").read_text()) if (path / "COMPLETE").is_file() else 0
+    return HFEngine(load_hf(path), name=name or Path(model).name, version=version, truncate=truncate,
+                    dtype=getattr(torch, dtype), **options)
+
+
 def main(args) -> int:
     import uvicorn
 
-    engine = engine_from(args.checkpoint, truncate=args.truncate)
-    print(f"policy server: {engine.model.num_params():,} parameters, version {engine.version}, "
-          f"http://{args.host}:{args.port}/v1", flush=True)
+    if args.model:
+        engine = hf_engine(args.model, args.served_model_name, args.dtype, args.truncate,
+                           prefix_cache_mb=args.prefix_cache_mb, context=args.max_model_len)
+        what = f"{engine.name} ({engine.model.num_params():,} parameters, {args.dtype}, context {engine.context})"
+    else:
+        engine = engine_from(args.checkpoint, truncate=args.truncate)
+        what = f"a byte policy ({engine.model.num_params():,} parameters)"
+    print(f"policy server: {what}, version {engine.version}, http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
     return 0

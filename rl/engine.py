@@ -1,0 +1,449 @@
+"""The sampler for Hugging Face causal LMs behind the policy server: continuous batching over a
+key/value cache written in place, and a prefix cache of shared prompt heads.
+
+- **Continuous batching.** Rows decode together one token per step. A request that arrives
+  while others decode is prefilled and joins the running batch at the next step; a row that
+  finishes leaves it at once. Every row ends at the same cache column (left-padded), so a step
+  is one forward pass of the model as transformers defines it, with our cache (`_Slots`) instead
+  of its growing one: new keys and values are written in place, nothing is copied per step.
+- **Prefix caching.** A prompt's keys and values are kept in blocks of `BLOCK` tokens, keyed by
+  the whole prefix up to the block, and reused by the next prompt with the same head: the
+  agent's system prompt is computed once per weights, not once per rollout. Identical prompts
+  arriving together (a group's `n` rollouts) are prefilled once. New weights empty the cache.
+- **Weights** swap in once the running rows have finished (new requests wait meanwhile), so a
+  request finishes on the weights it started with and its reply names their version.
+
+Each row samples with its own temperature and top-p, and a seeded request with its own
+generator: what it samples does not depend on what else is in the batch. Logprobs are of each
+sampled token under the temperature-scaled distribution (the trainer computes the same); at
+temperature 0 (greedy), under the model's own.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from rl.hf import HFPolicy, HFTokenizer, load_hf
+from rl.model import Job, Sampled
+
+BLOCK = 16
+"""Tokens per prefix-cache block: a prompt's head is reused in whole blocks."""
+
+
+# --- the key/value cache -------------------------------------------------------------------------
+
+
+class _Slots:
+    """Per layer, key and value buffers [rows, kv_heads, columns, head_dim]. Rows 0..n-1 are in use
+    and all end at column `t`; row r's tokens are columns start[r]..t-1, the columns before it padding."""
+
+    def __init__(self, layers: int, heads: int, dim: int, dtype: torch.dtype, rows: int = 1, cols: int = 64):
+        self.shape = (heads, dim)
+        self.dtype = dtype
+        self.k = [torch.zeros(rows, heads, cols, dim, dtype=dtype) for _ in range(layers)]
+        self.v = [torch.zeros(rows, heads, cols, dim, dtype=dtype) for _ in range(layers)]
+        self.n = 0
+        self.t = 0
+        self.start: list[int] = []
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        return self.k[0].shape[0], self.k[0].shape[2]
+
+    def reserve(self, rows: int, cols: int, shift: int = 0) -> None:
+        """Room for `rows` rows and `cols` columns; `shift` moves every row's columns right by that much."""
+        have_rows, have_cols = self.capacity
+        if rows <= have_rows and cols <= have_cols and shift == 0:
+            return
+        rows, cols = max(rows, have_rows), max(cols, have_cols)
+        if cols > have_cols:
+            cols = max(cols, have_cols * 3 // 2)
+        if rows > have_rows:
+            rows = max(rows, have_rows * 2)
+        for bufs in (self.k, self.v):
+            for i, old in enumerate(bufs):
+                new = torch.zeros(rows, *self.shape[:1], cols, self.shape[1], dtype=self.dtype)
+                new[: self.n, :, shift : shift + self.t] = old[: self.n, :, : self.t]
+                bufs[i] = new
+        self.t += shift
+        self.start = [s + shift for s in self.start]
+
+    def add(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> int:
+        """A new row from one sequence's keys and values (per layer [kv_heads, length, head_dim]); its index."""
+        length = keys[0].shape[1]
+        if self.n == 0:
+            self.t = 0
+        shift = max(0, length - self.t)
+        self.reserve(self.n + 1, self.t + shift + 1, shift)
+        r, lo = self.n, self.t - length
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            self.k[layer][r, :, lo : self.t] = k
+            self.v[layer][r, :, lo : self.t] = v
+        self.start.append(lo)
+        self.n += 1
+        return r
+
+    def remove(self, r: int) -> None:
+        """Drop row r: the last row moves into its place."""
+        last = self.n - 1
+        if r != last:
+            for bufs in (self.k, self.v):
+                for b in bufs:
+                    b[r, :, : self.t] = b[last, :, : self.t]
+            self.start[r] = self.start[last]
+        self.start.pop()
+        self.n -= 1
+        if self.n and min(self.start) > max(BLOCK * 16, self.t // 4):  # padding nobody needs: move left
+            m = min(self.start)
+            for bufs in (self.k, self.v):
+                for b in bufs:
+                    b[: self.n, :, : self.t - m] = b[: self.n, :, m : self.t].clone()
+            self.t -= m
+            self.start = [s - m for s in self.start]
+
+    def row(self, r: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Row r's keys and values, per layer [kv_heads, length, head_dim] (views)."""
+        lo = self.start[r]
+        return [k[r, :, lo : self.t] for k in self.k], [v[r, :, lo : self.t] for v in self.v]
+
+    def cache(self, new: int) -> Cache:
+        """The transformers cache for a forward pass that appends `new` columns to rows 0..n-1."""
+        self.reserve(self.n, self.t + new)
+        return Cache(layers=[_SlotLayer(self, i) for i in range(len(self.k))])
+
+    def mask(self, new: int) -> torch.Tensor:
+        """[n, 1, new, t+new] bool: each row attends to its own tokens, causally over the new ones."""
+        cols = torch.arange(self.t + new)
+        own = cols[None, :] >= torch.tensor(self.start)[:, None]  # [n, T]
+        causal = cols[None, :] <= (self.t + torch.arange(new))[:, None]  # [new, T]
+        return (own[:, None, :] & causal[None])[:, None]
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer of a `_Slots` as transformers' attention sees it: writes the new keys and values in
+    place at columns t.. and returns every column so far. The owner moves `t` after the pass."""
+
+    is_compileable = False
+
+    def __init__(self, slots: _Slots, layer: int):
+        super().__init__()
+        self.slots, self.layer = slots, layer
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        s, n, t = self.slots, self.slots.n, self.slots.t
+        end = t + key_states.shape[2]
+        k, v = s.k[self.layer], s.v[self.layer]
+        k[:n, :, t:end] = key_states
+        v[:n, :, t:end] = value_states
+        return k[:n, :, :end], v[:n, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.slots.t + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.slots.t
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+# --- the prefix cache ----------------------------------------------------------------------------
+
+
+class PrefixCache:
+    """Blocks of prompt keys and values ([layers, 2, kv_heads, BLOCK, head_dim]), least recently used
+    first out once they hold more than `max_bytes`. A block is found by the exact tokens before it."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._blocks: OrderedDict[int, tuple[int, tuple[int, ...], torch.Tensor]] = OrderedDict()
+
+    def _keys(self, ids: list[int], blocks: int):
+        key = 0
+        for b in range(blocks):
+            chunk = tuple(ids[b * BLOCK : (b + 1) * BLOCK])
+            parent, key = key, hash((key, chunk))
+            yield parent, chunk, key
+
+    def lookup(self, ids: list[int], most: int) -> list[torch.Tensor]:
+        """The cached blocks that begin `ids`, at most `most` tokens of them."""
+        found = []
+        for parent, chunk, key in self._keys(ids, most // BLOCK):
+            entry = self._blocks.get(key)
+            if entry is None or entry[0] != parent or entry[1] != chunk:
+                break
+            self._blocks.move_to_end(key)
+            found.append(entry[2])
+        return found
+
+    def store(self, ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Keep the whole blocks of a prompt whose keys and values (per layer [kv_heads, len, dim]) are given."""
+        if self.max_bytes <= 0:
+            return
+        for b, (parent, chunk, key) in enumerate(self._keys(ids, len(ids) // BLOCK)):
+            if key in self._blocks:
+                self._blocks.move_to_end(key)
+                continue
+            lo, hi = b * BLOCK, (b + 1) * BLOCK
+            block = torch.stack([torch.stack([k[:, lo:hi] for k in keys]), torch.stack([v[:, lo:hi] for v in values])], 1)
+            self._blocks[key] = (parent, chunk, block)
+            self.bytes += block.numel() * block.element_size()
+        while self.bytes > self.max_bytes and self._blocks:
+            _, (_, _, old) = self._blocks.popitem(last=False)
+            self.bytes -= old.numel() * old.element_size()
+
+    def clear(self) -> None:
+        self._blocks.clear()
+        self.bytes = 0
+
+
+# --- the engine ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Row:
+    job: Job
+    index: int
+    prompt: list[int]
+    limit: int
+    generator: torch.Generator | None
+    last: int = 0
+    """The token sampled last, not yet in the cache: the next step's input."""
+    out: Sampled = field(default_factory=lambda: Sampled([], [], "length"))
+
+
+class HFEngine:
+    """A Hugging Face causal LM and a worker thread that samples the queued jobs (see the module doc)."""
+
+    def __init__(self, policy: HFPolicy, name: str = "prime-policy", version: int = 0, truncate: bool = False,
+                 dtype: torch.dtype = torch.float32, prefix_cache_mb: int = 1024, max_rows: int = 64,
+                 context: int | None = None):
+        if policy.tokenizer is None:
+            raise ValueError("the model has no tokenizer: serve a model directory with its tokenizer files")
+        config = policy.inner.config
+        if getattr(config, "sliding_window", None) or any(t != "full_attention" for t in
+                                                          getattr(config, "layer_types", None) or ()):
+            raise ValueError(f"{config.model_type}: sliding-window or hybrid attention layers are not supported")
+        self.model = policy.to(dtype).eval()
+        self.tok: HFTokenizer = policy.tokenizer
+        self.name, self.version, self.truncate = name, version, truncate
+        self.dtype = dtype
+        self.context = context or int(getattr(config, "max_position_embeddings", 2048))
+        self.vocab_size = int(config.vocab_size)
+        self.max_rows = max_rows
+        eos = policy.inner.generation_config.eos_token_id if policy.inner.generation_config else None
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self.eos = set(eos) | ({self.tok.tok.eos_token_id} if self.tok.tok.eos_token_id is not None else set())
+        heads = config.num_key_value_heads or config.num_attention_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self._layout = (config.num_hidden_layers, heads, dim)
+        self.prefix = PrefixCache(prefix_cache_mb << 20)
+        self.slots = _Slots(*self._layout, dtype)
+        self.rows: list[_Row] = []
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "steps": 0}
+        self._jobs: queue.Queue[Job] = queue.Queue()
+        self._waiting: list[Job] = []
+        self._pending: tuple[dict, int] | None = None
+        self._lock = threading.Lock()
+        self._rng = torch.Generator().manual_seed(0)
+        self._thread = threading.Thread(target=self._work, daemon=True, name="hf-sampler")
+        self._thread.start()
+
+    # --- weights -------------------------------------------------------------------------------
+
+    def update(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """New weights, swapped in once the running rows finish. Raises ValueError, and keeps the
+        current weights, when they do not fit this model."""
+        current = self.model.inner.state_dict()
+        wrong = sorted(k for k in current.keys() | state_dict.keys()
+                       if k not in state_dict or k not in current or state_dict[k].shape != current[k].shape)
+        if wrong:
+            raise ValueError(f"the weights do not fit this model (e.g. {', '.join(wrong[:3])})")
+        with self._lock:
+            self._pending = ({k: v.detach().to(self.dtype, copy=True) for k, v in state_dict.items()}, version)
+        self._jobs.put(None)  # wake the worker if it is idle
+
+    def load(self, path: Path) -> int:
+        """Hot-reload a model directory; returns its version (from its COMPLETE marker, or one more)."""
+        from rl.model import latest_checkpoint
+
+        path = latest_checkpoint(path) or path
+        version = int((path / "COMPLETE").read_text()) if (path / "COMPLETE").is_file() else self.version + 1
+        self.update(load_hf(path).inner.state_dict(), version)
+        return version
+
+    def _swap(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, None
+        try:
+            self.model.inner.load_state_dict(pending[0])
+            self.version = pending[1]
+            self.prefix.clear()  # its keys and values came from the old weights
+        except (RuntimeError, ValueError) as e:  # keep serving the weights it has
+            print(f"policy server: could not load new weights: {e}", flush=True)
+
+    # --- sampling ------------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> Job:
+        self._jobs.put(job)
+        return job
+
+    def _work(self) -> None:
+        with torch.inference_mode():
+            while True:
+                self._admit(block=not self.rows)
+                if self.rows:
+                    try:
+                        self._step()
+                    except BaseException as e:  # a failed step fails its requests, not the server
+                        self._fail(e)
+
+    def _admit(self, block: bool) -> None:
+        """Take the queued jobs; start their rows unless new weights wait for the running ones to end."""
+        try:
+            while True:
+                job = self._jobs.get(block=block and not self._waiting)
+                block = False
+                if job is not None:
+                    self._waiting.append(job)
+        except queue.Empty:
+            pass
+        if self._pending is not None:
+            if self.rows:
+                return
+            self._swap()
+        prefilled: dict[tuple[int, ...], tuple] = {}  # identical prompts of this round: computed once
+        while self._waiting and (not self.rows or len(self.rows) + len(self._waiting[0].prompts) <= self.max_rows):
+            job = self._waiting.pop(0)
+            try:
+                self._start(job, prefilled)
+            except BaseException as e:
+                self._fail(e, job)
+
+    def _start(self, job: Job, prefilled: dict) -> None:
+        job.version = self.version
+        job.cached = [0] * len(job.prompts)
+        job.result = [None] * len(job.prompts)
+        gen = torch.Generator().manual_seed(job.seed) if job.seed is not None else None
+        live = 0
+        for i, prompt in enumerate(job.prompts):
+            limit = max(0, min(job.max_tokens, self.context - len(prompt)))
+            row = _Row(job, i, prompt, limit, gen)
+            if limit == 0:
+                job.result[i] = row.out
+                continue
+            key = tuple(prompt)
+            if key not in prefilled:
+                prefilled[key] = self._prefill(prompt)
+                job.cached[i] = prefilled[key][3]
+            else:
+                job.cached[i] = len(prompt)
+            keys, values, logits, _ = prefilled[key]
+            self.stats["prompt_tokens"] += len(prompt)
+            self.stats["cached_tokens"] += job.cached[i]
+            self.slots.add(keys, values)
+            self.rows.append(row)
+            live += 1
+            self._emit([row], logits[None])
+        if not live:
+            job.done.set()
+
+    def _prefill(self, prompt: list[int]):
+        """Keys, values and last-position logits of a prompt, its head from the prefix cache."""
+        most = ((len(prompt) - 1) // BLOCK) * BLOCK  # at least one token is computed: its logits are needed
+        blocks = self.prefix.lookup(prompt, most)
+        cached = len(blocks) * BLOCK
+        one = _Slots(*self._layout, self.dtype, rows=1, cols=len(prompt))
+        one.n, one.start = 1, [0]
+        if blocks:
+            kv = torch.cat(blocks, dim=3)  # [layers, 2, heads, cached, dim]
+            for layer in range(len(one.k)):
+                one.k[layer][0, :, :cached] = kv[layer, 0]
+                one.v[layer][0, :, :cached] = kv[layer, 1]
+            one.t = cached
+        new = len(prompt) - cached
+        h = self._forward(one, torch.tensor([prompt[cached:]]), torch.arange(cached, len(prompt))[None])
+        one.t += new
+        keys, values = one.row(0)
+        self.prefix.store(prompt, keys, values)
+        return keys, values, (h[0, -1] @ self.model.output_weight.T).float(), cached
+
+    def _forward(self, slots: _Slots, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        new = ids.shape[1]
+        out = self.model.inner.base_model(input_ids=ids, position_ids=positions, attention_mask=slots.mask(new),
+                                          past_key_values=slots.cache(new), use_cache=True)
+        return out.last_hidden_state
+
+    def _step(self) -> None:
+        s = self.slots
+        ids = torch.tensor([[r.last] for r in self.rows])
+        positions = torch.tensor([[s.t - lo] for lo in s.start])
+        h = self._forward(s, ids, positions)
+        s.t += 1
+        self.stats["steps"] += 1
+        self._emit(list(self.rows), (h[:, -1] @ self.model.output_weight.T).float())
+
+    def _emit(self, rows: list[_Row], logits: torch.Tensor) -> None:
+        """Sample each row's next token from its logits [len(rows), vocab]; finish the rows that end."""
+        temps = torch.tensor([r.job.temperature if r.job.temperature > 0 else 1.0 for r in rows])
+        logp = F.log_softmax(logits / temps[:, None], dim=-1)
+        tokens = logits.argmax(-1).tolist()
+        for i, r in enumerate(rows):
+            if r.job.temperature > 0:
+                probs = logp[i].exp()
+                if r.job.top_p < 1.0:
+                    sorted_p, order = probs.sort(descending=True)
+                    probs = torch.zeros_like(probs).scatter(0, order, sorted_p * (sorted_p.cumsum(0) - sorted_p
+                                                                                   < r.job.top_p))
+                tokens[i] = int(torch.multinomial(probs, 1, generator=r.generator or self._rng))
+        lps = logp.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+        ended = []
+        for r, token, lp in zip(rows, tokens, lps):
+            r.out.tokens.append(token)
+            r.out.logprobs.append(lp)
+            r.last = token
+            stopped = bool(r.job.on_token(r.index, token, lp)) if r.job.on_token else False
+            if (token in self.eos and not r.job.ignore_eos) or stopped:
+                r.out.finish_reason = "stop"  # the stop token is kept, with its logprob: the policy chose it
+                ended.append(r)
+            elif len(r.out.tokens) >= r.limit:
+                ended.append(r)
+        for r in ended:
+            self._finish(r)
+
+    def _finish(self, row: _Row) -> None:
+        i = self.rows.index(row)
+        self.slots.remove(i)
+        self.rows[i] = self.rows[-1]
+        self.rows.pop()
+        job = row.job
+        job.result[row.index] = row.out
+        if all(x is not None for x in job.result) and not any(r.job is job for r in self.rows):
+            job.done.set()
+
+    def _fail(self, error: BaseException, job: Job | None = None) -> None:
+        """A job that could not run fails; a failed step fails every running job (the batch restarts)."""
+        jobs = {id(r.job): r.job for r in self.rows} if job is None else {id(job): job}
+        if job is None:
+            self.rows.clear()
+            self.slots = _Slots(*self._layout, self.dtype)
+        else:
+            keep = [i for i, r in enumerate(self.rows) if r.job is not job]
+            for i in sorted(set(range(len(self.rows))) - set(keep), reverse=True):
+                self._finish(self.rows[i])
+        for j in jobs.values():
+            j.error = error
+            j.done.set()

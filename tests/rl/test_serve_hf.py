@@ -1,0 +1,198 @@
+"""The policy server on Hugging Face causal LMs (rl/engine.py): a tiny random-init llama with a
+byte-level tokenizer and a ChatML template, built here and saved as a model directory, never
+downloaded. Greedy decoding is compared with plain transformers' own `generate`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+
+from rl.engine import BLOCK, HFEngine
+from rl.hf import load_hf
+from rl.model import Job
+from rl.serve import BackgroundServer
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """A 2-layer llama (grouped-query attention, tied embeddings) with peaked random weights, so greedy
+    choices are not near-ties, and a tokenizer of bytes plus ChatML's special tokens."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    inner = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    inner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    inner.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                  pad_token="<|im_end|>", unk_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|endoftext|>"]})
+    tok.chat_template = CHATML
+    tok.save_pretrained(path)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, initializer_range=0.3, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def engine(tiny: Path) -> HFEngine:
+    return HFEngine(load_hf(tiny), name="tiny")
+
+
+def chat(engine: HFEngine, text: str) -> list[int]:
+    return engine.tok.chat([{"role": "user", "content": text}])
+
+
+def sample(engine: HFEngine, prompts: list[list[int]], max_tokens: int = 24, temperature: float = 0.0,
+           seed: int | None = None) -> list[Job]:
+    jobs = [engine.submit(Job([p], max_tokens, temperature, 1.0, seed, [])) for p in prompts]
+    for j in jobs:
+        assert j.done.wait(60)
+        assert j.error is None, j.error
+    return jobs
+
+
+PROMPTS = ["What is the capital of France?", "Write a python cell that prints 2 + 2.", "héllo wörld ✓",
+           "Count: one two three four five six seven eight nine ten eleven twelve"]
+
+
+def test_greedy_decoding_equals_plain_transformers_token_for_token(tiny: Path, engine: HFEngine):
+    reference = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    for text in PROMPTS:
+        prompt = chat(engine, text)
+        expected = reference.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):]
+        (job,) = sample(engine, [prompt])
+        got = job.result[0].tokens
+        assert got[: len(expected)] == expected.tolist(), text
+        assert len(job.result[0].logprobs) == len(got)
+
+
+def test_requests_join_a_running_batch_and_each_equals_its_own_request_alone(engine: HFEngine):
+    prompts = [chat(engine, f"{t} #{i}") for i, t in enumerate(PROMPTS * 3)]
+    alone = [sample(engine, [p], 40)[0].result[0].tokens for p in prompts]
+    steps = engine.stats["steps"]
+    first = [engine.submit(Job([p], 40, 0.0, 1.0, None, [])) for p in prompts[:6]]
+    time.sleep(0.05)  # the first six are decoding when the rest arrive
+    rest = [engine.submit(Job([p], 40, 0.0, 1.0, None, [])) for p in prompts[6:]]
+    for j in first + rest:
+        assert j.done.wait(60) and j.error is None
+    assert [j.result[0].tokens for j in first + rest] == alone
+    assert engine.stats["steps"] - steps < sum(len(t) for t in alone) / 3  # batched: far fewer steps than tokens
+
+
+def test_a_shared_prompt_head_is_computed_once_and_changes_nothing(tiny: Path, engine: HFEngine):
+    head = "You are a careful agent. " * 12
+    first, second = chat(engine, head + "Task one."), chat(engine, head + "Task two, another one.")
+    (a,) = sample(engine, [first])
+    (b,) = sample(engine, [second])
+    shared = next(i for i, (x, y) in enumerate(zip(first, second)) if x != y)
+    assert a.cached == [0]
+    assert b.cached == [shared // BLOCK * BLOCK] and b.cached[0] >= shared - BLOCK
+    uncached = HFEngine(load_hf(tiny), prefix_cache_mb=0)
+    assert sample(uncached, [second])[0].result[0].tokens == b.result[0].tokens
+    assert sample(uncached, [second])[0].cached == [0]
+
+
+def test_n_rows_of_one_prompt_are_prefilled_once_and_sample_apart(engine: HFEngine):
+    prompt = chat(engine, "Tell me something.")
+    job = engine.submit(Job([prompt] * 4, 16, 1.0, 1.0, 7, []))
+    assert job.done.wait(60) and job.error is None
+    assert job.cached == [0] + [len(prompt)] * 3
+    assert len({tuple(s.tokens) for s in job.result}) > 1
+    again = engine.submit(Job([prompt] * 4, 16, 1.0, 1.0, 7, []))
+    assert again.done.wait(60)
+    assert [s.tokens for s in again.result] == [s.tokens for s in job.result]  # seeded: the same samples
+
+
+def test_a_seeded_request_samples_the_same_whatever_else_is_in_the_batch(engine: HFEngine):
+    prompt = chat(engine, "Pick a word.")
+    (alone,) = sample(engine, [prompt], 20, temperature=1.0, seed=11)
+    crowd = [engine.submit(Job([chat(engine, f"noise {i}")], 30, 1.0, 0.9, None, [])) for i in range(5)]
+    seeded = engine.submit(Job([prompt], 20, 1.0, 1.0, 11, []))
+    for j in crowd + [seeded]:
+        assert j.done.wait(60)
+    assert seeded.result[0].tokens == alone.result[0].tokens
+    assert seeded.result[0].logprobs == pytest.approx(alone.result[0].logprobs, abs=1e-4)
+
+
+def test_new_weights_swap_in_after_the_running_rows_and_empty_the_prefix_cache(tiny: Path, engine: HFEngine):
+    prompt = chat(engine, "Say something long.")
+    (before,) = sample(engine, [prompt])
+    running = engine.submit(Job([prompt], 200, 0.0, 1.0, None, [], ignore_eos=True))
+    time.sleep(0.05)
+    changed = {k: v + 0.05 * torch.randn_like(v) for k, v in load_hf(tiny).inner.state_dict().items()}
+    engine.update(changed, version=3)
+    after = engine.submit(Job([prompt], 24, 0.0, 1.0, None, []))
+    assert running.done.wait(60) and after.done.wait(60)
+    assert running.version == 0 and running.result[0].tokens[:24] == before.result[0].tokens
+    assert after.version == 3 and after.cached == [0] and after.result[0].tokens != before.result[0].tokens
+    with pytest.raises(ValueError, match="do not fit"):
+        engine.update({"model.embed_tokens.weight": torch.zeros(3, 3)}, version=4)
+
+
+def test_the_server_answers_the_openai_client_with_a_logprob_and_id_per_token(engine: HFEngine):
+    with BackgroundServer(engine) as url:
+        client = openai.OpenAI(base_url=url, api_key="none")
+        (model,) = client.models.list().data
+        assert model.id == "tiny" and model.max_model_len == 512
+        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
+                                           temperature=0, logprobs=True)
+        choice = r.choices[0]
+        ids = choice.model_extra["token_ids"]
+        assert len(ids) == len(choice.logprobs.content) == r.usage.completion_tokens > 0
+        assert choice.message.content == engine.tok.decode(ids)
+        streamed = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                  max_tokens=12, temperature=0, stream=True,
+                                                  stream_options={"include_usage": True})
+        chunks = list(streamed)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == choice.message.content
+        # the same prompt again: its head comes from the cache, all but the last token (its logits are needed)
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens == (r.usage.prompt_tokens - 1) // BLOCK * BLOCK
+        stop = choice.message.content[3:5]
+        cut = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=12, temperature=0, stop=[stop])
+        assert cut.choices[0].message.content == choice.message.content[: choice.message.content.index(stop)]
+        assert cut.choices[0].finish_reason == "stop"
+        done = client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=5, temperature=0, n=2)
+        assert [c.text for c in done.choices][0] == [c.text for c in done.choices][1]
+        with pytest.raises(openai.BadRequestError, match="context"):
+            client.completions.create(model="tiny", prompt=[5] * 600, max_tokens=5)
+        with pytest.raises(openai.BadRequestError, match="token ids"):
+            client.completions.create(model="tiny", prompt=[10 ** 6], max_tokens=5)
+
+
+def test_thirty_two_concurrent_http_requests_each_equal_their_own_request_alone(engine: HFEngine):
+    with BackgroundServer(engine) as url:
+        client = openai.AsyncOpenAI(base_url=url, api_key="none")
+
+        async def ask(i: int) -> list[int]:
+            r = await client.chat.completions.create(model="tiny", max_tokens=16, temperature=0,
+                                                     messages=[{"role": "user", "content": f"question {i}"}])
+            return r.choices[0].model_extra["token_ids"]
+
+        async def main():
+            alone = [await ask(i) for i in range(32)]
+            return alone, await asyncio.gather(*(ask(i) for i in range(32)))
+
+        alone, together = asyncio.run(main())
+    assert together == alone
+
+
+def test_a_failing_request_fails_alone_and_the_server_keeps_serving(engine: HFEngine):
+    good = chat(engine, "fine")
+    bad = engine.submit(Job([[engine.vocab_size + 5]], 5, 0.0, 1.0, None, []))  # past the embedding table
+    assert bad.done.wait(60) and bad.error is not None
+    (ok,) = sample(engine, [good])
+    assert ok.result[0].tokens
