@@ -1,0 +1,644 @@
+"""Policy server benchmark, ours beside the real vLLM: prints a table and writes bench/results/serve.json.
+
+    .venv/bin/python bench/serve.py [--ours] [--vllm] [--url URL ...] [--model NAME|DIR]
+    .venv/bin/python bench/serve.py --build-vllm      # builds .venv-vllm/ (bench/vllm_venv.sh), ~3.4 GB
+
+With no server named it measures ours and, where its venv is built, vLLM, one after the other in
+the same run (never both up at once), each started here and stopped after. `--url` measures a server
+already running (any OpenAI-compatible one). Every figure goes over HTTP, as the agent and the RL
+trainer reach a server:
+
+- decode: tokens/s summed over 1, 8, 16 and 32 concurrent chat requests (short prompts, greedy,
+  `max_tokens` fixed with `ignore_eos`, so each decodes the same count): generated tokens / wall time,
+  after a warm-up;
+- time to first token (streamed) of a ~1k-token prompt: cold (its start varies, so nobody sent it
+  before) and again with its prefix cached (the same prompt resent);
+- the prefill the prefix cache saves for a group of 16 rollouts of the agent's own first request
+  (its text-mode system prompt and a kernel_tasks question), sent at once as an RL group is:
+  sum(usage.prompt_tokens_details.cached_tokens) / sum(usage.prompt_tokens), and the group's latency.
+  Three groups: the first (the server has never seen the prompt), the next step's (same system
+  prompt, another task), and the group as rollouts send it today (each rollout's system prompt
+  names its own temporary workspace on its first line, which ends the prefix the group shares).
+
+This machine has 2 cores, shared with whatever else runs: read the figures as indicative, and
+compare servers only within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx2  # noqa: E402
+
+from agent.config import Config  # noqa: E402
+from agent.prompt import system_prompt  # noqa: E402
+from bench.kernel import descendants, pss_kb  # noqa: E402
+from evals.runner import prompt_of  # noqa: E402
+from evals.tasksets.kernel_tasks import KernelTasks  # noqa: E402
+from rl.models import ModelError, resolve  # noqa: E402
+
+VENV_BIN = Path(sys.executable).parent
+VLLM_VENV = ROOT / ".venv-vllm"  # where bench/vllm_venv.sh builds it by default (gitignored)
+DEFAULT_MODEL = "smollm2-135m-instruct"
+WORDS = ("the river north light stone market winter garden signal paper engine harbor silver orchard "
+         "window letter valley forest number bridge morning castle thunder island pocket shadow").split()
+
+
+# --- servers ----------------------------------------------------------------------------------
+
+class NotReady(Exception):
+    """A server that could not be started or never answered /v1/models; the message says why."""
+
+
+@dataclass
+class Server:
+    """A server to measure: where it answers, the model id it serves, and its process if we started it."""
+    name: str
+    base_url: str
+    model: str = ""
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
+    launch: dict[str, Any] = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def resolve_model(model: str) -> Path | None:
+    """The directory a model spec names (a directory, or an installed name: rl.models.resolve); None if neither."""
+    try:
+        return resolve(model).resolve()
+    except ModelError:
+        return None
+
+
+def log_tail(path: Path | None, lines: int = 15) -> str:
+    if path is None or not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def spawn(name: str, argv: list[str], env: dict[str, str], port: int, logs: Path, launch: dict) -> Server:
+    log = logs / f"{name}.log"
+    with open(log, "wb") as out:
+        # Its own session (and process group), so that stop() ends it with everything it started.
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=ROOT, start_new_session=True)
+    return Server(name, f"http://127.0.0.1:{port}/v1", proc=proc, log=log, launch={"argv": argv, **launch})
+
+
+def start_ours(model: str, logs: Path) -> Server:
+    exe = VENV_BIN / "prime-agent"
+    if not exe.exists():
+        raise NotReady(f"no {exe}: install the project first (bash scripts/setup.sh)")
+    port = free_port()
+    argv = [str(exe), "rl", "serve", "--model", model, "--port", str(port)]  # a name or a directory, as given
+    return spawn("ours", argv, dict(os.environ), port, logs, {"model": model})
+
+
+def vllm_ready(venv: Path) -> str | None:
+    """None when the vLLM venv is built, else why it cannot run."""
+    if not (venv / "bin" / "python").exists():
+        return f"no vLLM venv at {venv} (build it: .venv/bin/python bench/serve.py --build-vllm)"
+    if not (venv / ".complete").exists():
+        return f"the vLLM venv at {venv} is incomplete (its build failed or was cut short: rerun --build-vllm)"
+    return None
+
+
+def start_vllm(model: str, logs: Path, dtype: str, venv: Path) -> Server:
+    if why := vllm_ready(venv):
+        raise NotReady(why)
+    try:
+        resolved = resolve(model).resolve()
+    except ModelError as e:
+        raise NotReady(f"vLLM needs a model directory: {e}") from None
+    port = free_port()
+    ncpu = os.cpu_count() or 1
+    env = dict(os.environ,
+               # OMP_NUM_THREADS alone puts every thread on one core (0.4 tok/s): bind them to all cores.
+               VLLM_CPU_OMP_THREADS_BIND=f"0-{ncpu - 1}", VLLM_CPU_NUM_OF_RESERVED_CPU="0",
+               VLLM_CPU_KVCACHE_SPACE="2",  # GiB of KV cache; ~5 GB RSS in all
+               HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    env.pop("OMP_NUM_THREADS", None)
+    served = resolved.name if Path(model).is_dir() else model
+    # The `vllm` command fails (the distribution is named vllm-cpu): run the server's module.
+    # Prefix caching is on by default in V1; --enable-prompt-tokens-details makes usage report it.
+    argv = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(resolved), "--served-model-name", served, "--port", str(port), "--host", "127.0.0.1",
+            "--dtype", dtype, "--enforce-eager", "--enable-prompt-tokens-details", "--uvicorn-log-level", "warning"]
+    version = (venv / ".complete").read_text().strip()
+    return spawn("vllm", argv, env, port, logs, {"model": str(resolved), "version": version, "dtype": dtype,
+                                                  **{k: env[k] for k in ("VLLM_CPU_OMP_THREADS_BIND",
+                                                                         "VLLM_CPU_KVCACHE_SPACE")}})
+
+
+async def wait_ready(server: Server, timeout: float) -> float:
+    """Seconds until GET /v1/models lists a model (its id becomes server.model); NotReady if the
+    process exits first or it does not answer within `timeout`."""
+    started = time.perf_counter()
+    async with httpx2.AsyncClient(timeout=5) as client:
+        while True:
+            if server.proc is not None and server.proc.poll() is not None:
+                raise NotReady(f"it exited ({server.proc.returncode}) before it was ready; its log ends:\n"
+                               f"{log_tail(server.log)}")
+            with contextlib.suppress(httpx2.HTTPError, ValueError, KeyError, IndexError):
+                r = await client.get(f"{server.base_url}/models")
+                if r.status_code == 200:
+                    server.model = server.model or r.json()["data"][0]["id"]
+                    return time.perf_counter() - started
+                if server.proc is None and server.model:  # a running server without the route, named by --served-model
+                    return time.perf_counter() - started
+            if time.perf_counter() - started > timeout:
+                raise NotReady(f"no answer from {server.base_url}/models in {timeout:.0f} s; its log ends:\n"
+                               f"{log_tail(server.log)}")
+            await asyncio.sleep(0.5)
+
+
+def server_pss_mb(server: Server) -> float | None:
+    if server.proc is None or server.proc.poll() is not None:
+        return None
+    pids = [server.proc.pid, *descendants(server.proc.pid)]
+    return sum(pss_kb(p) for p in pids) / 1024
+
+
+def stop(server: Server) -> tuple[str, list[int]]:
+    """End a server we started and everything in its process group: SIGINT, then SIGTERM, then
+    SIGKILL, with a wait between. Returns the signal that ended it (with its seconds), and the pids
+    still alive after the last (there should be none)."""
+    proc = server.proc
+    if proc is None or not group_alive(proc.pid):
+        return "", []
+    group, t = proc.pid, time.monotonic()  # start_new_session: the group's id is the leader's pid
+    for sig, wait in ((signal.SIGINT, 15.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            proc.poll()
+            if not group_alive(group):
+                return f"{sig.name} after {time.monotonic() - t:.1f} s", []
+            time.sleep(0.2)
+    proc.poll()
+    return "", [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and pgid_of(int(p.name)) == group]
+
+
+def pgid_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies still count for killpg; a reaped leader with no other members does not.
+    return any(pgid_of(int(p.name)) == group and not _zombie(int(p.name))
+               for p in Path("/proc").iterdir() if p.name.isdigit())
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+# --- requests ---------------------------------------------------------------------------------
+
+@dataclass
+class Reply:
+    """One chat completion as measured: its usage and timings."""
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None  # None: the server reported no prompt_tokens_details
+    latency: float
+    ttft: float | None = None  # streamed requests only
+
+
+def usage_of(body: dict[str, Any], fallback_completion: int = 0) -> tuple[int, int, int | None]:
+    usage = body.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens")
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or fallback_completion), \
+        None if cached is None else int(cached)
+
+
+async def chat(client: httpx2.AsyncClient, server: Server, messages: list[dict], max_tokens: int,
+               temperature: float = 0.0) -> Reply:
+    body = {"model": server.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
+            "ignore_eos": True}
+    t = time.perf_counter()
+    r = await client.post(f"{server.base_url}/chat/completions", json=body)
+    latency = time.perf_counter() - t
+    if r.status_code != 200:
+        raise RuntimeError(f"chat/completions answered {r.status_code}: {r.text[:300]}")
+    data = r.json()
+    ids = (data.get("choices") or [{}])[0].get("token_ids") or []
+    prompt, completion, cached = usage_of(data, len(ids))
+    return Reply(prompt, completion, cached, latency)
+
+
+async def chat_streamed(client: httpx2.AsyncClient, server: Server, messages: list[dict], max_tokens: int) -> Reply:
+    """A streamed chat request: the time to its first generated text, and the usage of its last chunk."""
+    body = {"model": server.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    t = time.perf_counter()
+    ttft, usage, chunks = None, {}, 0
+    async with client.stream("POST", f"{server.base_url}/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"chat/completions (stream) answered {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            data = json.loads(payload)
+            for choice in data.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if ttft is None and (delta.get("content") or choice.get("token_ids")):
+                    ttft = time.perf_counter() - t
+                chunks += 1
+            if data.get("usage"):
+                usage = data
+    latency = time.perf_counter() - t
+    prompt, completion, cached = usage_of(usage, chunks)
+    return Reply(prompt, completion, cached, latency, ttft)
+
+
+def client_for(concurrency: int) -> httpx2.AsyncClient:
+    return httpx2.AsyncClient(timeout=httpx2.Timeout(900.0, connect=10.0),
+                              limits=httpx2.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4))
+
+
+# --- measures ---------------------------------------------------------------------------------
+
+def short_prompt(i: int) -> list[dict]:
+    topic = WORDS[i % len(WORDS)]
+    return [{"role": "user", "content": f"Story {i}: write a long story about a {topic}."}]
+
+
+async def warm_up(server: Server, width: int) -> None:
+    async with client_for(width) as client:
+        await chat(client, server, short_prompt(0), 16)
+        await asyncio.gather(*(chat(client, server, short_prompt(i), 8) for i in range(width)))
+
+
+async def decode(server: Server, concurrency: int, max_tokens: int) -> dict[str, Any]:
+    async with client_for(concurrency) as client:
+        t = time.perf_counter()
+        replies = await asyncio.gather(*(chat(client, server, short_prompt(100 + i), max_tokens)
+                                         for i in range(concurrency)))
+        wall = time.perf_counter() - t
+    tokens = sum(r.completion_tokens for r in replies)
+    return {"tok_s": tokens / wall, "wall_s": wall, "tokens": tokens,
+            "all_max_tokens": all(r.completion_tokens == max_tokens for r in replies),
+            "latency_p50_s": statistics.median(r.latency for r in replies)}
+
+
+def long_text(words: int, nonce: str) -> str:
+    rng = random.Random(7)  # the same body every time: only the start varies
+    body = " ".join(rng.choice(WORDS) for _ in range(words))
+    return f"Note {nonce}. Read this and summarise it: {body}"
+
+
+async def ttft(server: Server, target_tokens: int, repeats: int) -> dict[str, Any]:
+    async with client_for(2) as client:
+        # Calibrate the length on a prompt of its own (another start, so it warms nothing measured).
+        probe = await chat(client, server, [{"role": "user", "content": long_text(800, "calibration")}], 1)
+        words = max(50, round(800 * target_tokens / max(probe.prompt_tokens, 1)))
+        cold, warm = [], []
+        for i in range(repeats):
+            messages = [{"role": "user", "content": long_text(words, f"{time.time_ns():x}-{i}")}]
+            cold.append(await chat_streamed(client, server, messages, 8))
+            warm.append(await chat_streamed(client, server, messages, 8))
+
+    def med(xs):
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else None
+
+    return {"prompt_tokens": cold[0].prompt_tokens,
+            "cold_ttft_s": med(r.ttft for r in cold), "cached_ttft_s": med(r.ttft for r in warm),
+            "cold_cached_tokens": med(r.cached_tokens for r in cold),
+            "cached_cached_tokens": med(r.cached_tokens for r in warm),
+            "runs": [{"cold": vars(c), "cached": vars(w)} for c, w in zip(cold, warm)]}
+
+
+def agent_messages(task_index: int, cwd: Path, base_prompt: str = "full") -> list[dict]:
+    """A rollout's first request, as the agent sends it in text mode (no tools: the system prompt
+    carries agent/prompts/text.md): its system prompt for a session in `cwd`, and the task.
+    The harness view is left out (it is empty for a fresh harness)."""
+    task = KernelTasks().tasks(task_index + 1, seed=0)[task_index]
+    model: dict[str, str] = {"action_format": "text"}
+    if base_prompt != "full":
+        model["base_prompt"] = base_prompt
+    config = Config.model_validate({"model": model})
+    return [{"role": "system", "content": system_prompt(config, cwd)}, {"role": "user", "content": prompt_of(task)}]
+
+
+async def group(server: Server, prompts: list[list[dict]], max_tokens: int) -> dict[str, Any]:
+    async with client_for(len(prompts)) as client:
+        t = time.perf_counter()
+        # Sampled, as rollouts are, but unseeded: vllm-cpu 0.32.0's engine dies ("CPU Generator does
+        # not use offset") on a seeded request whose prefill is split over steps, as a ~1k-token one is.
+        replies = await asyncio.gather(*(chat(client, server, m, max_tokens, temperature=1.0) for m in prompts))
+        wall = time.perf_counter() - t
+    prompt = sum(r.prompt_tokens for r in replies)
+    cached = None if any(r.cached_tokens is None for r in replies) else sum(r.cached_tokens for r in replies)
+    return {"saved": None if cached is None or not prompt else cached / prompt, "prompt_tokens": prompt,
+            "cached_tokens": cached, "prompt_tokens_each": replies[0].prompt_tokens,
+            "wall_s": wall, "latency_p50_s": statistics.median(r.latency for r in replies)}
+
+
+@functools.cache
+def tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def shared_head(model_dir: Path | None, prompts: list[list[dict]]) -> int | None:
+    """Tokens common to the start of every prompt (the most a prefix cache can share), by the
+    model's own tokenizer and chat template; None where it cannot be loaded here."""
+    if model_dir is None:
+        return None
+    try:
+        tok = tokenizer(model_dir)
+        ids = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in prompts]
+        ids = [x["input_ids"] if isinstance(x, dict) or hasattr(x, "keys") else x for x in ids]
+    except Exception:  # noqa: BLE001 - only an annotation of the figures
+        return None
+    n = 0
+    while all(len(x) > n for x in ids) and len({x[n] for x in ids}) == 1:
+        n += 1
+    return n
+
+
+async def measure(server: Server, args, model_dir: Path | None) -> dict[str, Any]:
+    """Every figure of one server. A measure that fails is recorded as its error and the next one
+    runs, unless the server died: then the rest are marked skipped."""
+    # First one workspace path for all 16 (what a shared prefix can save), then each rollout's
+    # own, made as evals.runner.rollout makes them.
+    cwd = Path(tempfile.gettempdir()) / "pa-eval-workspace"
+    first = [agent_messages(0, cwd, args.base_prompt)] * args.group
+    after = [agent_messages(1, cwd, args.base_prompt)] * args.group
+    spaces = [Path(tempfile.mkdtemp(prefix="pa-eval-")) for _ in range(args.group)]
+    try:
+        as_sent = [agent_messages(2, d, args.base_prompt) for d in spaces]
+    finally:
+        for d in spaces:
+            d.rmdir()
+
+    async def grouped(prompts: list[list[dict]]) -> dict[str, Any]:
+        return {**await group(server, prompts, args.group_max_tokens), "shared_head_tokens": shared_head(model_dir, prompts)}
+
+    steps = [("warm_up", lambda: warm_up(server, max(args.concurrency)))]
+    steps += [(f"decode_{c}", lambda c=c: decode(server, c, args.max_tokens)) for c in args.concurrency]
+    steps += [("ttft", lambda: ttft(server, args.ttft_tokens, args.repeats)),
+              ("group_first", lambda: grouped(first)), ("group_next", lambda: grouped(after)),
+              ("group_as_sent", lambda: grouped(as_sent))]
+    out: dict[str, Any] = {}
+    for key, step in steps:
+        if server.proc is not None and server.proc.poll() is not None:
+            out[key] = {"error": f"skipped: the server had exited ({server.proc.returncode})"}
+            continue
+        print(f"[{server.name}] {key}", flush=True)
+        try:
+            figures = await asyncio.wait_for(step(), args.step_timeout)
+        except TimeoutError:
+            out[key] = {"error": f"not done in {args.step_timeout:.0f} s (--step-timeout)"}
+            print(f"[{server.name}] {key} failed: {out[key]['error']}", flush=True)
+        except Exception as e:  # noqa: BLE001 - a failed measure is a result; the others still run
+            out[key] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"[{server.name}] {key} failed: {out[key]['error']}", flush=True)
+        else:
+            if figures is not None:
+                out[key] = figures
+    out["pss_mb"] = server_pss_mb(server)
+    return out
+
+
+# --- the table --------------------------------------------------------------------------------
+
+def rows(levels: list[int], group: int, ttft_tokens: int) -> list[tuple[str, str, str]]:
+    """The table's rows: (label, path into a server's figures, "a|b" for two figures, format)."""
+    return [
+        ("ready after start (s)", "ready_s", "{:.1f}"),
+        *[(f"decode tok/s, {c} concurrent", f"decode_{c}.tok_s", "{:.1f}") for c in levels],
+        (f"ttft, ~{ttft_tokens}-token prompt, cold (s)", "ttft.cold_ttft_s", "{:.3f}"),
+        ("ttft, same prompt again, cached (s)", "ttft.cached_ttft_s", "{:.3f}"),
+        ("  prompt tokens / cached when resent", "ttft.prompt_tokens|ttft.cached_cached_tokens", "{:.0f}"),
+        (f"agent group x{group}, first: prefill saved", "group_first.saved", "{:.1%}"),
+        (f"  (at most {(group - 1) / group:.1%}); group wall time (s)", "group_first.wall_s", "{:.2f}"),
+        (f"agent group x{group}, next task: saved", "group_next.saved", "{:.1%}"),
+        ("  group wall time (s)", "group_next.wall_s", "{:.2f}"),
+        (f"agent group x{group}, own workspaces: saved", "group_as_sent.saved", "{:.1%}"),
+        ("  group wall time (s)", "group_as_sent.wall_s", "{:.2f}"),
+        ("  prompt tokens each / shared head", "group_as_sent.prompt_tokens_each|group_as_sent.shared_head_tokens",
+         "{:.0f}"),
+        ("server memory after, PSS (MB)", "pss_mb", "{:.0f}"),
+    ]
+
+
+def lookup(figures: dict[str, Any], path: str) -> Any:
+    value: Any = figures
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def cell(figures: dict[str, Any], path: str, fmt: str) -> str:
+    parts = [lookup(figures, p) for p in path.split("|")]
+    return " / ".join("-" if v is None else fmt.format(v) for v in parts)
+
+
+def print_table(results: dict[str, dict[str, Any]], levels: list[int], group: int, ttft_tokens: int) -> None:
+    names = list(results)
+    print(f"\n{'measure':<44}" + "".join(f"{n:>16}" for n in names))
+    for label, path, fmt in rows(levels, group, ttft_tokens):
+        print(f"{label:<44}" + "".join(f"{cell(results[n].get('figures', {}), path, fmt):>16}" for n in names))
+    for n in names:
+        if results[n].get("error"):
+            print(f"{n}: not measured: {results[n]['error']}")
+        for key, value in results[n].get("figures", {}).items():
+            if isinstance(value, dict) and value.get("error"):
+                print(f"{n}: {key} not measured: {value['error']}")
+            if isinstance(value, dict) and value.get("all_max_tokens") is False:
+                print(f"{n}: {key}: some replies fell short of max_tokens (ignore_eos not honoured?)")
+    ours, vllm = results.get("ours", {}).get("figures"), results.get("vllm", {}).get("figures")
+    if ours and vllm:
+        a, b = lookup(ours, "decode_16.tok_s"), lookup(vllm, "decode_16.tok_s")
+        if a and b:
+            print(f"target: decode at 16 concurrent >= vLLM's: {a:.1f} vs {b:.1f} {'ok' if a >= b else 'MISS'}")
+    if ours and group == 16 and (saved := lookup(ours, "group_first.saved")) is not None:
+        print(f"target: prefill saved for the group >= 90%: {saved:.1%} {'ok' if saved >= 0.9 else 'MISS'}")
+
+
+# --- main -------------------------------------------------------------------------------------
+
+def build_vllm(venv: Path) -> bool:
+    print(f"building the vLLM venv in {venv} (bench/vllm_venv.sh; a few minutes, ~3.4 GB)", flush=True)
+    log = ROOT / "bench" / "results" / "vllm_venv.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        rc = subprocess.call(["bash", str(ROOT / "bench" / "vllm_venv.sh"), str(venv)], stdout=out,
+                             stderr=subprocess.STDOUT)
+    if rc != 0 or vllm_ready(venv):
+        print(f"the vLLM venv could not be built (exit {rc}); the build's log ends:\n{log_tail(log)}\n"
+              f"(whole log: {log})")
+        return False
+    print(f"vLLM venv ready: {(venv / '.complete').read_text().strip()}")
+    return True
+
+
+async def run_one(name: str, args, logs: Path, started: list[Server]) -> dict[str, Any]:
+    """Start (or reach) one server, measure it, stop it: its figures, or the error that stopped it.
+    A server started is added to `started` at once, so that main() stops it whatever happens."""
+    result: dict[str, Any] = {}
+    server = None
+    try:
+        if name == "ours":
+            server = start_ours(args.model, logs)
+            started.append(server)
+        elif name == "vllm":
+            server = start_vllm(args.model, logs, args.vllm_dtype, args.vllm_venv)
+            started.append(server)
+        else:
+            server = Server(name, name.rstrip("/") if name.rstrip("/").endswith("/v1") else name.rstrip("/") + "/v1",
+                            model=args.served_model or "")
+        result["launch"] = server.launch
+        print(f"[{name}] starting: {' '.join(server.launch.get('argv', [server.base_url]))}", flush=True)
+        ready = await wait_ready(server, args.ready_timeout)
+        print(f"[{name}] ready in {ready:.1f} s, serving {server.model!r}", flush=True)
+        figures = await measure(server, args, resolve_model(args.model))
+        result["figures"] = {"ready_s": ready if server.proc else None, **figures}
+    except NotReady as e:
+        result["error"] = f"could not start: {e}"
+    except Exception as e:  # noqa: BLE001 - a failed server is a result, and the next one still runs
+        result["error"] = f"{type(e).__name__}: {e}"
+        if server is not None and server.proc is not None and server.proc.poll() is not None:
+            result["error"] += f"\nit exited ({server.proc.returncode}); its log ends:\n{log_tail(server.log)}"
+    finally:
+        if server is not None and server.proc is not None:
+            result["stopped_by"], left = stop(server)
+            print(f"[{name}] stopped by {result['stopped_by'] or 'itself (it had exited)'}", flush=True)
+            if left:
+                result["left_running"] = left
+                print(f"[{name}] processes still alive after stop: {left}", file=sys.stderr)
+    if result.get("error"):
+        print(f"[{name}] {result['error']}", flush=True)
+    return result
+
+
+def interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ours", action="store_true", help="start `prime-agent rl serve --model M` and measure it")
+    ap.add_argument("--vllm", action="store_true", help="start the real vLLM from .venv-vllm and measure it")
+    ap.add_argument("--url", action="append", default=[], help="measure a running OpenAI-compatible server")
+    ap.add_argument("--served-model", help="the model id to ask a --url server for (default: its first listed)")
+    ap.add_argument("--build-vllm", action="store_true", help="build .venv-vllm first (then run any server named)")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="an installed model's name or an HF directory")
+    ap.add_argument("--vllm-venv", type=Path, default=VLLM_VENV, help="the venv vLLM runs from (--build-vllm builds it)")
+    ap.add_argument("--vllm-dtype", default="float32", help="vLLM's --dtype (ours serves fp32 by default)")
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 16, 32])
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens each decode request generates")
+    ap.add_argument("--ttft-tokens", type=int, default=1024, help="the length of the time-to-first-token prompt")
+    ap.add_argument("--repeats", type=int, default=3, help="cold/cached pairs of the time-to-first-token prompt")
+    ap.add_argument("--group", type=int, default=16, help="rollouts in the agent's group")
+    ap.add_argument("--base-prompt", default="full", help="the agent's base prompt for the group (model.base_prompt)")
+    ap.add_argument("--group-max-tokens", type=int, default=32, help="tokens each rollout of the group generates")
+    ap.add_argument("--step-timeout", type=float, default=600.0, help="seconds each measure may take")
+    ap.add_argument("--ready-timeout", type=float, default=300.0, help="seconds a server has to answer /v1/models")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve.json"))
+    args = ap.parse_args()
+
+    if args.build_vllm:
+        if vllm_ready(args.vllm_venv) is None:
+            print(f"the vLLM venv at {args.vllm_venv} is built already (delete it to rebuild)")
+        elif not build_vllm(args.vllm_venv):
+            return 1
+    if args.build_vllm and not (args.ours or args.vllm or args.url):
+        return 0
+    names = (["ours"] if args.ours else []) + (["vllm"] if args.vllm else []) + args.url
+    notes = []
+    if not names:
+        names = ["ours"]
+        if why := vllm_ready(args.vllm_venv):
+            notes.append(f"vLLM not run: {why}")
+            print(notes[-1])
+        else:
+            names.append("vllm")
+
+    started, load = time.perf_counter(), os.getloadavg()
+    results: dict[str, dict[str, Any]] = {}
+    servers: list[Server] = []
+    logs = Path(tempfile.mkdtemp(prefix="bench-serve-logs-"))
+    # SIGTERM and SIGHUP unwind like ^C, so the servers started here are stopped on the way out.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupted)
+    try:
+        for name in names:  # one at a time: two servers on 2 cores would measure each other
+            results[name] = asyncio.run(run_one(name, args, logs, servers))
+    except KeyboardInterrupt as e:
+        print(f"interrupted ({e or 'SIGINT'}): stopping the servers started here, writing nothing", file=sys.stderr)
+        return 130
+    finally:
+        for server in servers:  # stopped already unless interrupted; stop() of a stopped one is a no-op
+            if left := stop(server)[1]:
+                print(f"[{server.name}] processes still alive after stop: {left}", file=sys.stderr)
+        kept = ROOT / "bench" / "results"
+        kept.mkdir(parents=True, exist_ok=True)
+        for log in logs.glob("*.log"):
+            shutil.copy(log, kept / f"serve-{log.name}")
+        shutil.rmtree(logs, ignore_errors=True)
+    total = time.perf_counter() - started
+
+    print_table(results, args.concurrency, args.group, args.ttft_tokens)
+    print(f"{'total bench time (s)':<44}{total:>16.1f}")
+    print("2 shared cores: these figures are indicative; compare servers within one run only.")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({
+        "servers": results, "notes": notes,
+        "args": {k: v for k, v in vars(args).items() if k != "out"},
+        "total_s": total, "nproc": os.cpu_count(), "loadavg_before": load,
+    }, indent=2, default=str) + "\n")
+    print(f"wrote {args.out} (server logs: bench/results/serve-*.log)")
+    return 0 if any("figures" in r for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
