@@ -41,6 +41,10 @@ class ModelConfig(_Section):
     """API key (OPENAI_API_KEY); local servers that need none get a placeholder."""
     action_format: Literal["tools", "text"] = "tools"
     """`tools`: native tool calling with one `ipython` tool. `text`: ```python fenced cells."""
+    base_prompt: Literal["full", "short"] = "full"
+    """The base prompt: `full` (agent/prompts/base.md: every kernel helper, subagents, the harness;
+    ~1,000 tokens) or `short` (agent/prompts/short.md: cells and `final()` alone; ~100 tokens), for a
+    small model whose context or attention the full one overwhelms."""
     stream: bool = True
     """Stream completions so the user sees text as it is written."""
     temperature: float | None = None

@@ -245,8 +245,10 @@ class OpenAIModel:
         usage = Usage()
         finish = None
         model = ""
+        prompt_ids = None
         async for chunk in await self._post(request):
             model = chunk.model or model
+            prompt_ids = prompt_ids or getattr(chunk, "prompt_token_ids", None)  # vLLM and ours: in the first chunk
             if chunk.usage:
                 usage = Usage(prompt_tokens=chunk.usage.prompt_tokens, completion_tokens=chunk.usage.completion_tokens)
             for choice in chunk.choices:
@@ -277,7 +279,8 @@ class OpenAIModel:
             logprobs=logprobs or None,
             token_ids=token_ids or None,
         )
-        return Completion(message=message, usage=usage, finish_reason=finish, model=model)
+        return Completion(message=message, usage=usage, finish_reason=finish, model=model,
+                          prompt_token_ids=prompt_ids if isinstance(prompt_ids, list) else None)
 
     def _parse(self, resp: Any) -> Completion:
         try:

@@ -24,13 +24,16 @@ def render(template: str, /, **values: str) -> str:
     return Template(_template(f"{template}.md")).substitute(values).strip()
 
 
-def base_prompt(cwd: Path, action_format: str) -> str:
+def base_prompt(cwd: Path, action_format: str, variant: str = "full") -> str:
+    """agent/prompts/base.md, or with `variant="short"` short.md, with how to act in `action_format`."""
+    if variant == "short":
+        return render("short", action_format=_template(f"short_{action_format}.md").strip())
     return render("base", cwd=str(cwd), action_format=_template(f"{action_format}.md").strip())
 
 
 def system_prompt(config: Config, cwd: Path, harness: str = "", instructions: str = "") -> str:
     """Base prompt, project instructions, the session's own instructions (a subagent's role), harness."""
-    parts = [base_prompt(cwd, config.model.action_format).strip()]
+    parts = [base_prompt(cwd, config.model.action_format, config.model.base_prompt).strip()]
     root = project_root(cwd)
     for name in config.project_instructions:
         path = root / name

@@ -211,6 +211,8 @@ class Job:
     """Per row, the prompt tokens whose keys and values came from a prefix cache."""
     version: int = 0
     error: BaseException | None = None
+    cancelled: bool = False
+    """Its client hung up: a sampler that can (rl.engine.HFEngine) drops its rows."""
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import signal
 import threading
 import time
 import uuid
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -192,7 +193,7 @@ def create_app(engine) -> FastAPI:
             raise HTTPException(400, f"cannot load weights: {e}") from None
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest):
+    async def chat(req: ChatRequest, request: Request):
         for m in req.messages:
             if not isinstance(m.get("content", ""), (str, type(None))):
                 m["content"] = "".join(p.get("text", "") for p in m["content"] if isinstance(p, dict))
@@ -201,10 +202,10 @@ def create_app(engine) -> FastAPI:
                                for m in req.messages])
         except Exception as e:  # the model's own chat template refused the messages (jinja raise_exception)
             raise HTTPException(400, f"the chat template refused the messages: {e}") from None
-        return await _respond(engine, req, [prompt], chat=True)
+        return await _respond(engine, req, [prompt], True, request)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, request: Request):
         p = req.prompt
         if isinstance(p, str):
             prompts = [tok.encode(p)]
@@ -216,12 +217,12 @@ def create_app(engine) -> FastAPI:
             raise HTTPException(400, "prompt must not be empty")
         if any(t < 0 or t >= engine.vocab_size for x in prompts for t in x):
             raise HTTPException(400, f"token ids must be in [0, {engine.vocab_size})")
-        return await _respond(engine, req, prompts, chat=False)
+        return await _respond(engine, req, prompts, False, request)
 
     return app
 
 
-async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool):
+async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool, request: Request):
     tok = engine.tok
     limit = engine.context
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
@@ -257,10 +258,14 @@ async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool):
                             ignore_eos=req.ignore_eos))
     waiter = asyncio.ensure_future(asyncio.to_thread(job.done.wait))
     if stream_q is not None:
-        return StreamingResponse(_stream(engine, req, job, waiter, stream_q, rid, created, chat, expanded, streams,
-                                         texts, sent),
+        return StreamingResponse(_stream(engine, req, job, waiter, stream_q, rid, created, chat, prompts, expanded,
+                                         streams, texts, sent),
                                  media_type="text/event-stream")
-    await waiter
+    while not waiter.done():  # a client that hangs up stops its rows (the sampler drops them)
+        await asyncio.wait([waiter], timeout=0.5)
+        if not waiter.done() and await request.is_disconnected():
+            job.cancelled = True
+            return JSONResponse({"error": {"message": "the client disconnected"}}, 499)
     if job.error is not None:
         raise HTTPException(500, f"sampling failed: {job.error}")
     for i, stream in enumerate(streams):
@@ -295,7 +300,18 @@ def _usage(rows: list[list[int]], job: Job, completion_tokens: int) -> dict[str,
             "prompt_tokens_details": {"cached_tokens": sum(job.cached or [])}}
 
 
-async def _stream(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat, rows, streams, texts, sent):
+async def _stream(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat, prompts, rows, streams, texts,
+                  sent):
+    try:
+        async for piece in _chunks(engine, req, job, waiter, q, rid, created, chat, prompts, rows, streams, texts,
+                                   sent):
+            yield piece
+    finally:  # also when the client hangs up (the generator is closed early): its rows stop
+        job.cancelled = not job.done.is_set()
+
+
+async def _chunks(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat, prompts, rows, streams, texts,
+                  sent):
     tok = engine.tok
     obj = "chat.completion.chunk" if chat else "text_completion"
     counts = [0] * len(rows)
@@ -304,9 +320,11 @@ async def _stream(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat
     def chunk(choice: dict) -> str:
         return "data: " + json.dumps({**base, "choices": [choice]}) + "\n\n"
 
-    if chat:
+    if chat:  # the first chunk also names the prompt's token ids, as vLLM's does
+        first = {**base, "prompt_token_ids": prompts[0] if len(prompts) == 1 else prompts}
         for i in range(len(counts)):
-            yield chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+            first["choices"] = [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+            yield "data: " + json.dumps(first) + "\n\n"
     stopped: set[int] = set()
     while not (waiter.done() and q.empty()):
         try:
@@ -390,7 +408,7 @@ class BackgroundServer:
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
         app = engine if isinstance(engine, FastAPI) else create_app(engine)
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=3)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
@@ -435,13 +453,29 @@ def hf_engine(model: str, name: str | None = None, dtype: str = "float32", trunc
 def main(args) -> int:
     import uvicorn
 
-    if args.model:
-        engine = hf_engine(args.model, args.served_model_name, args.dtype, args.truncate,
-                           prefix_cache_mb=args.prefix_cache_mb, context=args.max_model_len)
-        what = f"{engine.name} ({engine.model.num_params():,} parameters, {args.dtype}, context {engine.context})"
-    else:
+    if not args.model:
         engine = engine_from(args.checkpoint, truncate=args.truncate)
-        what = f"a byte policy ({engine.model.num_params():,} parameters)"
-    print(f"policy server: {what}, version {engine.version}, http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
+        _announce(f"a byte policy ({engine.model.num_params():,} parameters)", engine, args)
+        # requests in flight get a few seconds on a signal, not their whole generation
+        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning",
+                    timeout_graceful_shutdown=3)
+        return 0
+    engine = hf_engine(args.model, args.served_model_name, args.dtype, args.truncate, thread=False,
+                       prefix_cache_mb=args.prefix_cache_mb, context=args.max_model_len)
+    _announce(f"{engine.name} ({engine.model.num_params():,} parameters, {args.dtype}, context {engine.context})",
+              engine, args)
+    signal.signal(signal.SIGTERM, lambda *_: _stop())
+    with BackgroundServer(engine, args.host, args.port):  # HTTP in a thread; sampling here (HFEngine.run)
+        try:
+            engine.run()
+        except KeyboardInterrupt:
+            pass
     return 0
+
+
+def _announce(what: str, engine, args) -> None:
+    print(f"policy server: {what}, version {engine.version}, http://{args.host}:{args.port}/v1", flush=True)
+
+
+def _stop() -> None:
+    raise KeyboardInterrupt

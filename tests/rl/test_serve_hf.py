@@ -8,6 +8,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import httpx2 as httpx
 import openai
 import pytest
 import torch
@@ -196,3 +197,18 @@ def test_a_failing_request_fails_alone_and_the_server_keeps_serving(engine: HFEn
     assert bad.done.wait(60) and bad.error is not None
     (ok,) = sample(engine, [good])
     assert ok.result[0].tokens
+
+
+def test_a_client_that_hangs_up_stops_its_rows(tiny: Path):
+    engine = HFEngine(load_hf(tiny), name="tiny", context=8192)  # rope goes past the 512 it was made for
+    body = {"model": "tiny", "prompt": "go", "max_tokens": 8000, "ignore_eos": True, "temperature": 0}
+    with BackgroundServer(engine) as url:
+        with httpx.stream("POST", f"{url}/completions", json={**body, "stream": True}, timeout=30) as r:
+            next(r.iter_lines())
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/completions", json=body, timeout=0.5)
+        deadline = time.monotonic() + 10
+        while engine.rows and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not engine.rows
+        assert engine.stats["steps"] < 4000  # both dropped long before their 8,000 tokens

