@@ -352,8 +352,23 @@ class HFEngine:
                 if self.rows:
                     try:
                         self._step()
-                    except BaseException as e:  # a failed step fails its requests, not the server
+                    except Exception as e:  # a failed step fails its requests, not the server
                         self._fail(e)
+
+    def close(self) -> None:
+        """Fail every job not finished (the server is stopping), so no one waits on them. Call it once
+        `run` has returned (or from its thread)."""
+        while not self._jobs.empty():
+            job = self._jobs.get_nowait()
+            if job is not None:
+                self._waiting.append(job)
+        error = RuntimeError("the server is shutting down")
+        for job in self._waiting:
+            job.error = error
+            job.done.set()
+        self._waiting = []
+        if self.rows:
+            self._fail(error)
 
     def _admit(self, block: bool) -> None:
         """Take the queued jobs; start their rows unless new weights wait for the running ones to end."""
@@ -379,7 +394,7 @@ class HFEngine:
         if jobs:
             try:
                 self._start(jobs)
-            except BaseException as e:
+            except Exception as e:
                 for job in jobs:
                     self._fail(e, job)
 
@@ -520,13 +535,13 @@ class HFEngine:
     def _fail(self, error: BaseException, job: Job | None = None) -> None:
         """A job that could not run fails; a failed step fails every running job (the batch restarts)."""
         jobs = {id(r.job): r.job for r in self.rows} if job is None else {id(job): job}
+        for j in jobs.values():
+            j.error = error
         if job is None:
             self.rows.clear()
             self.slots = _Slots(*self._layout, self.dtype)
         else:
-            keep = [i for i, r in enumerate(self.rows) if r.job is not job]
-            for i in sorted(set(range(len(self.rows))) - set(keep), reverse=True):
-                self._finish(self.rows[i])
+            for r in [r for r in self.rows if r.job is job]:
+                self._finish(r)
         for j in jobs.values():
-            j.error = error
             j.done.set()

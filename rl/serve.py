@@ -24,6 +24,7 @@ import signal
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -231,8 +232,10 @@ async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool, 
     if keep is not None:
         prompts = [keep_tail(p, keep, tok.bos) for p in prompts]
     if any(len(p) >= limit for p in prompts):
-        raise HTTPException(400, f"the prompt is longer than the policy's context ({limit} tokens); "
-                                 "pass truncate_prompt_tokens, or start the server with --truncate")
+        raise HTTPException(400, f"this model's maximum context length is {limit} tokens and the prompt has "
+                                 f"{max(map(len, prompts))}: pass truncate_prompt_tokens ([env] prompt_tokens in RL) or "
+                                 "start the server with --truncate to keep its last tokens, or send a shorter prompt "
+                                 "(the agent: -c model.base_prompt='\"short\"')")
     expanded = [p for p in prompts for _ in range(req.n)]
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
     created = int(time.time())
@@ -258,9 +261,8 @@ async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool, 
                             ignore_eos=req.ignore_eos))
     waiter = asyncio.ensure_future(asyncio.to_thread(job.done.wait))
     if stream_q is not None:
-        return StreamingResponse(_stream(engine, req, job, waiter, stream_q, rid, created, chat, prompts, expanded,
-                                         streams, texts, sent),
-                                 media_type="text/event-stream")
+        reply = _Reply(engine, req, job, waiter, stream_q, rid, created, chat, prompts, expanded, streams, texts, sent)
+        return StreamingResponse(_stream(reply), media_type="text/event-stream")
     while not waiter.done():  # a client that hangs up stops its rows (the sampler drops them)
         await asyncio.wait([waiter], timeout=0.5)
         if not waiter.done() and await request.is_disconnected():
@@ -300,18 +302,38 @@ def _usage(rows: list[list[int]], job: Job, completion_tokens: int) -> dict[str,
             "prompt_tokens_details": {"cached_tokens": sum(job.cached or [])}}
 
 
-async def _stream(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat, prompts, rows, streams, texts,
-                  sent):
+@dataclass
+class _Reply:
+    """A streamed reply in the making: the request, its job, and each row's text so far."""
+
+    engine: Any
+    req: _Request
+    job: Job
+    waiter: asyncio.Future
+    queue: asyncio.Queue
+    """(row, token, logprob, text piece, stopped) per sampled token, from the sampler's thread."""
+    id: str
+    created: int
+    chat: bool
+    prompts: list[list[int]]
+    rows: list[list[int]]
+    streams: list
+    texts: list[str]
+    sent: list[int]
+
+
+async def _stream(reply: _Reply):
     try:
-        async for piece in _chunks(engine, req, job, waiter, q, rid, created, chat, prompts, rows, streams, texts,
-                                   sent):
+        async for piece in _chunks(reply):
             yield piece
     finally:  # also when the client hangs up (the generator is closed early): its rows stop
-        job.cancelled = not job.done.is_set()
+        reply.job.cancelled = not reply.job.done.is_set()
 
 
-async def _chunks(engine, req, job, waiter, q: asyncio.Queue, rid, created, chat, prompts, rows, streams, texts,
-                  sent):
+async def _chunks(r: _Reply):
+    engine, req, job, waiter, q, chat, prompts, rows, texts, sent = (
+        r.engine, r.req, r.job, r.waiter, r.queue, r.chat, r.prompts, r.rows, r.texts, r.sent)
+    rid, created, streams = r.id, r.created, r.streams
     tok = engine.tok
     obj = "chat.completion.chunk" if chat else "text_completion"
     counts = [0] * len(rows)
@@ -469,7 +491,7 @@ def main(args) -> int:
         try:
             engine.run()
         except KeyboardInterrupt:
-            pass
+            engine.close()  # requests in flight end with an error instead of waiting forever
     return 0
 
 

@@ -90,7 +90,7 @@ def test_the_openai_client_works_against_the_server(policy: Policy, tmp_path: Pa
         after = client.completions.create(model="p", prompt="abc", max_tokens=2)
         assert after.model_extra["policy_version"] == 7
         bad = client.with_options(max_retries=0)
-        with pytest.raises(openai.BadRequestError, match="longer than the policy's context"):
+        with pytest.raises(openai.BadRequestError, match="maximum context length is 64 tokens"):
             bad.completions.create(model="p", prompt="x" * 100, max_tokens=2)
 
 

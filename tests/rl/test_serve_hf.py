@@ -212,3 +212,60 @@ def test_a_client_that_hangs_up_stops_its_rows(tiny: Path):
             time.sleep(0.05)
         assert not engine.rows
         assert engine.stats["steps"] < 4000  # both dropped long before their 8,000 tokens
+
+
+def test_a_model_directory_hot_reloads_over_http_and_a_wrong_one_is_refused(tiny: Path, engine: HFEngine,
+                                                                            tmp_path: Path):
+    changed = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    with torch.no_grad():
+        for p in changed.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    changed.save_pretrained(tmp_path / "step-5")
+    (tmp_path / "step-5" / "COMPLETE").write_text("5")
+    wrong = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=2)
+    AutoModelForCausalLM.from_config(wrong).save_pretrained(tmp_path / "wrong")
+    with BackgroundServer(engine) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        ask = dict(model="tiny", prompt="abc", max_tokens=8, temperature=0)
+        before = client.completions.create(**ask)
+        assert client.post("/reload", body={"path": str(tmp_path)}, cast_to=object)["policy_version"] == 5
+        after = client.completions.create(**ask)
+        assert after.model_extra["policy_version"] == 5 and after.choices[0].text != before.choices[0].text
+        with pytest.raises(openai.BadRequestError, match="do not fit"):
+            client.post("/reload", body={"path": str(tmp_path / "wrong")}, cast_to=object)
+        assert client.completions.create(**ask).choices[0].text == after.choices[0].text
+
+
+def test_rl_serve_model_stops_on_sigterm_with_a_request_in_flight(tiny: Path):
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([str(Path(sys.executable).parent / "prime-agent"), "rl", "serve", "--model", str(tiny),
+                               "--max-model-len", "8192", "--port", str(port)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        assert any("policy server:" in line for line in iter(server.stdout.readline, ""))  # after the load's progress
+        url = f"http://127.0.0.1:{port}/v1"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{url}/models", timeout=1).raise_for_status()
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        body = {"model": "tiny", "prompt": "go", "max_tokens": 8000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{url}/completions", json=body, timeout=30) as r:
+            next(r.iter_lines())
+            server.send_signal(signal.SIGTERM)
+            started = time.monotonic()
+            assert server.wait(timeout=15) is not None
+        assert time.monotonic() - started < 10
+    finally:
+        server.kill()
+        server.wait()
