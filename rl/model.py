@@ -28,6 +28,8 @@ class ByteTokenizer:
 
     BOS, EOS, PAD, SYSTEM, USER, ASSISTANT, END = range(256, 263)
     vocab_size = 264
+    bos: int | None = BOS
+    """Kept at the head of a prompt cut to its tail (rl.serve.keep_tail)."""
     ROLES = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT}
     NAMES = {BOS: "<bos>", EOS: "<eos>", PAD: "<pad>", SYSTEM: "<|system|>", USER: "<|user|>",
              ASSISTANT: "<|assistant|>", END: "<|end|>"}
@@ -42,9 +44,6 @@ class ByteTokenizer:
         if i < 256:
             return bytes([i]).decode("utf-8", errors="replace")
         return self.NAMES.get(i, f"<{i}>")
-
-    bos: int | None = BOS
-    """Kept at the head of a prompt cut to its tail (rl.serve.keep_tail)."""
 
     def detokenizer(self) -> TextStream:
         return TextStream(lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", errors="replace"))

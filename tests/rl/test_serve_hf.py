@@ -269,3 +269,11 @@ def test_rl_serve_model_stops_on_sigterm_with_a_request_in_flight(tiny: Path):
     finally:
         server.kill()
         server.wait()
+
+
+def test_bfloat16_serves_the_model_at_half_the_width(tiny: Path):
+    engine = HFEngine(load_hf(tiny), dtype=torch.bfloat16)
+    assert next(engine.model.parameters()).dtype == torch.bfloat16
+    (job,) = sample(engine, [chat(engine, PROMPTS[0])], 8)
+    assert len(job.result[0].tokens) == 8
+    assert all(-30 < lp <= 0 for lp in job.result[0].logprobs)
