@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.rl.servers import policy_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a real model on 2 cores, maybe loaded: minutes
 
 QUESTIONS = ["What is the capital of France?", "Write a ```python cell that prints 2 + 2.", "Name three colors.",
              "Give me one tip for writing clean code."]
