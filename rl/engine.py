@@ -33,7 +33,7 @@ from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from rl.hf import HFPolicy, HFTokenizer, load_hf
-from rl.model import Job, Sampled
+from rl.model import Job, Sampled, latest_checkpoint
 
 BLOCK = 16
 """Tokens per prefix-cache block: a prompt's head is reused in whole blocks."""
@@ -284,8 +284,6 @@ class HFEngine:
 
     def load(self, path: Path) -> int:
         """Hot-reload a model directory; returns its version (from its COMPLETE marker, or one more)."""
-        from rl.model import latest_checkpoint
-
         path = latest_checkpoint(path) or path
         version = int((path / "COMPLETE").read_text()) if (path / "COMPLETE").is_file() else self.version + 1
         self.update(load_hf(path).inner.state_dict(), version)

@@ -4,7 +4,6 @@ transformers for reference, and `prime-agent run` in text mode."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -16,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.rl.servers import policy_server
+from tests.rl.servers import alone_and_together, policy_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a real model on 2 cores, maybe loaded: minutes
 
@@ -55,19 +54,8 @@ def test_greedy_replies_equal_plain_transformers_token_for_token(smollm2: Path, 
 
 
 def test_thirty_two_simultaneous_requests_each_equal_their_own_request_served_alone(served: str):
-    client = openai.AsyncOpenAI(base_url=served, api_key="none")
-
-    async def ask(i: int) -> list[int]:
-        r = await client.chat.completions.create(
-            model="smollm2", max_tokens=16, temperature=0,
-            messages=[{"role": "user", "content": f"{QUESTIONS[i % len(QUESTIONS)]} (question {i})"}])
-        return r.choices[0].model_extra["token_ids"]
-
-    async def main():
-        alone = [await ask(i) for i in range(32)]
-        return alone, await asyncio.gather(*(ask(i) for i in range(32)))
-
-    alone, together = asyncio.run(main())
+    alone, together = alone_and_together(served, "smollm2", [f"{QUESTIONS[i % len(QUESTIONS)]} (question {i})"
+                                                             for i in range(32)])
     assert together == alone
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -32,3 +33,21 @@ def policy_server(*args: str) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def alone_and_together(base_url: str, model: str, questions: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """The greedy token ids of each question's reply (16 tokens), asked one at a time, then all at once."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="none")
+
+    async def ask(question: str) -> list[int]:
+        r = await client.chat.completions.create(model=model, max_tokens=16, temperature=0,
+                                                 messages=[{"role": "user", "content": question}])
+        return r.choices[0].model_extra["token_ids"]
+
+    async def main():
+        alone = [await ask(q) for q in questions]
+        return alone, await asyncio.gather(*(ask(q) for q in questions))
+
+    return asyncio.run(main())

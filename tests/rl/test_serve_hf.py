@@ -4,7 +4,6 @@ downloaded. Greedy decoding is compared with plain transformers' own `generate`.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from rl.engine import BLOCK, HFEngine
 from rl.hf import load_hf
 from rl.model import Job
 from rl.serve import BackgroundServer
+from tests.rl.servers import alone_and_together
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -176,18 +176,7 @@ def test_the_server_answers_the_openai_client_with_a_logprob_and_id_per_token(en
 
 def test_thirty_two_concurrent_http_requests_each_equal_their_own_request_alone(engine: HFEngine):
     with BackgroundServer(engine) as url:
-        client = openai.AsyncOpenAI(base_url=url, api_key="none")
-
-        async def ask(i: int) -> list[int]:
-            r = await client.chat.completions.create(model="tiny", max_tokens=16, temperature=0,
-                                                     messages=[{"role": "user", "content": f"question {i}"}])
-            return r.choices[0].model_extra["token_ids"]
-
-        async def main():
-            alone = [await ask(i) for i in range(32)]
-            return alone, await asyncio.gather(*(ask(i) for i in range(32)))
-
-        alone, together = asyncio.run(main())
+        alone, together = alone_and_together(url, "tiny", [f"question {i}" for i in range(32)])
     assert together == alone
 
 
