@@ -34,6 +34,8 @@ class EnvConfig(_Section):
     prompt_tokens: int | None = Field(None, ge=2)
     """With harness: the policy sees only the last this many tokens of each request (asked of the server
     as vLLM's `truncate_prompt_tokens`); default: as much as its context leaves room for."""
+    base_prompt: Literal["full", "short"] = "full"
+    """With harness: the agent's base prompt (model.base_prompt); "short" for small models."""
 
 
 class SFTConfig(_Section):
@@ -124,19 +126,19 @@ class RunConfig(_Section):
 
     @field_validator("model")
     @classmethod
-    def _runs_sample_the_byte_policy(cls, model: PolicyConfig) -> PolicyConfig:
-        if model.hf:  # rather than quietly training a byte policy in its place
-            try:  # a name to pull or a path mistyped says so first
+    def _the_model_is_there(cls, model: PolicyConfig) -> PolicyConfig:
+        if model.hf:
+            try:  # a name to pull or a path mistyped says so now, not after a warm start
                 resolve(model.hf)
             except ModelNotFound as e:
                 raise ValueError(f"hf: {e}") from None
-            raise ValueError("hf: a run samples its rollouts from the built-in policy server, which serves the byte "
-                             "policy only; Hugging Face models train through rl.train.train_step (see bench/gpu.py)")
+        elif model.lora is not None:
+            raise ValueError("lora: an adapter trains on a Hugging Face model (model.hf)")
         return model
 
     @model_validator(mode="after")
     def _whole_samples_fit_a_packed_row(self) -> RunConfig:
-        if self.train.pack_length is not None and self.train.pack_length < self.model.max_seq:
+        if self.train.pack_length is not None and not self.model.hf and self.train.pack_length < self.model.max_seq:
             raise ValueError(f"train.pack_length ({self.train.pack_length}) must hold a whole sample: at least "
                              f"model.max_seq ({self.model.max_seq})")
         return self

@@ -91,9 +91,10 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The whole state dict on rank 0, on the CPU ({} on the other ranks); every rank must call it."""
+    """The weights a sampler loads (`model.weights()`: a Hugging Face model's under transformers' names, its
+    adapter merged) on rank 0, on the CPU ({} on the other ranks); every rank must call it."""
     if world() == 1:
-        return model.state_dict()
+        return model.weights()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -21,6 +21,7 @@ temperature 0 (greedy), under the model's own.
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from collections import OrderedDict
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from rl.hf import HFPolicy, HFTokenizer, load_hf
+from rl.hf import HFPolicy, HFTokenizer, load_hf, merged
 from rl.model import Job, Sampled, latest_checkpoint
 
 BLOCK = 16
@@ -232,7 +233,7 @@ class HFEngine:
 
     def __init__(self, policy: HFPolicy, name: str = "prime-policy", version: int = 0, truncate: bool = False,
                  dtype: torch.dtype = torch.float32, prefix_cache_mb: int = 1024, max_rows: int = 64,
-                 context: int | None = None, thread: bool = True):
+                 context: int | None = None, thread: bool = True, base: dict[str, torch.Tensor] | None = None):
         if policy.tokenizer is None:
             raise ValueError("the model has no tokenizer: serve a model directory with its tokenizer files")
         config = policy.inner.config
@@ -243,7 +244,7 @@ class HFEngine:
         self.tok: HFTokenizer = policy.tokenizer
         self.name, self.version, self.truncate = name, version, truncate
         self.dtype = dtype
-        self.context = context or int(getattr(config, "max_position_embeddings", 2048))
+        self.context = context or policy.context
         self.vocab_size = int(config.vocab_size)
         self.max_rows = max_rows
         eos = policy.inner.generation_config.eos_token_id if policy.inner.generation_config else None
@@ -253,6 +254,9 @@ class HFEngine:
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self._layout = (config.num_hidden_layers, heads, dim)
         self._shapes = {k: v.shape for k, v in self.model.inner.state_dict().items()}
+        self.base = base
+        """The weights a LoRA adapter is merged into (`load`): the base model's, when the served model is
+        base + adapter; else those served when the first adapter arrives."""
         self._packed: list[tuple[nn.Module, str, nn.Linear]] = []
         self._head: nn.Module | None = None
         self._pack()
@@ -283,10 +287,19 @@ class HFEngine:
         self._jobs.put(None)  # wake the worker if it is idle
 
     def load(self, path: Path) -> int:
-        """Hot-reload a model directory; returns its version (from its COMPLETE marker, or one more)."""
+        """Hot-reload a model directory, or a LoRA adapter's (only the adapter is read: merged into `base`);
+        returns its version (from its COMPLETE marker, or one more)."""
         path = latest_checkpoint(path) or path
         version = int((path / "COMPLETE").read_text()) if (path / "COMPLETE").is_file() else self.version + 1
-        self.update(load_hf(path).inner.state_dict(), version)
+        if (path / "adapter_config.json").is_file():
+            from safetensors.torch import load_file
+
+            if self.base is None:
+                self.base = {k: v.to(torch.float32, copy=True) for k, v in self.model.inner.state_dict().items()}
+            config = json.loads((path / "adapter_config.json").read_text())
+            self.update(merged(self.base, load_file(str(path / "adapter_model.safetensors")), config), version)
+        else:
+            self.update(load_hf(path).inner.state_dict(), version)
         return version
 
     def _swap(self) -> None:

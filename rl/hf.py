@@ -4,19 +4,27 @@
     hf = "smollm2-135m-instruct" # a model pulled with `prime-agent models pull` (rl/models.py)
     hf = "path/to/model-dir"     # weights, tokenizer and its chat template, from a local directory
     hf = "path/to/config.json"   # that architecture with random weights (benchmarks, no download)
+    lora = { r = 16, alpha = 32 }  # train a LoRA adapter (peft) instead of every weight
 
 `HFPolicy` offers the trainer what the byte `Policy` does: `forward(..., hidden=True)` for the
 final hidden states and `output_weight` for the unembedding, so log-probs come from
 rl/logprobs.py a chunk at a time. Weights stay fp32, the master copy the optimizer updates; on a
 GPU the forward runs in bf16 under autocast.
+
+Checkpoints are what transformers and vLLM read as they are: a model directory (`save_pretrained`,
+with the tokenizer), or for LoRA the adapter in PEFT's format (`adapter_config.json`,
+`adapter_model.safetensors`), whose `base_model_name_or_path` names the base model's directory.
+Samplers get plain weights under transformers' names, the adapter merged in (`weights`, `merged`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from rl.models import resolve
@@ -24,6 +32,22 @@ from rl.textstream import TextStream
 
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config fields of architectures whose logits are not hidden @ output_weight.T alone."""
+
+
+class LoraSpec(BaseModel):
+    """A LoRA adapter (peft) on a Hugging Face model: only the adapter trains."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(16, ge=1)
+    """Rank of each adapter's update."""
+    alpha: float = Field(32.0, gt=0)
+    """The update is scaled by alpha / r."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """On the adapter's input, in training only: above 0 the trainer scores tokens under dropout while the
+    sampler does not, so their probabilities differ (what IPO masks when they differ too much)."""
+    targets: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    """Names of the linear layers that get an adapter (llama's attention and MLP projections)."""
 
 
 class HFPolicy(nn.Module):
@@ -35,6 +59,9 @@ class HFPolicy(nn.Module):
             raise ValueError(f"{type(inner).__name__}: logits are not hidden states times an output weight "
                              f"({', '.join(transforms) or 'output head'}); not supported")
         self.inner, self.tokenizer = inner, tokenizer
+        self.adapter = None
+        """The peft model around `inner` when a LoRA adapter trains (its layers are `inner`'s, adapted in
+        place); kept off the module tree, so parameters and state_dict stay `inner`'s."""
         # no dropout, even in train mode: the trainer must score tokens as the sampler did
         for m in inner.modules():
             if isinstance(m, nn.Dropout):
@@ -45,6 +72,11 @@ class HFPolicy(nn.Module):
     @property
     def output_weight(self) -> torch.Tensor:
         return self.inner.get_output_embeddings().weight
+
+    @property
+    def context(self) -> int:
+        """Longest sequence in tokens."""
+        return int(getattr(self.inner.config, "max_position_embeddings", 2048))
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 hidden: bool = False) -> torch.Tensor:
@@ -65,8 +97,49 @@ class HFPolicy(nn.Module):
             return torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
         return None  # flash and flex kernels read packing from the position ids
 
+    def __setattr__(self, name: str, value) -> None:
+        if name == "adapter":  # not a submodule: see __init__
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def add_lora(self, spec: LoraSpec) -> None:
+        """A fresh adapter on `spec.targets`; every other weight is frozen."""
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=spec.targets)
+        self.adapter = get_peft_model(self.inner, config)
+
+    def plain(self) -> HFPolicy:
+        """A copy with the adapter (if any) merged into its weights: what a sampler serves."""
+        inner = copy.deepcopy(self.adapter).merge_and_unload() if self.adapter else copy.deepcopy(self.inner)
+        return HFPolicy(inner, self.tokenizer)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The model's weights under transformers' own names, with the adapter (if any) merged in: what
+        a sampler loads (rl.engine.HFEngine.update)."""
+        if self.adapter is None:
+            return self.inner.state_dict()
+        from peft import get_peft_model_state_dict
+
+        config = self.adapter.peft_config["default"].to_dict()
+        return merged(self.base_weights(), get_peft_model_state_dict(self.adapter), config)
+
+    def base_weights(self) -> dict[str, torch.Tensor]:
+        """The weights without the adapter, under transformers' names."""
+        return {k.replace(".base_layer.", "."): v for k, v in self.inner.state_dict().items() if ".lora_" not in k}
+
+    def save(self, folder: Path, weights: dict[str, torch.Tensor] | None = None) -> None:
+        """A model directory with the tokenizer, or the adapter alone (PEFT's format). `weights` must be
+        None: an HF model is saved from its own modules."""
+        if weights is not None:
+            raise ValueError("a Hugging Face model saves its own weights")
+        (self.adapter or self.inner).save_pretrained(folder)
+        if self.tokenizer is not None:
+            self.tokenizer.tok.save_pretrained(folder)
 
 
 class HFTokenizer:
@@ -77,6 +150,8 @@ class HFTokenizer:
         self.vocab_size = len(tok)
         self.bos = tok.bos_token_id if getattr(tok, "add_bos_token", False) else None
         """Kept at the head of a prompt cut to its tail, when the tokenizer starts every text with it."""
+        self.end = tok.eos_token_id
+        """Ends the assistant's turn (ChatML's <|im_end|>): a warm start's demonstrations end with it."""
 
     def token_str(self, i: int) -> str:
         return self.tok.decode([i])
@@ -99,20 +174,56 @@ class HFTokenizer:
         return self.encode(text + ("assistant:" if add_generation_prompt else ""))
 
 
-def load_hf(spec: str | Path, attn_implementation: str = "sdpa") -> HFPolicy:
-    """A model directory (weights, and its tokenizer when there is one) or the name of a pulled one, or a
-    config.json built with random weights (seeded by torch's global generator) and no tokenizer. fp32 either way."""
+def load_hf(spec: str | Path, attn_implementation: str = "sdpa", lora: LoraSpec | None = None) -> HFPolicy:
+    """A model directory (weights, and its tokenizer when there is one) or the name of a pulled one, a
+    LoRA adapter's directory (on the base model it names; it trains on), or a config.json built with
+    random weights (seeded by torch's global generator) and no tokenizer. fp32 either way. With `lora`,
+    a fresh adapter on the model."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils.logging import disable_progress_bar
 
+    disable_progress_bar()  # a bar per load and save, through a run's reloads and checkpoints
     path = resolve(spec)
+    if (path / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        base = json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
+        policy = load_hf(base, attn_implementation)
+        policy.adapter = PeftModel.from_pretrained(policy.inner, path, is_trainable=True)
+        return policy
     if path.is_file():
         config = AutoConfig.for_model(**json.loads(path.read_text()))
-        return HFPolicy(AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
-                                                         dtype=torch.float32))
-    if not (path / "config.json").is_file():
+        policy = HFPolicy(AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
+                                                           dtype=torch.float32))
+    elif (path / "config.json").is_file():
+        inner = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn_implementation,
+                                                     dtype=torch.float32, local_files_only=True)
+        has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+        tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True)) if has_tokenizer else None
+        policy = HFPolicy(inner, tokenizer)
+    else:
         raise FileNotFoundError(f"{path}: neither a config.json nor a model directory")
-    inner = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn_implementation, dtype=torch.float32,
-                                                 local_files_only=True)
-    has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
-    tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True)) if has_tokenizer else None
-    return HFPolicy(inner, tokenizer)
+    if lora is not None:
+        policy.add_lora(lora)
+    return policy
+
+
+def merged(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+    """`base` (transformers' names) with a LoRA adapter's update added to the weights it adapts: W + s B A,
+    s = alpha / r (alpha / sqrt(r) with rsLoRA). `adapter` is keyed as PEFT saves it
+    (`base_model.model.<module>.lora_A.weight`), `config` is its adapter_config.json."""
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise ValueError("adapters with per-layer ranks (rank_pattern, alpha_pattern) are not supported")
+    r, alpha = config["r"], config["lora_alpha"]
+    scale = alpha / r ** 0.5 if config.get("use_rslora") else alpha / r
+    out = dict(base)
+    for key, a in adapter.items():
+        if not key.endswith(".lora_A.weight"):
+            continue
+        module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+        name = module + ".weight"
+        if name not in out:
+            raise ValueError(f"the adapter adapts {module}, which the model does not have")
+        delta = (adapter[key.replace(".lora_A.", ".lora_B.")] @ a) * scale
+        out[name] = out[name] + (delta.T if config.get("fan_in_fan_out") else delta).to(out[name].dtype)
+    return out

@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
+from rl.hf import LoraSpec
 from rl.logprobs import chunked_logprobs, plain_logprobs
 from rl.textstream import TextStream
 
@@ -30,6 +31,8 @@ class ByteTokenizer:
     vocab_size = 264
     bos: int | None = BOS
     """Kept at the head of a prompt cut to its tail (rl.serve.keep_tail)."""
+    end: int = END
+    """Ends the assistant's turn (a warm start's demonstrations end with it)."""
     ROLES = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT}
     NAMES = {BOS: "<bos>", EOS: "<eos>", PAD: "<pad>", SYSTEM: "<|system|>", USER: "<|user|>",
              ASSISTANT: "<|assistant|>", END: "<|end|>"}
@@ -76,8 +79,9 @@ class PolicyConfig(BaseModel):
     vocab_size: int = ByteTokenizer.vocab_size
     hf: str | None = None
     """A Hugging Face causal LM instead of the byte policy (rl/hf.py): a model name, a local model
-    directory, or a config.json built with random weights. The fields above then do not apply.
-    For `build_policy` and `train_step`; a whole run refuses it (its sampler serves byte policies)."""
+    directory, or a config.json built with random weights. The fields above then do not apply."""
+    lora: LoraSpec | None = None
+    """With `hf`: train a LoRA adapter on the model instead of all its weights."""
 
 
 class Block(nn.Module):
@@ -139,8 +143,21 @@ class Policy(nn.Module):
     def output_weight(self) -> torch.Tensor:
         return self.tok.weight  # tied output embedding
 
+    @property
+    def context(self) -> int:
+        """Longest sequence in tokens."""
+        return self.config.max_seq
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """What a sampler loads (rl.serve.Engine.update)."""
+        return self.state_dict()
+
+    def save(self, folder: Path, weights: dict[str, torch.Tensor] | None = None) -> None:
+        """The weights (default: this model's) and config, as load_policy reads them."""
+        save_weights(folder, self.state_dict() if weights is None else weights, self.config)
 
 
 def build_policy(config: PolicyConfig) -> nn.Module:
@@ -148,7 +165,7 @@ def build_policy(config: PolicyConfig) -> nn.Module:
     if config.hf:
         from rl.hf import load_hf
 
-        return load_hf(config.hf)
+        return load_hf(config.hf, lora=config.lora)
     return Policy(config)
 
 
@@ -307,7 +324,7 @@ def save_checkpoint(path: Path, model: Policy, optimizer: torch.optim.Optimizer 
                     extra: dict | None = None) -> None:
     tmp = path.with_name(path.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_weights(tmp, model.state_dict(), model.config)
+    model.save(tmp)
     state = {"step": step, "rng": torch.get_rng_state(), **(extra or {})}
     if optimizer is not None:
         state["optimizer"] = optimizer.state_dict()
@@ -317,11 +334,17 @@ def save_checkpoint(path: Path, model: Policy, optimizer: torch.optim.Optimizer 
     os.replace(tmp, path)
 
 
-def load_policy(path: Path) -> Policy:
+def load_policy(path: Path) -> nn.Module:
+    """A checkpoint's model: a byte `Policy`, or a Hugging Face model (rl.hf.HFPolicy) where the checkpoint
+    is a model directory or a LoRA adapter."""
     from safetensors.torch import load_file
 
     if not (path / MARKER).is_file():
         raise FileNotFoundError(f"{path}: not a complete checkpoint (no {MARKER} marker)")
+    if (path / "adapter_config.json").is_file() or "model_type" in (path / "config.json").read_text():
+        from rl.hf import load_hf
+
+        return load_hf(path)
     model = Policy(PolicyConfig.model_validate_json((path / "config.json").read_text()))
     model.load_state_dict(load_file(str(path / "model.safetensors")))
     return model

@@ -53,14 +53,15 @@ def rollout_seed(seed: int, step: int) -> int:
 
 
 class Orchestrator:
-    def __init__(self, base_url: str, env: RLEnvironment, config: TrainConfig, version: int = 0):
+    def __init__(self, base_url: str, env: RLEnvironment, config: TrainConfig, version: int = 0, tokenizer=None):
         import openai
 
         self.env, self.config = env, config
         self.version = version
         """The policy version the server was last given (the trainer sets it): stamped on rollouts whose
         reply names none. The policy server names the version that sampled; vLLM does not."""
-        self.tok = ByteTokenizer()
+        self.tok = tokenizer or ByteTokenizer()
+        """Makes the prompts' token ids: the policy's own tokenizer (rl.hf.HFTokenizer for Hugging Face models)."""
         self.client = openai.OpenAI(base_url=base_url, api_key="local", max_retries=2, timeout=config.request_timeout)
         self._timeout = openai.APITimeoutError
         self._queue: queue.Queue[Batch | BaseException] | None = None

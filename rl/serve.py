@@ -460,16 +460,18 @@ def engine_from(checkpoint: str | None, config: PolicyConfig | None = None, seed
 
 
 def hf_engine(model: str, name: str | None = None, dtype: str = "float32", truncate: bool = False, **options):
-    """A Hugging Face model served by rl.engine.HFEngine: a name `prime-agent models list` shows, or a
-    directory. Served under `name` (default: the model's name)."""
+    """A Hugging Face model served by rl.engine.HFEngine: a name `prime-agent models list` shows, a model
+    directory, or a LoRA adapter's (served merged into its base). Served under `name` (default: the model's
+    name)."""
     from rl.engine import HFEngine
     from rl.hf import load_hf
     from rl.models import resolve
 
     path = resolve(model)
     version = int((path / "COMPLETE").read_text()) if (path / "COMPLETE").is_file() else 0
-    return HFEngine(load_hf(path), name=name or Path(model).name, version=version, truncate=truncate,
-                    dtype=getattr(torch, dtype), **options)
+    policy = load_hf(path)
+    return HFEngine(policy.plain(), name=name or Path(model).name, version=version, truncate=truncate,
+                    dtype=getattr(torch, dtype), base=policy.base_weights() if policy.adapter else None, **options)
 
 
 def main(args) -> int:

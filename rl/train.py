@@ -32,8 +32,8 @@ from rl.config import RunConfig, TrainConfig
 from rl.envs import load as load_env
 from rl.envs.harness import HarnessOrchestrator, policy_view
 from rl.model import (
-    MARKER, ByteTokenizer, Policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint, save_weights,
-    token_logprobs,
+    MARKER, ByteTokenizer, Policy, build_policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint,
+    save_weights, token_logprobs,
 )
 from rl.orchestrator import Batch, Orchestrator, reload
 from rl.packing import backward, micro_batches
@@ -71,22 +71,22 @@ def sft(cfg: RunConfig, log=print) -> Path:
         return done
     torch.manual_seed(cfg.train.seed)
     torch.set_num_threads(cfg.train.threads)
-    env, tok = load_env(cfg.env.name, **cfg.env.options), ByteTokenizer()
-    model = Policy(cfg.model)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr)
+    env, model = load_env(cfg.env.name, **cfg.env.options), build_policy(cfg.model)
+    tok = tokenizer(model)
+    opt = torch.optim.AdamW(trainable(model), lr=cfg.sft.lr)
     noise = random.Random(cfg.train.seed)
     started = time.time()
     for step in range(cfg.sft.steps):
         tasks = env.tasks(cfg.sft.batch_size, seed=WARM_START_SEED + step)
         rows, masks = [], []
         for t in tasks:
-            prompt = policy_view(t, cfg) if cfg.env.harness else tok.chat(
-                [{"role": "system", "content": t.system}, {"role": "user", "content": t.prompt}])
+            prompt = policy_view(t, cfg, tok, model.context) if cfg.env.harness else tok.chat(
+                ([{"role": "system", "content": t.system}] if t.system else []) + [{"role": "user", "content": t.prompt}])
             shown = env.distractor(t) if noise.random() < cfg.sft.noise else env.demonstration(t)
-            answer = tok.encode(shown) + [tok.END]
+            answer = tok.encode(shown) + [tok.end]
             rows.append(prompt + answer)
             masks.append([0] * (len(prompt) - 1) + [1] * len(answer))
-        ids, mask = pad(rows, tok.PAD), pad(masks, 0).float()
+        ids, mask = pad(rows, 0), pad(masks, 0).float()  # padding: after each row, never attended to
         model.train()
         loss = -(token_logprobs(model, ids) * mask).sum() / mask.sum()
         opt.zero_grad()
@@ -97,6 +97,16 @@ def sft(cfg: RunConfig, log=print) -> Path:
     path = out / f"step-{cfg.sft.steps}"
     save_checkpoint(path, model, None, 0)
     return path
+
+
+def tokenizer(model):
+    """The tokenizer the model reads: a Hugging Face model's own, else the byte tokenizer."""
+    return getattr(model, "tokenizer", None) or ByteTokenizer()
+
+
+def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """What the optimizer updates: every weight, or a LoRA adapter's alone."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 # --- one optimizer step ------------------------------------------------------------------------------
@@ -111,7 +121,7 @@ def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: Run
     opt.zero_grad()
     micro = dist.even(micro_batches(batch.samples, cfg.train.pack_length))
     m = backward(model, micro, cfg.train.temperature, cfg.loss, loss_tokens)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), cfg.train.max_grad_norm)
     opt.step()
     return {**m, "grad_norm": float(grad_norm)}
 
@@ -132,6 +142,9 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
     torch.set_num_threads(cfg.train.threads)
     env = load_env(cfg.env.name, **cfg.env.options)
 
+    if cfg.model.hf and dist.world() > 1:
+        raise ValueError("model.hf: Hugging Face models train in one process (FSDP2 shards byte policies only)")
+
     # --- weights: resume, else a named start, else the SFT warm start, else fresh
     resume = latest_checkpoint(out / "checkpoints")
     if resume is not None and cfg.train.policy_lag:
@@ -148,13 +161,12 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
         model = load_policy(dist.on_main(lambda: sft(cfg, log)))  # the other ranks wait for rank 0's
     else:
         torch.manual_seed(cfg.train.seed)
-        model = Policy(cfg.model)
+        model = build_policy(cfg.model)
     # rank 0's sampler, with its own copy of the weights, unless an external server samples (rollout_url);
-    # the agent's prompt is far longer than the policy's context: keep its tail
-    local = main and not cfg.train.rollout_url
-    engine = Engine(copy.deepcopy(model), version=start, truncate=cfg.env.harness) if local else None
+    # the agent's prompt is far longer than a byte policy's context: keep its tail
+    engine = sampler_engine(model, start, cfg) if main and not cfg.train.rollout_url else None
     model = dist.shard(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    opt = torch.optim.AdamW(trainable(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     if state is not None:
         dist.load_state(resume, model, opt, state)
         torch.set_rng_state(state["rng"])
@@ -174,8 +186,8 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
         elif main and cfg.env.harness:
             sampler = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, out)
         elif main:
-            sampler = Orchestrator(base_url, env, cfg.train, version=start)
-        publish = engine.update if engine else partial(_reload, cfg.train, out / "weights", model.config, sampler)
+            sampler = Orchestrator(base_url, env, cfg.train, version=start, tokenizer=tokenizer(model))
+        publish = engine.update if engine else partial(_reload, cfg.train, out / "weights", model, sampler)
         if cfg.train.rollout_url:  # an external server may hold other weights (a resumed run's are newer)
             weights = dist.full_weights(model)
             if main:
@@ -215,11 +227,25 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
     return history
 
 
-def _reload(c: TrainConfig, folder: Path, config, orchestrator, weights: dict[str, torch.Tensor], version: int) -> None:
-    """New weights for an external rollout server (train.rollout_url): written where it can read them,
-    loaded by it before the next request; the previous version's folder is then removed."""
+def sampler_engine(model: torch.nn.Module, version: int, cfg: RunConfig):
+    """The built-in policy server's sampler, on a copy of the model's weights (a LoRA adapter merged in)."""
+    if not cfg.model.hf:
+        return Engine(copy.deepcopy(model), version=version, truncate=cfg.env.harness)
+    from rl.engine import HFEngine
+
+    return HFEngine(model.plain(), version=version, truncate=cfg.env.harness)
+
+
+def _reload(c: TrainConfig, folder: Path, model: torch.nn.Module, orchestrator, weights: dict[str, torch.Tensor],
+            version: int) -> None:
+    """New weights for an external rollout server (train.rollout_url): written where it can read them (a
+    LoRA run's adapter alone), loaded by it before the next request; the previous version's folder is then
+    removed."""
     path = folder / f"step-{version}"
-    save_weights(path, weights, config)
+    if isinstance(model, Policy):  # under FSDP2 the gathered weights; a Hugging Face model saves its own
+        save_weights(path, weights, model.config)
+    else:
+        model.save(path)
     (path / MARKER).write_text(str(version))
     reload(c.reload_url or c.rollout_url.rstrip("/") + "/reload", path, c.request_timeout)
     if isinstance(orchestrator, Orchestrator):  # for replies that name no version (vLLM's)

@@ -40,7 +40,8 @@ def agent_config(base_url: str, train: TrainConfig, env: EnvConfig) -> Config:
 def agent_overrides(base_url: str, train: TrainConfig, env: EnvConfig) -> dict:
     """agent_config's settings as config overrides (what a daemon session is created with)."""
     return {
-        "model": {"name": "prime-policy", "base_url": base_url, "action_format": "text", "stream": False,
+        "model": {"name": "prime-policy", "base_url": base_url, "action_format": "text", "base_prompt": env.base_prompt,
+                  "stream": False,
                   "record_logprobs": True, "temperature": train.temperature, "max_completion_tokens": train.max_tokens,
                   "max_retries": 1, "timeout": train.request_timeout,
                   "extra_body": {"truncate_prompt_tokens": env.prompt_tokens} if env.prompt_tokens else {}},
@@ -51,20 +52,23 @@ def agent_overrides(base_url: str, train: TrainConfig, env: EnvConfig) -> dict:
     }
 
 
-def policy_view(task: Task, cfg: RunConfig) -> list[int]:
-    """The tokens the policy sees of a rollout's first request: the agent's text-mode system prompt
-    and the task, cut to what the server keeps. Exact whenever the kept tail lies within the task's
-    own message, which is what a warm start on these views assumes."""
-    messages = [{"role": "system", "content": _system_prompt()}, {"role": "user", "content": task.prompt}]
-    ids = ByteTokenizer().chat(messages)
-    limit = cfg.model.max_seq
+def policy_view(task: Task, cfg: RunConfig, tok=None, context: int | None = None) -> list[int]:
+    """The tokens the policy (reading `tok`, default the byte tokenizer, in `context` tokens, default
+    model.max_seq) sees of a rollout's first request: the agent's text-mode system prompt and the task,
+    cut to what the server keeps. Exact whenever the kept tail lies within the task's own message, which
+    is what a warm start on these views assumes (the prompt's working directory is this process's)."""
+    messages = [{"role": "system", "content": _system_prompt(cfg.env.base_prompt)},
+                {"role": "user", "content": task.prompt}]
+    tok = tok or ByteTokenizer()
+    ids = tok.chat(messages)
+    limit = context or cfg.model.max_seq
     keep = cfg.env.prompt_tokens or max(1, limit - min(cfg.train.max_tokens, limit // 2))  # as rl.serve keeps it
-    return keep_tail(ids, keep)
+    return keep_tail(ids, keep, tok.bos)
 
 
 @cache
-def _system_prompt() -> str:
-    return system_prompt(Config.model_validate({"model": {"action_format": "text"}}), Path.cwd())
+def _system_prompt(base: str) -> str:
+    return system_prompt(Config.model_validate({"model": {"action_format": "text", "base_prompt": base}}), Path.cwd())
 
 
 class HarnessOrchestrator:

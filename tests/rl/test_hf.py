@@ -99,8 +99,12 @@ def test_a_local_model_directory_loads_weights_tokenizer_and_chat_template(tmp_p
         load_hf(tmp_path)  # a directory, but no model in it
 
 
-def test_a_run_config_naming_an_hf_model_is_refused_rather_than_trained_as_a_byte_policy(tmp_path: Path):
+def test_a_run_config_names_a_model_that_is_there_and_an_adapter_only_on_one(tmp_path: Path):
     from rl.config import load
 
-    with pytest.raises(ValueError, match="field model: Value error, hf: a run samples its rollouts from the built-in policy server"):
-        load(None, ["--model.hf", json.dumps(str(config_file(tmp_path, "gpt2")))])
+    cfg = load(None, ["--model.hf", json.dumps(str(config_file(tmp_path, "gpt2"))), "--model.lora", "{r = 4}"])
+    assert (cfg.model.lora.r, cfg.model.lora.alpha) == (4, 32.0)
+    with pytest.raises(ValueError, match="hf: .*neither a model directory, a config.json nor a known model name"):
+        load(None, ["--model.hf", json.dumps(str(tmp_path / "nothing"))])
+    with pytest.raises(ValueError, match="lora: an adapter trains on a Hugging Face model"):
+        load(None, ["--model.lora", "{r = 4}"])

@@ -78,8 +78,7 @@ def test_the_pulled_directory_is_a_plain_hugging_face_model_and_a_name_where_a_m
     assert policy.tokenizer is not None and policy.tokenizer.encode("Paris") == tok.encode("Paris")
     with torch.no_grad():
         assert torch.allclose(policy(ids), model(ids).logits, atol=1e-4)
-    with pytest.raises(ValueError, match="hf: a run samples its rollouts from the built-in policy server"):
-        load(None, ["--model.hf", f'"{NAME}"'])  # found, then refused for what it is, as a directory is
+    assert load(None, ["--model.hf", f'"{NAME}"']).model.hf == NAME  # found, as a directory is
 
 
 def test_an_unreachable_registry_fails_clearly_and_leaves_nothing(tmp_path: Path):

@@ -1,6 +1,6 @@
 """The policy server on Hugging Face causal LMs (rl/engine.py): a tiny random-init llama with a
-byte-level tokenizer and a ChatML template, built here and saved as a model directory, never
-downloaded. Greedy decoding is compared with plain transformers' own `generate`."""
+byte-level tokenizer and a ChatML template (tests/rl/conftest.py), never downloaded. Greedy decoding
+is compared with plain transformers' own `generate`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import httpx2 as httpx
 import openai
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 from rl.engine import BLOCK, HFEngine
 from rl.hf import load_hf
@@ -20,31 +19,10 @@ from rl.model import Job
 from rl.serve import BackgroundServer
 from tests.rl.servers import alone_and_together
 
-CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    """A 2-layer llama (grouped-query attention, tied embeddings) with peaked random weights, so greedy
-    choices are not near-ties, and a tokenizer of bytes plus ChatML's special tokens."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    inner = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    inner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    inner.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                  pad_token="<|im_end|>", unk_token="<|endoftext|>")
-    tok.add_special_tokens({"additional_special_tokens": ["<|endoftext|>"]})
-    tok.chat_template = CHATML
-    tok.save_pretrained(path)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, initializer_range=0.3, bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
-    return path
+def tiny(tiny_llama: Path) -> Path:
+    return tiny_llama
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from evals.tasksets.reverse_text import ReverseText
 from rl.config import RunConfig, load
 from rl.orchestrator import Orchestrator
-from evals.tasksets.reverse_text import ReverseText
 from rl.serve import BackgroundServer, engine_from
 from rl.train import train
 
