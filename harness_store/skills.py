@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from harness_store.entries import (
@@ -190,6 +190,10 @@ def export_skills(skills: list[tuple[Entry, dict[str, Blob]]], dest: Path, *, fo
             if target.is_symlink() or (target.exists() and not target.is_dir()):
                 raise InvalidEntry(f"{target} is in the way: not a folder")
             present = _present(target) if target.is_dir() else None
+            for rel in wanted:  # nothing is written through a link to somewhere else
+                for parent in list(PurePosixPath(rel).parents)[:-1]:
+                    if (target / parent).is_symlink():
+                        raise InvalidEntry(f"{target / parent} is a symlink; the export writes no file through it")
             if present == wanted:
                 row.status = "unchanged"
             elif present is not None and not force:

@@ -4,6 +4,7 @@ it can, re-imports, rollback of an import, and export back to a standard skills 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -173,6 +174,13 @@ def test_export_then_import_round_trips_every_skill_byte_for_byte(store: Harness
     assert export_skills(skills[:1], out, force=True)[0].status == "updated"  # ...unless asked
     assert digests(out / "canvas-kit") == digests(published / "canvas-kit")
     assert export_skills(skills[:1], out)[0].status == "unchanged"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(out / "canvas-kit/scripts")
+    (out / "canvas-kit/scripts").symlink_to(elsewhere)
+    refused = export_skills(skills[:1], out, force=True)[0]
+    assert refused.reason == f"{out / 'canvas-kit/scripts'} is a symlink; the export writes no file through it"
+    assert list(elsewhere.iterdir()) == []
 
 
 @pytest.mark.parametrize("case", ["folder link out", "dangling link", "link inside", "name not utf-8", "skill too big"])
