@@ -92,7 +92,8 @@ def read_skill_folder(src: Path, limits: SkillLimits) -> SkillFolder:
     skill_id = check_id(folder_name(src))
     root = os.path.realpath(src)
     text, files, total = None, {}, 0
-    for here, dirs, names in os.walk(root):
+    for here, dirs, names in os.walk(root, onerror=_raise):  # an unreadable folder refuses the skill, not skipped
+        dirs.sort()
         for d in list(dirs):
             path = os.path.join(here, d)
             if d in SKIPPED_DIRS:
@@ -238,6 +239,10 @@ def _write_folder(target: Path, wanted: dict[str, Blob], present: dict[str, Blob
         while folder != target and not any(folder.iterdir()):
             folder.rmdir()
             folder = folder.parent
+
+
+def _raise(error: OSError) -> None:
+    raise error
 
 
 def _inside(path: str, root: str) -> bool:
