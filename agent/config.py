@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.types import Budget
-
+from harness_store.entries import SkillLimits
 
 MAX_DEPTH = 32
 """How deeply a config value may nest (tables and arrays, counted from the top): bounded, so
@@ -133,6 +133,16 @@ class RefineConfig(_Section):
     gate_seed: int = 0
 
 
+class HarnessConfig(_Section):
+    max_skill_file_bytes: int = Field(SkillLimits.max_file_bytes, ge=1)
+    """Largest file a skill may hold (a font, a PDF, an archive); an import refuses a skill with a bigger one."""
+    max_skill_bytes: int = Field(SkillLimits.max_skill_bytes, ge=1)
+    """Largest skill: all its files together, SKILL.md included."""
+
+    def limits(self) -> SkillLimits:
+        return SkillLimits(self.max_skill_file_bytes, self.max_skill_bytes)
+
+
 class DaemonConfig(_Section):
     pool_size: int = Field(2, ge=0)
     """Kernels the daemon keeps started ahead of time, so creating a session does not wait for one."""
@@ -160,6 +170,7 @@ class Config(_Section):
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     subagents: SubagentsConfig = Field(default_factory=SubagentsConfig)
     refine: RefineConfig = Field(default_factory=RefineConfig)
+    harness: HarnessConfig = Field(default_factory=HarnessConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     project_instructions: list[str] = Field(default_factory=lambda: ["AGENTS.md", "CLAUDE.md"])
     """Files in the project root whose text follows the base prompt."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.layout import SessionLayout
-from harness_store.entries import KINDS, Kind
+from harness_store.entries import KINDS, Kind, SkillLimits
 from harness_store.store import Edit, HarnessStore, Scope
 from harness_store.view import HarnessView
 
@@ -27,8 +27,9 @@ def scope_roots(home: Path, project: Path, session_dir: Path | None) -> dict[Sco
 class SessionHarness:
     """The harness as one session sees it, and the handlers behind `harness.*` in its kernel."""
 
-    def __init__(self, roots: dict[Scope, Path], session_id: str | None = None):
-        self.stores: dict[Scope, HarnessStore] = {scope: HarnessStore(root, scope) for scope, root in roots.items()}
+    def __init__(self, roots: dict[Scope, Path], session_id: str | None = None, limits: SkillLimits | None = None):
+        self.stores: dict[Scope, HarnessStore] = {scope: HarnessStore(root, scope, limits)
+                                                  for scope, root in roots.items()}
         self.view = HarnessView(list(self.stores.values()))
         self.session_id = session_id
 
@@ -57,6 +58,7 @@ class SessionHarness:
         return {
             "harness.list": threaded(self.list),
             "harness.show": threaded(self.show),
+            "harness.skill_path": threaded(self.skill_path),
             "harness.create": threaded(self.create),
             "harness.update": threaded(self.update),
             "harness.delete": threaded(self.delete),
@@ -75,6 +77,13 @@ class SessionHarness:
     def show(self, id: str) -> str:
         v = self.view.get(id)
         return f"[{v.entry.kind} {v.entry.id}, {v.scope} scope]\n" + v.entry.render()
+
+    def skill_path(self, id: str) -> str:
+        """The folder of the skill in force: its SKILL.md and every file it ships."""
+        v = self.view.get(id)
+        if v.entry.kind != "skill":
+            raise ValueError(f"{id!r} is a {v.entry.kind}, not a skill")
+        return str(self.store(v.scope).root / "skill" / id)
 
     def create(self, kind: Kind, id: str, content: str, title: str | None = None, description: str | None = None,
                scope: str = "session", metadata: dict | None = None, files: dict[str, str] | None = None) -> str:

@@ -111,7 +111,8 @@ class Session:
         self.inbox = Inbox()
         """Messages from the user (steering) and from the parent or children: delivered at the next
         model call, or by `agent_message.recv`."""
-        self.harness = SessionHarness(harness_roots or scope_roots(home(), project_root(self.cwd), self.dir), self.id)
+        self.harness = SessionHarness(harness_roots or scope_roots(home(), project_root(self.cwd), self.dir), self.id,
+                                      config.harness.limits())
         self.kernel = Kernel(self.cwd, self.dir, config.kernel, env={})
         self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks)
         self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,

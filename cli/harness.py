@@ -1,4 +1,4 @@
-"""`prime-agent harness list|show|log|diff|rollback|import`: the versioned harness from the shell."""
+"""`prime-agent harness list|show|log|diff|rollback|import|export`: the versioned harness from the shell."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import json
 import sys
 from pathlib import Path
 
-from agent.config import home, project_root
+from agent.config import ConfigError, home, load_config, project_root
 from agent.harness import SessionHarness, scope_roots
 from agent.layout import SessionLayout, sessions_dir
 from daemon.client import Client, DaemonError, daemon_pid
 from daemon.schemas import RolledBack
-from harness_store.entries import HarnessError, parse
-from harness_store.store import Change, Edit, HarnessStore, copy_skill_folder
+from harness_store.entries import HarnessError
+from harness_store.skills import SkillRow, export_skills, import_skills, skill_folders
+from harness_store.store import Change, size_text
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
@@ -43,6 +44,13 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--to", action="store_true", help="restore the whole scope as it was at REF")
     p = action("import", "import Agent Skills folders (.claude/skills, .agents/skills, or one skill)", "user")
     p.add_argument("path")
+    p.add_argument("--dry-run", action="store_true", help="show what would be imported; write nothing")
+    p = action("export", "write skills out as an Agent Skills folder (DIR/<name>/SKILL.md, e.g. .claude/skills)", None)
+    p.add_argument("--kind", choices=["skill"], required=True, help="what to export (skills have a standard format)")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("ids", nargs="*", metavar="ID", help="only these skills (default: every skill in force)")
+    p.add_argument("--force", action="store_true", help="replace a skill folder already in DIR that differs")
+    p.add_argument("--dry-run", action="store_true", help="show what would be written; write nothing")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -52,7 +60,11 @@ def main(args: argparse.Namespace) -> int:
     if args.scope == "session" and session_dir is None:
         return _fail("--scope session needs --session ID")
     project = project_root(Path(args.project or "."))
-    harness = SessionHarness(scope_roots(home(), project, session_dir), args.session)
+    try:  # the caps on a skill's files matter to an import alone: a broken config.toml blocks nothing else
+        limits = load_config(project).harness.limits() if args.action == "import" else None
+    except ConfigError as e:
+        return _fail(str(e))
+    harness = SessionHarness(scope_roots(home(), project, session_dir), args.session, limits)
     try:
         return ACTIONS[args.action](harness, args)
     except HarnessError as e:
@@ -130,21 +142,62 @@ async def _rollback_in_daemon(args: argparse.Namespace) -> int:
 
 
 def _import(harness: SessionHarness, args: argparse.Namespace) -> int:
+    """Each skill imported or refused on its own; fails only when nothing could be imported."""
     src = Path(args.path).expanduser()
-    folders = [src] if (src / "SKILL.md").is_file() else sorted(p.parent for p in src.glob("*/SKILL.md"))
+    folders = skill_folders(src)
     if not folders:
         return _fail(f"{src}: no SKILL.md in it or in its subfolders")
-    store: HarnessStore = harness.store(args.scope)
-    edits = []
-    for folder in folders:
-        text, files = copy_skill_folder(folder)
-        entry = parse(text, f"skill/{folder.name}/SKILL.md")
-        exists = store.version_of(entry.id) is not None
-        edits.append(Edit("update" if exists else "create", entry.id, kind="skill", title=entry.title,
-                          description=entry.description, body=entry.body, metadata=entry.metadata, files=files))
-    change = store.apply(edits, summary=f"import {len(edits)} skill(s) from {src}", trigger="import", source="user",
-                         session=args.session)
-    return _report(change, args)
+    report = import_skills(harness.store(args.scope), folders, summary=f"import skills from {src}",
+                           dry_run=args.dry_run, session=args.session)
+    if args.json:
+        _json({"rows": [_row_json(r) for r in report.rows], "dry_run": args.dry_run,
+               "change": _change_json(report.change) if report.change else None})
+    else:
+        _table(report.rows, args.dry_run)
+        if report.change:
+            print(f"{report.change.refinement_id}: {len(report.change.entries)} skill(s) into the {args.scope} scope "
+                  f"[{', '.join(report.change.entries)}]; undo with: prime-agent harness rollback "
+                  f"{report.change.refinement_id}")
+    return 0 if report.ok else _fail("no skill could be imported")
+
+
+def _export(harness: SessionHarness, args: argparse.Namespace) -> int:
+    if args.scope:
+        store = harness.store(args.scope)
+        found = [(e, store) for e in sorted(store.entries(), key=lambda e: e.id) if e.kind == "skill"]
+    else:
+        in_force = sorted(harness.view.entries("skill"), key=lambda v: v.entry.id)
+        found = [(v.entry, harness.store(v.scope)) for v in in_force]
+    missing = sorted(set(args.ids) - {e.id for e, _ in found})
+    if missing:
+        where = f"the {args.scope} scope" if args.scope else "any scope"
+        return _fail(f"no skill {', '.join(map(repr, missing))} in {where}")
+    chosen = [(e, store.skill_files(e.id)) for e, store in found if not args.ids or e.id in args.ids]
+    if not chosen:
+        return _fail("no skills to export")
+    rows = export_skills(chosen, Path(args.dir).expanduser(), force=args.force, dry_run=args.dry_run)
+    if args.json:
+        _json({"rows": [_row_json(r) for r in rows], "dry_run": args.dry_run})
+    else:
+        _table(rows, args.dry_run)
+    return 0 if any(r.status != "refused" for r in rows) else _fail("no skill could be exported")
+
+
+def _table(rows: list[SkillRow], dry_run: bool) -> None:
+    width = max(len("skill"), *(len(r.id) for r in rows))
+    print(f"{'skill':<{width}}  {'files':>5}  {'size':>9}  {'would be' if dry_run else 'result'}")
+    for r in rows:
+        status = f"refused: {r.reason}" if r.status == "refused" else r.status
+        print(f"{r.id:<{width}}  {r.files or '-':>5}  {size_text(r.size) if r.size else '-':>9}  {status}")
+        for w in r.warnings:
+            print(f"{'':<{width}}  {'':>5}  {'':>9}  warning: {w}")
+    if dry_run:
+        print("(dry run: nothing written)")
+
+
+def _row_json(r: SkillRow) -> dict:
+    return {"skill": r.id, "files": r.files, "size": r.size, "status": r.status, "reason": r.reason,
+            "warnings": r.warnings}
 
 
 def _report(change: Change | RolledBack, args: argparse.Namespace) -> int:
@@ -169,4 +222,5 @@ def _fail(message: str) -> int:
     return 2
 
 
-ACTIONS = {"list": _list, "show": _show, "log": _log, "diff": _diff, "rollback": _rollback, "import": _import}
+ACTIONS = {"list": _list, "show": _show, "log": _log, "diff": _diff, "rollback": _rollback, "import": _import,
+           "export": _export}

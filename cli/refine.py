@@ -103,7 +103,8 @@ async def _here(path: Path, records: list, meta: SessionRecord, args: argparse.N
     cwd = Path(meta.cwd)
     config = load_config(cwd)
     layout = SessionLayout(path.parent)
-    harness = SessionHarness(scope_roots(home(), project_root(cwd), layout.dir), meta.session_id)
+    harness = SessionHarness(scope_roots(home(), project_root(cwd), layout.dir), meta.session_id,
+                             config.harness.limits())
     model = OpenAIModel(config.model) if config.model.configured else None
     writer = TrajectoryWriter(path)
     said: list[ev.Event] = []

@@ -5,13 +5,15 @@ Layout inside a scope's repository:
     prompt/<id>.md          supplemental prompt notes
     memory/<id>.md          facts, decisions, failures, preferences
     subagent/<id>.md        reusable delegation specs (instructions in the body)
-    skill/<id>/SKILL.md     Agent-Skills-compatible skills; the folder may hold a Python package
+    skill/<id>/SKILL.md     Agent-Skills-compatible skills; the folder keeps every file the skill
+                            ships (scripts, a Python package, references, fonts, templates, archives)
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
 from typing import Any, Literal
@@ -25,12 +27,24 @@ KINDS: tuple[Kind, ...] = ("prompt", "memory", "skill", "subagent")
 BASE_PROMPT_ID = "base_prompt"
 ID_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
 MAX_ENTRY_CHARS = 32 * 1024
-"""Cap on one entry's Markdown body; prompt space is precious."""
-MAX_FILE_BYTES = 256 * 1024
-"""Cap on one file of a skill's package."""
+"""Cap on an entry's Markdown body as the refiner or the agent writes it (prompt space is precious);
+what a person writes (an import, an edit by hand) has none: a long published skill is normal."""
+MAX_DESCRIPTION_CHARS = 1024
+"""The Agent Skills limit on a description: what the refiner or the agent writes stays within it, a
+person's longer one is kept (with a warning at import) and the prompt view shows no more of it."""
 FRONT = re.compile(r"\A---[ \t]*\n(.*?\n)?---[ \t]*\n?(.*)\Z", re.DOTALL)
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+@dataclass(frozen=True)
+class SkillLimits:
+    """Caps on the files of a skill folder (any source); the defaults take the published collections."""
+
+    max_file_bytes: int = 20 * 1024 * 1024
+    """One file of a skill (a font, a PDF, an archive)."""
+    max_skill_bytes: int = 50 * 1024 * 1024
+    """All the files of one skill together, SKILL.md included."""
 
 
 class HarnessError(Exception):
@@ -92,8 +106,8 @@ class Entry(BaseModel):
     id: str
     kind: Kind
     title: str = Field(min_length=1, max_length=200)
-    description: str = Field(default="", max_length=1024)
-    """One line: what the entry is for; the prompt view shows it when space is short."""
+    description: str = ""
+    """What the entry is for (a skill: when to use it); the prompt view shows it when space is short."""
     created: datetime
     updated: datetime
     source: Source
@@ -113,13 +127,6 @@ class Entry(BaseModel):
     @classmethod
     def _aware(cls, v: datetime) -> datetime:
         return v if v.tzinfo else v.replace(tzinfo=timezone.utc)  # a hand-written date without a zone
-
-    @field_validator("body")
-    @classmethod
-    def _size(cls, v: str) -> str:
-        if len(v) > MAX_ENTRY_CHARS:
-            raise ValueError(f"the body has {len(v):,} characters; the limit is {MAX_ENTRY_CHARS:,}")
-        return v
 
     @model_validator(mode="after")
     def _kind_rules(self) -> Entry:
@@ -147,9 +154,21 @@ class Entry(BaseModel):
         front.update(created=self.created.isoformat(), updated=self.updated.isoformat(), source=self.source)
         if self.metadata:
             front["metadata"] = self.metadata
-        dumped = yaml.dump(front, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1000)
-        body = self.body if self.body.endswith("\n") or not self.body else self.body + "\n"
-        return f"---\n{dumped}---\n{body}"
+        return _with_front(front, self.body if self.body.endswith("\n") or not self.body else self.body + "\n")
+
+    def render_published(self) -> str:
+        """A skill's SKILL.md as Agent Skills tools (Claude Code, Codex) load it: `name`, `description`
+        (with `title` only where it is not the name), the skill's own fields, then the body as it is."""
+        front: dict[str, Any] = {"name": self.id, "description": self.description}
+        if self.title != self.id:
+            front["title"] = self.title
+        front.update({k: v for k, v in self.metadata.items() if k not in front})
+        return _with_front(front, self.body)
+
+
+def _with_front(front: dict[str, Any], body: str) -> str:
+    dumped = yaml.dump(front, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1 << 30)
+    return f"---\n{dumped}---\n{body}"
 
 
 def version(text: str | bytes | None) -> str | None:
@@ -182,7 +201,9 @@ def parse(text: str, path: str, *, default_source: Source = "user") -> Entry:
     name = front.pop("name", None)
     if kind == "skill" and name is not None and name != entry_id:
         raise InvalidEntry(f"{path}: skill name {name!r} must equal its folder name {entry_id!r}")
-    known = set(Entry.model_fields) - {"body"}
+    published = kind == "skill" and not {"id", "kind"} & front.keys()
+    # A SKILL.md as published (none of our fields): its `metadata` is one of its own fields, kept as is.
+    known = set(Entry.model_fields) - {"body"} - ({"metadata"} if published else set())
     extra = {k: front.pop(k) for k in list(front) if k not in known}
     stamp = now()
     data = {"id": entry_id, "kind": kind, "title": name or entry_id, "created": stamp, "updated": stamp,

@@ -29,11 +29,13 @@ import git
 
 from harness_store.entries import (
     KINDS,
-    MAX_FILE_BYTES,
+    MAX_DESCRIPTION_CHARS,
+    MAX_ENTRY_CHARS,
     Entry,
     HarnessError,
     InvalidEntry,
     Kind,
+    SkillLimits,
     Source,
     check_id,
     entry_path,
@@ -47,9 +49,30 @@ from harness_store.entries import (
 Scope = Literal["user", "project", "session"]
 GIT_IDENTITY = ("-c", "user.name=prime-agent", "-c", "user.email=prime-agent@localhost", "-c", "commit.gpgsign=false")
 GITIGNORE = "*.swp\n*~\n.#*\n*.tmp\n.harness.lock\n__pycache__/\n*.pyc\n"
+GITATTRIBUTES = (
+    "# Every file is kept byte for byte (no line-ending conversion); what skills ship in binary\n"
+    "# formats gets no text diff (`harness diff` says the file changed).\n"
+    "* -text\n"
+    + "".join(f"*.{ext} binary\n" for ext in (
+        "ttf otf woff woff2 eot pdf png jpg jpeg gif webp ico bmp tif tiff psd mp3 mp4 wav ogg webm "
+        "zip gz tgz tar bz2 xz zst 7z jar whl so dylib dll exe bin pkl npy npz pt onnx sqlite db "
+        "docx xlsx pptx odt ods odp").split())
+)
+OWN_FILES = (".gitignore", ".gitattributes")
+"""The store's own files: no rollback takes them away."""
 STAGE = object()
 """A write that commits the file as it is on disk (a person's own bytes, never rewritten)."""
-Write = "str | bytes | None | object"
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A file's bytes and whether it is executable (a skill's script run as `./scripts/x.sh`)."""
+
+    data: bytes
+    executable: bool = False
+
+
+Write = "str | bytes | Blob | None | object"
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git's id of the empty tree
 TRAILERS = ("Refinement-Id", "Trigger", "Session", "Evidence", "Reverts", "Restores")
 
@@ -74,8 +97,9 @@ class Edit:
     description: str | None = None
     body: str | None = None
     metadata: dict[str, Any] | None = None
-    files: dict[str, str] | None = None
-    """Skills only: package files (path relative to the skill folder -> text); replaces the old set."""
+    files: dict[str, str | bytes | Blob] | None = None
+    """Skills only: every file of the folder besides SKILL.md (path within the folder -> text, bytes,
+    or a Blob to keep the executable bit); replaces the old set."""
     base: str | None = None
     """The entry's version (`Entry` file hash) the edit was planned against; checked at apply time."""
 
@@ -94,9 +118,10 @@ class Change:
 
 
 class HarnessStore:
-    def __init__(self, root: Path, scope: Scope = "user"):
+    def __init__(self, root: Path, scope: Scope = "user", limits: SkillLimits | None = None):
         self.root = root
         self.scope = scope
+        self.limits = limits or SkillLimits()
         self._parsed: dict[str, tuple[tuple[int, int], Entry | None]] = {}
         self._repo: git.Repo | None = None
         self._thread_lock = threading.RLock()
@@ -112,6 +137,8 @@ class HarnessStore:
             if not (self.root / ".git").is_dir():
                 self._init()
             self._repo = git.Repo(self.root)
+        if not (self.root / ".gitattributes").is_file():
+            self._add_attributes()
         return self._repo
 
     def exists(self) -> bool:
@@ -136,8 +163,17 @@ class HarnessStore:
                 return
             repo = git.Repo.init(self.root)
             (self.root / ".gitignore").write_text(GITIGNORE)
-            self._land({".gitignore": STAGE}, f"harness: create the {self.scope} scope", {"Trigger": "init"}, [])
+            (self.root / ".gitattributes").write_text(GITATTRIBUTES)
+            self._land({".gitignore": STAGE, ".gitattributes": STAGE}, f"harness: create the {self.scope} scope",
+                       {"Trigger": "init"}, [])
             repo.close()
+
+    def _add_attributes(self) -> None:
+        """A scope made before skills kept binary files gets its .gitattributes in a commit of its own."""
+        with self._lock():
+            if not (self.root / ".gitattributes").is_file():
+                self._land({".gitattributes": GITATTRIBUTES}, "harness: keep every file byte for byte",
+                           {"Trigger": "init"}, [])
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
@@ -270,9 +306,9 @@ class HarnessStore:
         _check_layout(writes)
         return writes, touched
 
-    def dry_run(self, edit: Edit) -> None:
+    def dry_run(self, edit: Edit, source: Source = "refine") -> None:
         """Raise what `apply` would raise for this edit alone; write nothing."""
-        self._plan(edit, "refine")
+        self._plan(edit, source)
 
     def _plan(self, e: Edit, source: Source) -> dict[str, Write]:
         check_id(e.id)
@@ -302,6 +338,12 @@ class HarnessStore:
             return writes
         if e.files is not None and kind != "skill":
             raise InvalidEntry(f"only skills carry package files; {e.id!r} is a {kind}")
+        if source != "user":  # what a person imports or writes is theirs; the agent and the refiner keep to the caps
+            if e.body is not None and len(e.body) > MAX_ENTRY_CHARS:
+                raise InvalidEntry(f"{path}: the body has {len(e.body):,} characters; the limit is {MAX_ENTRY_CHARS:,}")
+            if e.description is not None and len(e.description) > MAX_DESCRIPTION_CHARS:
+                raise InvalidEntry(f"{path}: the description has {len(e.description):,} characters; "
+                                   f"the limit is {MAX_DESCRIPTION_CHARS:,}")
         stamp = now()
         fields: dict[str, Any] = old.model_dump() if old else {"id": e.id, "kind": kind, "created": stamp}
         for name in ("title", "description", "body", "metadata"):
@@ -314,15 +356,31 @@ class HarnessStore:
             entry = Entry.model_validate(fields)
         except ValueError as err:
             raise InvalidEntry(f"{path}: {err}") from None
-        writes = {path: entry.render()}
+        text = entry.render()
+        writes: dict[str, Write] = {path: text}
         if e.files is not None:
             writes.update({p: None for p in self._files_under(folder) if p != path})
-            for rel, text in e.files.items():
+            total = len(text.encode())
+            for rel, data in e.files.items():
                 rel = safe_relative(rel)
-                if len(text.encode()) > MAX_FILE_BYTES:
-                    raise InvalidEntry(f"{folder}{rel}: {len(text.encode()):,} bytes; the limit is {MAX_FILE_BYTES:,}")
-                writes[folder + rel] = text
+                blob = data if isinstance(data, Blob) else Blob(data.encode() if isinstance(data, str) else data)
+                total += len(blob.data)
+                check_size(self.limits, f"{folder}{rel}", len(blob.data), total)
+                writes[folder + rel] = blob
         return writes
+
+    def skill_files(self, entry_id: str) -> dict[str, Blob]:
+        """The committed files of a skill's folder besides its SKILL.md, by path within the folder."""
+        folder = f"skill/{check_id(entry_id)}"
+        repo = self._existing()
+        try:
+            tree = repo.head.commit.tree / folder if repo is not None else None
+        except KeyError:
+            tree = None
+        if tree is None:
+            return {}
+        return {item.path[len(folder) + 1:]: Blob(item.data_stream.read(), bool(item.mode & 0o111))
+                for item in tree.traverse() if item.type == "blob" and item.path != f"{folder}/SKILL.md"}
 
     def _files_under(self, folder: str) -> list[str]:
         """The committed files of a skill folder (never a person's untracked files or caches)."""
@@ -344,18 +402,16 @@ class HarnessStore:
                     path.unlink(missing_ok=True)
                     _prune_empty(path.parent, self.root)
                 elif data is not STAGE:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-                    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-                    os.replace(tmp, path)
+                    write_file(path, data if isinstance(data, Blob) else Blob(data.encode() if isinstance(data, str)
+                                                                              else data))
             lines = [summary.strip().splitlines()[0] if summary.strip() else "harness change"]
             rest = "\n".join(summary.strip().splitlines()[1:]).strip()
             if rest:
                 lines += ["", rest]
             kept = {k: " ".join(str(v).split()) for k, v in trailers.items() if v}
             lines += ["", *(f"{k}: {v}" for k, v in kept.items())]
-            if writes:
-                self._git("add", "-A", "--", *writes)
+            if writes:  # forced: a skill keeps every file it ships, whatever .gitignore says of editors' files
+                self._git("add", "-A", "-f", "--", *writes)
             self._git(*GIT_IDENTITY, "commit", "-q", "--no-verify", "--allow-empty", "--cleanup=whitespace",
                       "-m", "\n".join(lines))
         except BaseException:
@@ -432,10 +488,10 @@ class HarnessStore:
             parent = target.parents[0]
             writes: dict[str, Write] = {}
             for diff in parent.diff(target):
-                for rel in {diff.a_path, diff.b_path} - {None}:
+                for rel in {diff.a_path, diff.b_path} - {None} - set(OWN_FILES):
                     after = _blob(target, rel)
                     current = (self.root / rel).read_bytes() if (self.root / rel).is_file() else None
-                    if current != after:
+                    if current != (after.data if after else None):
                         raise Conflict(f"{rel} changed again after {ref}; roll back the later change first, "
                                        "or restore a whole earlier state with --to")
                     writes[rel] = _blob(parent, rel)
@@ -455,7 +511,7 @@ class HarnessStore:
             head = repo.head.commit
             writes: dict[str, Write] = {}
             for diff in target.diff(head):
-                for rel in {diff.a_path, diff.b_path} - {None}:
+                for rel in {diff.a_path, diff.b_path} - {None} - set(OWN_FILES):
                     writes[rel] = _blob(target, rel)
             if not writes:
                 raise InvalidEntry(f"the {self.scope} scope is already as it was at {ref}")
@@ -485,17 +541,22 @@ class HarnessStore:
         writes: dict[str, Write] = {}
         problems: list[str] = []
         for rel in sorted(self._dirty_paths()):
-            if rel == ".gitignore":
+            if rel in OWN_FILES:
                 continue
             path = self.root / rel
             try:
                 loc = locate(rel)
                 if loc is None:
                     raise InvalidEntry(f"{rel}: not part of any entry; left uncommitted")
-                if not path.is_file():
+                if path.is_symlink():
+                    raise InvalidEntry(f"{rel}: a symlink; a skill keeps files, not links (copy the file in)")
+                if not os.path.lexists(path):
                     writes[rel] = None
+                elif not path.is_file():
+                    raise InvalidEntry(f"{rel}: not a regular file; left uncommitted")
                 elif rel != entry_path(*loc):
-                    writes[rel] = STAGE  # a skill's package file: committed as the person wrote it
+                    check_size(self.limits, rel, path.stat().st_size, 0)
+                    writes[rel] = STAGE  # a skill's file: committed as the person wrote it
                 else:
                     entry = parse(path.read_text(encoding="utf-8"), rel)
                     writes[rel] = entry.model_copy(update={"source": "user", "updated": now()}).render()
@@ -523,11 +584,43 @@ def _trailers(message: str) -> dict[str, str]:
     return out
 
 
-def _blob(commit: git.Commit, rel: str) -> bytes | None:
+def _blob(commit: git.Commit, rel: str) -> Blob | None:
     try:
-        return (commit.tree / rel).data_stream.read()
+        item = commit.tree / rel
     except KeyError:
         return None
+    return Blob(item.data_stream.read(), bool(item.mode & 0o111))
+
+
+def write_file(path: Path, blob: Blob) -> None:
+    """Replace `path` with `blob` at once (a reader sees the old file or the new, never half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp.write_bytes(blob.data)
+    if blob.executable:
+        mode = tmp.stat().st_mode
+        tmp.chmod(mode | (mode & 0o444) >> 2)  # executable wherever readable
+    os.replace(tmp, path)
+
+
+def check_size(limits: SkillLimits, where: str, size: int, total: int) -> None:
+    """Refuse a skill file over the per-file cap, or a skill whose files together pass the per-skill cap."""
+    if size > limits.max_file_bytes:
+        big, cap = size_text(size), size_text(limits.max_file_bytes)
+        if big == cap:
+            big, cap = f"{size:,} B", f"{limits.max_file_bytes:,} B"
+        raise InvalidEntry(f"{where}: {big}, over the cap of {cap} per file (harness.max_skill_file_bytes)")
+    if total > limits.max_skill_bytes:
+        raise InvalidEntry(f"{where}: the skill's files pass {size_text(limits.max_skill_bytes)}, the cap per skill "
+                           "(harness.max_skill_bytes)")
+
+
+def size_text(n: int) -> str:
+    """A size for people: 812 B, 14.2 KB, 3.1 MB."""
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def _check_layout(writes: dict[str, Write]) -> None:
@@ -544,21 +637,3 @@ def _prune_empty(folder: Path, root: Path) -> None:
     while folder != root and folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
         folder = folder.parent
-
-
-def copy_skill_folder(src: Path) -> tuple[str, dict[str, str]]:
-    """(SKILL.md text, package files) of a skill folder on disk, for `import`."""
-    skill = src / "SKILL.md"
-    if not skill.is_file():
-        raise InvalidEntry(f"{src}: no SKILL.md")
-    files = {}
-    for p in sorted(src.rglob("*")):
-        rel = p.relative_to(src).as_posix()
-        if not p.is_file() or rel == "SKILL.md" or "__pycache__" in p.parts or p.suffix == ".pyc":
-            continue
-        try:
-            files[safe_relative(rel)] = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise InvalidEntry(f"{p}: only text files can be imported into a skill") from None
-    return skill.read_text(encoding="utf-8"), files
-

@@ -3,23 +3,28 @@
 The rendering is deterministic and stable-first, so a provider's prompt cache keeps hitting:
 kinds in a fixed order, entries oldest first (new entries append), and a per-kind size budget
 past which entries shrink to a title and one line, then to a count. Full text stays one call
-away in the kernel: `harness.show(id)`.
+away in the kernel: `harness.show(id)`. Skills disclose themselves progressively, as the Agent
+Skills format means them to: the prompt holds each one's name and description (no more than the
+format's 1,024 characters of it); SKILL.md and the files beside it are read when the skill is used.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness_store.entries import Entry, Kind
+from harness_store.entries import MAX_DESCRIPTION_CHARS, Entry, Kind
 from harness_store.store import HarnessStore, NotFound, Scope
 
 KIND_ORDER: tuple[Kind, ...] = ("prompt", "skill", "subagent", "memory")
 """Stable first: notes change least, memories most."""
 HEADINGS = {"prompt": "Prompt notes", "skill": "Skills", "subagent": "Subagents", "memory": "Memories"}
-DEFAULT_BUDGET: dict[Kind, int] = {"prompt": 8000, "skill": 3000, "subagent": 2000, "memory": 6000}
+DEFAULT_BUDGET: dict[Kind, int] = {"prompt": 8000, "skill": 16000, "subagent": 2000, "memory": 6000}
 """Characters per kind in the prompt view."""
 FULL_TEXT_KINDS = ("prompt", "memory")
-"""Kinds shown in full while their budget lasts; skills and subagents show a summary line."""
+"""Kinds shown in full while their budget lasts; skills show their description, subagents a summary line."""
+SKILLS_NOTE = ("Before you use a skill, read its instructions with `harness.show(id)` (a long one in parts: "
+               "`read(f\"{harness.skill_path(id)}/SKILL.md\", start, end)`); its scripts, references and assets are "
+               "in the folder `harness.skill_path(id)`.")
 
 
 @dataclass
@@ -78,12 +83,14 @@ class HarnessView:
 
     def _section(self, kind: Kind, group: list[ViewEntry]) -> str:
         budget = self.budget[kind]
-        lines = [f"## {HEADINGS[kind]}"]
+        lines = [f"## {HEADINGS[kind]}"] + ([SKILLS_NOTE] if kind == "skill" else [])
         used, shown = 0, 0
         for v in group:
             e = v.entry
             if kind in FULL_TEXT_KINDS and used + len(e.body) + len(e.title) < budget * 0.75:
                 block = f"### {e.title} [{e.id}]\n{e.body.strip()}"
+            elif kind == "skill" and used + min(len(e.description), MAX_DESCRIPTION_CHARS) < budget * 0.75:
+                block = f"- {e.title} [{e.id}]: " + " ".join(e.description[:MAX_DESCRIPTION_CHARS].split())
             else:
                 block = f"- {e.title} [{e.id}]" + (f": {e.summary}" if e.summary else "")
             if used + len(block) > budget:

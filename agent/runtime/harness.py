@@ -35,6 +35,11 @@ class Harness:
         """One entry in full: front matter and body."""
         return Text(self._host.call("harness.show", id=id))
 
+    def skill_path(self, id: str) -> str:
+        """The folder of a skill (its SKILL.md, scripts, references and assets such as fonts or
+        templates), to open its files or run its scripts: `f"{harness.skill_path('pdf')}/scripts/fill.py"`."""
+        return self._host.call("harness.skill_path", id=id)
+
     def create(self, kind: str, id: str, content: str, *, title: str | None = None, description: str | None = None,
                scope: str = "session", metadata: dict | None = None, files: dict | None = None) -> str:
         """Add an entry. kind: prompt | memory | skill | subagent. A skill needs a `description` and
@@ -50,7 +55,8 @@ class Harness:
         return self._host.call("harness.delete", id=id, scope=scope)
 
     def __repr__(self) -> str:
-        return "harness: list(kind=None), show(id), create(kind, id, content, ...), update(id, ...), delete(id)"
+        return ("harness: list(kind=None), show(id), skill_path(id), create(kind, id, content, ...), update(id, ...), "
+                "delete(id)")
 
 
 class SkillFinder(importlib.abc.MetaPathFinder):

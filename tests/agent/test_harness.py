@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from pathlib import Path
 
 from agent.events import Event
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import SystemPromptRecord, read_records
+from harness_store.skills import import_skills, skill_folders
 from harness_store.store import Edit, HarnessStore
 from tests.conftest import make_config
+from tests.harness_store.published import font, publish
 
 
 def system_of(call) -> str:
@@ -94,3 +97,28 @@ async def test_a_persons_edit_during_a_session_reaches_the_next_turn(project: Pa
     assert (edited.scope, edited.entries, edited.problems) == ("user", ["style"], [])
     assert user.get("style").source == "user"
     user.close()
+
+
+async def test_a_skills_script_opens_its_own_font_by_the_skills_path(project: Path, prime_home: Path, tmp_path: Path):
+    published = publish(tmp_path / "published", cap=1 << 20)
+    user = HarnessStore(prime_home / "harness", "user")
+    import_skills(user, skill_folders(published), summary="import", session=None)
+    user.close()
+    script = [
+        cells("import hashlib\np = harness.skill_path('canvas-kit')\n"
+              "print(hashlib.sha256(open(f'{p}/canvas-fonts/Arsenal-Regular.ttf', 'rb').read()).hexdigest())",
+              "import canvas_kit\nprint(canvas_kit.font_digest())",
+              "import subprocess, sys\nprint(subprocess.run([sys.executable, '-m', 'scripts.render.measure'], cwd=p, "
+              "capture_output=True, text=True, check=True).stdout.strip())",
+              "print(subprocess.run([f'{p}/scripts/build.sh'], capture_output=True, text=True, check=True)"
+              ".stdout.strip())",
+              "harness.skill_path('nope')"),
+        "done",
+    ]
+    async with Session(make_config(), ScriptedModel(script), cwd=project) as s:
+        await s.prompt("use the canvas kit")
+    assert "- canvas-kit [canvas-kit]: Make posters with the bundled fonts and templates" in system_of(s.model.calls[0])
+    digest = hashlib.sha256(font()).hexdigest()
+    by_path, imported, run, built, missing = (m.content for m in s.model.calls[1][-5:])
+    assert (by_path, imported, run, built) == (digest, digest, digest, "built")
+    assert "NotFound: no harness entry 'nope' in any scope" in missing

@@ -13,6 +13,7 @@ import pytest
 from agent.testing.openai_server import OpenAIServer, Reply
 from agent.trajectory import RefinementRecord, read_records
 from harness_store.store import Edit, HarnessStore
+from tests.harness_store.published import digests, publish
 
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
 
@@ -34,7 +35,7 @@ def skills(tmp_path: Path) -> Path:
 def test_import_list_show_log_diff_rollback(project: Path, prime_home: Path, skills: Path):
     imported = cli("import", str(skills), cwd=project)
     assert imported.returncode == 0, imported.stderr
-    assert "import 2 skill(s)" in imported.stdout and "[csv-clean, pdf-tools]" in imported.stdout
+    assert "2 skill(s) into the user scope [csv-clean, pdf-tools]" in imported.stdout
     assert (prime_home / "harness/skill/pdf-tools/scripts/run.py").read_text() == "print('ok')\n"
 
     store = HarnessStore(prime_home / "harness", "user")
@@ -76,8 +77,55 @@ def test_errors_are_clear_and_change_nothing(project: Path, prime_home: Path, tm
     bad.mkdir(parents=True)
     (bad / "SKILL.md").write_text("---\nname: Bad Name\ndescription: x\n---\nbody\n")
     refused = cli("import", str(bad.parent), cwd=project)
-    assert refused.returncode == 2 and "invalid id" in refused.stderr
+    assert refused.returncode == 2 and "refused: invalid id 'Bad Name'" in refused.stdout
+    assert refused.stderr == "prime-agent: no skill could be imported\n"
     assert not (prime_home / "harness/skill").exists()
+
+
+def test_a_published_collection_imports_what_it_can_updates_exports_and_rolls_back(project: Path, prime_home: Path,
+                                                                                    tmp_path: Path):
+    cap = 512 * 1024
+    prime_home.mkdir()
+    (prime_home / "config.toml").write_text(f"[harness]\nmax_skill_file_bytes = {cap}\n")
+    published = publish(tmp_path / "skills", cap=cap)
+
+    dry = cli("import", str(published), "--dry-run", cwd=project)
+    assert dry.returncode == 0 and dry.stdout.endswith("(dry run: nothing written)\n")
+    assert not (prime_home / "harness").exists()
+    table = cli("import", str(published), cwd=project)
+    assert table.returncode == 0, table.stderr
+    lines = [" ".join(ln.split()) for ln in table.stdout.splitlines()]
+    assert lines[:3] == ["skill files size result", "canvas-kit 11 216.5 KB new",
+                         "huge - - refused: data.bin: 524,289 B, over the cap of 524,288 B per file "
+                         "(harness.max_skill_file_bytes)"]
+    assert lines[3].startswith("linked - - refused: notes.md: a symlink pointing outside the skill folder (")
+    assert lines[4:7] == ["long-api 1 73.2 KB new", "warning: the description has 1,100 characters, over the Agent "
+                          "Skills limit of 1,024; the prompt view shows the first 1,024",
+                          "piped - - refused: feed: a FIFO, not a regular file"]
+    first = json.loads(cli("log", "--json", "-n", "1", cwd=project).stdout)[0]
+    assert first["trigger"] == "import" and first["entries"] == ["canvas-kit", "long-api"]
+
+    (published / "canvas-kit/showcase.pdf").write_bytes(b"%PDF-1.7\n%%EOF\n")
+    again = json.loads(cli("import", str(published), "--json", cwd=project).stdout)
+    assert {r["skill"]: r["status"] for r in again["rows"]} == {
+        "canvas-kit": "updated", "huge": "refused", "linked": "refused", "long-api": "unchanged", "piped": "refused"}
+    assert again["change"]["entries"] == ["canvas-kit"]
+    assert "Binary files a/skill/canvas-kit/showcase.pdf and b/skill/canvas-kit/showcase.pdf differ" in \
+        cli("diff", cwd=project).stdout
+
+    out = project / ".agents/skills"
+    exported = cli("export", "--kind", "skill", str(out), cwd=project)
+    assert exported.returncode == 0, exported.stderr
+    assert [" ".join(ln.split()) for ln in exported.stdout.splitlines()] == [
+        "skill files size result", "canvas-kit 11 188.6 KB new", "long-api 1 73.2 KB new"]
+    for name in ("canvas-kit", "long-api"):
+        assert digests(out / name) == digests(published / name)  # byte for byte, SKILL.md included
+
+    assert cli("rollback", again["change"]["refinement_id"], cwd=project).returncode == 0
+    assert cli("rollback", first["refinement_id"], cwd=project).returncode == 0
+    assert not (prime_home / "harness/skill").exists()
+    nothing = cli("import", str(published / "huge"), cwd=project)
+    assert nothing.returncode == 2 and "refused: data.bin" in nothing.stdout
 
 
 def test_refine_a_finished_session_then_approve_it(project: Path, prime_home: Path):
