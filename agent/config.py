@@ -7,6 +7,7 @@ OPENAI_API_KEY, PRIME_AGENT_MODEL) < command-line overrides.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -248,9 +249,12 @@ def load_config(cwd: Path, overrides: dict[str, Any] | None = None, source: str 
         files = [path for path in files if path.is_file()]
     except OSError as e:
         raise ConfigError(f"{shorten(e.filename or cwd)}: {e.strerror}") from None
-    for path in files:
+    for path in files:  # each checked over what came before it (a policy for a server .mcp.json names)
         data = read_mcp_json(path) if path.name == MCP_JSON else _read_toml(path)
-        merge(merged, _validated(data, str(path)))
+        check_values(data, str(path))
+        candidate = copy.deepcopy(merged)
+        merge(candidate, data)
+        merged = _validated(candidate, str(path))
     env: dict[str, Any] = {}
     for var, (section, key) in ENV_VARS.items():
         if os.environ.get(var):
