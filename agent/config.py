@@ -1,18 +1,21 @@
 """Configuration: one pydantic model per component, loaded from layered sources.
 
-Order, later wins: defaults < $PRIME_AGENT_HOME/config.toml < <project>/.prime-agent/config.toml
-< environment (OPENAI_BASE_URL, OPENAI_API_KEY, PRIME_AGENT_MODEL) < command-line overrides.
+Order, later wins: defaults < $PRIME_AGENT_HOME/config.toml < <project>/.mcp.json (its MCP servers,
+Claude Code's format) < <project>/.prime-agent/config.toml < environment (OPENAI_BASE_URL,
+OPENAI_API_KEY, PRIME_AGENT_MODEL) < command-line overrides.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent.types import Budget
 from harness_store.entries import SkillLimits
@@ -163,6 +166,55 @@ class DaemonConfig(_Section):
     """Seconds a stopping daemon waits for interrupted turns to end and be recorded."""
 
 
+class McpServerConfig(_Section):
+    """One MCP server: a command to run (stdio) or a URL (streamable HTTP, or the older SSE).
+    `${VAR}` and `${VAR:-default}` in `command`, `args`, `env`, `url` and `headers` are expanded
+    from the host's environment when the server starts, never earlier (nothing expanded is
+    written to a session's records)."""
+
+    type: Literal["stdio", "http", "sse"] | None = None
+    """The transport; None: `stdio` with a `command`, `http` with a `url`."""
+    command: str | None = None
+    """The executable of a stdio server (looked up on PATH)."""
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment of a stdio server, over a minimal inherited one (HOME, PATH, SHELL, TERM, USER,
+    LOGNAME): the host's other variables (its API keys) do not reach the server. Never reaches the kernel."""
+    cwd: str | None = None
+    """Working directory of a stdio server; None: the session's."""
+    url: str | None = None
+    """The endpoint of an HTTP server, e.g. http://localhost:3001/mcp."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """HTTP headers sent with every request (an Authorization token). Never reaches the kernel."""
+    policy: Literal["allow", "ask", "deny"] = "allow"
+    """allow: calls run; ask: each call waits for a person's approval (an approval request event;
+    without anyone to ask, it is denied); deny: calls are refused."""
+    timeout: float = Field(60.0, gt=0)
+    """Seconds one call (or resource read) may take before it fails with McpError."""
+    startup_timeout: float = Field(30.0, gt=0)
+    """Seconds a server gets to start and list its tools."""
+
+    @model_validator(mode="after")
+    def _transport(self) -> McpServerConfig:
+        if self.type is None:
+            self.type = "http" if self.url and not self.command else "stdio"
+        if self.type == "stdio" and not self.command:
+            raise ValueError("a stdio server needs a `command` (or give a `url` for an HTTP server)")
+        if self.type in ("http", "sse") and not self.url:
+            raise ValueError(f"an {self.type} server needs a `url`")
+        if self.type != "stdio" and self.command:
+            raise ValueError(f"an {self.type} server has a `url`, not a `command`")
+        return self
+
+
+class McpConfig(_Section):
+    servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    """MCP servers by name (`[mcp.servers.NAME]`, and the project's .mcp.json `mcpServers`)."""
+    prompt_chars: int = Field(3000, ge=0)
+    """Size of the system prompt's list of servers and tools (names and one-line descriptions);
+    past it a server's remaining tools are counted, and `mcp.list()` shows them all."""
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     kernel: KernelConfig = Field(default_factory=KernelConfig)
@@ -172,6 +224,7 @@ class Config(_Section):
     refine: RefineConfig = Field(default_factory=RefineConfig)
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
+    mcp: McpConfig = Field(default_factory=McpConfig)
     project_instructions: list[str] = Field(default_factory=lambda: ["AGENTS.md", "CLAUDE.md"])
     """Files in the project root whose text follows the base prompt."""
 
@@ -202,13 +255,18 @@ def load_config(cwd: Path, overrides: dict[str, Any] | None = None, source: str 
 
     `source` names the overrides in messages (the command line's, or a request's)."""
     merged: dict[str, Any] = {}
+    root = project_root(cwd)
     try:
-        files = [home() / "config.toml", project_root(cwd) / ".prime-agent" / "config.toml"]
+        files = [home() / "config.toml", root / MCP_JSON, root / ".prime-agent" / "config.toml"]
         files = [path for path in files if path.is_file()]
     except OSError as e:
         raise ConfigError(f"{shorten(e.filename or cwd)}: {e.strerror}") from None
-    for path in files:
-        merge(merged, _validated(_read_toml(path), str(path)))
+    for path in files:  # each checked over what came before it (a policy for a server .mcp.json names)
+        data = read_mcp_json(path) if path.name == MCP_JSON else _read_toml(path)
+        check_values(data, str(path))
+        candidate = copy.deepcopy(merged)
+        merge(candidate, data)
+        merged = _validated(candidate, str(path))
     env: dict[str, Any] = {}
     for var, (section, key) in ENV_VARS.items():
         if os.environ.get(var):
@@ -237,6 +295,26 @@ def parse_override(text: str) -> dict[str, Any]:
         node = node.setdefault(p, {})
     node[leaf] = value
     return out
+
+
+MCP_JSON = ".mcp.json"
+MCP_JSON_KEYS = ("type", "command", "args", "env", "cwd", "url", "headers")
+"""What a server of .mcp.json may say; other tools' own keys in the file are left to them."""
+
+
+def read_mcp_json(path: Path) -> dict[str, Any]:
+    """A project's .mcp.json (`{"mcpServers": {name: {...}}}`) as config: `{"mcp": {"servers": ...}}`."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read: {getattr(e, 'strerror', None) or e}") from None
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"{path}: not valid JSON: {e}") from None
+    servers = data.get("mcpServers", {}) if isinstance(data, dict) else None
+    if not isinstance(servers, dict) or not all(isinstance(s, dict) for s in servers.values()):
+        raise ConfigError(f'{path}: expected {{"mcpServers": {{"NAME": {{"command": ...}} | {{"url": ...}}}}}}')
+    known = {name: {k: v for k, v in server.items() if k in MCP_JSON_KEYS} for name, server in servers.items()}
+    return {"mcp": {"servers": known}} if known else {}
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -250,6 +250,44 @@ class RefinementRolledBack(_Event):
     entries: list[str] = Field(default_factory=list)
 
 
+# --- MCP and approvals ---------------------------------------------------------------------------
+
+
+class McpCalled(_Event):
+    """A cell called a tool of an MCP server (or read one of its resources), and how it went."""
+
+    type: Literal["mcp.called"] = "mcp.called"
+    cell_id: str | None = None
+    server: str
+    tool: str
+    """The tool's name, or `read:URI` for a resource."""
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    outcome: Literal["ok", "error", "denied", "cancelled"]
+    result: Any = None
+    """The result as the trajectory keeps it (binary data as its size, long text cut)."""
+    error: Text | None = None
+    duration: float = 0.0
+
+
+class ApprovalRequested(_Event):
+    """Something waits for a person's yes or no (an MCP call under policy `ask`); decide it with
+    `POST /v1/sessions/{id}/approvals/{approval_id}`."""
+
+    type: Literal["approval.requested"] = "approval.requested"
+    id: str
+    kind: str
+    summary: Text
+    detail: dict[str, Any] = Field(default_factory=dict)
+    cell_id: str | None = None
+
+
+class ApprovalDecided(_Event):
+    type: Literal["approval.decided"] = "approval.decided"
+    id: str
+    approved: bool
+    reason: Text | None = None
+
+
 # --- subagents -----------------------------------------------------------------------------------
 
 
@@ -278,6 +316,7 @@ Event = Annotated[
     | HarnessEdited | HarnessReloaded
     | RefinementProposed | RefinementApplied | RefinementPending | RefinementDryRun | RefinementRejected
     | RefinementFailed | RefinementSkipped | RefinementRolledBack
+    | McpCalled | ApprovalRequested | ApprovalDecided
     | SubagentSpawned | SubagentFinished,
     Field(discriminator="type"),
 ]

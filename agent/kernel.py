@@ -277,6 +277,8 @@ class Kernel:
         self.env = env
         """This session's variables, set by code in every new or restarted kernel before the bootstrap."""
         self.state = KernelState.NEW
+        self.cell_id: str | None = None
+        """The cell running now, if any (what the host bridge's calls are attributed to)."""
         self._km = _manager(runtime_dir)
         self._pooled = False
         self._kc = None
@@ -352,6 +354,7 @@ class Kernel:
     async def execute(self, cell: Cell, on_output: OutputCallback | None = None) -> CellResult:
         timeout = cell.timeout if cell.timeout is not None else self.config.cell_timeout
         self.state = KernelState.BUSY
+        self.cell_id = cell.id
         self._user_interrupt = False
         try:
             return await self._run(cell.code, timeout, on_output)
@@ -359,6 +362,7 @@ class Kernel:
             await self._km.interrupt_kernel()  # do not leave the cell running behind our back
             raise
         finally:
+            self.cell_id = None
             if self.state is KernelState.BUSY:
                 self.state = KernelState.IDLE
 

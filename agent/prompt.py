@@ -31,8 +31,9 @@ def base_prompt(cwd: Path, action_format: str, variant: str = "full") -> str:
     return render("base", cwd=str(cwd), action_format=_template(f"{action_format}.md").strip())
 
 
-def system_prompt(config: Config, cwd: Path, harness: str = "", instructions: str = "") -> str:
-    """Base prompt, project instructions, the session's own instructions (a subagent's role), harness."""
+def system_prompt(config: Config, cwd: Path, harness: str = "", instructions: str = "", mcp: str = "") -> str:
+    """Base prompt, project instructions, the session's own instructions (a subagent's role), its
+    MCP servers (agent.mcp.prompt_section), harness: what changes least comes first."""
     parts = [base_prompt(cwd, config.model.action_format, config.model.base_prompt).strip()]
     root = project_root(cwd)
     for name in config.project_instructions:
@@ -41,6 +42,8 @@ def system_prompt(config: Config, cwd: Path, harness: str = "", instructions: st
             parts.append(f"# Project instructions ({name})\n\n{path.read_text(errors='replace').strip()}")
     if instructions:
         parts.append(instructions.strip())
+    if mcp:
+        parts.append(mcp.strip())
     if harness:
         parts.append(harness.strip())
     return "\n\n".join(parts) + "\n"

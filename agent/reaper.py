@@ -65,6 +65,7 @@ def journal_dir(root: Path) -> Path:
 @dataclass(frozen=True)
 class Stat:
     state: str
+    ppid: int
     pgrp: int
     start: int
     """In clock ticks since boot: with the pid, it names one process for as long as the machine runs."""
@@ -76,7 +77,7 @@ def stat(pid: int | str) -> Stat | None:
             fields = f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return Stat(fields[0].decode(), int(fields[2]), int(fields[19]))
+    return Stat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]))
 
 
 def _is(pid: int, start: int) -> bool:
@@ -338,6 +339,16 @@ class ProcessTree:
                 self.entry.save(self.path)
             except OSError as e:  # the entry written before the launch still names its token and cgroup
                 log.warning("kernel journal %s not updated (%s)", self.path, e)
+
+    def adopt_child(self) -> int | None:
+        """`adopt` the child of this process that was launched in the tree, for a launcher that does
+        not say its pid (the MCP SDK's stdio client); its pid, or None when it is already gone."""
+        me, token = os.getpid(), self.token.encode()
+        for name in os.listdir("/proc"):
+            if name.isdigit() and (s := stat(name)) is not None and s.ppid == me and token in _tokens(name):
+                self.adopt(int(name))
+                return int(name)
+        return None
 
     async def kill(self) -> None:
         """Kill everything in the tree, wait (up to KILL_WAIT) for it to be gone, and forget it."""

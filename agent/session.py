@@ -18,18 +18,21 @@ from pathlib import Path
 
 from agent import events as ev
 from agent.bridge import BridgeServer
-from agent.config import Config, home, project_root
+from agent.config import Config, home, project_root, shorten
 from agent.context import Context, Inbox, Sinks
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import Kernel, KernelPool, KernelState
 from agent.layout import SessionLayout
 from agent.loop import Interrupted, Submitted, TurnLoop
+from agent.mcp import McpError, McpServers, prompt_section, summary
 from agent.model import Model
 from agent.prompt import system_prompt
 from agent.refine import Gate, SessionRefiner
 from agent.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
 from agent.subagents import ChildInfo, Subagents
 from agent.trajectory import (
+    ApprovalRecord,
+    McpCallRecord,
     Record,
     ResumedRecord,
     SessionRecord,
@@ -122,10 +125,17 @@ class Session:
             config, model, self.layout, self.id, self.depth, slots, sinks, self._child, self.inbox,
             parent_inbox=parent.inbox if parent else None, name=self.id.rsplit(".", 1)[-1] if parent else None,
         )
+        self.mcp = McpServers(config.mcp, self.cwd, self.dir)
+        """The session's MCP servers (started at their first use)."""
+        self.can_ask = False
+        """Someone can answer approval requests (the daemon sets it: its API decides them); without, a
+        call that needs approval is denied, saying why."""
+        self._approvals: dict[str, asyncio.Future[tuple[bool, str | None]]] = {}
         self.bridge = BridgeServer(
             self.dir,
             {"final": self._final, "note": self._note, "ping": self._ping, "refine.request": self._refine,
-             **self.harness.handlers(), **self.subagents.handlers()},
+             "mcp.servers": self._mcp_servers, "mcp.list": self._mcp_list, "mcp.call": self._mcp_call,
+             "mcp.read": self._mcp_read, **self.harness.handlers(), **self.subagents.handlers()},
         )
         self.harness_version: str | None = None
         """The harness in force in the system prompt: each scope's commit."""
@@ -188,7 +198,7 @@ class Session:
                 action_format=self.model.action_format,
                 harness_version=self.harness_version,
                 parent=self._parent_id,
-                config=self.config.model_dump(mode="json", exclude={"model": {"api_key"}}),
+                config=_recorded(self.config),
             )
         )
         self.context.append(Message(role="system", content=self._system_prompt()), None)
@@ -234,6 +244,7 @@ class Session:
             self._watcher = None
         self.harness.close()
         await self.kernel.shutdown()
+        await self.mcp.close()
         await self.bridge.close()
         if self._trajectory is not None:
             self._trajectory.close()
@@ -414,7 +425,8 @@ class Session:
     # --- the harness -------------------------------------------------------------------------
 
     def _system_prompt(self) -> str:
-        return system_prompt(self.config, self.cwd, self.harness.view.render(), self.instructions)
+        mcp = prompt_section(self.mcp.infos(), self.config.mcp.prompt_chars)
+        return system_prompt(self.config, self.cwd, self.harness.view.render(), self.instructions, mcp)
 
     def reload_harness(self, turn: Turn) -> None:
         """At a turn boundary: if the harness changed, rebuild the system prompt around it."""
@@ -473,3 +485,97 @@ class Session:
 
     async def _note(self, text: str) -> None:
         self.emit(ev.Note(turn_id=self._turn_id(), text=text))
+
+    # --- MCP (agent/mcp.py; agent/runtime/mcp.py is the kernel's side) ---------------------------
+    # A failure of a server or a tool is a reply ({"error"}), raised in the kernel as McpError.
+
+    async def _mcp_servers(self) -> list[str]:
+        return list(self.mcp.servers)
+
+    async def _mcp_list(self, server: str | None = None) -> dict:
+        try:
+            return {"result": [s.model_dump() for s in await self.mcp.list(server)]}
+        except McpError as e:
+            return {"error": str(e)}
+
+    async def _mcp_call(self, server: str, tool: str, arguments: dict | None = None) -> dict:
+        arguments = arguments or {}
+        return await self._mcp_use(server, tool, arguments, lambda: self.mcp.call(server, tool, arguments))
+
+    async def _mcp_read(self, server: str, uri: str) -> dict:
+        return await self._mcp_use(server, f"read:{uri}", {}, lambda: self.mcp.read(server, uri))
+
+    async def _mcp_use(self, server: str, tool: str, arguments: dict, run: Callable) -> dict:
+        """Under the server's policy: run the call, and record it (and its result) in the trajectory."""
+        started, cell_id, turn_id = time.monotonic(), self.kernel.cell_id, self._turn_id()
+        outcome, result, error = "error", None, None
+        try:
+            policy = self.mcp.server(server).config.policy
+            if policy == "deny":
+                outcome = "denied"
+                raise McpError(f"calls to MCP server {server!r} are denied by its policy "
+                               f'(mcp.servers.{server}.policy = "deny")')
+            if not tool.startswith("read:"):
+                await self.mcp.tool(server, tool)  # an unknown tool fails before anyone is asked
+            if policy == "ask":
+                approved, reason = await self._ask(f"{server}.{tool}({_arguments(arguments)})",
+                                                   {"server": server, "tool": tool, "arguments": arguments}, cell_id)
+                if not approved:
+                    outcome = "denied"
+                    raise McpError(f"the call {server}.{tool} was not approved" + (f": {reason}" if reason else ""))
+            result = await run()
+            outcome = "ok"
+            return {"result": result}
+        except McpError as e:
+            error = str(e)
+            return {"error": error}
+        except asyncio.CancelledError:
+            outcome, error = "cancelled", "the cell was interrupted, or stopped waiting"
+            raise
+        finally:
+            kept, duration = summary(result), time.monotonic() - started
+            self.record(McpCallRecord(turn_id=turn_id, cell_id=cell_id, server=server, tool=tool, arguments=arguments,
+                                      outcome=outcome, result=kept, error=error, duration=duration))
+            self.emit(ev.McpCalled(turn_id=turn_id, cell_id=cell_id, server=server, tool=tool, arguments=arguments,
+                                   outcome=outcome, result=kept, error=error, duration=duration))
+
+    async def _ask(self, what: str, detail: dict, cell_id: str | None) -> tuple[bool, str | None]:
+        """Wait for a person's decision (`decide_approval`), recorded with the request."""
+        if not self.can_ask:
+            return False, 'policy "ask" needs someone to approve it, and this session has no one (run it in the daemon)'
+        approval_id = secrets.token_hex(4)
+        future = self._approvals[approval_id] = asyncio.get_running_loop().create_future()
+        turn_id = self._turn_id()
+        self.emit(ev.ApprovalRequested(turn_id=turn_id, id=approval_id, kind="mcp", summary=what, detail=detail,
+                                       cell_id=cell_id))
+        try:
+            approved, reason = await future
+        except asyncio.CancelledError:
+            approved, reason = False, "the cell stopped waiting (interrupted)"
+            raise
+        finally:
+            self._approvals.pop(approval_id, None)
+            self.record(ApprovalRecord(turn_id=turn_id, approval_id=approval_id, summary=what, approved=approved,
+                                       reason=reason))
+            self.emit(ev.ApprovalDecided(turn_id=turn_id, id=approval_id, approved=approved, reason=reason))
+        return approved, reason
+
+    def decide_approval(self, approval_id: str, approve: bool, reason: str | None = None) -> None:
+        """Answer a waiting approval request (KeyError when none waits with that id)."""
+        future = self._approvals.get(approval_id)
+        if future is None or future.done():
+            raise KeyError(approval_id)
+        future.set_result((approve, reason))
+
+
+def _arguments(arguments: dict) -> str:
+    return shorten(", ".join(f"{k}={v!r}" for k, v in arguments.items()), 300)
+
+
+def _recorded(config: Config) -> dict:
+    """The configuration a trajectory keeps: no API key, nor any MCP server's env or header values."""
+    data = config.model_dump(mode="json", exclude={"model": {"api_key"}})
+    for server in data.get("mcp", {}).get("servers", {}).values():
+        for secret in ("env", "headers"):
+            server[secret] = {k: "<not recorded>" for k in server.get(secret, {})}
+    return data

@@ -114,6 +114,32 @@ class CellRecord(_Record):
     result: CellResult
 
 
+class McpCallRecord(_Record):
+    """A call to an MCP server's tool (or a resource read) from a cell; `result` as `McpCalled` keeps it."""
+
+    kind: Literal["mcp_call"] = "mcp_call"
+    turn_id: str | None = None
+    cell_id: str | None = None
+    server: str
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    outcome: str
+    result: Any = None
+    error: str | None = None
+    duration: float
+
+
+class ApprovalRecord(_Record):
+    """A request for a person's approval and its decision."""
+
+    kind: Literal["approval"] = "approval"
+    turn_id: str | None = None
+    approval_id: str
+    summary: str
+    approved: bool
+    reason: str | None = None
+
+
 class CompactionRecord(_Record):
     """Older turns were summarised; `messages` is the whole context from here on."""
 
@@ -148,7 +174,7 @@ class ResumedRecord(_Record):
 
 Record = Annotated[
     SessionRecord | TurnStarted | MessageRecord | SystemPromptRecord | ModelCall | CellRecord | SubagentRecord
-    | RefinementRecord | CompactionRecord | TurnFinished | ResumedRecord,
+    | RefinementRecord | CompactionRecord | TurnFinished | ResumedRecord | McpCallRecord | ApprovalRecord,
     Field(discriminator="kind"),
 ]
 _adapter: TypeAdapter[Record] = TypeAdapter(Record)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 def version() -> str:
     """This distribution's version: from its installed metadata, else from the source tree's pyproject.toml."""
-    from importlib.metadata import PackageNotFoundError, version as installed
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
 
     try:
         return installed("prime-agent")

@@ -41,6 +41,7 @@ COMMANDS = {  # in the order --help lists them
     "eval": Command("cli.eval", "evaluate the agent on a task set (or: eval compare RUN_A RUN_B)"),
     "rl": Command("cli.rl", "train the policy with RL, or serve it"),
     "models": Command("cli.models", "pull known models into $PRIME_AGENT_HOME/models, list them"),
+    "mcp": Command("cli.mcp", "MCP servers: list them (state, tools), add or remove one"),
 }
 
 APP_FLAGS = ("--resume", "-c", "--continue", "--model", "--base-url", "--cwd")
@@ -91,7 +92,13 @@ def _main(argv: list[str]) -> int:
         return demo(argparse.Namespace(args=argv[1:]))
     # The top level takes no values, so the first word that is not an option names the command.
     command = next((a for a in argv if not a.startswith("-")), None)
+    trailing: list[str] = []
+    if command == "mcp" and "--" in argv:  # `mcp add NAME [options] -- COMMAND ARGS...`: taken as they are
+        at = argv.index("--")
+        argv, trailing = argv[:at], argv[at + 1:]
     args = build_parser(command).parse_args(argv)
+    if trailing:
+        args.argv = trailing
     return importlib.import_module(COMMANDS[args.command].module).main(args)
 
 

@@ -25,16 +25,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from agent.config import home, project_root, shorten
+from agent.config import ConfigError, home, project_root, shorten
 from agent.events import EVENTS
 from agent.harness import SessionHarness, scope_roots
 from agent.layout import SessionLayout
+from agent.mcp import McpServers, ServerInfo
 from agent.model import ModelError
 from agent.subagents import read_registry
 from agent.trajectory import read_records
 from daemon.errors import Refused
 from daemon.manager import SessionManager
 from daemon.schemas import (
+    ApprovalDecision,
     CreateSession,
     Decide,
     ErrorBody,
@@ -239,6 +241,30 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         except (RefinementFailed, ModelError) as e:  # the plan still waits for review
             raise Refused("refinement_failed", str(e)) from None
         return {"refinement_id": refinement_id, "status": outcome.status}
+
+    @app.get("/v1/sessions/{session_id}/mcp")
+    async def mcp(session_id: str) -> list[ServerInfo]:
+        """The session's MCP servers: transport, policy, state and tools (as last listed); starts none."""
+        managed = manager.get(session_id)
+        if managed.session is not None:
+            return managed.session.mcp.infos()
+        try:
+            config = managed.config()
+        except ConfigError as e:
+            raise Refused("config_broken", str(e)) from None
+        return McpServers(config.mcp, Path(managed.meta.cwd), managed.layout.dir).infos()
+
+    @app.post("/v1/sessions/{session_id}/approvals/{approval_id}")
+    async def approve(session_id: str, approval_id: str, req: ApprovalDecision) -> dict[str, Any]:
+        """Approve or deny a request that waits (an MCP call under policy "ask": see `approval.requested`)."""
+        managed = manager.get(session_id)
+        try:
+            if managed.session is None:
+                raise KeyError(approval_id)
+            managed.session.decide_approval(approval_id, req.approve, req.reason)
+        except KeyError:
+            raise Refused("not_found", f"no approval {shorten(approval_id)!r} waits in session {session_id}") from None
+        return {"approval_id": approval_id, "approved": req.approve}
 
     @app.get("/v1/sessions/{session_id}/subagents/{child_id}/transcript")
     async def child_transcript(session_id: str, child_id: str) -> dict[str, Any]:

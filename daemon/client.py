@@ -135,6 +135,15 @@ class Client:
         return await self._call("POST", f"/v1/sessions/{session_id}/refinements/{refinement_id}",
                                 json={"approve": approve})
 
+    async def mcp(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's MCP servers, their state and tools."""
+        return await self._call("GET", f"/v1/sessions/{session_id}/mcp")
+
+    async def approve(self, session_id: str, approval_id: str, approve: bool, reason: str | None = None) -> dict[str, Any]:
+        """Decide a waiting approval request (`approval.requested`)."""
+        return await self._call("POST", f"/v1/sessions/{session_id}/approvals/{approval_id}",
+                                json={"approve": approve, "reason": reason})
+
     async def child_transcript(self, session_id: str, child_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/v1/sessions/{session_id}/subagents/{child_id}/transcript")
 

@@ -197,6 +197,7 @@ class ManagedSession:
                 subagent_slots=self.manager.subagent_slots, kernel_pool=self.manager.pool,
                 last_seq=self.journal.last_seq,
             )
+            session.can_ask = True  # approval requests are events; the API decides them
             if self.manager.gate_factory is not None:
                 session.use_gate(self.manager.gate_factory(session))
             # Live from here: the session numbers every event (the daemon's own too), and counts

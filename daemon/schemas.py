@@ -55,6 +55,12 @@ class Decide(_Body):
     approve: bool
 
 
+class ApprovalDecision(_Body):
+    approve: bool
+    reason: str | None = Field(None, max_length=10_000)
+    """Told to the model with a denial."""
+
+
 class SendMessage(_Body):
     text: str = Field(min_length=1, max_length=1_000_000)
     mode: Literal["prompt", "steer", "follow_up"] = Field(

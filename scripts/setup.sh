@@ -9,5 +9,11 @@ if ! .venv/bin/pip install --quiet --disable-pip-version-check -e ".${extra}" > 
     cat .venv/pip.log >&2
     exit 1
 fi
+# The tests' third-party MCP servers from npm (node 20), pinned, beside the venv's own packages.
+if [ "${1:-}" = "test" ]; then
+    npm install --prefix .venv/mcp-servers --no-audit --no-fund --loglevel=error \
+        @modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-filesystem@2026.8.31 \
+        > .venv/npm.log 2>&1 || { cat .venv/npm.log >&2; exit 1; }
+fi
 # PYTHONDONTWRITEBYTECODE may be set: compile our own packages once so starts stay fast.
 .venv/bin/python -m compileall -q agent tui cli harness_store daemon evals rl

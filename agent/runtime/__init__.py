@@ -3,7 +3,7 @@
 `bootstrap()` runs in every new (or restarted) kernel and binds into the user namespace:
 the file helpers (`read`, `write`, `edit`, `grep`, `glob`), `final(answer)`, `note(text)`,
 `harness` (the agent's versioned notes, memories, skills and subagents), `rlm`, `llm` and
-`agent_message` (subagents), and `host`, the bridge to the session that owns this kernel. Standard library only, so a
+`agent_message` (subagents), `mcp` (the tools of the session's MCP servers), and `host`, the bridge to the session that owns this kernel. Standard library only, so a
 kernel starts light.
 """
 
@@ -15,8 +15,10 @@ import tempfile
 from agent.runtime.bridge import Host, HostError
 from agent.runtime.files import edit, glob, grep, read, write
 from agent.runtime.harness import Harness, install_skill_finder
+from agent.runtime.mcp import Mcp, McpError
 from agent.runtime.streams import guard_streams
 from agent.runtime.subagents import LLM, RLM, AgentMessage, SubagentError
+
 
 class Refine:
     """`await refine.request(instructions=None)`: ask for a harness refinement from this session's
@@ -85,5 +87,6 @@ def bootstrap(namespace: dict) -> None:
         host=host, HostError=HostError, final=final, note=note, harness=Harness(host),
         rlm=RLM(host, os.path.join(os.environ.get(ENV_SESSION_DIR) or tempfile.gettempdir(), "contexts")), llm=LLM(host),
         agent_message=AgentMessage(host), SubagentError=SubagentError, refine=Refine(host),
+        mcp=Mcp(host), McpError=McpError,
         read=read, write=write, edit=edit, grep=grep, glob=glob,
     )

@@ -69,7 +69,7 @@ def _sections(model: type[BaseModel]) -> set[type[BaseModel]]:
 
 def test_every_config_section_refuses_nan_and_infinity():
     sections = _sections(Config)
-    assert len(sections) == 9 and Budget in sections
+    assert len(sections) == 11 and Budget in sections
     # Budget is agent.types' (the loop's own type): the raw-value check refuses its NaN (below).
     assert [m for m in sections - {Budget} if m.model_config.get("allow_inf_nan") is not False] == []
     for bad in ({"kernel": {"cell_timeout": float("nan")}}, {"model": {"temperature": float("inf")}}):
@@ -120,3 +120,23 @@ def test_a_path_too_long_for_the_file_system_is_a_config_error(project: Path):
     (deep / ".git").mkdir()  # its own project root, whose .prime-agent/config.toml cannot even be looked for
     with pytest.raises(ConfigError, match=r"config.toml \(4,1\d\d characters\): File name too long"):
         load_config(deep)
+
+
+def test_mcp_servers_come_from_mcp_json_and_config_toml(project: Path, prime_home: Path):
+    import json as _json
+
+    (project / ".mcp.json").write_text(_json.dumps({"mcpServers": {
+        "gh": {"command": "npx", "args": ["-y", "srv"], "env": {"T": "${GH_TOKEN}"}, "someOtherToolsKey": 1},
+        "docs": {"type": "http", "url": "https://x/mcp", "headers": {"Authorization": "Bearer ${D}"}}}}))
+    (project / ".prime-agent").mkdir()
+    (project / ".prime-agent" / "config.toml").write_text('[mcp.servers.gh]\npolicy = "ask"\n')
+    servers = load_config(project).mcp.servers
+    assert (servers["gh"].type, servers["gh"].command, servers["gh"].env, servers["gh"].policy) == (
+        "stdio", "npx", {"T": "${GH_TOKEN}"}, "ask")  # expanded only when the server starts
+    assert (servers["docs"].type, servers["docs"].headers) == ("http", {"Authorization": "Bearer ${D}"})
+    (project / ".mcp.json").write_text('{"mcpServers": {"bad": {"type": "http"}}}')
+    with pytest.raises(ConfigError, match=r"\.mcp\.json: field mcp\.servers\.bad: .*needs a `url`"):
+        load_config(project)
+    (project / ".mcp.json").write_text('{"mcpServers": [1]')
+    with pytest.raises(ConfigError, match=r"\.mcp\.json: not valid JSON"):
+        load_config(project)

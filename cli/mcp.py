@@ -1,0 +1,158 @@
+"""`prime-agent mcp list|add|remove`: the MCP servers a session in this project gets.
+
+`add` and `remove` edit `[mcp.servers.NAME]` in the user's or the project's config.toml (comments
+and layout kept); `remove` also takes a server out of the project's .mcp.json. `list` starts each
+server to show its state and tools (and caches the listing the system prompt names)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from agent.config import MCP_JSON, ConfigError, McpServerConfig, home, load_config, project_root
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    p.add_argument("--project", type=Path, default=Path("."), help="the project (default: the current directory)")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ls = actions.add_parser("list", help="each server: transport, policy, state, tools (starts them)")
+    ls.add_argument("--no-start", action="store_true", help="start nothing: tools as last listed")
+    add = actions.add_parser("add", help="add a server: NAME -- COMMAND [ARGS...], or NAME --url URL",
+                             usage="prime-agent mcp add NAME [options] (--url URL | -- COMMAND [ARGS...])")
+    add.add_argument("name")
+    add.add_argument("--url", help="an HTTP server's endpoint (streamable HTTP; --transport sse for the older kind)")
+    add.add_argument("--transport", choices=["stdio", "http", "sse"], help="default: stdio with a command, http with --url")
+    add.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="for a stdio server; ${VAR} expands")
+    add.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'", help="for an HTTP server")
+    add.add_argument("--policy", choices=["allow", "ask", "deny"])
+    add.add_argument("--timeout", type=float, help="seconds a call may take")
+    add.add_argument("--scope", choices=["project", "user"], default="project",
+                     help="the project's .prime-agent/config.toml (default) or $PRIME_AGENT_HOME/config.toml")
+    add.set_defaults(argv=[])  # the command after `--` (cli.main takes it off before parsing)
+    rm = actions.add_parser("remove", help="remove a server from the scope's config.toml (and the project's .mcp.json)")
+    rm.add_argument("name")
+    rm.add_argument("--scope", choices=["project", "user"], default="project")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        return {"list": _list, "add": _add, "remove": _remove}[args.action](args)
+    except ConfigError as e:
+        print(f"prime-agent mcp {args.action}: {e}", file=sys.stderr)
+        return 1
+
+
+def _config_file(args: argparse.Namespace) -> Path:
+    return home() / "config.toml" if args.scope == "user" else project_root(args.project) / ".prime-agent" / "config.toml"
+
+
+def _list(args: argparse.Namespace) -> int:
+    from agent.mcp import McpServers
+
+    config = load_config(args.project)
+    if not config.mcp.servers:
+        print("no MCP servers configured (prime-agent mcp add NAME -- COMMAND ARGS..., or the project's .mcp.json)")
+        return 0
+
+    async def listed():
+        with tempfile.TemporaryDirectory() as logs:  # what the servers print while listed
+            servers = McpServers(config.mcp, project_root(args.project), Path(logs))
+            try:
+                return servers.infos() if args.no_start else await servers.list()
+            finally:
+                await servers.close()
+
+    for s in asyncio.run(listed()):
+        tools = "?" if s.tools is None else str(len(s.tools))
+        print(f"{s.name}  {s.transport}  policy {s.policy}  {s.state}  {tools} tools" + (f"  ({s.error})" if s.error else ""))
+        for t in s.tools or []:
+            first = (t.description.strip().splitlines() or [""])[0]
+            print(f"    {t.name}" + (f": {first[:100]}" if first else ""))
+    return 0
+
+
+def _add(args: argparse.Namespace) -> int:
+    import tomlkit
+
+    command = args.argv
+    if bool(command) == bool(args.url):
+        raise ConfigError("give a command after -- (a stdio server) or --url (an HTTP server), not both")
+    entry: dict = {"command": command[0], "args": command[1:]} if command else {"url": args.url}
+    if args.transport:
+        entry["type"] = args.transport
+    if args.env:
+        entry["env"] = dict(_pair(e, "=", "--env") for e in args.env)
+    if args.header:
+        entry["headers"] = dict(_pair(h, ":", "--header") for h in args.header)
+    for key in ("policy", "timeout"):
+        if getattr(args, key) is not None:
+            entry[key] = getattr(args, key)
+    try:
+        McpServerConfig.model_validate(entry)
+    except ValueError as e:
+        raise ConfigError(f"server {args.name!r}: {e}") from None
+    path = _config_file(args)
+    doc = _read(path)
+    servers = doc.setdefault("mcp", tomlkit.table(is_super_table=True)).setdefault("servers", tomlkit.table(True))
+    replaced = args.name in servers
+    servers[args.name] = entry
+    _write(path, doc, args.project)
+    print(f"{'replaced' if replaced else 'added'} MCP server {args.name!r} in {path}")
+    return 0
+
+
+def _remove(args: argparse.Namespace) -> int:
+    path = _config_file(args)
+    doc = _read(path)
+    servers = doc.get("mcp", {}).get("servers", {})
+    removed = []
+    if args.name in servers:
+        del servers[args.name]
+        _write(path, doc, args.project)
+        removed.append(str(path))
+    mcp_json = project_root(args.project) / MCP_JSON
+    if args.scope == "project" and mcp_json.is_file():
+        data = json.loads(mcp_json.read_text())
+        if args.name in data.get("mcpServers", {}):
+            del data["mcpServers"][args.name]
+            mcp_json.write_text(json.dumps(data, indent=2) + "\n")
+            removed.append(str(mcp_json))
+    if not removed:
+        known = ", ".join(load_config(args.project).mcp.servers) or "none"
+        raise ConfigError(f"no MCP server {args.name!r} in the {args.scope} scope; configured: {known}")
+    print(f"removed MCP server {args.name!r} from {' and '.join(removed)}")
+    return 0
+
+
+def _pair(text: str, sep: str, option: str) -> tuple[str, str]:
+    key, found, value = text.partition(sep)
+    if not found or not key.strip():
+        raise ConfigError(f"{option} {text!r}: expected KEY{sep}VALUE")
+    return key.strip(), value.strip() if sep == ":" else value
+
+
+def _read(path: Path):
+    import tomlkit
+
+    try:
+        return tomlkit.parse(path.read_text()) if path.is_file() else tomlkit.document()
+    except (OSError, tomlkit.exceptions.ParseError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def _write(path: Path, doc, project: Path) -> None:
+    """Write the file, and keep it only if the whole configuration still loads."""
+    import tomlkit
+
+    old = path.read_text() if path.is_file() else None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomlkit.dumps(doc))
+    try:
+        load_config(project)
+    except ConfigError:
+        path.write_text(old) if old is not None else path.unlink()
+        raise
