@@ -114,7 +114,12 @@ class TrainConfig(_Section):
     it writes the new weights to <out>/weights/step-N and POSTs {"path": "<that folder>"} to reload_url."""
     reload_url: str | None = None
     """With rollout_url: the endpoint that loads weights from a path and answers once the server samples
-    with them (default: rollout_url + "/reload", the policy server's). vLLM has none built in: see README."""
+    with them (default: rollout_url + "/reload", the policy server's). vLLM's own work as they are:
+    "http://HOST:PORT/collective_rpc" (a model directory) or "http://HOST:PORT/v1/load_lora_adapter" (a LoRA
+    run's adapter, loaded as rollout_model); see rl.orchestrator.reload."""
+    rollout_model: str = "policy"
+    """The model rollout requests name: vLLM's served model name, or with load_lora_adapter the adapter's
+    name (the policy server takes any)."""
 
 
 class RunConfig(_Section):

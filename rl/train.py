@@ -245,9 +245,9 @@ def _reload(c: TrainConfig, folder: Path, model: torch.nn.Module, orchestrator, 
     if isinstance(model, Policy):  # under FSDP2 the gathered weights; a Hugging Face model saves its own
         save_weights(path, weights, model.config)
     else:
-        model.save(path)
+        model.save(path, tied_head=True)
     (path / MARKER).write_text(str(version))
-    reload(c.reload_url or c.rollout_url.rstrip("/") + "/reload", path, c.request_timeout)
+    reload(c.reload_url or c.rollout_url.rstrip("/") + "/reload", path, c.request_timeout, c.rollout_model)
     if isinstance(orchestrator, Orchestrator):  # for replies that name no version (vLLM's)
         orchestrator.version = version
     for old in folder.glob("step-*"):

