@@ -99,6 +99,9 @@ class TrainConfig(_Section):
     """Force off-policy sampling: the sampler gets each step's weights this many steps late (the
     off-policy stress study). Lag grows from 0 to this over the first steps, then stays."""
     seed: int = 0
+    sampler_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The built-in server's weights, for a Hugging Face model: bfloat16 samples at half the width, and its
+    probabilities then differ from the fp32 trainer's (mismatch_kl per step; what IPO masks)."""
     threads: int = Field(2, ge=1)
     """torch threads for training and sampling."""
     out: str = "outputs/rl/run"

@@ -233,7 +233,8 @@ def sampler_engine(model: torch.nn.Module, version: int, cfg: RunConfig):
         return Engine(copy.deepcopy(model), version=version, truncate=cfg.env.harness)
     from rl.engine import HFEngine
 
-    return HFEngine(model.plain(), version=version, truncate=cfg.env.harness)
+    return HFEngine(model.plain(), version=version, truncate=cfg.env.harness,
+                    dtype=getattr(torch, cfg.train.sampler_dtype))
 
 
 def _reload(c: TrainConfig, folder: Path, model: torch.nn.Module, orchestrator, weights: dict[str, torch.Tensor],

@@ -34,7 +34,8 @@ def quick(model: Path, out: Path, *overrides: str):
     return load(None, ["--model.hf", json.dumps(str(model)), "--env.name", '"reverse_text"',
                        "--env.options", "{min_len = 3, max_len = 4}", "--sft.steps", "0", "--train.steps", "3",
                        "--train.batch_size", "4", "--train.group_size", "4", "--train.max_tokens", "6",
-                       "--train.lr", "1e-3", "--train.checkpoint_every", "2", "--train.out", json.dumps(str(out)),
+                       "--train.lr", "1e-3", "--train.checkpoint_every", "2", "--train.threads", "1",
+                       "--train.out", json.dumps(str(out)),
                        *overrides])
 
 
@@ -74,6 +75,11 @@ def test_a_resumed_run_takes_the_same_next_step(warm: Path, tmp_path: Path, lora
     assert [h["step"] for h in again] == [2]
     assert again[0]["loss"] == pytest.approx(whole[2]["loss"], abs=1e-7)
     assert again[0]["reward_mean"] == whole[2]["reward_mean"]
+
+
+def test_a_bfloat16_sampler_differs_from_the_trainer_by_a_mismatch_measured_every_step(warm: Path, tmp_path: Path):
+    history = run(quick(warm, tmp_path / "run", "--train.sampler_dtype", '"bfloat16"', "--train.steps", "2"))
+    assert all(1e-7 < abs(h["mismatch_kl"]) < 0.1 for h in history), [h["mismatch_kl"] for h in history]
 
 
 def test_trainer_and_sampler_agree_on_every_sampled_token_with_an_adapter_merged(tiny_llama: Path):
