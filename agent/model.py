@@ -199,7 +199,7 @@ class OpenAIModel:
                     continue
                 where = cfg.base_url or "the OpenAI API"
                 if out_of_time:
-                    raise ModelError(f"model call to {where} failed: {e}; gave up after waiting {waited:.0f}s "
+                    raise ModelError(f"model call to {where} failed: {e}; gave up after waiting {waited:.3g}s "
                                      f"in all (model.max_wait = {cfg.max_wait:g})") from None
                 if giving_up:
                     kind = ModelTimeout if e.timeout else ModelError
@@ -468,7 +468,7 @@ class _Reply:
         if choice is None:
             raise _Retryable("malformed reply from the server: no choices")
         message = choice.get("message") or {}
-        self._reasoning(message)
+        self._reasoning(message, show=False)
         if isinstance(message.get("content"), str):
             self.text.append(message["content"])
         for i, tc in enumerate(message.get("tool_calls") or []):
@@ -485,11 +485,12 @@ class _Reply:
         if isinstance(obj.get("usage"), dict):
             self.usage = parse_usage(obj["usage"])
 
-    def _reasoning(self, obj: dict[str, Any]) -> None:
+    def _reasoning(self, obj: dict[str, Any], show: bool = True) -> None:
         piece = obj.get("reasoning_content") or obj.get("reasoning")  # vLLM sends both, the same text
         if isinstance(piece, str) and piece:
             self.reasoning.append(piece)
-            self.show_reasoning(piece)
+            if show:
+                self.show_reasoning(piece)
 
     def _tool_delta(self, tc: dict[str, Any]) -> None:
         fn = tc.get("function") or {}
@@ -516,7 +517,7 @@ class _Reply:
             (self.show_reasoning if is_reasoning else self.show_text)(piece)
         if self.finish is None:
             raise _Retryable("the stream ended before the model finished (no finish_reason)")
-        reasoning, content = "".join(self.reasoning) or None, "".join(self.text)
+        reasoning, content = "".join(self.reasoning).strip() or None, "".join(self.text)
         if reasoning is None:
             reasoning, content = split_reasoning(content)
         calls = [ToolCall(id=c["id"] or f"call_{i}_{secrets.token_hex(4)}", name=c["name"],
@@ -603,13 +604,18 @@ def _error_text(e: Any) -> str:
             body = e.response.text
     if body and (title := html_title(body)) is not None:
         return f"{title} (an HTML page: a proxy or gateway answered, not the model server)"
+    if isinstance(e.body, dict):  # OpenAI's {"error": {"message"}}, FastAPI's {"detail"}, or a bare {"message"}
+        inner = e.body.get("error", e.body)
+        said = inner.get("message") or inner.get("detail") if isinstance(inner, dict) else inner
+        if isinstance(said, str) and said:
+            return _brief(said)
     return _brief(e.message or "")
 
 
 def _waiting(e: _Retryable, delay: float, left: float) -> str:
     """What a retry says to the user."""
     if e.quota:
-        return f"{e}; waiting {delay:.0f}s for the quota (up to {left:.0f}s more in all: model.max_wait)"
+        return f"{e}; waiting {delay:.3g}s for the quota (up to {left:.0f}s more in all: model.max_wait)"
     if e.wait is not None:
         return f"{e}; the server asked to wait {delay:g}s"
     return str(e)
