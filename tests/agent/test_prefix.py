@@ -92,3 +92,14 @@ async def test_a_compaction_starts_over_from_a_fresh_system_prompt(project: Path
     assert "Use tabs." not in before[0].content and "### Style [style]\nUse tabs." in after[0].content
     assert not grows([before, after]) and grows([after, later])
     assert later[-1].content == "three"  # the change is in the fresh prompt: nothing more to tell
+
+
+async def test_the_benchmarks_scripted_session_never_breaks_the_prefix_outside_compactions():
+    # bench/prefix.py's session, shortened: refinements land between turns, one compaction starts over.
+    from bench.prefix import measure, scenario
+
+    run = await scenario(turns=16, refinements=3, context_window=4000)
+    figures = measure(run)
+    assert (figures["refinements"], figures["compactions"]) == (3, 1)
+    assert figures["prefix_breaks_outside_compactions"] == 0
+    assert figures["share_outside_compactions"] > 0.9
