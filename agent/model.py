@@ -2,8 +2,11 @@
 
 Two action formats: `tools` (native tool calling with one `ipython` tool) and `text` (the model
 writes ```python fenced cells). Transient failures (429, 5xx, timeouts, dropped streams,
-malformed replies) are retried with exponential backoff and jitter; what is left becomes a
-`ModelError` (or `ModelTimeout`) carrying a message for the user.
+malformed replies) are retried with exponential backoff and jitter, or after as long as the server
+asks (`Retry-After`, `x-ratelimit-reset-*`); an exhausted quota is waited on within `model.max_wait`;
+a model that keeps failing gives way to the next of `model.fallback`. What is left becomes a
+`ModelError` (or `ModelTimeout`) carrying a message for the user. Replies are read as plain JSON, so
+that how real servers depart from OpenAI's API is handled in one place (`_Reply`).
 """
 
 from __future__ import annotations
