@@ -103,3 +103,23 @@ async def test_the_benchmarks_scripted_session_never_breaks_the_prefix_outside_c
     assert (figures["refinements"], figures["compactions"]) == (3, 1)
     assert figures["prefix_breaks_outside_compactions"] == 0
     assert figures["share_outside_compactions"] > 0.9
+
+
+async def test_a_resumed_session_keeps_its_prefix_unless_the_harness_moved_while_it_was_away(project: Path,
+                                                                                          prime_home: Path):
+    model = ScriptedModel(["one", "two", "three"])
+    async with Session(make_config(), model, cwd=project) as s:
+        await s.prompt("one")
+
+    async def resumed(prompt: str) -> None:
+        again = Session(make_config(), model, cwd=project, session_dir=s.dir, session_id=s.id)
+        again.resume(read_records(s.dir / "trajectory.jsonl"), "the daemon restarted")
+        async with again:
+            await again.prompt(prompt)
+
+    await resumed("two")  # nothing changed: the new process goes on from the same prefix
+    person_edits(prime_home / "harness", "style", "Use tabs.")
+    await resumed("three")  # changed while away, entry by entry unknown: the prompt starts afresh
+    first, second, third = model.calls
+    assert grows([first, second]) and "the daemon restarted" in second[-1].content
+    assert "### Style [style]\nUse tabs." in third[0].content and not grows([second, third])
