@@ -42,11 +42,12 @@ def request(folded: list[Message], config: Config) -> list[Message]:
     return [Message(role="system", content=render("compaction")), Message(role="user", content=text)]
 
 
-def fold(context: Context, kept: list[Message], summary: str) -> None:
-    """Replace the context with the system prompt, the summary and what was kept."""
+def fold(context: Context, kept: list[Message], summary: str, system_prompt: str) -> None:
+    """Replace the context with a fresh system prompt (the prefix starts over here anyway, so it takes
+    up every harness change since), the summary and what was kept."""
     messages, starts = context.messages, context.turn_starts
     head = Message(role="user", content=render("compacted", summary=summary))
-    context.messages = [messages[0], head, *kept]
+    context.messages = [Message(role="system", content=system_prompt), head, *kept]
     first_kept = len(messages) - len(kept)
     context.turn_starts = [2 + i - first_kept for i in starts if i >= first_kept] or [2]
     context.tokens, context.mark = 0, 0

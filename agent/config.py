@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agent.types import Budget
+from agent.types import Budget, Usage
 from harness_store.entries import SkillLimits
 
 MAX_DEPTH = 32
@@ -33,6 +33,22 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     """Every section: no unknown fields, and no NaN or infinity (JSON, in which session.json and
     requests are written, has neither; a timeout of NaN would silently never fire)."""
+
+
+class Price(_Section):
+    """Dollars per million tokens."""
+
+    input: float = Field(0.0, ge=0)
+    """Prompt tokens not read from the cache."""
+    cached_input: float | None = Field(None, ge=0)
+    """Prompt tokens read from the provider's prompt cache; None bills them as `input`."""
+    output: float = Field(0.0, ge=0)
+    """Completion tokens (reasoning tokens included, as providers bill them)."""
+
+    def cost(self, usage: Usage) -> float:
+        cached = min(usage.cached_tokens, usage.prompt_tokens)
+        rate = self.input if self.cached_input is None else self.cached_input
+        return ((usage.prompt_tokens - cached) * self.input + cached * rate + usage.completion_tokens * self.output) / 1e6
 
 
 class ModelConfig(_Section):
@@ -66,10 +82,24 @@ class ModelConfig(_Section):
     """Request token logprobs (and token ids where offered) and keep them on assistant messages."""
     context_window: int = 128_000
     """Tokens the model accepts; compaction starts below this."""
-    input_cost_per_mtok: float = 0.0
-    """Dollars per million prompt tokens, for cost accounting."""
-    output_cost_per_mtok: float = 0.0
-    """Dollars per million completion tokens, for cost accounting."""
+    prices: dict[str, Price] = Field(default_factory=dict)
+    """Dollars per million tokens for each model name, for cost accounting, e.g.
+    `[model.prices."gpt-4.1"] input = 2.0, cached_input = 0.5, output = 8.0`. A server that states
+    the cost itself (OpenRouter's `usage.cost`) is believed instead; a model with no entry costs 0."""
+    fallback: list[str] = Field(default_factory=list)
+    """Model names to switch to, in order, on the same server, when the one in use keeps failing
+    (`fallback_after` failed attempts in a row); the switch is said in a `model.fallback` event."""
+    fallback_after: int = Field(3, ge=1)
+    """Failed attempts in a row (errors, timeouts, rate limits, quota) before the next `fallback` model."""
+    max_wait: float = Field(900.0, ge=0)
+    """Seconds in all one model call may spend waiting on rate limits and quota (`Retry-After`,
+    `x-ratelimit-reset-*`, quota backoff) before it fails, or falls back."""
+    quota_retry_delay: float = Field(30.0, gt=0)
+    """First wait after a quota error (`insufficient_quota`, a usage or credit limit); doubles each
+    time, within `max_wait`. Quota waits do not count against `max_retries`."""
+    send_reasoning: bool = False
+    """Send each assistant message's reasoning back as `reasoning_content`: for providers that require
+    it (DeepSeek's thinking mode with tool calls). Otherwise reasoning stays out of every request."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra JSON fields for every request (server-specific sampling options)."""
 

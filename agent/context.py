@@ -23,8 +23,9 @@ class Sinks:
     """An event for the session's clients (numbered by the session)."""
     record: Callable[[Record], None]
     """A record appended to the trajectory."""
-    charge: Callable[[Usage, str], None]
-    """Model spend (and what it was for): the session's, and the running turn's when there is one."""
+    charge: Callable[[Usage, str, str | None], None]
+    """Model spend, what it was for (turn, compaction, refine, llm, subagent) and the turn that caused
+    it (None: the running one, if any): the session's, and that turn's."""
     turn_id: Callable[[], str | None]
     """The running turn, if any."""
 

@@ -64,8 +64,9 @@ class Error(_Event):
 
 
 class UsageCharged(_Event):
-    """Model spend outside any turn (a refinement planned between turns, a child that outlived its
-    parent's turn); spend inside a turn is in that turn's `TurnFinished.usage`."""
+    """Model spend outside any running turn (a refinement planned between turns, a child that outlived
+    its parent's turn); `turn_id` names the turn that caused it, when one did. Spend inside a turn is
+    in that turn's `TurnFinished.usage`."""
 
     type: Literal["usage"] = "usage"
     usage: Usage
@@ -92,6 +93,8 @@ class TurnFinished(_Event):
     answer: Text | None = None
     error: Text | None = None
     usage: Usage = Field(default_factory=Usage)
+    spend: dict[str, Usage] = Field(default_factory=dict)
+    """`usage` by what it was for: turn, compaction, refine, llm, subagent."""
     duration: float = 0.0
     steps: int = 0
     cells: int = 0
@@ -127,6 +130,8 @@ class ModelStarted(_Event):
 class ModelDelta(_Event):
     type: Literal["model.delta"] = "model.delta"
     text: Text
+    reasoning: bool = False
+    """The model's reasoning rather than its answer (shown dimmed; never sent back unless required)."""
 
 
 class ModelRetry(_Event):
@@ -136,11 +141,23 @@ class ModelRetry(_Event):
     reason: Text
 
 
+class ModelFallback(_Event):
+    """The model in use kept failing (`model.fallback_after` attempts in a row): the session goes on
+    with the next of `model.fallback`."""
+
+    type: Literal["model.fallback"] = "model.fallback"
+    from_model: str
+    to_model: str
+    reason: Text
+
+
 class ModelCompleted(_Event):
     type: Literal["model.completed"] = "model.completed"
     text: Text
     tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
+    reasoning: Text | None = None
+    """The model's reasoning for this step, when it gave any."""
 
 
 # --- cells ---------------------------------------------------------------------------------------
@@ -311,7 +328,7 @@ class SubagentFinished(_Event):
 Event = Annotated[
     SessionStarted | SessionResumed | Note | Error | UsageCharged
     | TurnQueued | TurnStarted | TurnFinished | SteerDelivered | MessageDelivered | Compaction
-    | ModelStarted | ModelDelta | ModelRetry | ModelCompleted
+    | ModelStarted | ModelDelta | ModelRetry | ModelFallback | ModelCompleted
     | CellStarted | CellOutput | CellFinished
     | HarnessEdited | HarnessReloaded
     | RefinementProposed | RefinementApplied | RefinementPending | RefinementDryRun | RefinementRejected

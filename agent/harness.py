@@ -16,6 +16,45 @@ from harness_store.entries import KINDS, Kind, SkillLimits
 from harness_store.store import Edit, HarnessStore, Scope
 from harness_store.view import HarnessView
 
+NOTICE_ENTRY_CHARS = 2000
+"""Characters of one changed entry a harness notice carries (the rest is one `harness.show(id)` away)."""
+NOTICE_CHARS = 12_000
+"""Characters of changed entries one notice carries in all."""
+NOUNS = {"prompt": "prompt note", "memory": "memory", "skill": "skill", "subagent": "subagent"}
+
+
+def told(view: HarnessView) -> dict[str, tuple[str, str, str, str]]:
+    """What the model is told of each entry in the view: id -> (kind, scope, title, text)."""
+    out = {}
+    for v in view.entries():
+        e = v.entry
+        text = e.body if e.kind in ("prompt", "memory") else e.description if e.kind == "skill" else e.summary
+        out[e.id] = (e.kind, v.scope, e.title, text.strip())
+    return out
+
+
+def changes(before: dict[str, tuple[str, str, str, str]], after: dict[str, tuple[str, str, str, str]]) -> str:
+    """The entries that differ between two `told` snapshots, as the lines of a harness notice ('' if none)."""
+    lines: list[str] = []
+    used = 0
+    ids = [i for i in after if after[i] != before.get(i)] + [i for i in before if i not in after]
+    for n, id in enumerate(ids):
+        if used > NOTICE_CHARS:
+            lines.append(f"- ... and {len(ids) - n} more changes: `harness.list()` lists every entry")
+            break
+        if id not in after:
+            kind, scope, title, _ = before[id]
+            lines.append(f"- removed {NOUNS[kind]} {title!r} [{id}] ({scope} scope)")
+            continue
+        kind, scope, title, text = after[id]
+        if len(text) > NOTICE_ENTRY_CHARS:
+            text = text[:NOTICE_ENTRY_CHARS] + f"\n[... {len(text) - NOTICE_ENTRY_CHARS:,} more characters: harness.show({id!r})]"
+        verb = "updated" if id in before else "added"
+        block = f"- {verb} {NOUNS[kind]} {title!r} [{id}] ({scope} scope)" + (f":\n{text}" if text else "")
+        lines.append(block)
+        used += len(block)
+    return "\n".join(lines)
+
 
 def scope_roots(home: Path, project: Path, session_dir: Path | None) -> dict[Scope, Path]:
     roots: dict[Scope, Path] = {"user": home / "harness", "project": project / ".prime-agent" / "harness"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from agent import compaction
@@ -47,9 +47,13 @@ def out_of_seconds(seconds: float, waiting: str = "") -> str:
 
 
 class TurnLoop:
-    def __init__(self, config: Config, model: Model, kernel: Kernel, context: Context, inbox: Inbox, sinks: Sinks):
+    def __init__(self, config: Config, model: Model, kernel: Kernel, context: Context, inbox: Inbox, sinks: Sinks,
+                 system_prompt: Callable[[], str]):
+        """`system_prompt()` builds the system prompt afresh: a compaction starts the context over with it."""
         self.config, self.model, self.kernel, self.context, self.inbox = config, model, kernel, context, inbox
         self.emit, self.record, self.charge = sinks.emit, sinks.record, sinks.charge
+        self.system_prompt = system_prompt
+        self.said_no_logprobs = False
 
     async def run(self, turn: Turn) -> tuple[Outcome, str | None, str | None]:
         """Step until the turn ends: (outcome, answer, error). Never raises for model, kernel or
@@ -95,7 +99,8 @@ class TurnLoop:
         message = completion.message
         codes = [] if self.model.action_format == "tools" else fenced_cells(message.content)
         if message.tool_calls:
-            await self.run_tool_calls(turn, message.tool_calls)
+            cut = message.tool_calls[-1] if completion.finish_reason == "length" else None
+            await self.run_tool_calls(turn, message.tool_calls, cut=cut)
         elif codes:
             await self.run_text_cells(turn, codes)
         elif completion.finish_reason == "length":
@@ -149,8 +154,11 @@ class TurnLoop:
         call = self.model.complete(
             self.context.messages,
             on_delta=lambda text: self.emit(ev.ModelDelta(turn_id=turn.id, text=text)),
+            on_reasoning=lambda text: self.emit(ev.ModelDelta(turn_id=turn.id, text=text, reasoning=True)),
             on_retry=lambda attempt, delay, why: self.emit(
                 ev.ModelRetry(turn_id=turn.id, attempt=attempt, delay=delay, reason=why)),
+            on_fallback=lambda old, new, why: self.emit(
+                ev.ModelFallback(turn_id=turn.id, from_model=old, to_model=new, reason=why)),
         )
         try:
             completion = await self.within_budget(turn, call)
@@ -158,17 +166,23 @@ class TurnLoop:
             if not await self.compact(turn):
                 raise
             completion = await self.within_budget(turn, self.model.complete(self.context.messages))  # once, folded
-        self.charge(completion.usage, "turn")
+        self.charge(completion.usage, "turn", turn.id)
         self.record(ModelCall(
             turn_id=turn.id, context_messages=len(self.context.messages), usage=completion.usage,
             duration=completion.duration, attempts=completion.attempts, finish_reason=completion.finish_reason,
             model=completion.model,
             prompt_token_ids=completion.prompt_token_ids if self.config.model.record_logprobs else None,
         ))
-        self.context.append(completion.message, turn.id)
+        message = completion.message
+        self.context.append(message, turn.id)
         self.context.measured(completion.usage.total_tokens)
-        self.emit(ev.ModelCompleted(turn_id=turn.id, text=completion.message.content,
-                                    tool_calls=completion.message.tool_calls, usage=completion.usage))
+        self.emit(ev.ModelCompleted(turn_id=turn.id, text=message.content, tool_calls=message.tool_calls,
+                                    usage=completion.usage, reasoning=message.reasoning))
+        if self.config.model.record_logprobs and message.logprobs is None and not self.said_no_logprobs:
+            self.said_no_logprobs = True  # e.g. `transformers serve` and Ollama ignore `logprobs`
+            self.emit(ev.Note(turn_id=turn.id, text=f"the server ({completion.model or self.model.name}) returned no "
+                              "logprobs although model.record_logprobs is on: this session's trajectory has none "
+                              "to train on"))
         return completion
 
     async def compact(self, turn: Turn) -> bool:
@@ -180,9 +194,9 @@ class TurnLoop:
         request = compaction.request(folded, self.config)
         # the summary counts against the turn's time like any model call
         completion = await self.within_budget(turn, self.model.complete(request, tools=False))
-        self.charge(completion.usage, "turn")
+        self.charge(completion.usage, "compaction", turn.id)
         summary = completion.message.content.strip()
-        compaction.fold(self.context, kept, summary)
+        compaction.fold(self.context, kept, summary, self.system_prompt())
         self.record(CompactionRecord(turn_id=turn.id, summary=summary, messages=self.context.messages,
                                      usage=completion.usage, turn_starts=self.context.turn_starts))
         self.emit(ev.Compaction(turn_id=turn.id, folded_messages=len(folded), summary=summary))
@@ -190,7 +204,9 @@ class TurnLoop:
 
     # --- cells ------------------------------------------------------------------------------------
 
-    async def run_tool_calls(self, turn: Turn, calls: list[ToolCall]) -> None:
+    async def run_tool_calls(self, turn: Turn, calls: list[ToolCall], cut: ToolCall | None = None) -> None:
+        """Run each call in order; `cut` is one the token limit cut short (finish_reason "length"): its
+        code is not run even when what arrived parses (a server may close the JSON it was cut in)."""
         answered: set[str] = set()
 
         def reply(call: ToolCall, text: str) -> None:
@@ -199,6 +215,9 @@ class TurnLoop:
 
         try:
             for call in calls:
+                if call is cut:
+                    reply(call, render("cut_off_call"))
+                    continue
                 try:
                     args = parse_tool_arguments(call)
                 except ValueError as e:

@@ -2,16 +2,24 @@
 
 Two action formats: `tools` (native tool calling with one `ipython` tool) and `text` (the model
 writes ```python fenced cells). Transient failures (429, 5xx, timeouts, dropped streams,
-malformed replies) are retried with exponential backoff and jitter; what is left becomes a
-`ModelError` (or `ModelTimeout`) carrying a message for the user.
+malformed replies) are retried with exponential backoff and jitter, or after as long as the server
+asks (`Retry-After`, `x-ratelimit-reset-*`); an exhausted quota is waited on within `model.max_wait`;
+a model that keeps failing gives way to the next of `model.fallback`. What is left becomes a
+`ModelError` (or `ModelTimeout`) carrying a message for the user. Replies are read as plain JSON, so
+that how real servers depart from OpenAI's API is handled in one place (`_Reply`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
+import email.utils
+import html
 import json
 import random
 import re
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
@@ -22,6 +30,8 @@ from agent.types import Completion, Message, ToolCall, Usage
 DeltaCallback = Callable[[str], None]
 RetryCallback = Callable[[int, float, str], None]
 """on_retry(attempt, delay_seconds, reason)."""
+FallbackCallback = Callable[[str, str, str], None]
+"""on_fallback(from_model, to_model, reason)."""
 
 IPYTHON_TOOL = {
     "type": "function",
@@ -71,10 +81,13 @@ class Model(Protocol):
         tools: bool = True,
         json_mode: bool = False,
         on_delta: DeltaCallback | None = None,
+        on_reasoning: DeltaCallback | None = None,
         on_retry: RetryCallback | None = None,
+        on_fallback: FallbackCallback | None = None,
     ) -> Completion:
         """One completion. `tools=False` for plain calls (summaries, `llm()`); `json_mode=True` asks for
-        a JSON object (the server's JSON mode); `on_delta` streams text."""
+        a JSON object (the server's JSON mode); `on_delta` streams text and `on_reasoning` the model's
+        reasoning; `on_retry` hears of each wait and `on_fallback` of a switch to a fallback model."""
         ...
 
     def variant(self, name: str) -> Model:
@@ -87,26 +100,35 @@ def fenced_cells(text: str) -> list[str]:
     return [m.group(1) for m in FENCE.finditer(text)]
 
 
-def to_wire(m: Message) -> dict[str, Any]:
-    """A message as the OpenAI chat API wants it."""
+def to_wire(m: Message, reasoning: bool = False) -> dict[str, Any]:
+    """A message as the OpenAI chat API wants it; with `reasoning`, an assistant message's reasoning
+    goes along as `reasoning_content` (providers that require it back: `model.send_reasoning`)."""
     if m.role == "tool":
         return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
+    wire: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.role == "assistant" and m.tool_calls:
-        return {
-            "role": "assistant",
-            "content": m.content or None,
-            "tool_calls": [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in m.tool_calls
-            ],
-        }
-    return {"role": m.role, "content": m.content}
+        wire["content"] = m.content or None
+        wire["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                              for c in m.tool_calls]
+    if reasoning and m.role == "assistant" and m.reasoning:
+        wire["reasoning_content"] = m.reasoning
+    return wire
 
 
 class _Retryable(Exception):
-    def __init__(self, reason: str, timeout: bool = False):
+    def __init__(self, reason: str, timeout: bool = False, wait: float | None = None, quota: bool = False):
         super().__init__(reason)
         self.timeout = timeout
+        self.wait = wait
+        """Seconds the server asked us to wait (Retry-After, x-ratelimit-reset-*), if it said."""
+        self.quota = quota
+        """A quota or credit limit, not a passing overload: waited on longer, within `max_wait`."""
+
+
+QUOTA_ERRORS = re.compile(r"insufficient.quota|exceeded your current quota|quota exceeded|usage limit|"
+                          r"insufficient (balance|credits?|funds)|more credits|out of credits", re.IGNORECASE)
+"""OpenAI's `insufficient_quota` (a 429), DeepSeek's 402 "Insufficient Balance", OpenRouter's 402
+"requires more credits", Anthropic-style "usage limit" messages."""
 
 
 class OpenAIModel:
@@ -115,6 +137,7 @@ class OpenAIModel:
             raise ModelError("no model name configured (set PRIME_AGENT_MODEL or --model)")
         self.config = config
         self.name = config.name
+        """The model in use: `config.name`, or the `fallback` model it switched to."""
         self.action_format = config.action_format
         self._client: Any = None
 
@@ -146,41 +169,82 @@ class OpenAIModel:
         tools: bool = True,
         json_mode: bool = False,
         on_delta: DeltaCallback | None = None,
+        on_reasoning: DeltaCallback | None = None,
         on_retry: RetryCallback | None = None,
+        on_fallback: FallbackCallback | None = None,
     ) -> Completion:
         self.prepare()
         cfg = self.config
-        request = self._request(messages, tools)
-        if json_mode:
-            request["response_format"] = {"type": "json_object"}
-        attempt = 0
+        # What a stream cut mid-way already showed is not shown again when the retry streams it anew.
+        shown = _Shown(on_delta), _Shown(on_reasoning)
+        attempt = tries = failures = quota_waits = 0
+        waited = 0.0
         started = time.monotonic()
         while True:
             attempt += 1
+            tries += 1
+            request = self._request(messages, tools, json_mode)
+            for s in shown:
+                s.restart()
             try:
-                completion = await self._call(request, on_delta)
+                completion = await self._call(request, *shown)
             except _Retryable as e:
-                if attempt > cfg.max_retries:
-                    where = cfg.base_url or "the OpenAI API"
+                failures += 1
+                limited = e.wait is not None or e.quota  # a wait the server asked for, or a quota's: within max_wait
+                if e.quota:
+                    quota_waits += 1
+                    tries -= 1  # quota waits are bounded by max_wait, not max_retries
+                delay = self._delay(e, quota_waits if e.quota else tries)
+                out_of_time = limited and waited + delay > cfg.max_wait
+                giving_up = out_of_time or tries > cfg.max_retries
+                if (failures >= cfg.fallback_after or giving_up) and self._fall_back(str(e), on_fallback):
+                    failures = tries = quota_waits = 0
+                    continue
+                where = cfg.base_url or "the OpenAI API"
+                if out_of_time:
+                    raise ModelError(f"model call to {where} failed: {e}; gave up after waiting {waited:.3g}s "
+                                     f"in all (model.max_wait = {cfg.max_wait:g})") from None
+                if giving_up:
                     kind = ModelTimeout if e.timeout else ModelError
-                    raise kind(f"model call to {where} failed after {attempt} attempts: {e}") from None
-                delay = min(cfg.retry_max_delay, cfg.retry_base_delay * 2 ** (attempt - 1))
-                delay *= random.uniform(0.5, 1.0)  # jitter, so clients do not retry in lockstep
+                    raise kind(f"model call to {where} failed after {tries} attempts: {e}") from None
                 if on_retry:
-                    on_retry(attempt, delay, str(e))
+                    on_retry(attempt, delay, _waiting(e, delay, cfg.max_wait - waited))
                 await asyncio.sleep(delay)
+                if limited:
+                    waited += delay
                 continue
             completion.attempts = attempt
             completion.duration = time.monotonic() - started
-            completion.usage.cost = (
-                completion.usage.prompt_tokens * cfg.input_cost_per_mtok
-                + completion.usage.completion_tokens * cfg.output_cost_per_mtok
-            ) / 1e6
+            if completion.usage.cost == 0.0 and (price := cfg.prices.get(self.name)) is not None:
+                completion.usage.cost = price.cost(completion.usage)
             return completion
 
-    def _request(self, messages: list[Message], tools: bool) -> dict[str, Any]:
+    def _fall_back(self, reason: str, on_fallback: FallbackCallback | None) -> bool:
+        """Switch to the next `fallback` model, if one is left; it stays in use from then on."""
+        chain = [self.config.name, *self.config.fallback]
+        at = chain.index(self.name) if self.name in chain else 0
+        if at + 1 >= len(chain):
+            return False
+        previous, self.name = self.name, chain[at + 1]
+        if on_fallback:
+            on_fallback(previous, self.name, reason)
+        return True
+
+    def _delay(self, e: _Retryable, n: int) -> float:
+        """The wait before try `n + 1`."""
         cfg = self.config
-        req: dict[str, Any] = {"model": cfg.name, "messages": [to_wire(m) for m in messages]}
+        if e.quota:
+            backoff = cfg.quota_retry_delay * 2 ** (n - 1)
+            return max(e.wait or 0.0, backoff)
+        if e.wait is not None:
+            return e.wait  # the server said how long: no more, no less
+        delay = min(cfg.retry_max_delay, cfg.retry_base_delay * 2 ** (n - 1))
+        return delay * random.uniform(0.5, 1.0)  # jitter, so clients do not retry in lockstep
+
+    def _request(self, messages: list[Message], tools: bool, json_mode: bool) -> dict[str, Any]:
+        cfg = self.config
+        wire = [to_wire(m, cfg.send_reasoning) for m in messages]
+        req: dict[str, Any] = {"model": self.name, "messages": wire}
         if tools and cfg.action_format == "tools":
             req["tools"] = [IPYTHON_TOOL]
         if cfg.temperature is not None:
@@ -193,6 +257,8 @@ class OpenAIModel:
         if cfg.stream:
             req["stream"] = True
             req["stream_options"] = {"include_usage": True}
+        if json_mode:
+            req["response_format"] = {"type": "json_object"}
         req.update(cfg.extra_body)
         return req
 
@@ -204,12 +270,19 @@ class OpenAIModel:
         if isinstance(e, oa.APIConnectionError):
             return _Retryable(f"connection failed: {e.__cause__ or e}")
         if isinstance(e, oa.APIStatusError):
-            if e.status_code == 429 or e.status_code >= 500 or e.status_code == 408:
-                return _Retryable(f"HTTP {e.status_code}: {_brief(e.message)}")
-            if e.status_code in (400, 413) and CONTEXT_ERRORS.search(e.message or ""):
-                return ContextOverflow(f"the context is too long for the model: {_brief(e.message)}")
-            return ModelError(f"the server refused the request: HTTP {e.status_code}: {_brief(e.message)}")
-        if isinstance(e, (oa.APIResponseValidationError, ValueError, KeyError, TypeError)):
+            status, message = e.status_code, _error_text(e)
+            headers = e.response.headers
+            if status in (402, 403, 429) and (getattr(e, "code", None) == "insufficient_quota"
+                                              or QUOTA_ERRORS.search(message)):
+                return _Retryable(f"out of quota: HTTP {status}: {message}", wait=retry_after(headers), quota=True)
+            if status == 429 or status >= 500 or status == 408:
+                return _Retryable(f"HTTP {status}: {message}", wait=retry_after(headers))
+            if status in (400, 413) and CONTEXT_ERRORS.search(message):
+                return ContextOverflow(f"the context is too long for the model: {message}")
+            return ModelError(f"the server refused the request: HTTP {status}: {message}")
+        if isinstance(e, oa.APIError):  # an error event inside a stream that had begun well
+            return _Retryable(f"the server reported an error mid-stream: {_brief(e.message)}")
+        if isinstance(e, (oa.APIResponseValidationError, ValueError, KeyError, TypeError, AttributeError)):
             return _Retryable(f"malformed reply from the server: {_brief(str(e))}")
         if type(e).__module__.startswith(("httpx", "httpcore", "h11")):
             return _Retryable(f"the stream dropped: {type(e).__name__}: {_brief(str(e))}")
@@ -218,96 +291,337 @@ class OpenAIModel:
     async def _post(self, request: dict[str, Any]) -> Any:
         # `chat.completions.create` re-validates the whole message list against its TypedDicts on
         # every call: O(context) Python work per step (20 ms a step at 100 cells). Our body is
-        # plain JSON already, so post it through the same client as is.
+        # plain JSON already, so post it through the same client as is, and read the reply as plain
+        # JSON too: servers differ from OpenAI's types in ways their models would hide (see _Reply).
         from openai import AsyncStream
-        from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-        return await self._client.post(
-            "/chat/completions", body=request, cast_to=ChatCompletion,
-            stream=bool(request.get("stream")), stream_cls=AsyncStream[ChatCompletionChunk],
-        )
+        return await self._client.post("/chat/completions", body=request, cast_to=object,
+                                       stream=bool(request.get("stream")), stream_cls=AsyncStream[object])
 
-    async def _call(self, request: dict[str, Any], on_delta: DeltaCallback | None) -> Completion:
+    async def _call(self, request: dict[str, Any], text: _Shown, reasoning: _Shown) -> Completion:
         try:
-            if self.config.stream:
-                return await self._stream(request, on_delta)
-            return self._parse(await self._post(request))
+            reply = _Reply(text, reasoning)
+            if request.get("stream"):
+                stream = await self._post(request)
+                await self._refuse_html(stream.response)
+                async for chunk in stream:
+                    reply.add_chunk(chunk)
+            else:
+                body = await self._post(request)
+                if isinstance(body, str):  # not JSON: the client hands the text over as it is
+                    await self._refuse_html(None, body)
+                    raise _Retryable(f"malformed reply from the server: not JSON: {_brief(body)}")
+                reply.add_message(body)
+            return reply.completion()
         except (_Retryable, ModelError):
             raise
         except Exception as e:
             raise self._classify(e) from e
 
-    async def _stream(self, request: dict[str, Any], on_delta: DeltaCallback | None) -> Completion:
-        text: list[str] = []
-        calls: dict[int, dict[str, Any]] = {}
-        logprobs: list[float] = []
-        token_ids: list[int] = []
-        usage = Usage()
-        finish = None
-        model = ""
-        prompt_ids = None
-        async for chunk in await self._post(request):
-            model = chunk.model or model
-            prompt_ids = prompt_ids or getattr(chunk, "prompt_token_ids", None)  # vLLM and ours: in the first chunk
-            if chunk.usage:
-                usage = Usage(prompt_tokens=chunk.usage.prompt_tokens, completion_tokens=chunk.usage.completion_tokens)
-            for choice in chunk.choices:
-                d = choice.delta
-                if d.content:
-                    text.append(d.content)
-                    if on_delta:
-                        on_delta(d.content)
-                for tc in d.tool_calls or []:
-                    slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": []})
-                    slot["id"] = tc.id or slot["id"]
-                    if tc.function:
-                        slot["name"] = tc.function.name or slot["name"]
-                        slot["arguments"].append(tc.function.arguments or "")
-                if choice.logprobs and choice.logprobs.content:
-                    logprobs.extend(t.logprob for t in choice.logprobs.content)
-                token_ids.extend(getattr(choice, "token_ids", None) or [])
-                finish = choice.finish_reason or finish
-        if finish is None:
-            raise _Retryable("the stream ended before the model finished (no finish_reason)")
-        message = Message(
-            role="assistant",
-            content="".join(text),
-            tool_calls=[
-                ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments="".join(c["arguments"]))
-                for i, c in sorted(calls.items())
-            ],
-            logprobs=logprobs or None,
-            token_ids=token_ids or None,
-        )
-        return Completion(message=message, usage=usage, finish_reason=finish, model=model,
-                          prompt_token_ids=prompt_ids if isinstance(prompt_ids, list) else None)
+    async def _refuse_html(self, response: Any, body: str | None = None) -> None:
+        """A 200 that is a web page (a login portal, a UI at the base URL) is no passing fault: say so."""
+        if response is not None:
+            if "html" not in response.headers.get("content-type", ""):
+                return
+            body = (await response.aread()).decode(errors="replace")
+        if body is not None and (title := html_title(body)) is not None:
+            raise ModelError(f"the server at {self.config.base_url or 'the OpenAI API'} answered with a web page "
+                             f"({title!r}), not the chat completions API: check model.base_url (it usually ends in /v1)")
 
-    def _parse(self, resp: Any) -> Completion:
+
+class _Shown:
+    """Deltas of one kind (text or reasoning) as the user has seen them in this call: when a stream
+    cut mid-way is retried, the new attempt's first characters, up to what was shown, are not shown again
+    (the completed message is the truth; clients show it in full when it comes)."""
+
+    def __init__(self, sink: DeltaCallback | None):
+        self.sink, self.shown, self.here = sink, 0, 0
+
+    def restart(self) -> None:
+        self.here = 0
+
+    def __call__(self, piece: str) -> None:
+        start, self.here = self.here, self.here + len(piece)
+        if self.sink is not None and self.here > self.shown:
+            self.sink(piece[max(0, self.shown - start):])
+            self.shown = self.here
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+class _Think:
+    """Splits streamed content into reasoning and text: a `<think>` block at the start of a reply
+    (DeepSeek-R1 and Qwen3 served without a reasoning parser) is reasoning, not the answer."""
+
+    def __init__(self) -> None:
+        self.state: Literal["start", "think", "after", "text"] = "start"
+        self.held = ""
+
+    def feed(self, piece: str) -> list[tuple[bool, str]]:
+        """(is_reasoning, text) pieces ready to show."""
+        self.held += piece
+        out: list[tuple[bool, str]] = []
+        while self.held:
+            if self.state == "start":
+                head = self.held.lstrip()
+                if head.startswith(THINK_OPEN):
+                    self.state, self.held = "think", head[len(THINK_OPEN):].lstrip("\n")
+                elif THINK_OPEN.startswith(head):
+                    break  # not yet known
+                else:
+                    self.state = "text"
+            elif self.state == "think":
+                end = self.held.find(THINK_CLOSE)
+                if end >= 0:
+                    out.append((True, self.held[:end]))
+                    self.state, self.held = "text", self.held[end + len(THINK_CLOSE):].lstrip()
+                    if not self.held:
+                        self.state = "after"
+                    continue
+                keep = _partial_suffix(self.held, THINK_CLOSE)
+                out.append((True, self.held[: len(self.held) - keep]))
+                self.held = self.held[len(self.held) - keep:]
+                break
+            elif self.state == "after":  # the whitespace between </think> and the answer is not the answer
+                self.held = self.held.lstrip()
+                if self.held:
+                    self.state = "text"
+            else:
+                out.append((False, self.held))
+                self.held = ""
+        return [(r, t) for r, t in out if t]
+
+    def flush(self) -> list[tuple[bool, str]]:
+        held, self.held = self.held, ""
+        return [(self.state == "think", held)] if held and self.state != "after" else []
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """How many of `text`'s last characters could begin `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def split_reasoning(content: str) -> tuple[str | None, str]:
+    """(reasoning, answer) of a whole reply: a leading `<think>` block, or everything before a lone
+    `</think>` (Qwen3 thinking models whose template opens the block in the prompt)."""
+    head = content.lstrip()
+    if head.startswith(THINK_OPEN) and THINK_CLOSE in head:
+        thought, _, answer = head[len(THINK_OPEN):].partition(THINK_CLOSE)
+        return thought.strip("\n") or None, answer.lstrip()
+    if THINK_CLOSE in content and THINK_OPEN not in content:
+        thought, _, answer = content.partition(THINK_CLOSE)
+        return thought.strip("\n") or None, answer.lstrip()
+    return None, content
+
+
+class _Reply:
+    """One reply assembled from a server's JSON, as OpenAI-compatible servers really send it (each
+    quirk below is tested against a recording in tests/agent/test_quirks.py):
+
+    - only choice 0 counts (a server may honour or ignore `n`);
+    - tool-call arguments may be a JSON object instead of a string (Ollama, llama.cpp);
+    - streamed tool-call deltas may lack their `index` (Gemini's endpoint) or `id` (Ollama);
+    - reasoning comes as `reasoning_content` (DeepSeek), `reasoning` (vLLM, OpenRouter; vLLM sends
+      both with the same text), or a `<think>` block in the content;
+    - the usage may come in a last chunk with an empty (or no) `choices` list, or with the finish
+      chunk, with `prompt_tokens_details.cached_tokens` (OpenAI, vLLM) or `prompt_cache_hit_tokens`
+      (DeepSeek), `completion_tokens_details.reasoning_tokens`, and a `cost` (OpenRouter).
+    """
+
+    def __init__(self, text: _Shown, reasoning: _Shown):
+        self.show_text, self.show_reasoning = text, reasoning
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.think = _Think()
+        self.calls: list[dict[str, Any]] = []
+        self.logprobs: list[float] = []
+        self.token_ids: list[int] = []
+        self.usage = Usage()
+        self.finish: str | None = None
+        self.model = ""
+        self.prompt_ids: list[int] | None = None
+
+    def add_chunk(self, chunk: Any) -> None:
+        if not isinstance(chunk, dict):
+            raise _Retryable(f"malformed reply from the server: a stream chunk that is not an object: {_brief(repr(chunk))}")
+        self._common(chunk)
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            self._reasoning(delta)
+            if isinstance(delta.get("content"), str):
+                for is_reasoning, piece in self.think.feed(delta["content"]):
+                    (self.reasoning if is_reasoning else self.text).append(piece)
+                    (self.show_reasoning if is_reasoning else self.show_text)(piece)
+            for tc in delta.get("tool_calls") or []:
+                self._tool_delta(tc)
+            self._logprobs(choice)
+            self.finish = choice.get("finish_reason") or self.finish
+
+    def add_message(self, body: Any) -> None:
+        if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+            raise _Retryable(f"malformed reply from the server: {_brief(repr(body))}")
+        self._common(body)
+        choice = next((c for c in body["choices"] if c.get("index", 0) == 0), None)
+        if choice is None:
+            raise _Retryable("malformed reply from the server: no choices")
+        message = choice.get("message") or {}
+        self._reasoning(message, show=False)
+        if isinstance(message.get("content"), str):
+            self.text.append(message["content"])
+        for i, tc in enumerate(message.get("tool_calls") or []):
+            self.calls.append({"id": tc.get("id") or "", "name": (tc.get("function") or {}).get("name") or "",
+                               "arguments": [_arguments((tc.get("function") or {}).get("arguments"))]})
+        self._logprobs(choice)
+        self.finish = choice.get("finish_reason")
+
+    def _common(self, obj: dict[str, Any]) -> None:
+        self.model = obj.get("model") or self.model
+        ids = obj.get("prompt_token_ids")  # vLLM and ours: in the first chunk, or the reply
+        if isinstance(ids, list) and self.prompt_ids is None:
+            self.prompt_ids = ids
+        if isinstance(obj.get("usage"), dict):
+            self.usage = parse_usage(obj["usage"])
+
+    def _reasoning(self, obj: dict[str, Any], show: bool = True) -> None:
+        piece = obj.get("reasoning_content") or obj.get("reasoning")  # vLLM sends both, the same text
+        if isinstance(piece, str) and piece:
+            self.reasoning.append(piece)
+            if show:
+                self.show_reasoning(piece)
+
+    def _tool_delta(self, tc: dict[str, Any]) -> None:
+        fn = tc.get("function") or {}
+        index = tc.get("index")
+        if index is None:  # no index: a new id (or a name, with no call open) starts a call, else it continues
+            fresh = not self.calls or (tc.get("id") and tc["id"] != self.calls[-1]["id"] and self.calls[-1]["id"])
+            index = len(self.calls) if fresh else len(self.calls) - 1
+        while len(self.calls) <= index:
+            self.calls.append({"id": "", "name": "", "arguments": []})
+        slot = self.calls[index]
+        slot["id"] = tc.get("id") or slot["id"]
+        slot["name"] = fn.get("name") or slot["name"]
+        if fn.get("arguments") is not None:
+            slot["arguments"].append(_arguments(fn["arguments"]))
+
+    def _logprobs(self, choice: dict[str, Any]) -> None:
+        content = (choice.get("logprobs") or {}).get("content") or []
+        self.logprobs.extend(t["logprob"] for t in content if isinstance(t, dict) and "logprob" in t)
+        self.token_ids.extend(choice.get("token_ids") or [])
+
+    def completion(self) -> Completion:
+        for is_reasoning, piece in self.think.flush():
+            (self.reasoning if is_reasoning else self.text).append(piece)
+            (self.show_reasoning if is_reasoning else self.show_text)(piece)
+        if self.finish is None:
+            raise _Retryable("the stream ended before the model finished (no finish_reason)")
+        reasoning, content = "".join(self.reasoning).strip() or None, "".join(self.text)
+        if reasoning is None:
+            reasoning, content = split_reasoning(content)
+        calls = [ToolCall(id=c["id"] or f"call_{i}_{secrets.token_hex(4)}", name=c["name"],
+                          arguments="".join(c["arguments"]))
+                 for i, c in enumerate(self.calls) if c["name"] or c["arguments"]]
+        message = Message(role="assistant", content=content, tool_calls=calls, reasoning=reasoning,
+                          logprobs=self.logprobs or None, token_ids=self.token_ids or None)
+        return Completion(message=message, usage=self.usage, finish_reason=self.finish, model=self.model,
+                          prompt_token_ids=self.prompt_ids)
+
+
+def _arguments(value: Any) -> str:
+    """Tool-call arguments as the JSON text OpenAI's API sends; some servers send the object itself."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def parse_usage(u: dict[str, Any]) -> Usage:
+    """A reply's `usage`, with its cached, reasoning and cost details where the server gives them."""
+    prompt = u.get("prompt_tokens_details") or {}
+    completion = u.get("completion_tokens_details") or {}
+    cached = prompt.get("cached_tokens") or u.get("prompt_cache_hit_tokens") or 0
+    cost = u.get("cost")
+    return Usage(prompt_tokens=int(u.get("prompt_tokens") or 0), completion_tokens=int(u.get("completion_tokens") or 0),
+                 cached_tokens=int(cached), reasoning_tokens=int(completion.get("reasoning_tokens") or 0),
+                 cost=float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else 0.0)
+
+
+def retry_after(headers: Any) -> float | None:
+    """Seconds a server asks a client to wait before it tries again: `Retry-After` (seconds or an
+    HTTP date), `retry-after-ms`, else the `x-ratelimit-reset-*` of the limit that ran out
+    (OpenAI's durations: `1s`, `6m0s`, `20ms`); None when it does not say."""
+    if (ms := headers.get("retry-after-ms")) is not None:
+        with contextlib.suppress(ValueError):
+            return max(0.0, float(ms) / 1000)
+    if (value := headers.get("retry-after")) is not None:
         try:
-            choice = resp.choices[0]
-            msg = choice.message
-            calls = [
-                ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "")
-                for c in msg.tool_calls or []
-            ]
-            logprobs = [t.logprob for t in choice.logprobs.content] if choice.logprobs and choice.logprobs.content else None
-            usage = (
-                Usage(prompt_tokens=resp.usage.prompt_tokens, completion_tokens=resp.usage.completion_tokens)
-                if resp.usage
-                else Usage()
-            )
-        except (AttributeError, IndexError, TypeError) as e:
-            raise _Retryable(f"malformed reply from the server: {_brief(str(e))}") from None
-        message = Message(
-            role="assistant",
-            content=msg.content or "",
-            tool_calls=calls,
-            logprobs=logprobs,
-            token_ids=getattr(choice, "token_ids", None),
-        )
-        prompt_ids = getattr(resp, "prompt_token_ids", None)
-        return Completion(message=message, usage=usage, finish_reason=choice.finish_reason, model=resp.model or "",
-                          prompt_token_ids=prompt_ids if isinstance(prompt_ids, list) else None)
+            return max(0.0, float(value))
+        except ValueError:
+            with contextlib.suppress(TypeError, ValueError, IndexError):
+                when = email.utils.parsedate_to_datetime(value)
+                when = when if when.tzinfo else when.replace(tzinfo=datetime.UTC)
+                return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
+    resets = []
+    for limit in ("requests", "tokens"):
+        reset = _duration(headers.get(f"x-ratelimit-reset-{limit}"))
+        if reset is not None:
+            resets.append((headers.get(f"x-ratelimit-remaining-{limit}") == "0", reset))
+    if resets:
+        return max([r for out, r in resets if out] or [r for _, r in resets])
+    return None
+
+
+DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+
+
+def _duration(text: str | None) -> float | None:
+    if not text:
+        return None
+    with contextlib.suppress(ValueError):
+        return max(0.0, float(text))
+    parts = DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text.replace(" ", ""):
+        return None
+    scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def html_title(text: str) -> str | None:
+    """The title (or first words) of an HTML page; None if `text` is not one."""
+    if not re.search(r"<(html|!doctype html|body|head)\b", text[:2000], re.IGNORECASE):
+        return None
+    title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
+    words = title.group(1) if title else re.sub(r"<[^>]+>", " ", text)
+    return _brief(html.unescape(words), 120) or "an HTML page"
+
+
+def _error_text(e: Any) -> str:
+    """An HTTP error's message: the server's own, or what an HTML error page (a proxy's) says it is."""
+    body = e.body if isinstance(e.body, str) else None
+    if body is None and e.response is not None:
+        with contextlib.suppress(Exception):
+            body = e.response.text
+    if body and (title := html_title(body)) is not None:
+        return f"{title} (an HTML page: a proxy or gateway answered, not the model server)"
+    if isinstance(e.body, dict):  # OpenAI's {"error": {"message"}}, FastAPI's {"detail"}, or a bare {"message"}
+        inner = e.body.get("error", e.body)
+        said = inner.get("message") or inner.get("detail") if isinstance(inner, dict) else inner
+        if isinstance(said, str) and said:
+            return _brief(said)
+    return _brief(e.message or "")
+
+
+def _waiting(e: _Retryable, delay: float, left: float) -> str:
+    """What a retry says to the user."""
+    if e.quota:
+        return f"{e}; waiting {delay:.3g}s for the quota (up to {left:.0f}s more in all: model.max_wait)"
+    if e.wait is not None:
+        return f"{e}; the server asked to wait {delay:g}s"
+    return str(e)
 
 
 def _brief(text: str, limit: int = 300) -> str:

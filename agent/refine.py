@@ -103,6 +103,8 @@ class SessionRefiner:
         self.last_auto_turn = -10**9
         self.compactions_seen = 0
         self.layout = layout
+        self.cause: str | None = None
+        """The turn whose refinement is being planned (its spend is that turn's)."""
 
     def use_model(self, model: Model, config: Config) -> None:
         self.refiner.complete = model_caller(model, config, self._charge)
@@ -125,11 +127,12 @@ class SessionRefiner:
         `mode` overrides `refine.mode` for this one."""
         if self.planning() or self.ready is not None:
             return "a refinement is already being planned or waits for the turn boundary; it applies then"
+        self.cause = self.sinks.turn_id()
         self.task = asyncio.create_task(self._plan(instructions, trigger, review=False, mode=mode))
         return "refinement planning started; it applies at the next turn boundary"
 
-    def after_turn(self) -> None:
-        """Auto-refine: every `auto_every` completed turns and after compaction, behind a review call."""
+    def after_turn(self, turn_id: str) -> None:
+        """Auto-refine after `turn_id`: every `auto_every` completed turns and after compaction, behind a review call."""
         compacted = self.context.compactions > self.compactions_seen
         self.compactions_seen = self.context.compactions
         if self.config.auto_every <= 0:
@@ -138,7 +141,7 @@ class SessionRefiner:
         due = self.turns_since >= self.config.auto_every or (compacted and self.config.after_compaction)
         cooled = self.turns() - self.last_auto_turn >= self.config.cooldown_turns
         if due and cooled and not self.planning():
-            self.turns_since, self.last_auto_turn = 0, self.turns()
+            self.turns_since, self.last_auto_turn, self.cause = 0, self.turns(), turn_id
             self.task = asyncio.create_task(self._plan(None, "auto", review=True))
 
     def invalidate(self, why: str) -> None:
@@ -240,5 +243,5 @@ class SessionRefiner:
         self.sinks.emit(ev.RefinementFailed(trigger=trigger, reason=reason))
 
     def _charge(self, completion: Completion) -> None:
-        self.sinks.charge(completion.usage, "refine")
+        self.sinks.charge(completion.usage, "refine", self.cause)
 

@@ -20,13 +20,13 @@ from agent import events as ev
 from agent.bridge import BridgeServer
 from agent.config import Config, home, project_root, shorten
 from agent.context import Context, Inbox, Sinks
-from agent.harness import SessionHarness, scope_roots
+from agent.harness import SessionHarness, changes, scope_roots, told
 from agent.kernel import Kernel, KernelPool, KernelState
 from agent.layout import SessionLayout
 from agent.loop import Interrupted, Submitted, TurnLoop
 from agent.mcp import McpError, McpServers, prompt_section, summary
 from agent.model import Model
-from agent.prompt import system_prompt
+from agent.prompt import render, system_prompt
 from agent.refine import Gate, SessionRefiner
 from agent.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
 from agent.subagents import ChildInfo, Subagents
@@ -117,7 +117,7 @@ class Session:
         self.harness = SessionHarness(harness_roots or scope_roots(home(), project_root(self.cwd), self.dir), self.id,
                                       config.harness.limits())
         self.kernel = Kernel(self.cwd, self.dir, config.kernel, env={})
-        self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks)
+        self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks, self._system_prompt)
         self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
                                       turns=lambda: self.turns)
         slots = subagent_slots if subagent_slots is not None else (parent.subagents.process_slots if parent else {})
@@ -138,7 +138,11 @@ class Session:
              "mcp.read": self._mcp_read, **self.harness.handlers(), **self.subagents.handlers()},
         )
         self.harness_version: str | None = None
-        """The harness in force in the system prompt: each scope's commit."""
+        """The harness in force (each scope's commit): in the system prompt, or told since in a notice."""
+        self._told: dict[str, tuple[str, str, str, str]] = {}
+        """The harness entries as the model was last told them (the system prompt, then notices)."""
+        self._rebuild = False
+        """Rebuild the system prompt at the next turn boundary (`rebuild_prompt`)."""
         self._parent_id = parent.id if parent else None
 
     def preload(self, code: str) -> None:
@@ -214,8 +218,13 @@ class Session:
         self.context.messages = conversations[-1] if conversations else []
         self.context.turn_starts = turn_starts(records)
         self.harness_version = next(
-            (r.harness_version for r in reversed(records) if isinstance(r, SystemPromptRecord | SessionRecord)), None
+            (r.harness_version for r in reversed(records)
+             if isinstance(r, SystemPromptRecord | SessionRecord) or (isinstance(r, TurnFinished) and r.harness_version)),
+            None,
         )
+        self._told = told(self.harness.view)
+        # What changed while the session was away is not known entry by entry: the prompt starts afresh.
+        self._rebuild = (self.harness.view.version() or None) != (self.harness_version or None)
         for r in records:
             if isinstance(r, TurnStarted):
                 self.turns += 1
@@ -288,6 +297,10 @@ class Session:
         """Steering that no model call took (it came as the turn ended), now no longer queued."""
         return self.inbox.take_steering()
 
+    def rebuild_prompt(self) -> None:
+        """Build the system prompt afresh at the next turn boundary (the prompt cache starts over there)."""
+        self._rebuild = True
+
     def request_compaction(self) -> None:
         """Summarise the older context at the next model call (the running turn's, else the next turn's)."""
         self.context.compact_requested = True
@@ -359,14 +372,18 @@ class Session:
         assert self._trajectory is not None, "session not started"
         self._trajectory.append(record)
 
-    def charge(self, usage: Usage, purpose: str) -> None:
-        """Model spend: the session's, and the running turn's (reported when it ends); spend outside
-        a turn is an event of its own, so clients count every token once."""
+    def charge(self, usage: Usage, purpose: str, turn_id: str | None = None) -> None:
+        """Model spend, the one sink for all of it: the session's, and the turn's that caused it
+        (`turn_id`, else the running one). The running turn reports its own when it ends; spend caused
+        by another (a refinement planned after its turn, a child that outlived it) is an event of its
+        own naming that turn, so clients count every token once."""
         self.usage += usage
-        if self.turn is not None:
-            self.turn.usage += usage
+        turn = self.turn
+        if turn is not None and turn_id in (None, turn.id):
+            turn.usage += usage
+            turn.spend[purpose] = turn.spend.get(purpose, Usage()) + usage
         elif usage.total_tokens or usage.cost:
-            self.emit(ev.UsageCharged(usage=usage, purpose=purpose))
+            self.emit(ev.UsageCharged(turn_id=turn_id, usage=usage, purpose=purpose))
 
     def _turn_id(self) -> str | None:
         return self.turn.id if self.turn else None
@@ -400,18 +417,18 @@ class Session:
         try:
             self.record(TurnFinished(
                 turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
-                duration=result.duration, steps=turn.steps, cells=turn.cells,
+                duration=result.duration, steps=turn.steps, cells=turn.cells, harness_version=self.harness_version,
             ))
         except WriteFailed as e:  # a restart finds the turn open and closes it as cut short
             self.emit(ev.Error(turn_id=turn.id, message=f"the end of this turn could not be recorded: {e}"))
         self.emit(ev.TurnFinished(turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
-                                  duration=result.duration, steps=turn.steps, cells=turn.cells))
+                                  spend=turn.spend, duration=result.duration, steps=turn.steps, cells=turn.cells))
         # The turn boundary: a refinement planned meanwhile lands now, in force from the next call.
         try:
             if outcome == "interrupted":
                 self.refiner.invalidate("an interrupt")
             self.refiner.at_boundary()
-            self.refiner.after_turn()
+            self.refiner.after_turn(turn.id)
         except Exception as e:
             log.exception("refinement at the turn boundary failed")
             self.emit(ev.Error(turn_id=turn.id, message=f"a refinement could not be applied: {type(e).__name__}: {e}"))
@@ -425,20 +442,33 @@ class Session:
     # --- the harness -------------------------------------------------------------------------
 
     def _system_prompt(self) -> str:
+        """The system prompt built afresh (at the start, after a compaction, on request), with the harness
+        and the MCP servers as they are now: from here on the model has been told every entry as it stands."""
+        self._told = told(self.harness.view)
+        self.harness_version = self.harness.view.version()
         mcp = prompt_section(self.mcp.infos(), self.config.mcp.prompt_chars)
         return system_prompt(self.config, self.cwd, self.harness.view.render(), self.instructions, mcp)
 
     def reload_harness(self, turn: Turn) -> None:
-        """At a turn boundary: if the harness changed, rebuild the system prompt around it."""
+        """At a turn boundary: harness changes reach the model as a notice ahead of the prompt, carrying
+        the changed entries; the system prompt stays as it is, so every request starts with the previous
+        one byte for byte and the provider's prompt cache keeps hitting. Rebuilt only when asked."""
+        if self._rebuild:
+            self._rebuild = False
+            content = self._system_prompt()
+            if content != self.messages[0].content:
+                self.messages[0] = Message(role="system", content=content)
+                self.record(SystemPromptRecord(turn_id=turn.id, content=content, harness_version=self.harness_version))
+            self.emit(ev.HarnessReloaded(turn_id=turn.id, harness_version=self.harness_version))
+            return
         version = self.harness.view.version()
         if version == self.harness_version:
             return
-        content = self._system_prompt()
-        self.harness_version = version
-        if content == self.messages[0].content:
-            return
-        self.messages[0] = Message(role="system", content=content)
-        self.record(SystemPromptRecord(turn_id=turn.id, content=content, harness_version=version))
+        now = told(self.harness.view)
+        changed = changes(self._told, now)
+        self._told, self.harness_version = now, version
+        if changed:
+            self.notices.append(render("harness_changed", changes=changed))
         self.emit(ev.HarnessReloaded(turn_id=turn.id, harness_version=version))
 
     def _watch_harness(self) -> None:

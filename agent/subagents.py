@@ -68,6 +68,8 @@ class ChildInfo:
     created: float = field(default_factory=time.time)
     started: float | None = None
     finished: float | None = None
+    turn_id: str | None = None
+    """The parent's turn that spawned it: its spend is that turn's."""
 
 
 class Subagents:
@@ -133,7 +135,8 @@ class Subagents:
             os.replace(context_path, target)
             child.preload(f"import pickle as _p\nwith open({str(target)!r}, 'rb') as _f:\n"
                           "    context = _p.load(_f)\ndel _p, _f")
-        info = ChildInfo(id=child_id, name=name, dir=str(child_layout.dir), model=child_model.name, task=task)
+        info = ChildInfo(id=child_id, name=name, dir=str(child_layout.dir), model=child_model.name, task=task,
+                         turn_id=self.sinks.turn_id())
         self.children[child_id] = info
         self.sessions[child_id] = child
         self._save()
@@ -172,7 +175,7 @@ class Subagents:
     def _attribute(self, info: ChildInfo, usage: Usage) -> None:
         """Child usage counts as the parent's, and the parent's trajectory links the child."""
         turn_id = self.sinks.turn_id()
-        self.sinks.charge(usage, "subagent")
+        self.sinks.charge(usage, "subagent", info.turn_id)
         self.sinks.record(SubagentRecord(
             turn_id=turn_id, child_id=info.id, name=info.name, dir=info.dir, outcome=info.status, usage=usage,
             duration=(info.finished or 0) - (info.started or info.finished or 0),
@@ -232,10 +235,11 @@ class Subagents:
     async def llm(self, prompt: str, model: str | None = None, system: str | None = None) -> str:
         m = self.model.variant(model) if model else self.model
         messages = ([Message(role="system", content=system)] if system else []) + [Message(role="user", content=prompt)]
+        turn_id = self.sinks.turn_id()  # the cell that asked runs in this turn: the spend is its
         completion = await m.complete(messages, tools=False)
-        self.sinks.charge(completion.usage, "llm")
+        self.sinks.charge(completion.usage, "llm", turn_id)
         self.sinks.record(ModelCall(
-            turn_id=self.sinks.turn_id() or "", purpose="llm", context_messages=len(messages), usage=completion.usage,
+            turn_id=turn_id or "", purpose="llm", context_messages=len(messages), usage=completion.usage,
             duration=completion.duration, attempts=completion.attempts, finish_reason=completion.finish_reason,
             model=completion.model,
         ))

@@ -54,7 +54,8 @@ class MessageRecord(_Record):
 
 
 class SystemPromptRecord(_Record):
-    """The system prompt was rebuilt at a turn boundary (the harness changed); it replaces the first message."""
+    """The system prompt was rebuilt at a turn boundary (asked for, or on resuming after the harness
+    moved); it replaces the first message."""
 
     kind: Literal["system_prompt"] = "system_prompt"
     turn_id: str
@@ -162,6 +163,8 @@ class TurnFinished(_Record):
     duration: float
     steps: int
     cells: int
+    harness_version: str | None = None
+    """The harness in force in this turn (told to the model in the system prompt or a notice)."""
 
 
 class ResumedRecord(_Record):

@@ -49,12 +49,22 @@ class Message(BaseModel):
     """For assistant messages: the sampled token ids, when the server returned them."""
     logprobs: list[float] | None = None
     """For assistant messages: the log-probability of each sampled token, when requested."""
+    reasoning: Text | None = None
+    """For assistant messages: the model's reasoning (a server's `reasoning_content` / `reasoning`
+    field, or a leading `<think>` block), kept apart from `content`: recorded and shown, and sent
+    back only where the provider requires it (`model.send_reasoning`)."""
 
 
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Of `prompt_tokens`, how many the provider read from its prompt cache (billed at the cached rate)."""
+    reasoning_tokens: int = 0
+    """Of `completion_tokens`, how many the model spent reasoning."""
     cost: float = 0.0
+    """Dollars: the server's own figure where it reports one (OpenRouter's `usage.cost`), else
+    the price table's (`model.prices`)."""
 
     @property
     def total_tokens(self) -> int:
@@ -64,8 +74,17 @@ class Usage(BaseModel):
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
             cost=self.cost + other.cost,
         )
+
+    def describe(self) -> str:
+        """`1,200 in (800 cached) · 300 out (120 reasoning) · $0.0042`, for a person."""
+        text = f"{self.prompt_tokens:,} in" + (f" ({self.cached_tokens:,} cached)" if self.cached_tokens else "")
+        text += f" · {self.completion_tokens:,} out" + (
+            f" ({self.reasoning_tokens:,} reasoning)" if self.reasoning_tokens else "")
+        return text + (f" · ${self.cost:.4f}" if self.cost else "")
 
 
 class Completion(BaseModel):
@@ -169,6 +188,8 @@ class Turn:
     """Model calls so far."""
     cells: int = 0
     usage: Usage = field(default_factory=Usage)
+    spend: dict[str, Usage] = field(default_factory=dict)
+    """`usage` by what it was for: turn (the loop's model calls), compaction, refine, llm, subagent."""
     stop: Exception | None = None
     """Set from outside the loop (`final(answer)` from the kernel, an interrupt): what ends the
     turn at the loop's next check. The first one set wins."""

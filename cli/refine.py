@@ -111,7 +111,7 @@ async def _here(path: Path, records: list, meta: SessionRecord, args: argparse.N
     spent: list[Usage] = []
     context = Context(writer.append)
     context.messages = (list(contexts(records)) or [[]])[-1]
-    sinks = Sinks(emit=said.append, record=writer.append, charge=lambda usage, purpose: spent.append(usage),
+    sinks = Sinks(emit=said.append, record=writer.append, charge=lambda usage, purpose, turn_id: spent.append(usage),
                   turn_id=lambda: None)
     refiner = SessionRefiner(config, model, harness, context, layout, meta.session_id, sinks, turns=lambda: 0)
     refiner.use_gate(gate_for(config, model, harness) if model else None)

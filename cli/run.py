@@ -130,5 +130,5 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
         await model.close()
         loop.remove_signal_handler(signal.SIGINT)
     code = report(result.outcome, result.answer, result.error, print_answer)
-    print(f"[session {session.id}: {session.dir}]", file=sys.stderr)
+    print(f"[session {session.id}: {session.dir}; spent {session.usage.describe()}]", file=sys.stderr)
     return code

@@ -41,7 +41,7 @@ class Printer:
         c = self.console
         if isinstance(e, ev.ModelDelta):
             self.streaming = True
-            c.print(Text(e.text, style="dim"), end="")
+            c.print(Text(e.text, style="dim italic" if e.reasoning else "dim"), end="")
             return
         if self.streaming:
             c.print()
@@ -66,6 +66,15 @@ class Printer:
                 c.print(Text("note: " + e.text, style="bold"))
             case ev.ModelRetry():
                 c.print(Text(f"model: {e.reason}; retry {e.attempt} in {e.delay:.1f}s", style="yellow"))
+            case ev.ModelFallback():
+                c.print(Text(f"model: {e.from_model} keeps failing ({e.reason}); switched to {e.to_model}",
+                             style="bold yellow"))
+            case ev.TurnFinished() if e.usage.total_tokens or e.usage.cost:
+                others = ", ".join(f"{p} {u.describe()}" for p, u in e.spend.items() if p != "turn")
+                c.print(Text(f"[{e.turn_id}: {e.usage.describe()}" + (f"; of which {others}" if others else "") + "]",
+                             style="dim"))
+            case ev.UsageCharged():
+                c.print(Text(f"[{e.purpose} for {e.turn_id or 'the session'}: {e.usage.describe()}]", style="dim"))
             case ev.Compaction():
                 c.print(Text(f"context compacted ({e.folded_messages} messages summarised)", style="dim"))
             case ev.Error():

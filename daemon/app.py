@@ -230,6 +230,14 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         session.request_compaction()
         return {"message": "the context is compacted at the next model call"}
 
+    @app.post("/v1/sessions/{session_id}/system-prompt", status_code=202)
+    async def rebuild_prompt(session_id: str) -> dict[str, str]:
+        """Build the system prompt afresh at the next turn boundary, with the harness as it is then (harness
+        changes otherwise reach the model as notices, so the prompt prefix and the provider's cache hold)."""
+        session = await manager.get(session_id).wake()
+        session.rebuild_prompt()
+        return {"message": "the system prompt is rebuilt at the next turn boundary (the prompt cache starts over there)"}
+
     @app.post("/v1/sessions/{session_id}/refinements/{refinement_id}")
     async def decide(session_id: str, refinement_id: str, req: Decide) -> dict[str, str]:
         """Approve or reject a refinement that waits for review (refine.mode = "review")."""

@@ -131,6 +131,9 @@ class Client:
     async def compact(self, session_id: str) -> dict[str, Any]:
         return await self._call("POST", f"/v1/sessions/{session_id}/compact")
 
+    async def rebuild_prompt(self, session_id: str) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/sessions/{session_id}/system-prompt")
+
     async def decide(self, session_id: str, refinement_id: str, approve: bool) -> dict[str, Any]:
         return await self._call("POST", f"/v1/sessions/{session_id}/refinements/{refinement_id}",
                                 json={"approve": approve})

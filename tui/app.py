@@ -119,7 +119,8 @@ class PrimeApp(App):
         self.session_id = session_id
         status = self.query_one(StatusBar)
         status.session_id, status.model, status.state = session_id, info.model, info.state
-        status.tokens, status.cost = 0, 0.0  # the replay adds up every turn's usage
+        status.tokens = status.prompt_tokens = status.cached_tokens = 0  # the replay adds up every turn's usage
+        status.cost = 0.0
         status.harness = info.harness_version or ""
         self.state = info.state
         self.sub_title = info.title or info.cwd
@@ -184,6 +185,8 @@ class PrimeApp(App):
                 status.harness = e.harness_version or ""
         if isinstance(e, ev.TurnFinished | ev.UsageCharged):  # every token spent, counted once
             status.tokens += e.usage.total_tokens
+            status.prompt_tokens += e.usage.prompt_tokens
+            status.cached_tokens += e.usage.cached_tokens
             status.cost += e.usage.cost
         status.state = self.state
 
@@ -290,6 +293,9 @@ class PrimeApp(App):
     async def compact_command(self, arg: str) -> None:
         await self.say((await self.client.compact(self.session_id))["message"])
 
+    async def reprompt_command(self, arg: str) -> None:
+        await self.say((await self.client.rebuild_prompt(self.session_id))["message"])
+
     async def interrupt_command(self, arg: str) -> None:
         await self.action_interrupt()
 
@@ -395,6 +401,8 @@ COMMANDS = {  # the menu and /help list them in this order
                               needs_session=True),
     "/compact": SlashCommand(PrimeApp.compact_command, "summarise older context at the next model call",
                              needs_session=True),
+    "/reprompt": SlashCommand(PrimeApp.reprompt_command, "rebuild the system prompt with the harness as it is "
+                              "(next turn; the prompt cache starts over)", needs_session=True),
     "/interrupt": SlashCommand(PrimeApp.interrupt_command, "stop the running turn"),
     "/help": SlashCommand(PrimeApp.help_command, "commands and keys"),
 }

@@ -1,8 +1,10 @@
 """A small OpenAI-compatible chat-completions server for tests and benchmarks.
 
 It answers from a script (a list of `Reply`, or a function of the request), so the real `openai`
-client runs end to end: streaming and not, tool calls, logprobs and token ids, and injected
-faults (HTTP errors, a server that never answers, a stream that drops, a body that is not JSON).
+client runs end to end: streaming and not, tool calls, logprobs and token ids, injected faults (HTTP
+errors with their headers, a server that never answers, a stream that drops, a body that is not JSON,
+a proxy's HTML page), and the ways real servers depart from OpenAI's API (see `Reply`'s quirk fields
+and tests/agent/test_quirks.py, which cites where each was seen).
 
     with OpenAIServer([Reply(code=["print(1)"]), Reply(content="done")]) as server:
         ... OPENAI_BASE_URL=server.base_url ...
@@ -38,6 +40,34 @@ class Reply:
     """Answer 200 with a body that is not JSON."""
     prompt_tokens: int | None = None
     """Usage to report; by default about a quarter of the request's characters."""
+    usage: dict[str, Any] = field(default_factory=dict)
+    """More usage fields, merged in: `prompt_tokens_details`, `completion_tokens_details`, `cost`, ..."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """Response headers to send (`Retry-After`, `x-ratelimit-reset-tokens`, ...)."""
+    error: dict[str, Any] | None = None
+    """With `status`: the error object to answer with (OpenAI's shape: message, type, code)."""
+    html: bool = False
+    """Answer with an HTML page (as a proxy or a web UI does), with `status`."""
+    # --- quirks of real servers ---
+    reasoning: str = ""
+    """Reasoning text, sent in `reasoning_field`."""
+    reasoning_field: str = "reasoning_content"
+    """`reasoning_content` (DeepSeek), `reasoning` (OpenRouter, newer vLLM) or `both` (vLLM sends both)."""
+    arguments_as_object: bool = False
+    """Tool-call arguments as a JSON object, not a string (Ollama, llama.cpp)."""
+    tool_call_index: bool = True
+    """False: streamed tool-call deltas carry no `index` (Gemini's OpenAI endpoint)."""
+    tool_call_ids: bool = True
+    """False: tool calls carry no `id` (Ollama)."""
+    finish_reason: str | None = None
+    """Instead of the natural one ("length": the token limit cut the reply)."""
+    choices: int = 1
+    """Choices to answer with (a server honouring `n`; extra ones say something else)."""
+    usage_chunk: str = "separate"
+    """Streaming: the usage in a last chunk with `choices: []` (`separate`, OpenAI's), with no `choices`
+    key at all (`bare`), or in the finish chunk itself (`finish`: transformers serve, llama.cpp)."""
+    logprobs: bool = True
+    """False: ignore a request's `logprobs` (transformers serve, Ollama)."""
 
 
 Script = list[Reply] | Callable[[dict[str, Any]], Reply]
@@ -108,8 +138,13 @@ class _Handler(BaseHTTPRequestHandler):
             server.stopping.wait(120)
             self.close_connection = True
             return
+        if reply.html:
+            page = f"<html><head><title>{reply.status} Bad Gateway</title></head><body><center><h1>{reply.status} " \
+                   "Bad Gateway</h1></center><hr><center>nginx</center></body></html>"
+            return self._raw(reply.status, page.encode(), "text/html", reply.headers)
         if reply.status != 200:
-            return self._json(reply.status, {"error": {"message": reply.content or f"injected {reply.status}"}})
+            error = reply.error or {"message": reply.content or f"injected {reply.status}"}
+            return self._raw(reply.status, json.dumps({"error": error}).encode(), "application/json", reply.headers)
         if reply.garbage:
             return self._raw(200, b"<html>502 bad gateway</html>", "application/json")
         if request.get("stream"):
@@ -119,8 +154,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj: Any) -> None:
         self._raw(status, json.dumps(obj).encode(), "application/json")
 
-    def _raw(self, status: int, data: bytes, ctype: str) -> None:
+    def _raw(self, status: int, data: bytes, ctype: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -132,14 +169,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         full = _completion(request, reply)
-        choice = full["choices"][0]
-        msg = choice["message"]
         base = {"id": full["id"], "object": "chat.completion.chunk", "created": full["created"], "model": full["model"]}
 
-        def chunk(delta: dict[str, Any], finish: str | None = None, extra: dict[str, Any] | None = None) -> None:
-            c = {"index": 0, "delta": delta, "finish_reason": finish, **(extra or {})}
-            self._chunk(b"data: " + json.dumps({**base, "choices": [c]}).encode() + b"\n\n")
+        def chunk(delta: dict[str, Any], finish: str | None = None, extra: dict[str, Any] | None = None,
+                  index: int = 0, top: dict[str, Any] | None = None) -> None:
+            c = {"index": index, "delta": delta, "finish_reason": finish, **(extra or {})}
+            self._chunk(b"data: " + json.dumps({**base, "choices": [c], **(top or {})}).encode() + b"\n\n")
 
+        for other in full["choices"][1:]:  # a server honouring `n`: the other choices interleave with the first
+            chunk({"role": "assistant", "content": other["message"]["content"]}, index=other["index"])
+        choice = full["choices"][0]
+        msg = choice["message"]
+        for piece in _pieces(reply.reasoning):
+            chunk(_reasoning_fields(reply, piece))
         pieces = _pieces(msg["content"] or "")
         lp = choice.get("logprobs")
         ids = choice.get("token_ids")
@@ -157,18 +199,31 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         for i, tc in enumerate(msg.get("tool_calls") or []):
             args = tc["function"]["arguments"]
-            half = len(args) // 2
-            first = {"index": i, "id": tc["id"], "type": "function", "function": {"name": "ipython", "arguments": args[:half]}}
-            chunk({"tool_calls": [first]})
-            chunk({"tool_calls": [{"index": i, "function": {"arguments": args[half:]}}]})
+            first: dict[str, Any] = {"index": i, "type": "function", "function": {"name": "ipython"}}
+            rest: dict[str, Any] = {"index": i, "function": {}}
+            if tc.get("id"):
+                first["id"] = tc["id"]
+            if not reply.tool_call_index:
+                del first["index"], rest["index"]
+            if isinstance(args, str):
+                half = len(args) // 2
+                first["function"]["arguments"], rest["function"]["arguments"] = args[:half], args[half:]
+                chunk({"tool_calls": [first]})
+                chunk({"tool_calls": [rest]})
+            else:  # an object cannot be sent in parts
+                first["function"]["arguments"] = args
+                chunk({"tool_calls": [first]})
         extra = {}
         if msg.get("tool_calls") and lp:
             extra["logprobs"] = lp
             if ids is not None:
                 extra["token_ids"] = ids
-        chunk({}, choice["finish_reason"], extra)
-        if (request.get("stream_options") or {}).get("include_usage"):
-            self._chunk(b"data: " + json.dumps({**base, "choices": [], "usage": full["usage"]}).encode() + b"\n\n")
+        wants_usage = (request.get("stream_options") or {}).get("include_usage")
+        in_finish = reply.usage_chunk == "finish"  # sent whether asked for or not, as those servers do
+        chunk({}, choice["finish_reason"], extra, top={"usage": full["usage"]} if in_finish else None)
+        if wants_usage and not in_finish:
+            last = {**base, "usage": full["usage"]} | ({} if reply.usage_chunk == "bare" else {"choices": []})
+            self._chunk(b"data: " + json.dumps(last).encode() + b"\n\n")
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")
 
@@ -204,35 +259,46 @@ def _token_id(piece: str) -> int:
     return zlib.crc32(piece.encode()) % 50_000
 
 
+def _reasoning_fields(reply: Reply, text: str) -> dict[str, str]:
+    names = ["reasoning_content", "reasoning"] if reply.reasoning_field == "both" else [reply.reasoning_field]
+    return {name: text for name in names}
+
+
 def _completion(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
-    calls = [json.dumps({"code": c}) for c in reply.code] + list(reply.raw_arguments)
+    calls: list[Any] = [json.dumps({"code": c}) for c in reply.code] + list(reply.raw_arguments)
     tool_calls = [
-        {"id": f"call_{i}_{int(time.time() * 1e6) % 10**9}", "type": "function", "function": {"name": "ipython", "arguments": a}}
+        {"id": f"call_{i}_{int(time.time() * 1e6) % 10**9}", "type": "function",
+         "function": {"name": "ipython", "arguments": json.loads(a) if reply.arguments_as_object else a}}
         for i, a in enumerate(calls)
     ]
+    for tc in tool_calls if not reply.tool_call_ids else []:
+        del tc["id"]
     sampled = "".join(calls) if calls else reply.content
     pieces = _pieces(sampled)
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content or None, "tool_calls": tool_calls or None}
+    if reply.reasoning:
+        message.update(_reasoning_fields(reply, reply.reasoning))
     choice: dict[str, Any] = {
         "index": 0,
-        "message": {"role": "assistant", "content": reply.content or None, "tool_calls": tool_calls or None},
-        "finish_reason": "tool_calls" if tool_calls else "stop",
+        "message": message,
+        "finish_reason": reply.finish_reason or ("tool_calls" if tool_calls else "stop"),
     }
-    if request.get("logprobs"):
+    if request.get("logprobs") and reply.logprobs:
         choice["logprobs"] = {
             "content": [{"token": p, "logprob": -0.05 - (_token_id(p) % 7) / 10, "bytes": None, "top_logprobs": []} for p in pieces]
         }
     if (request.get("return_token_ids")):
         choice["token_ids"] = [_token_id(p) for p in pieces]
+    others = [{"index": i, "message": {"role": "assistant", "content": f"choice {i} says otherwise"},
+               "finish_reason": "stop"} for i in range(1, reply.choices)]
     prompt_chars = sum(len(str(m.get("content") or "")) for m in request.get("messages", []))
+    prompt = reply.prompt_tokens if reply.prompt_tokens is not None else prompt_chars // 4 + 1
     return {
         "id": "chatcmpl-fake",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": request.get("model", "fake"),
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": reply.prompt_tokens if reply.prompt_tokens is not None else prompt_chars // 4 + 1,
-            "completion_tokens": len(pieces),
-            "total_tokens": prompt_chars // 4 + 1 + len(pieces),
-        },
+        "choices": [choice, *others],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": len(pieces), "total_tokens": prompt + len(pieces),
+                  **reply.usage},
     }

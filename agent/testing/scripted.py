@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from typing import Literal
 
-from agent.model import DeltaCallback, ModelError, RetryCallback
+from agent.model import DeltaCallback, FallbackCallback, ModelError, RetryCallback
 from agent.types import Completion, Message, ToolCall, Usage
 
 Output = str | Message | Completion | Exception | Callable[[list[Message]], "str | Message | Completion"]
@@ -46,7 +46,9 @@ class ScriptedModel:
         tools: bool = True,
         json_mode: bool = False,
         on_delta: DeltaCallback | None = None,
+        on_reasoning: DeltaCallback | None = None,
         on_retry: RetryCallback | None = None,
+        on_fallback: FallbackCallback | None = None,
     ) -> Completion:
         self.calls.append([m.model_copy() for m in messages])
         if not self.outputs:
@@ -62,6 +64,8 @@ class ScriptedModel:
         if self.action_format == "text" and message.tool_calls:
             fences = [f"```python\n{json.loads(c.arguments)['code']}\n```" for c in message.tool_calls]
             message = Message(role="assistant", content="\n".join([message.content, *fences]).strip())
+        if on_reasoning and message.reasoning:
+            on_reasoning(message.reasoning)
         if on_delta and message.content:
             on_delta(message.content)
         prompt = sum(len(m.content) for m in messages) // 4

@@ -33,8 +33,10 @@ async def test_the_agent_edits_its_harness_and_the_next_turn_sees_it(project: Pa
         assert "in the prompt from the next turn" in s.model.calls[1][-1].content
         assert "uv" not in system_of(s.model.calls[1])  # not within the turn that made it
         await s.prompt("what do you know?")
-    system = system_of(s.model.calls[2])
-    assert "# Harness" in system and "### Installs with uv [uses-uv]\nThis project installs with uv." in system
+    assert system_of(s.model.calls[2]) == system_of(s.model.calls[0])  # never rebuilt mid-session: the cache holds
+    notice = s.model.calls[2][-1].content  # the next turn's prompt, with the change ahead of it
+    assert "- added memory 'Installs with uv' [uses-uv] (session scope):\nThis project installs with uv." in notice
+    assert notice.startswith("[The harness changed") and notice.endswith("what do you know?")
     listing, shown = s.model.calls[3][-2].content, s.model.calls[3][-1].content
     assert "memory   uses-uv" in listing and "[session]" in listing
     assert shown.startswith("[memory uses-uv, session scope]\n---\nid: uses-uv") and "source: agent" in shown
@@ -43,7 +45,7 @@ async def test_the_agent_edits_its_harness_and_the_next_turn_sees_it(project: Pa
     assert (change.trigger, change.trailers["Session"]) == ("agent", s.id)
     assert [e.type for e in events].count("harness.reloaded") == 1
     records = read_records(s.dir / "trajectory.jsonl")
-    assert any(isinstance(r, SystemPromptRecord) and "uses-uv" in r.content for r in records)
+    assert not any(isinstance(r, SystemPromptRecord) for r in records)
     assert records[0].harness_version == ""  # the harness was empty when the session began
     store.close()
 
@@ -92,7 +94,8 @@ async def test_a_persons_edit_during_a_session_reaches_the_next_turn(project: Pa
             await asyncio.sleep(0.05)
         await s.prompt("second")
     assert "Use tabs." in system_of(s.model.calls[0])
-    assert "Use four spaces." in system_of(s.model.calls[1])
+    assert system_of(s.model.calls[1]) == system_of(s.model.calls[0])  # the prefix holds; the change comes after it
+    assert "- updated prompt note 'Style' [style] (user scope):\nUse four spaces.]\n\nsecond" in s.model.calls[1][-1].content
     edited = next(e for e in events if e.type == "harness.edited")
     assert (edited.scope, edited.entries, edited.problems) == ("user", ["style"], [])
     assert user.get("style").source == "user"

@@ -67,9 +67,10 @@ async def test_a_repeated_mistake_becomes_a_memory_and_a_note_that_rollback_remo
         await s.prompt("learn from this")
         applied = await wait_for(events, "refinement.applied")
         await s.prompt("fourth")
-        system = s.model.calls[-1][0].content
-        assert "### How to run the tests [test-command]\nRun the tests with `python -m pytest -q`" in system
-        assert "### Look before running [check-build-files]" in system
+        assert s.model.calls[-1][0] == s.model.calls[0][0]  # the system prompt stays: the change is a notice
+        notice = s.model.calls[-1][-1].content
+        assert "- added memory 'How to run the tests' [test-command] (project scope):\nRun the tests with `python -m pytest -q`" in notice
+        assert "- added prompt note 'Look before running' [check-build-files] (project scope)" in notice
 
         store = s.harness.stores["project"]
         (change,) = [c for c in store.log() if c.trigger == "explicit"]
@@ -79,7 +80,7 @@ async def test_a_repeated_mistake_becomes_a_memory_and_a_note_that_rollback_remo
 
         s.rollback(applied.id, "project")
         await s.prompt("fifth")
-        assert "test-command" not in s.model.calls[-1][0].content
+        assert "- removed memory 'How to run the tests' [test-command] (project scope)" in s.model.calls[-1][-1].content
     types = [e.type for e in events]
     third_finished = [i for i, e in enumerate(events) if e.type == "turn.finished"][2]
     assert types.index("refinement.applied") > third_finished  # planned mid-turn, landed after it

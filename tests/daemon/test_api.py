@@ -270,3 +270,20 @@ async def test_the_spec_describes_every_event_the_stream_carries(daemon: Client,
     await daemon.send(s.id, "run: print(1)")
     seen = {e.type for e in await collect(daemon, s.id, "t1")}
     assert seen <= set(types.values()) and {"cell.finished", "turn.finished"} <= seen
+
+
+async def test_the_api_shows_usage_and_cost_per_turn_and_per_session(daemon: Client, project: Path, model_server,
+                                                                     prime_home: Path):
+    from agent.config import Price
+
+    (prime_home / "config.toml").write_text('[model.prices.fake]\ninput = 3.0\ncached_input = 0.3\noutput = 15.0\n')
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    await daemon.send(s.id, "run: print(6 * 7)")
+    events = await collect(daemon, s.id, "t1")
+    calls = [e.usage for e in events if e.type == "model.completed"]
+    finished = events[-1]
+    price = Price(input=3.0, cached_input=0.3, output=15.0)
+    assert finished.usage.cost == pytest.approx(sum(price.cost(u) for u in calls)) and finished.usage.cost > 0
+    assert finished.spend["turn"] == finished.usage
+    info = await daemon.session(s.id)
+    assert info.usage == finished.usage

@@ -162,3 +162,17 @@ def test_killing_the_process_group_leaves_no_kernels(project: Path, prime_home: 
         while _processes_mentioning(str(prime_home)) and time.monotonic() < deadline:
             time.sleep(0.2)
     assert _processes_mentioning(str(prime_home)) == []
+
+
+def test_run_prints_each_turns_usage_and_cost_and_the_sessions(project: Path):
+    script = [
+        Reply(code=["print(1)"], prompt_tokens=1000, usage={"prompt_tokens_details": {"cached_tokens": 800}}),
+        Reply(content="done", prompt_tokens=1200, usage={"prompt_tokens_details": {"cached_tokens": 1000}}),
+    ]
+    with OpenAIServer(script) as server:
+        r = run("run", "-c", "model.prices.fake-model={input = 2.0, cached_input = 0.5, output = 8.0}", "go",
+                cwd=project, server=server)
+    assert r.returncode == 0, r.stderr
+    # (200 x $2 + 800 x $0.50 + 2 x $8 + 200 x $2 + 1,000 x $0.50 + 1 x $8) per million = $0.001724
+    assert "[t1: 2,200 in (1,800 cached) · 3 out · $0.0017]" in r.stderr
+    assert "spent 2,200 in (1,800 cached) · 3 out · $0.0017]" in r.stderr

@@ -194,3 +194,24 @@ async def test_snapshots_of_the_main_screens_at_80x24(daemon: Client, fixed_proj
         await pilot.press("ctrl+o")
         await until(pilot, lambda: isinstance(app.screen, SessionsScreen) and app.screen.query_one(DataTable).row_count)
         assert_snapshot(app, "sessions")
+
+
+async def test_a_reasoning_models_thinking_is_shown_dimmed_before_its_answer_and_the_turns_cost_after(
+        daemon: Client, project: Path):
+    from rich.console import Group
+
+    from agent.testing.openai_server import OpenAIServer, Reply
+
+    with OpenAIServer([Reply(content="Four.", reasoning="Two and two make four.")]) as server:
+        app = PrimeApp(daemon, project, new=NewSession("fake", server.base_url))
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+            app.query_one("#prompt").load_text("what is two and two?")
+            await pilot.press("enter")
+            await until(pilot, lambda: app.state == "idle" and any(m.text == "Four." for m in app.query(AssistantMessage)))
+            (message,) = app.query(AssistantMessage)
+            shown = message.render()._renderable  # the Rich renderable inside Textual's visual
+            assert message.reasoning == "Two and two make four." and isinstance(shown, Group)
+            thought = shown.renderables[0]
+            assert (thought.plain, str(thought.style)) == ("Two and two make four.", "dim italic")
+            assert any(str(n.render()).startswith("t1: ") and " in · " in str(n.render()) for n in app.query(Notice))

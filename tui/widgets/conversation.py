@@ -47,17 +47,19 @@ class Conversation(VerticalScroll):
         new: list[Widget] = []
         for e in events:
             widget = await self._apply(e)
-            if widget is not None:
+            if isinstance(widget, list):
+                new.extend(widget)
+            elif widget is not None:
                 new.append(widget)
         if new:
             await self.mount_all(new)
         if following:
             self.scroll_end(animate=False)
 
-    async def _apply(self, e: Event) -> Widget | None:
+    async def _apply(self, e: Event) -> Widget | list[Widget] | None:
         turn = e.turn_id
         match e:
-            case ev.ModelStarted() | ev.HarnessReloaded() | ev.MessageDelivered() | ev.UsageCharged():
+            case ev.ModelStarted() | ev.HarnessReloaded() | ev.MessageDelivered():
                 return None
             case ev.TurnQueued():
                 self.prompts[turn] = UserMessage(e.prompt, queued=True)
@@ -73,16 +75,16 @@ class Conversation(VerticalScroll):
                 fresh = message is None
                 if message is None:
                     message = self.speaking[turn] = AssistantMessage()
-                await message.feed(e.text)
+                await message.feed(e.text, reasoning=e.reasoning)
                 return message if fresh else None
             case ev.ModelCompleted():
                 message = self.speaking.pop(turn, None)
                 if e.text:
                     self.said[turn] = e.text
                 if message is not None:
-                    await message.finish(e.text)
+                    await message.finish(e.text, e.reasoning)
                     return None
-                return AssistantMessage(e.text) if e.text.strip() else None
+                return AssistantMessage(e.text, e.reasoning or "") if e.text.strip() or e.reasoning else None
             case ev.CellStarted():
                 cell = self.cells[e.cell_id] = self.last_cell[turn] = CellView(e.cell_id, e.code)
                 self.turn_cells.setdefault(turn, []).append(cell)
@@ -121,7 +123,7 @@ class Conversation(VerticalScroll):
                 return Notice(f"rolled back {e.ref} ({e.scope} scope)", "info")
         return Notice(_describe(e), "error" if isinstance(e, ev.Error) else "info")
 
-    def _turn_finished(self, e: ev.TurnFinished) -> Widget | None:
+    def _turn_finished(self, e: ev.TurnFinished) -> list[Widget]:
         turn = e.turn_id
         self.speaking.pop(turn, None)
         for cell in self.turn_cells.pop(turn, []):
@@ -129,15 +131,28 @@ class Conversation(VerticalScroll):
                 cell.abandon(e.error or "")
         if turn in self.prompts and self.prompts[turn].has_class("queued"):
             self.prompts[turn].started()  # dropped before it began: the notice below says so
-        if e.outcome == "completed":
-            if e.answer and e.answer.strip() != self.said.get(turn, "").strip():
-                return AssistantMessage(e.answer)
-            return None
-        return Notice(f"turn {e.outcome}: {e.error or ''}", "error" if e.outcome == "error" else "warning")
+        shown: list[Widget] = []
+        if e.outcome != "completed":
+            shown.append(Notice(f"turn {e.outcome}: {e.error or ''}", "error" if e.outcome == "error" else "warning"))
+        elif e.answer and e.answer.strip() != self.said.get(turn, "").strip():
+            shown.append(AssistantMessage(e.answer))
+        if e.usage.total_tokens or e.usage.cost:
+            shown.append(Notice(spent(e)))
+        return shown
+
+
+def spent(e: ev.TurnFinished) -> str:
+    """A turn's usage and cost, with what besides its own steps it paid for."""
+    others = ", ".join(f"{purpose} {u.describe()}" for purpose, u in e.spend.items() if purpose != "turn")
+    return f"{e.turn_id}: {e.usage.describe()}" + (f" (of which {others})" if others else "")
 
 
 def _describe(e: Event) -> str:
     match e:
+        case ev.UsageCharged():
+            return f"{e.purpose} for {e.turn_id or 'the session'}: {e.usage.describe()}"
+        case ev.ModelFallback():
+            return f"model: {e.from_model} keeps failing ({e.reason}); switched to {e.to_model}"
         case ev.SessionStarted():
             return f"session {e.session_id} started in {e.cwd} ({e.model})"
         case ev.SessionResumed():

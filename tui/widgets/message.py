@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.markdown import Markdown as RichMarkdown
 from rich.text import Text
 from textual.widgets import Static
@@ -28,27 +29,31 @@ class UserMessage(Static):
 
 
 class AssistantMessage(Static):
-    """The model's words, rendered as Markdown, growing as they stream in. One widget (Rich's
-    Markdown), not Textual's block-per-paragraph Markdown: a long history mounts in a fraction."""
+    """The model's words, rendered as Markdown, growing as they stream in, after its reasoning
+    (dimmed) when it gives any. One widget (Rich's Markdown), not Textual's block-per-paragraph
+    Markdown: a long history mounts in a fraction."""
 
     DEFAULT_CLASSES = "assistant"
 
-    def __init__(self, text: str = ""):
+    def __init__(self, text: str = "", reasoning: str = ""):
         super().__init__()
-        self.text = text
+        self.text, self.reasoning = text, reasoning
         self._due = False
 
     def on_mount(self) -> None:
         self._show()
 
-    async def feed(self, fragment: str) -> None:
-        self.text += fragment
+    async def feed(self, fragment: str, reasoning: bool = False) -> None:
+        if reasoning:
+            self.reasoning += fragment
+        else:
+            self.text += fragment
         self._redraw()
 
-    async def finish(self, text: str) -> None:
+    async def finish(self, text: str, reasoning: str | None = None) -> None:
         """The whole message, as the model completed it."""
-        if text != self.text:
-            self.text = text
+        if text != self.text or (reasoning or "") != self.reasoning:
+            self.text, self.reasoning = text, reasoning or ""
             self._redraw()
 
     def _redraw(self) -> None:
@@ -59,7 +64,8 @@ class AssistantMessage(Static):
 
     def _show(self) -> None:
         self._due = False
-        self.update(RichMarkdown(self.text))
+        text = RichMarkdown(self.text)
+        self.update(Group(Text(self.reasoning.strip(), style="dim italic"), text) if self.reasoning.strip() else text)
 
 
 class Notice(Static):

@@ -13,6 +13,9 @@ class StatusBar(Static):
     session_id = reactive("")
     state = reactive("")
     tokens = reactive(0)
+    prompt_tokens = reactive(0)
+    cached_tokens = reactive(0)
+    """Of `prompt_tokens`, read from the provider's prompt cache."""
     cost = reactive(0.0)
     harness = reactive("")
     connected = reactive(True)
@@ -22,7 +25,9 @@ class StatusBar(Static):
         state_style = {"running": "bold yellow", "queued": "yellow", "idle": "green"}.get(self.state, "")
         return Text.assemble(
             link, " · ", (self.model or "-", "bold"), " · ", (self.state or "-", state_style),
-            " · ", f"{self.tokens:,} tok", f" ${self.cost:.2f}" if self.cost else "", " · ",
+            " · ", f"{self.tokens:,} tok",
+            f" ({self.cached_tokens / self.prompt_tokens:.0%} cached)" if self.cached_tokens and self.prompt_tokens else "",
+            f" ${self.cost:.2f}" if self.cost else "", " · ",
             (self.session_id or "-", "dim"), f" · harness {_short(self.harness)}" if self.harness else "",
         )
 
