@@ -32,24 +32,10 @@ from rl.config import load  # noqa: E402
 from rl.envs import load as load_env  # noqa: E402
 from rl.hf import load_hf  # noqa: E402
 from rl.models import pull  # noqa: E402
-from rl.orchestrator import Orchestrator  # noqa: E402
-from tests.rl.servers import vllm_missing, vllm_server  # noqa: E402
+from tests.rl.servers import Recording, vllm_missing, vllm_server  # noqa: E402
 
 CONFIG = ROOT / "examples" / "reverse_text" / "smollm2.toml"
 VARIANTS = {"full": None, "lora, 30 blocks": "{r = 16, alpha = 32}", "lora, last 10": "{r = 16, alpha = 32, layers = 10}"}
-
-
-class Timed(Orchestrator):
-    """Counts each batch's tokens."""
-
-    def __init__(self, tokens: list, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.tokens = tokens
-
-    def collect(self, step: int):
-        batch = super().collect(step)
-        self.tokens.append(sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples))
-        return batch
 
 
 def measure(model: Path, lora: str | None, steps: int, out: Path, vllm: str | None = None) -> dict:
@@ -63,23 +49,24 @@ def measure(model: Path, lora: str | None, steps: int, out: Path, vllm: str | No
     cfg = load(str(CONFIG), overrides)
     if lora is None:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": None})})
-    env, tokenizer, tokens = load_env(cfg.env.name, **cfg.env.options), load_hf(model).tokenizer, []
-    published: list[float] = []
+    env, tokenizer, batches = load_env(cfg.env.name, **cfg.env.options), load_hf(model).tokenizer, []
+    train_seconds: list[float] = []
     real_step = training.train_step
 
     def timed_step(*args, **kwargs):  # the optimizer step alone: `seconds` in the metrics adds the publish
         t = time.perf_counter()
         m = real_step(*args, **kwargs)
-        published.append(time.perf_counter() - t)
+        train_seconds.append(time.perf_counter() - t)
         return m
 
     training.train_step = timed_step
     try:
-        history = training.train(cfg, log=lambda *_: None, progress=False, orchestrator=lambda url: Timed(
-            tokens, url, env, cfg.train, tokenizer=tokenizer))
+        history = training.train(cfg, log=lambda *_: None, progress=False, orchestrator=lambda url: Recording(
+            batches, url, env, cfg.train, tokenizer=tokenizer))
     finally:
         training.train_step = real_step
-    rows = list(zip(history, tokens, published))[1:]  # the first step warms up
+    tokens = [sum(len(s.prompt_ids) + len(s.completion_ids) for s in b.samples) for b in batches]
+    rows = list(zip(history, tokens, train_seconds))[1:]  # the first step warms up
     return {
         "train_tokens_per_s": statistics.median(n / t for _, n, t in rows),
         "train_s": statistics.median(t for _, _, t in rows),

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from rl.orchestrator import Orchestrator
+
 
 @contextmanager
 def policy_server(*args: str) -> Iterator[str]:
@@ -112,3 +114,16 @@ def vllm_server(model: Path, *flags: str, **env: str) -> Iterator[str]:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
+
+
+class Recording(Orchestrator):
+    """The orchestrator, keeping every batch it sampled in `sampled`."""
+
+    def __init__(self, sampled: list, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sampled = sampled
+
+    def collect(self, step: int):
+        batch = super().collect(step)
+        self.sampled.append(batch)
+        return batch

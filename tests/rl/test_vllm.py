@@ -16,9 +16,8 @@ from rl.config import load
 from rl.envs import load as load_env
 from rl.hf import load_hf
 from rl.model import token_logprobs
-from rl.orchestrator import Orchestrator
 from rl.train import train
-from tests.rl.servers import vllm_missing, vllm_server
+from tests.rl.servers import Recording, vllm_missing, vllm_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -33,19 +32,6 @@ def vllm(smollm2: Path):
     with vllm_server(smollm2, "--enable-lora", "--max-lora-rank", "8", "--logprobs-mode", "processed_logprobs",
                      VLLM_ALLOW_RUNTIME_LORA_UPDATING="True") as url:
         yield url
-
-
-class Recording(Orchestrator):
-    """The orchestrator, keeping every batch it sampled in `sampled`."""
-
-    def __init__(self, sampled: list, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.sampled = sampled
-
-    def collect(self, step: int):
-        batch = super().collect(step)
-        self.sampled.append(batch)
-        return batch
 
 
 def run(smollm2: Path, url: str, tmp_path: Path, lora: bool, *overrides: str) -> tuple[list[dict], list]:
