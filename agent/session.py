@@ -18,6 +18,7 @@ from pathlib import Path
 
 from agent import events as ev
 from agent.bridge import BridgeServer
+from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError
 from agent.config import Config, home, project_root, shorten
 from agent.context import Context, Inbox, Sinks
 from agent.harness import SessionHarness, scope_roots
@@ -35,6 +36,7 @@ from agent.trajectory import (
     McpCallRecord,
     Record,
     ResumedRecord,
+    RewindRecord,
     SessionRecord,
     SystemPromptRecord,
     TrajectoryWriter,
@@ -118,6 +120,9 @@ class Session:
                                       config.harness.limits())
         self.kernel = Kernel(self.cwd, self.dir, config.kernel, env={})
         self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks)
+        self.checkpoints = Checkpoints(config.checkpoints, self.cwd, self.layout, self.id, self.kernel, self.harness,
+                                       self.context, sinks, enabled=parent is None)
+        """A checkpoint at every turn boundary (a subagent's files are in its parent's), for `rewind`."""
         self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
                                       turns=lambda: self.turns)
         slots = subagent_slots if subagent_slots is not None else (parent.subagents.process_slots if parent else {})
@@ -237,6 +242,7 @@ class Session:
                                             content="[lost: the session's process stopped while this cell ran]"), None)
 
     async def close(self) -> None:
+        await self.checkpoints.close()
         await self.refiner.close()
         await self.subagents.close()
         if self._watcher is not None:
@@ -261,11 +267,14 @@ class Session:
     async def prompt(self, text: str, turn_id: str | None = None) -> TurnResult:
         """Run one turn to its end; never raises for model, kernel or budget failures.
         `turn_id` names the turn when a client numbered it in advance (the daemon's queue)."""
+        await self.checkpoints.settle()  # the last turn's checkpoint, or a rewind, still being taken
         if self.turn is not None:
             raise RuntimeError("a turn is already running in this session; steer it or wait")
-        self._task = asyncio.current_task()
         self.turns += 1
-        turn = self.turn = Turn(id=turn_id or f"t{self.turns}", prompt=text)
+        turn_id = turn_id or f"t{self.turns}"
+        await self.checkpoints.at_turn_start(turn_id)
+        self._task = asyncio.current_task()
+        turn = self.turn = Turn(id=turn_id, prompt=text)
         outcome: Outcome = "interrupted"
         answer = None
         error = "the session was closed during this turn"
@@ -278,7 +287,33 @@ class Session:
         finally:
             self._task = None
             result = self._end_turn(turn, outcome, answer, error)
+            self.checkpoints.after_turn(turn.id)
         return result
+
+    async def rewind(self, turn: int, parts: list[Part] | None = None, *, after: bool = False, force: bool = False,
+                     dry_run: bool = False) -> Plan | RewindRecord:
+        """Go back to the checkpoint before turn `turn` (1-based; with `after`, to when it ended) in
+        `parts` (default all: code, conversation, harness, kernel). With `dry_run`, only say what
+        would change. RewindError when there is no such checkpoint, when a turn or a subagent runs,
+        or (without `force`) when a person changed a file the rewind would overwrite."""
+        if self.turn is not None or self.subagents.running():
+            raise RewindError("turn_running", "a turn or a subagent is running: interrupt it or wait, then rewind")
+        plan = await self.checkpoints.plan(turn, list(parts or PARTS), after)
+        if dry_run:
+            return plan
+        if self.turn is not None:
+            raise RewindError("turn_running", "a turn began meanwhile: interrupt it or wait, then rewind")
+        record = await self.checkpoints.rewind(plan, force)
+        if record.messages is not None:
+            self.last_result = None
+            self.harness_version = None  # the restored context's system prompt is checked at the next turn
+        if record.harness:
+            self.harness_changed("a rewind")
+        self.notices = [n for n in self.notices if not n.startswith("[The user rewound")] + [record.notice]
+        self.emit(ev.Rewound(rewind_id=record.rewind_id, turn=record.turn, after=record.after, parts=record.parts,
+                             files=[f.model_dump() for f in record.files], harness=record.harness,
+                             kernel=record.kernel, forced=record.forced, notice=record.notice))
+        return record
 
     def steer(self, text: str) -> None:
         """Queue a message for the running turn; it reaches the model at its next call."""
