@@ -242,8 +242,8 @@ class Session:
                                             content="[lost: the session's process stopped while this cell ran]"), None)
 
     async def close(self) -> None:
-        await self.checkpoints.close()
         await self.refiner.close()
+        await self.checkpoints.close()
         await self.subagents.close()
         if self._watcher is not None:
             self._watcher.stop()
