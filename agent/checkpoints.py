@@ -98,6 +98,8 @@ class WorkspaceStore:
         self._env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
         self._env.update(GIT_INDEX_FILE=str(self.index), GIT_CONFIG_NOSYSTEM="1")
         self._ready = False
+        self._tree: str | None = None
+        """The tree of this session's index as last written (unchanged while nothing changed)."""
 
     def _git(self, *args: str, input: bytes | None = None) -> bytes:
         done = subprocess.run(
@@ -172,8 +174,9 @@ class WorkspaceStore:
             self._git("update-index", "-z", "--add", "--remove", "--stdin", input=_paths(update))
         if drop:
             self._git("update-index", "-z", "--force-remove", "--stdin", input=_paths(drop))
-        tree = self._git("write-tree").decode().strip()
-        return Snapshot(tree, skipped, stored)
+        if update or drop or self._tree is None:
+            self._tree = self._git("write-tree").decode().strip()
+        return Snapshot(self._tree, skipped, stored)
 
     def changes(self, a: str, b: str) -> list[tuple[str, str, str, str]]:
         """What changes from tree `a` to tree `b`: (status A|M|D|T, path, mode in b, blob in b)."""
@@ -384,9 +387,11 @@ class Checkpoints:
             self._pending.cancel()
             await asyncio.gather(self._pending, return_exceptions=True)
 
-    def fresh_kernel(self) -> None:
-        """The kernel is new (a resumed session): its namespace is empty."""
-        self.namespace = ""
+    def warm(self) -> None:
+        """At session start: read the workspace into the store in the background, so the first
+        turn's checkpoint only hashes what changed since (the first, on a big workspace, is seconds)."""
+        if self.enabled and self.store is not None:
+            self._pending = asyncio.ensure_future(asyncio.to_thread(self.store.snapshot))
 
     async def at_turn_start(self, turn_id: str) -> None:
         """Before turn `turn_id` begins (before anything of it is recorded)."""
@@ -405,11 +410,10 @@ class Checkpoints:
             await self._checkpoint("end", turn_id, self.namespace)
 
     async def _checkpoint(self, at: str, turn_id: str | None, namespace: str | None) -> CheckpointRecord | None:
-        started = time.monotonic()
-        assert self.store is not None
+        started, store = time.monotonic(), self.store
+        assert store is not None
         try:
-            snap = await asyncio.to_thread(self.store.snapshot)
-            heads = await asyncio.to_thread(_harness_heads, self.harness)
+            snap, heads = await asyncio.to_thread(lambda: (store.snapshot(), _harness_heads(self.harness)))
         except (OSError, HarnessError, subprocess.SubprocessError) as e:
             log.exception("checkpoint failed")
             self.sinks.emit(ev.Error(turn_id=turn_id, message=f"the {at} checkpoint could not be taken "

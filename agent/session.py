@@ -187,6 +187,7 @@ class Session:
         else:
             self._record_start()
         self._watch_harness()
+        self.checkpoints.warm()
         await self.kernel.start(self.kernel_pool)
         if self._resumed is not None:
             self.emit(ev.SessionResumed(reason=self._resumed, turns=self.turns))
