@@ -230,6 +230,9 @@ class Session:
                 self.last_result = TurnResult(r.turn_id, r.outcome, r.answer, r.error, r.usage, r.duration, r.steps, r.cells)
         self.subagents.interrupt_orphans(reason)
         self._resumed = reason
+        last = next((r for r in reversed(records) if isinstance(r, TurnStarted | RewindRecord)), None)
+        if isinstance(last, RewindRecord):  # rewound since the last turn: the model has yet to hear of it
+            self.notices.append(last.notice)
         self.notices.append(f"[{reason}. This session goes on in a new kernel: every variable, import and "
                             "running subagent from before is gone; files on disk are as they were.]")
 
@@ -268,18 +271,20 @@ class Session:
     async def prompt(self, text: str, turn_id: str | None = None) -> TurnResult:
         """Run one turn to its end; never raises for model, kernel or budget failures.
         `turn_id` names the turn when a client numbered it in advance (the daemon's queue)."""
-        await self.checkpoints.settle()  # the last turn's checkpoint, or a rewind, still being taken
         if self.turn is not None:
             raise RuntimeError("a turn is already running in this session; steer it or wait")
         self.turns += 1
-        turn_id = turn_id or f"t{self.turns}"
-        await self.checkpoints.at_turn_start(turn_id)
-        self._task = asyncio.current_task()
-        turn = self.turn = Turn(id=turn_id, prompt=text)
+        turn = self.turn = Turn(id=turn_id or f"t{self.turns}", prompt=text)
         outcome: Outcome = "interrupted"
         answer = None
         error = "the session was closed during this turn"
         try:
+            # Before anything of the turn: the last turn's checkpoint (or a rewind) finishes, and this
+            # one is taken. An interrupt meanwhile stops the turn at its first step (no task to cancel yet).
+            await self.checkpoints.settle()
+            await self.checkpoints.at_turn_start(turn.id)
+            turn.started = time.monotonic()  # the budget is the turn's own time
+            self._task = asyncio.current_task()
             self._begin_turn(turn)
             outcome, answer, error = await self.loop.run(turn)
         except WriteFailed as e:  # the turn's beginning could not be recorded: it ends here, said so

@@ -142,6 +142,12 @@ def test_kill_9_during_a_rewind_leaves_the_old_state_or_the_new_never_a_mix(prim
         assert len(rewinds) == 1 and rewinds[0].turn == 2 and "kernel is new" in rewinds[0].kernel["why"]
         assert len([m for m in rewinds[0].messages if m.role == "user"]) == 1  # turn 1's conversation
         assert info.state == "dormant"
+        accepted = client.send(s.id, "what now?")  # the model hears of the rewind, and of its new kernel
+        for e in client.events(s.id):
+            if e.type == "turn.finished" and e.turn_id == accepted.turn_id:
+                break
+        told = model_server.requests[-1]["messages"][-1]["content"]
+        assert told.startswith("[The user rewound this session to before turn 2.") and "new kernel" in told
     finally:
         client.close()
         pid = daemon_pid()
