@@ -451,6 +451,8 @@ class Checkpoints:
         if name and not manifest.exists():
             return {"status": "not restored", "why": "its snapshot was never written (the kernel's snapshot "
                     "child failed or was stopped)"}
+        if name and (failed := json.loads(manifest.read_text()).get("error")):
+            return {"status": "not restored", "why": f"its snapshot failed: {failed}"}
         code = f"import agent.runtime.snapshot as _s; _s.restore(globals(), {str(self.kernel_dir)!r}, {name!r}); del _s"
         result = await self.kernel.execute(Cell(id="rewind", code=code, timeout=300))
         if result.error_name or result.kernel_events:

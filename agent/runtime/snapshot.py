@@ -63,11 +63,23 @@ def save(namespace: dict, directory: str, name: str, max_variable: int, max_tota
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt of the kernel is not ours
             signal.alarm(CHILD_SECONDS)
-            write(namespace, directory, name, max_variable, max_total)
+            _write_or_say(namespace, directory, name, max_variable, max_total)
             code = 0
         finally:
             os._exit(code)
-    write(namespace, directory, name, max_variable, max_total)
+    _write_or_say(namespace, directory, name, max_variable, max_total)
+
+
+def _write_or_say(namespace: dict, directory: str, name: str, max_variable: int, max_total: int) -> None:
+    """The snapshot, or a manifest that says why there is none (a rewind to it then says so at once)."""
+    try:
+        write(namespace, directory, name, max_variable, max_total)
+    except BaseException as e:  # noqa: BLE001 - a full disk, a missing cloudpickle: said, not raised
+        try:
+            _write_file(os.path.join(directory, f"{name}.json"),
+                        json.dumps({"error": f"{type(e).__name__}: {str(e)[:300]}"}).encode())
+        except OSError:
+            pass
 
 
 def write(namespace: dict, directory: str, name: str, max_variable: int, max_total: int) -> dict:
@@ -120,8 +132,8 @@ def restore(namespace: dict, directory: str, name: str) -> None:
     if name:
         with open(os.path.join(directory, f"{name}.json")) as f:
             manifest = json.load(f)
-    removed = [var for var in user_names(namespace) if var not in manifest["variables"]
-               and var not in manifest["modules"]]
+    kept = {*manifest["variables"], *manifest["modules"], *manifest["skipped"]}
+    removed = [var for var in user_names(namespace) if var not in kept]  # made after the snapshot
     for var in removed:
         del namespace[var]
     restored, failed = [], dict(manifest["skipped"])

@@ -200,3 +200,22 @@ def test_the_store_respects_gitignore_and_caps_and_says_what_it_skipped(tmp_path
     store.restore(now.tree, snap.tree, {s.path for s in snap.skipped})
     assert (ws / "src.py").read_text() == "print(1)\n" and not (ws / "new.py").exists()
     assert (ws / "big.txt").exists() and (ws / "build" / "out.o").exists() and (ws / "run.log").exists()
+
+
+async def test_the_namespace_snapshot_keeps_what_pickles_and_lists_what_it_cannot(project: Path):
+    setup = ("import json as j, threading\n"
+             "def double(v):\n    return 2 * v\n"
+             "class Point:\n    def __init__(self, x): self.x = x\n"
+             "p = Point(3); keep = [1, 2]; lock = threading.Lock(); big = 'x' * 5000; gen = (i for i in range(3))")
+    script = [cells(setup), "one", cells("keep.append(3); del p; later = 1"), "two"]
+    async with session(project, script, checkpoints={"max_variable_bytes": 2000}) as s:
+        await s.prompt("first")
+        await s.prompt("second")
+        record = await s.rewind(2, ["kernel"])
+        k = record.kernel
+        assert k["status"] == "restored"
+        assert {"j", "threading", "double", "Point", "p", "keep"} <= set(k["restored"])
+        assert set(k["not_restored"]) == {"lock", "big", "gen"} and "max_variable_bytes" in k["not_restored"]["big"]
+        assert "not serialisable" in k["not_restored"]["lock"] and k["removed"] == ["later"]
+        assert await value(s, "(keep, double(p.x), j.dumps(1), 'lock' in dir())") == "([1, 2], 6, '1', False)"
+        assert "Not restored (not serialisable or too large): lock, big, gen" in record.notice
