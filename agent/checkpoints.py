@@ -67,7 +67,8 @@ SNAPSHOT_WAIT = 30.0
 
 
 class RewindError(Exception):
-    """A rewind that cannot be done: `code` is bad_turn, no_checkpoint or conflict."""
+    """A rewind that cannot be done: `code` is bad_turn, no_checkpoint, conflict, turn_running, or
+    failed (it failed midway and was undone)."""
 
     def __init__(self, code: str, message: str, conflicts: list[str] | None = None):
         super().__init__(message)
@@ -149,10 +150,14 @@ class WorkspaceStore:
             path = self.workspace / rel
             try:
                 st = os.lstat(path)
-            except FileNotFoundError:
-                update.append(rel)  # deleted: --remove takes it out
+            except (FileNotFoundError, NotADirectoryError):  # deleted (its folder may be a file now)
+                if tracked:
+                    drop.append(rel)
                 continue
             reason = None
+            if stat.S_ISDIR(st.st_mode):  # a file that became a folder: its files are listed on their own
+                drop.append(rel)
+                continue
             if stat.S_ISLNK(st.st_mode):
                 pass
             elif not stat.S_ISREG(st.st_mode):
@@ -170,10 +175,10 @@ class WorkspaceStore:
                 continue
             stored += st.st_size if stat.S_ISREG(st.st_mode) else 0
             update.append(rel)
-        if update:
-            self._git("update-index", "-z", "--add", "--remove", "--stdin", input=_paths(update))
         if drop:
             self._git("update-index", "-z", "--force-remove", "--stdin", input=_paths(drop))
+        if update:  # --replace: a folder that became a file (or the other way) takes the place of the old
+            self._git("update-index", "-z", "--add", "--remove", "--replace", "--stdin", input=_paths(update))
         if update or drop or self._tree is None:
             self._tree = self._git("write-tree").decode().strip()
         return Snapshot(self._tree, skipped, stored)
@@ -348,6 +353,8 @@ class Plan:
     conflicts: list[str] = field(default_factory=list)
     harness: dict[str, str | None] = field(default_factory=dict)
     """Each scope to rewind, and the commit whose state it gets back."""
+    heads: dict[str, str | None] = field(default_factory=dict)
+    """Each scope's commit when the plan was made (what a failed rewind goes back to)."""
     kernel: str | None = None
 
     def summary(self) -> dict[str, Any]:
@@ -473,7 +480,7 @@ class Checkpoints:
     def _plan(self, records: list[Record], target: Target, parts: list[Part]) -> Plan:
         cp = target.record
         now = self.store.snapshot() if self.store is not None else None
-        plan = Plan(target, parts, now)
+        plan = Plan(target, parts, now, heads=_harness_heads(self.harness))
         if "code" in parts:
             if cp.tree is None or self.store is None:
                 raise RewindError("no_checkpoint", f"turn {target.turn}'s checkpoint has no files (checkpoints off)")
@@ -513,10 +520,12 @@ class Checkpoints:
             _write_json(self.layout.rewind_intent, intent)
             try:
                 await asyncio.to_thread(apply, self.store, self.harness, plan, self.session_id)
-            except BaseException:
-                await asyncio.to_thread(self._undo, plan)
+            except (OSError, HarnessError) as e:
+                if not await asyncio.to_thread(self._undo, plan):
+                    raise  # the intent stays: the next start finishes the rewind
                 self.layout.rewind_intent.unlink(missing_ok=True)
-                raise
+                raise RewindError("failed", f"the rewind failed and was undone, nothing changed: "
+                                  f"{type(e).__name__}: {e}") from e
             kernel = await self._restore_kernel(plan.kernel) if "kernel" in plan.parts else {}
             record = _record(plan, intent, self.harness, kernel)
             self.sinks.record(record)
@@ -529,14 +538,20 @@ class Checkpoints:
             self.layout.rewind_intent.unlink(missing_ok=True)
         return record
 
-    def _undo(self, plan: Plan) -> None:
-        """A rewind that failed midway (a full disk): put the files back as they were."""
-        if self.store is None or plan.now is None:
-            return
+    def _undo(self, plan: Plan) -> bool:
+        """A rewind that failed midway (a full disk): put the files and the harness back as they
+        were; False when that fails too (then the next start finishes the rewind instead)."""
         try:
-            self.store.restore(self.store.snapshot().tree, plan.now.tree, set())
-        except OSError:
+            if self.store is not None and plan.now is not None and "code" in plan.parts:
+                self.store.restore(self.store.snapshot().tree, plan.now.tree, set())
+            for scope, head in plan.heads.items():
+                store = self.harness.stores[scope]  # type: ignore[index]
+                if head is not None and store.head() != head:
+                    store.rollback_to(head, session=self.session_id)
+            return True
+        except (OSError, HarnessError):
             log.exception("a failed rewind could not be undone; the next start finishes it")
+            return False
 
 
 def _since(store, commit: str | None) -> list:

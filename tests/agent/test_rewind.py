@@ -219,3 +219,24 @@ async def test_the_namespace_snapshot_keeps_what_pickles_and_lists_what_it_canno
         assert "not serialisable" in k["not_restored"]["lock"] and k["removed"] == ["later"]
         assert await value(s, "(keep, double(p.x), j.dumps(1), 'lock' in dir())") == "([1, 2], 6, '1', False)"
         assert "Not restored (not serialisable or too large): lock, big, gen" in record.notice
+
+
+async def test_a_rewind_that_fails_midway_is_undone(project: Path):
+    (project / ".gitignore").write_text("*.log\n")
+    script = [cells("write('a.txt', 'old'); write('x', 'a file')"), "one",
+              cells("import os; os.remove('x'); os.mkdir('x'); write('x/keep.py', '1'); write('x/junk.log', 'ignored');"
+                    " write('a.txt', 'new')"), "two"]
+    async with session(project, script) as s:
+        await s.prompt("first")
+        await s.prompt("second")
+        with pytest.raises(RewindError) as failed:  # x must be a file again, but x/ holds an ignored file
+            await s.rewind(2)
+        assert failed.value.code == "failed" and "undone" in failed.value.message
+        assert (project / "a.txt").read_text() == "new" and (project / "x" / "keep.py").read_text() == "1"
+        assert not s.layout.rewind_intent.exists()
+        assert not any(isinstance(r, RewindRecord) for r in read_records(s.layout.trajectory))
+        (project / "x" / "junk.log").unlink()
+        await s.rewind(2)  # now x/ goes, and the file x comes back; then forward: the folder again
+        assert (project / "x").read_text() == "a file" and (project / "a.txt").read_text() == "old"
+        await s.rewind(3)
+        assert (project / "x" / "keep.py").read_text() == "1" and (project / "a.txt").read_text() == "new"
