@@ -646,6 +646,13 @@ def _notice(plan: Plan, heads: dict[str, str | None], kernel: dict[str, Any]) ->
     return " ".join(lines) + "]"
 
 
+def rewound(record: RewindRecord) -> ev.Rewound:
+    """The event that tells clients of a rewind."""
+    return ev.Rewound(rewind_id=record.rewind_id, turn=record.turn, after=record.after, parts=record.parts,
+                      files=[f.model_dump() for f in record.files], harness=record.harness, kernel=record.kernel,
+                      forced=record.forced, notice=record.notice)
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:

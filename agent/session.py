@@ -18,7 +18,7 @@ from pathlib import Path
 
 from agent import events as ev
 from agent.bridge import BridgeServer
-from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError
+from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
 from agent.config import Config, home, project_root, shorten
 from agent.context import Context, Inbox, Sinks
 from agent.harness import SessionHarness, scope_roots
@@ -316,9 +316,7 @@ class Session:
         if record.harness:
             self.harness_changed("a rewind")
         self.notices = [n for n in self.notices if not n.startswith("[The user rewound")] + [record.notice]
-        self.emit(ev.Rewound(rewind_id=record.rewind_id, turn=record.turn, after=record.after, parts=record.parts,
-                             files=[f.model_dump() for f in record.files], harness=record.harness,
-                             kernel=record.kernel, forced=record.forced, notice=record.notice))
+        self.emit(rewound(record))
         return record
 
     def steer(self, text: str) -> None:

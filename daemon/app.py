@@ -73,7 +73,7 @@ STATUS = {
     "bad_config": 400, "bad_cwd": 400, "no_model": 400, "bad_scope": 400, "harness": 400, "bad_project": 400,
     "bad_last_event_id": 400, "not_found": 404, "busy": 409, "config_broken": 409, "cwd_missing": 409,
     "not_running": 409, "refinement_failed": 409, "turn_running": 409, "bad_turn": 400, "no_checkpoint": 409,
-    "rewind_conflict": 409, "bad_rewind": 400, "failed": 409, "too_many_sessions": 429, "stopping": 503,
+    "rewind_conflict": 409, "bad_rewind": 400, "rewind_failed": 409, "too_many_sessions": 429, "stopping": 503,
     "write_failed": 503, "disk_full": 507,
 }
 """The HTTP status of each reason the daemon refuses a request (daemon.errors.Refused)."""
@@ -278,7 +278,7 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         try:
             done = await session.rewind(req.turn, parts, after=req.after, force=req.force, dry_run=req.dry_run)
         except RewindError as e:
-            code = {"conflict": "rewind_conflict"}.get(e.code, e.code)
+            code = {"conflict": "rewind_conflict", "failed": "rewind_failed"}.get(e.code, e.code)
             raise Refused(code, e.message) from None
         if isinstance(done, Plan):
             return RewindResult(rewind_id=None, dry_run=True, **done.summary())

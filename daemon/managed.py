@@ -18,6 +18,7 @@ from typing import Protocol
 
 from agent import events as ev
 from agent.checkpoints import recover as finish_rewind
+from agent.checkpoints import rewound
 from agent.config import Config, ConfigError, home, load_config, project_root
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool
@@ -293,9 +294,7 @@ class ManagedSession:
         finally:
             harness.close()
         if done is not None:
-            self.emit(ev.Rewound(rewind_id=done.rewind_id, turn=done.turn, after=done.after, parts=done.parts,
-                                 files=[f.model_dump() for f in done.files], harness=done.harness,
-                                 kernel=done.kernel, forced=done.forced, notice=done.notice))
+            self.emit(rewound(done))
 
     async def update(self, title: str | None, model: str | None) -> None:
         """Rename the session, or switch its model (from the next turn on)."""
