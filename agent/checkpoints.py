@@ -380,6 +380,7 @@ class Checkpoints:
         self.lock = asyncio.Lock()
         """Held by a rewind and by a checkpoint being taken; a turn begins once neither runs."""
         self._pending: asyncio.Task | None = None
+        self._said_snapshots_fail = False
 
     async def settle(self) -> None:
         """Wait for the end-of-turn checkpoint still being taken, and for a rewind under way."""
@@ -443,6 +444,11 @@ class Checkpoints:
         result = await self.kernel.execute(Cell(id="checkpoint", code=code, timeout=60))
         if result.error_name or result.kernel_events:
             log.warning("namespace snapshot failed: %s %s", result.error_name, result.error_value)
+            if not self._said_snapshots_fail:  # once a session: a rewind will not bring variables back
+                self._said_snapshots_fail = True
+                self.sinks.emit(ev.Error(message=f"the kernel's namespace could not be snapshotted "
+                                         f"({result.error_name}: {result.error_value}); a rewind restores files, "
+                                         "conversation and harness, not variables"))
             return None
         return name
 

@@ -49,7 +49,13 @@ def _runtime(value) -> bool:
 
 
 def save(namespace: dict, directory: str, name: str, max_variable: int, max_total: int) -> None:
-    """Write the snapshot `name` under `directory`, from a forked child (inline where fork fails)."""
+    """Write the snapshot `name` under `directory`, from a forked child (inline where fork fails).
+    A directory it cannot write to raises here, in the kernel, before any fork."""
+    os.makedirs(os.path.join(directory, "blobs"), exist_ok=True)
+    probe = os.path.join(directory, f".probe-{os.getpid()}")
+    with open(probe, "wb"):
+        pass
+    os.remove(probe)
     try:
         pid = os.fork()
     except (OSError, AttributeError):

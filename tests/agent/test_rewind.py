@@ -240,3 +240,20 @@ async def test_a_rewind_that_fails_midway_is_undone(project: Path):
         assert (project / "x").read_text() == "a file" and (project / "a.txt").read_text() == "old"
         await s.rewind(3)
         assert (project / "x" / "keep.py").read_text() == "1" and (project / "a.txt").read_text() == "new"
+
+
+async def test_a_kernel_that_cannot_write_snapshots_says_so_once_and_the_rest_rewinds(project: Path):
+    events: list[Event] = []
+    s = session(project, [cells("write('a.txt', '1'); v = 1"), "one", cells("write('a.txt', '2')"), "two"], events)
+    s.dir.mkdir(parents=True)
+    (s.dir / "checkpoints").write_text("a file where the snapshots' folder would be")  # as a read-only mount
+    async with s:
+        await s.prompt("first")
+        await s.prompt("second")
+        await s.checkpoints.settle()
+        said = [e for e in events if e.type == "error" and "could not be snapshotted" in e.message]
+        assert len(said) == 1
+        record = await s.rewind(2)
+        assert (project / "a.txt").read_text() == "1"
+        assert record.kernel == {"status": "not restored", "why": "the checkpoint has no namespace snapshot"}
+        assert "namespace was not restored" in record.notice
