@@ -245,6 +245,25 @@ class McpConfig(_Section):
     past it a server's remaining tools are counted, and `mcp.list()` shows them all."""
 
 
+class CheckpointConfig(_Section):
+    """A checkpoint at every turn boundary, for `rewind` (agent/checkpoints.py)."""
+
+    enabled: bool = True
+    """Checkpoint the workspace, conversation, harness and kernel at every turn boundary."""
+    max_file_bytes: int = Field(5 << 20, ge=0)
+    """Largest workspace file a checkpoint copies; bigger ones are skipped (and listed as skipped)."""
+    max_binary_bytes: int = Field(1 << 20, ge=0)
+    """Largest binary file (a NUL in its first 8 KiB) a checkpoint copies: build outputs stay out."""
+    max_checkpoint_bytes: int = Field(200 << 20, ge=0)
+    """Most bytes of changed files one checkpoint copies; past it the rest are skipped."""
+    kernel: bool = True
+    """Snapshot the kernel's user namespace when a turn ends (cloudpickle, in a forked child)."""
+    max_variable_bytes: int = Field(64 << 20, ge=0)
+    """Largest variable a namespace snapshot keeps (pickled size); bigger ones are listed, not kept."""
+    max_namespace_bytes: int = Field(256 << 20, ge=0)
+    """Most bytes one namespace snapshot keeps."""
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     kernel: KernelConfig = Field(default_factory=KernelConfig)
@@ -255,6 +274,7 @@ class Config(_Section):
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
+    checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
     project_instructions: list[str] = Field(default_factory=lambda: ["AGENTS.md", "CLAUDE.md"])
     """Files in the project root whose text follows the base prompt."""
 

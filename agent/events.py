@@ -49,6 +49,22 @@ class SessionResumed(_Event):
     turns: int
 
 
+class Rewound(_Event):
+    """The session went back to a checkpoint (`rewind`); the record is in the trajectory too."""
+
+    type: Literal["session.rewound"] = "session.rewound"
+    rewind_id: str
+    turn: int
+    after: bool = False
+    parts: list[str]
+    files: list[dict[str, str]] = Field(default_factory=list)
+    """Each file the rewind changed: {"path", "change": restored | created | deleted}."""
+    harness: dict[str, str] = Field(default_factory=dict)
+    kernel: dict[str, Any] = Field(default_factory=dict)
+    forced: list[str] = Field(default_factory=list)
+    notice: Text = ""
+
+
 class Note(_Event):
     """Something said to the user: `note(text)` from the kernel, or the daemon's own remark."""
 
@@ -326,7 +342,7 @@ class SubagentFinished(_Event):
 
 
 Event = Annotated[
-    SessionStarted | SessionResumed | Note | Error | UsageCharged
+    SessionStarted | SessionResumed | Rewound | Note | Error | UsageCharged
     | TurnQueued | TurnStarted | TurnFinished | SteerDelivered | MessageDelivered | Compaction
     | ModelStarted | ModelDelta | ModelRetry | ModelFallback | ModelCompleted
     | CellStarted | CellOutput | CellFinished

@@ -9,6 +9,8 @@
         events.jsonl        the daemon's event journal (daemon/journal.py)
         rating.json         a person's rating, the reward its training samples carry (rl/data.py)
         context.pkl         a child's `context` variable, pickled by its parent's kernel
+        checkpoints/kernel/ namespace snapshots: a manifest per snapshot, variables in blobs/ (agent/checkpoints.py)
+        rewind.json         a rewind under way (removed last; a crash leaves it for the next start to finish)
 """
 
 from __future__ import annotations
@@ -64,6 +66,14 @@ class SessionLayout:
     @property
     def context(self) -> Path:
         return self.dir / "context.pkl"
+
+    @property
+    def kernel_snapshots(self) -> Path:
+        return self.dir / "checkpoints" / "kernel"
+
+    @property
+    def rewind_intent(self) -> Path:
+        return self.dir / "rewind.json"
 
     def child(self, name: str) -> SessionLayout:
         return SessionLayout(self.dir / f"sub-{name}")

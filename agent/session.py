@@ -18,6 +18,7 @@ from pathlib import Path
 
 from agent import events as ev
 from agent.bridge import BridgeServer
+from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
 from agent.config import Config, home, project_root, shorten
 from agent.context import Context, Inbox, Sinks
 from agent.harness import SessionHarness, changes, scope_roots, told
@@ -35,6 +36,7 @@ from agent.trajectory import (
     McpCallRecord,
     Record,
     ResumedRecord,
+    RewindRecord,
     SessionRecord,
     SystemPromptRecord,
     TrajectoryWriter,
@@ -118,6 +120,9 @@ class Session:
                                       config.harness.limits())
         self.kernel = Kernel(self.cwd, self.dir, config.kernel, env={})
         self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks, self._system_prompt)
+        self.checkpoints = Checkpoints(config.checkpoints, self.cwd, self.layout, self.id, self.kernel, self.harness,
+                                       self.context, sinks, enabled=parent is None)
+        """A checkpoint at every turn boundary (a subagent's files are in its parent's), for `rewind`."""
         self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
                                       turns=lambda: self.turns)
         slots = subagent_slots if subagent_slots is not None else (parent.subagents.process_slots if parent else {})
@@ -186,6 +191,7 @@ class Session:
         else:
             self._record_start()
         self._watch_harness()
+        self.checkpoints.warm()
         await self.kernel.start(self.kernel_pool)
         if self._resumed is not None:
             self.emit(ev.SessionResumed(reason=self._resumed, turns=self.turns))
@@ -233,6 +239,9 @@ class Session:
                 self.last_result = TurnResult(r.turn_id, r.outcome, r.answer, r.error, r.usage, r.duration, r.steps, r.cells)
         self.subagents.interrupt_orphans(reason)
         self._resumed = reason
+        last = next((r for r in reversed(records) if isinstance(r, TurnStarted | RewindRecord)), None)
+        if isinstance(last, RewindRecord):  # rewound since the last turn: the model has yet to hear of it
+            self.notices.append(last.notice)
         self.notices.append(f"[{reason}. This session goes on in a new kernel: every variable, import and "
                             "running subagent from before is gone; files on disk are as they were.]")
 
@@ -247,6 +256,7 @@ class Session:
 
     async def close(self) -> None:
         await self.refiner.close()
+        await self.checkpoints.close()
         await self.subagents.close()
         if self._watcher is not None:
             self._watcher.stop()
@@ -272,13 +282,18 @@ class Session:
         `turn_id` names the turn when a client numbered it in advance (the daemon's queue)."""
         if self.turn is not None:
             raise RuntimeError("a turn is already running in this session; steer it or wait")
-        self._task = asyncio.current_task()
         self.turns += 1
         turn = self.turn = Turn(id=turn_id or f"t{self.turns}", prompt=text)
         outcome: Outcome = "interrupted"
         answer = None
         error = "the session was closed during this turn"
         try:
+            # Before anything of the turn: the last turn's checkpoint (or a rewind) finishes, and this
+            # one is taken. An interrupt meanwhile stops the turn at its first step (no task to cancel yet).
+            await self.checkpoints.settle()
+            await self.checkpoints.at_turn_start(turn.id)
+            turn.started = time.monotonic()  # the budget is the turn's own time
+            self._task = asyncio.current_task()
             self._begin_turn(turn)
             outcome, answer, error = await self.loop.run(turn)
         except WriteFailed as e:  # the turn's beginning could not be recorded: it ends here, said so
@@ -287,7 +302,31 @@ class Session:
         finally:
             self._task = None
             result = self._end_turn(turn, outcome, answer, error)
+            self.checkpoints.after_turn(turn.id)
         return result
+
+    async def rewind(self, turn: int, parts: list[Part] | None = None, *, after: bool = False, force: bool = False,
+                     dry_run: bool = False) -> Plan | RewindRecord:
+        """Go back to the checkpoint before turn `turn` (1-based; with `after`, to when it ended) in
+        `parts` (default all: code, conversation, harness, kernel). With `dry_run`, only say what
+        would change. RewindError when there is no such checkpoint, when a turn or a subagent runs,
+        or (without `force`) when a person changed a file the rewind would overwrite."""
+        if self.turn is not None or self.subagents.running():
+            raise RewindError("turn_running", "a turn or a subagent is running: interrupt it or wait, then rewind")
+        plan = await self.checkpoints.plan(turn, list(parts or PARTS), after)
+        if dry_run:
+            return plan
+        if self.turn is not None:
+            raise RewindError("turn_running", "a turn began meanwhile: interrupt it or wait, then rewind")
+        record = await self.checkpoints.rewind(plan, force)
+        if record.messages is not None:
+            self.last_result = None
+            self.harness_version = None  # the restored context's system prompt is checked at the next turn
+        if record.harness:
+            self.harness_changed("a rewind")
+        self.notices = [n for n in self.notices if not n.startswith("[The user rewound")] + [record.notice]
+        self.emit(rewound(record))
+        return record
 
     def steer(self, text: str) -> None:
         """Queue a message for the running turn; it reaches the model at its next call."""

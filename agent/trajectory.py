@@ -175,9 +175,70 @@ class ResumedRecord(_Record):
     harness_version: str | None = None
 
 
+class SkippedFile(BaseModel):
+    """A workspace file a checkpoint did not copy."""
+
+    path: str
+    bytes: int = 0
+    reason: str
+
+
+class CheckpointRecord(_Record):
+    """The state at a turn boundary (agent/checkpoints.py): `start` before turn `turn_id` is worked
+    on, `end` once it ended, `rewind` just after a rewind restored the workspace. The conversation
+    at this point is the context the records before it make."""
+
+    kind: Literal["checkpoint"] = "checkpoint"
+    turn_id: str | None = None
+    at: Literal["start", "end", "rewind"]
+    tree: str | None = None
+    """The workspace as a tree in the checkpoint store; None when checkpoints are off or failed."""
+    skipped: list[SkippedFile] = Field(default_factory=list)
+    harness: dict[str, str | None] = Field(default_factory=dict)
+    """Each harness scope's commit (None: the scope had no history yet)."""
+    kernel: str | None = None
+    """The namespace snapshot in force: its name, "" for a fresh namespace, None when unknown."""
+    stored_bytes: int = 0
+    """Bytes of changed files this checkpoint copied into the store."""
+    duration: float = 0.0
+
+
+class FileChange(BaseModel):
+    path: str
+    change: Literal["restored", "created", "deleted"]
+
+
+class RewindRecord(_Record):
+    """The session went back to the checkpoint before (or, with `after`, at the end of) turn `turn`.
+    With the conversation restored, `messages` is the whole context from here on, as for a compaction."""
+
+    kind: Literal["rewind"] = "rewind"
+    rewind_id: str
+    turn_id: str | None = None
+    turn: int
+    after: bool = False
+    parts: list[str]
+    target: str
+    """The checkpoint restored: `<turn id>:start` or `<turn id>:end`."""
+    before_tree: str | None = None
+    """The workspace just before the rewind (nothing is lost: a forced rewind keeps the person's edits here)."""
+    files: list[FileChange] = Field(default_factory=list)
+    not_restored: list[SkippedFile] = Field(default_factory=list)
+    harness: dict[str, str] = Field(default_factory=dict)
+    """Each scope rewound, and the new commit that restored it."""
+    kernel: dict[str, Any] = Field(default_factory=dict)
+    forced: list[str] = Field(default_factory=list)
+    """Files a person changed since the checkpoint that the rewind overwrote (with --force)."""
+    messages: list[Message] | None = None
+    turn_starts: list[int] = Field(default_factory=list)
+    notice: str = ""
+    """What the model is told at its next turn."""
+
+
 Record = Annotated[
     SessionRecord | TurnStarted | MessageRecord | SystemPromptRecord | ModelCall | CellRecord | SubagentRecord
-    | RefinementRecord | CompactionRecord | TurnFinished | ResumedRecord | McpCallRecord | ApprovalRecord,
+    | RefinementRecord | CompactionRecord | TurnFinished | ResumedRecord | McpCallRecord | ApprovalRecord
+    | CheckpointRecord | RewindRecord,
     Field(discriminator="kind"),
 ]
 _adapter: TypeAdapter[Record] = TypeAdapter(Record)
@@ -316,13 +377,13 @@ def finish_cut_turn(path: Path, turn_id: str, error: str) -> TurnFinished | None
 
 
 def contexts(records: list[Record]) -> Iterator[list[Message]]:
-    """The model's context as whole conversations: one per stretch between compactions."""
+    """The model's context as whole conversations: one per stretch between compactions (and rewinds)."""
     current: list[Message] = []
     for r in records:
-        if isinstance(r, CompactionRecord):
+        if isinstance(r, CompactionRecord) or isinstance(r, RewindRecord) and r.messages is not None:
             if current:
                 yield current
-            current = list(r.messages)
+            current = list(r.messages or [])
         elif isinstance(r, MessageRecord):
             current.append(r.message)
         elif isinstance(r, SystemPromptRecord) and current:  # later calls saw the rebuilt prompt
@@ -339,6 +400,8 @@ def turn_starts(records: list[Record]) -> list[int]:
     for r in records:
         if isinstance(r, CompactionRecord):
             starts, length, seen = list(r.turn_starts), len(r.messages), {r.turn_id}
+        elif isinstance(r, RewindRecord) and r.messages is not None:
+            starts, length, seen = list(r.turn_starts), len(r.messages), set()
         elif isinstance(r, MessageRecord):
             if r.turn_id is not None and r.turn_id not in seen:
                 seen.add(r.turn_id)

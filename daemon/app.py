@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from agent.checkpoints import PARTS, Plan, RewindError, WorkspaceStore, turn_list
 from agent.config import ConfigError, home, project_root, shorten
 from agent.events import EVENTS
 from agent.harness import SessionHarness, scope_roots
@@ -46,6 +47,8 @@ from daemon.schemas import (
     MessageAccepted,
     RefineRequest,
     RefineStarted,
+    RewindRequest,
+    RewindResult,
     Rollback,
     RolledBack,
     SendMessage,
@@ -69,7 +72,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 STATUS = {
     "bad_config": 400, "bad_cwd": 400, "no_model": 400, "bad_scope": 400, "harness": 400, "bad_project": 400,
     "bad_last_event_id": 400, "not_found": 404, "busy": 409, "config_broken": 409, "cwd_missing": 409,
-    "not_running": 409, "refinement_failed": 409, "turn_running": 409, "too_many_sessions": 429, "stopping": 503,
+    "not_running": 409, "refinement_failed": 409, "turn_running": 409, "bad_turn": 400, "no_checkpoint": 409,
+    "rewind_conflict": 409, "bad_rewind": 400, "rewind_failed": 409, "too_many_sessions": 429, "stopping": 503,
     "write_failed": 503, "disk_full": 507,
 }
 """The HTTP status of each reason the daemon refuses a request (daemon.errors.Refused)."""
@@ -249,6 +253,47 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         except (RefinementFailed, ModelError) as e:  # the plan still waits for review
             raise Refused("refinement_failed", str(e)) from None
         return {"refinement_id": refinement_id, "status": outcome.status}
+
+    @app.get("/v1/sessions/{session_id}/checkpoints")
+    async def checkpoints(session_id: str) -> list[dict[str, Any]]:
+        """The session's turns, to choose where to rewind: number, id, prompt, time, outcome, files changed."""
+        managed = manager.get(session_id)
+        live = managed.session
+        if live is not None:
+            await live.checkpoints.settle()  # the last turn's end checkpoint, if still being taken
+            store = live.checkpoints.store
+        else:
+            try:
+                config = managed.config()
+            except ConfigError as e:
+                raise Refused("config_broken", str(e)) from None
+            store = WorkspaceStore(Path(managed.meta.cwd), session_id, config.checkpoints)
+        return await asyncio.to_thread(turn_list, managed.layout, store)
+
+    @app.post("/v1/sessions/{session_id}/rewind")
+    async def rewind(session_id: str, req: RewindRequest) -> RewindResult:
+        """Go back to a turn's checkpoint in the parts asked for; 409 while a turn runs or is queued,
+        or (without `force`) when it would overwrite what a person changed since. Wakes a dormant session."""
+        managed = manager.get(session_id)
+        parts = [p for p in PARTS if getattr(req, p)]
+        if not parts:
+            raise Refused("bad_rewind", "nothing to rewind: ask for code, conversation, harness or kernel")
+        if managed.queue.busy() or (managed.session is not None and managed.session.turn is not None):
+            raise Refused("turn_running", "a turn is running or queued; interrupt it or wait, then rewind")
+        session = await managed.wake()
+        if managed.queue.busy():
+            raise Refused("turn_running", "a turn began meanwhile; interrupt it or wait, then rewind")
+        try:
+            done = await session.rewind(req.turn, parts, after=req.after, force=req.force, dry_run=req.dry_run)
+        except RewindError as e:
+            code = {"conflict": "rewind_conflict", "failed": "rewind_failed"}.get(e.code, e.code)
+            raise Refused(code, e.message) from None
+        if isinstance(done, Plan):
+            return RewindResult(rewind_id=None, dry_run=True, **done.summary())
+        return RewindResult(rewind_id=done.rewind_id, dry_run=False, turn=done.turn, after=done.after,
+                            parts=done.parts, files=[f.model_dump() for f in done.files],
+                            not_restored=[s.model_dump() for s in done.not_restored], conflicts=done.forced,
+                            harness=dict(done.harness), kernel=done.kernel, notice=done.notice)
 
     @app.get("/v1/sessions/{session_id}/mcp")
     async def mcp(session_id: str) -> list[ServerInfo]:

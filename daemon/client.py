@@ -33,7 +33,16 @@ from pydantic import BaseModel
 
 from agent.events import Event, TurnFinished, parse_event
 from daemon.paths import lock_file, log_file, pid_file, socket_file
-from daemon.schemas import Interrupted, KernelInfo, MessageAccepted, RefineStarted, RolledBack, SessionInfo, Status
+from daemon.schemas import (
+    Interrupted,
+    KernelInfo,
+    MessageAccepted,
+    RefineStarted,
+    RewindResult,
+    RolledBack,
+    SessionInfo,
+    Status,
+)
 
 _T = TypeVar("_T", bound=BaseModel)
 
@@ -183,6 +192,19 @@ class Client:
     async def refine(self, session_id: str, instructions: str | None = None, mode: str | None = None) -> RefineStarted:
         body = {k: v for k, v in {"instructions": instructions, "mode": mode}.items() if v is not None}
         return await self._typed(RefineStarted, "POST", f"/v1/sessions/{session_id}/refine", json=body)
+
+    async def checkpoints(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's turns to rewind to: number, id, prompt, time, outcome, files changed."""
+        return await self._call("GET", f"/v1/sessions/{session_id}/checkpoints")
+
+    async def rewind(self, session_id: str, turn: int, *, parts: list[str] | None = None, after: bool = False,
+                     force: bool = False, dry_run: bool = False) -> RewindResult:
+        """Go back to before `turn` (or, with `after`, its end) in `parts` (default: code, conversation,
+        harness, kernel); with `dry_run`, only say what would change."""
+        body: dict[str, Any] = {"turn": turn, "after": after, "force": force, "dry_run": dry_run}
+        if parts is not None:
+            body.update({p: p in parts for p in ("code", "conversation", "harness", "kernel")})
+        return await self._typed(RewindResult, "POST", f"/v1/sessions/{session_id}/rewind", json=body)
 
     async def harness(self, session: str | None = None, project: str | None = None) -> list[dict[str, Any]]:
         return await self._call("GET", "/v1/harness", params=_params(session=session, project=project))

@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Protocol
 
 from agent import events as ev
-from agent.config import Config, ConfigError, load_config
+from agent.checkpoints import recover as finish_rewind
+from agent.checkpoints import rewound
+from agent.config import Config, ConfigError, home, load_config, project_root
+from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool
 from agent.layout import SessionLayout
 from agent.model import OpenAIModel
@@ -257,7 +260,10 @@ class ManagedSession:
                     self.journal.close()  # reopened by the next event
 
     def recover(self) -> None:
-        """After a crash: close the turn it cut (as interrupted) and the turns it left queued."""
+        """After a crash: finish a rewind it cut, close the turn it cut (as interrupted) and the turns it
+        left queued."""
+        if self.layout.rewind_intent.is_file():
+            self._finish_rewind()
         turn_id = self.meta.running_turn
         if turn_id is not None:
             why = f"{RESTARTED} while this turn ran; the turn was cut short"
@@ -278,6 +284,17 @@ class ManagedSession:
             self.queue.never_ran(queued.turn_id, f"{RESTARTED} before this turn began")
         self.meta.queued = []
         self.save()
+
+    def _finish_rewind(self) -> None:
+        """A rewind the crash cut midway is finished, so the session is in the new state, not a mix."""
+        cwd = Path(self.meta.cwd)
+        harness = SessionHarness(scope_roots(home(), project_root(cwd), self.layout.dir), self.id)
+        try:
+            done = finish_rewind(self.layout, cwd, harness, self.config().checkpoints, self.id)
+        finally:
+            harness.close()
+        if done is not None:
+            self.emit(rewound(done))
 
     async def update(self, title: str | None, model: str | None) -> None:
         """Rename the session, or switch its model (from the next turn on)."""

@@ -117,6 +117,34 @@ class RolledBack(BaseModel):
     trailers: dict[str, str] = Field(default_factory=dict)
 
 
+class RewindRequest(_Body):
+    turn: int = Field(ge=1, le=10**9, description="Go back to before this turn began (1-based, in the order "
+                      "turns began; the turn after the last is the state the last one left).")
+    after: bool = Field(False, description="The state when turn `turn` ended, not before it began.")
+    code: bool = Field(True, description="Restore the workspace's files.")
+    conversation: bool = Field(True, description="Restore the model's context to that point.")
+    harness: bool = Field(True, description="Restore each harness scope (a new commit; history is kept).")
+    kernel: bool = Field(True, description="Restore the kernel's namespace (what the snapshot could keep).")
+    force: bool = Field(False, description="Overwrite files a person changed since the checkpoint.")
+    dry_run: bool = Field(False, description="Only say what would change (and what stands in the way).")
+
+
+class RewindResult(BaseModel):
+    rewind_id: str | None = Field(description="The rewind's id in the trajectory; None for a dry run.")
+    dry_run: bool
+    turn: int
+    after: bool
+    parts: list[str]
+    files: list[dict[str, str]] = Field(description='Each file changed (or to change): {"path", "change"}.')
+    not_restored: list[dict[str, Any]] = Field(default_factory=list,
+                                               description="Files the checkpoint skipped (size caps), left alone.")
+    conflicts: list[str] = Field(default_factory=list,
+                                 description="What a person changed since the checkpoint that the rewind overwrites.")
+    harness: dict[str, str | None] = Field(default_factory=dict)
+    kernel: dict[str, Any] | str | None = None
+    notice: str = Field("", description="What the model is told at its next turn.")
+
+
 class KernelInfo(BaseModel):
     connection_file: str
     state: str

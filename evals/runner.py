@@ -119,8 +119,10 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
     result = Result(task.id, r, key, "error")
     with tempfile.TemporaryDirectory(prefix="pa-eval-") as tmp:
         work = Path(tmp)
-        session = Session(config, model, cwd=work, session_dir=rollout_layout(run_dir, result).dir,
-                          harness_roots=harness_roots)
+        off = config.checkpoints.model_copy(update={"enabled": False})
+        no_checkpoints = config.model_copy(update={"checkpoints": off})
+        session = Session(no_checkpoints, model, cwd=work, session_dir=rollout_layout(run_dir, result).dir,
+                          harness_roots=harness_roots)  # a throwaway workspace: nothing to rewind
         result.session_id = session.id
 
         async def run_session():

@@ -7,8 +7,9 @@ inserted: system prompt, user text, tool and cell output, and the chat template'
 One sample spans as many model calls as extend each other: call k+1's request is call k's
 request plus its sampled tokens plus what the harness appended. The chain is cut (a new sample
 begins, its history masked) where that stops being true: a compaction, a rebuilt system prompt,
-a truncated prompt, or a reply whose tokens differ from how the template renders it back (a stop
-string, a length cut, bytes that were not valid UTF-8). Replies recorded without token ids and
+a rewind of the conversation (samples follow the context as the model saw it), a truncated prompt,
+or a reply whose tokens differ from how the template renders it back (a stop string, a length cut,
+bytes that were not valid UTF-8). Replies recorded without token ids and
 logprobs are never guessed: they stay in the history as masked text and are counted.
 
 A request's tokens are the server's own when it said what they were (`ModelCall.prompt_token_ids`,
@@ -32,6 +33,7 @@ from agent.trajectory import (
     MessageRecord,
     ModelCall,
     Record,
+    RewindRecord,
     SessionRecord,
     SystemPromptRecord,
     read_records,
@@ -158,12 +160,13 @@ def samples(records: list[Record], counts: IngestCounts | None = None,
         chain = None
 
     for r in records:
-        if isinstance(r, CompactionRecord | SystemPromptRecord):
+        rewound = isinstance(r, RewindRecord) and r.messages is not None
+        if isinstance(r, CompactionRecord | SystemPromptRecord) or rewound:
             if chain is not None:
                 counts.splits += 1
             yield from cut()
-            if isinstance(r, CompactionRecord):
-                messages = list(r.messages)
+            if isinstance(r, CompactionRecord | RewindRecord):  # the context the model sees from here
+                messages = list(r.messages or [])
             else:
                 version = r.harness_version
                 messages[:1] = [Message(role="system", content=r.content)]

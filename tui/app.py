@@ -27,6 +27,7 @@ from agent.config import home
 from agent.events import Event
 from daemon.client import Client, DaemonError
 from tui.screens.harness import HarnessScreen
+from tui.screens.rewind import RewindScreen
 from tui.screens.sessions import SessionsScreen
 from tui.screens.transcript import TranscriptScreen
 from tui.widgets.cell_view import SubagentRow
@@ -290,6 +291,12 @@ class PrimeApp(App):
     async def rollback_command(self, arg: str) -> None:
         await self.rollback(arg or None)
 
+    async def rewind_command(self, arg: str) -> None:
+        if self.state in ("running", "queued"):
+            await self.say("/rewind: a turn is running; interrupt it (Esc) or wait", "error")
+            return
+        self.push_screen(RewindScreen(self.client, self.session_id))
+
     async def compact_command(self, arg: str) -> None:
         await self.say((await self.client.compact(self.session_id))["message"])
 
@@ -399,6 +406,8 @@ COMMANDS = {  # the menu and /help list them in this order
                              needs_session=True),
     "/rollback": SlashCommand(PrimeApp.rollback_command, "[ID] roll back a refinement (default: the last applied)",
                               needs_session=True),
+    "/rewind": SlashCommand(PrimeApp.rewind_command, "go back to before a turn: files, conversation, harness, kernel",
+                            needs_session=True),
     "/compact": SlashCommand(PrimeApp.compact_command, "summarise older context at the next model call",
                              needs_session=True),
     "/reprompt": SlashCommand(PrimeApp.reprompt_command, "rebuild the system prompt with the harness as it is "

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.trajectory import CompactionRecord, MessageRecord, SessionRecord, SystemPromptRecord, read_records
+from agent.trajectory import (
+    CompactionRecord,
+    MessageRecord,
+    RewindRecord,
+    SessionRecord,
+    SystemPromptRecord,
+    read_records,
+)
 from agent.types import Message, Usage
 from rl.data import IngestCounts, ingest, load_rubric, rate, samples
 from rl.model import ByteTokenizer, PolicyConfig
@@ -190,3 +197,20 @@ async def test_samples_of_a_truncating_server_reproduce_its_logprobs(project: Pa
             got = [float(trainer[i - 1]) for i in positions]
             want = [x.logprobs[i] for i in positions]
             assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
+
+
+def test_after_a_rewind_samples_follow_the_context_the_model_saw():
+    system, first = Message(role="system", content="sys"), Message(role="user", content="one")
+    records = [START, rec(system, None), rec(first), rec(sampled("did one")),
+               rec(Message(role="user", content="two"), "t2"), rec(sampled("did two"), "t2"),
+               RewindRecord(rewind_id="rw-1", turn=2, parts=["conversation"], target="t2:start",
+                            messages=[system, first, sampled("did one")], turn_starts=[1]),
+               rec(Message(role="user", content="[rewound] two again"), "t3"), rec(sampled("redo"), "t3")]
+    counts = IngestCounts()
+    before, after = list(samples(records, counts))
+    assert counts.splits == 1
+    seen = TOK.chat([m.model_dump() for m in (system, first, sampled("did one"),
+                                               Message(role="user", content="[rewound] two again"))])
+    assert after.ids[: len(seen)] == seen and "did two" not in TOK.decode(after.ids)  # not the abandoned branch
+    assert [t for t, m in zip(after.ids, after.mask) if m] == sampled("redo").token_ids
+    assert "did two" in TOK.decode(before.ids)  # the turns after the checkpoint stay data

@@ -165,6 +165,13 @@ def _describe(e: Event) -> str:
             return f"steer delivered: {e.text}"
         case ev.ModelRetry():
             return f"model: {e.reason}; retry {e.attempt} in {e.delay:.1f}s"
+        case ev.Rewound():
+            where = f"{'the end of' if e.after else 'before'} turn {e.turn}"
+            files = ", ".join(f["path"] for f in e.files[:8]) + (f" +{len(e.files) - 8}" if len(e.files) > 8 else "")
+            kernel = e.kernel.get("status", "")
+            forced = f"; overwrote {', '.join(e.forced)}" if e.forced else ""
+            return (f"rewound to {where} ({', '.join(e.parts)})" + (f"; files: {files}" if files else "")
+                    + (f"; namespace {kernel}" if kernel else "") + forced)
         case ev.Compaction():
             return f"context compacted ({e.folded_messages} messages summarised)"
         case ev.HarnessEdited():
