@@ -35,7 +35,8 @@ from rl.models import pull  # noqa: E402
 from tests.rl.servers import Recording, vllm_missing, vllm_server  # noqa: E402
 
 CONFIG = ROOT / "examples" / "reverse_text" / "smollm2.toml"
-VARIANTS = {"full": None, "lora, 30 blocks": "{r = 16, alpha = 32}", "lora, last 10": "{r = 16, alpha = 32, layers = 10}"}
+VARIANTS = {"full": None, "lora, 30 blocks": "{r = 16, alpha = 32}",
+            "lora, last 10": "{r = 16, alpha = 32, layers = 10}"}
 
 
 def measure(model: Path, lora: str | None, steps: int, out: Path, vllm: str | None = None) -> dict:
@@ -101,8 +102,8 @@ def main() -> int:
     print(f"\n{'sampler, trained':28} {'train tok/s':>11} {'train s':>8} {'sample s':>9} {'publish s':>10} "
           f"{'tokens/step':>11} {'max mismatch':>12}")
     for name, r in results.items():
-        print(f"{name:28} {r['train_tokens_per_s']:11.0f} {r['train_s']:8.1f} {r['sample_s']:9.1f} {r['publish_s']:10.2f} "
-              f"{r['tokens_per_step']:11.0f} {r['mismatch_kl_max']:12.1e}")
+        print(f"{name:28} {r['train_tokens_per_s']:11.0f} {r['train_s']:8.1f} {r['sample_s']:9.1f} "
+              f"{r['publish_s']:10.2f} {r['tokens_per_step']:11.0f} {r['mismatch_kl_max']:12.1e}")
     path = ROOT / "bench" / "results" / "rl_hf.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps({"steps": args.steps, "results": results, "time": time.strftime("%Y-%m-%d %H:%M")},
