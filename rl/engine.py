@@ -254,6 +254,8 @@ class HFEngine:
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self._layout = (config.num_hidden_layers, heads, dim)
         self._shapes = {k: v.shape for k, v in self.model.inner.state_dict().items()}
+        self.parameters = policy.num_params()
+        """The model's, counted before packing (oneDNN's packed weights are buffers, not parameters)."""
         self.base = base
         """The weights a LoRA adapter is merged into (`load`): the base model's, when the served model is
         base + adapter; else those served when the first adapter arrives."""

@@ -486,7 +486,7 @@ def main(args) -> int:
         return 0
     engine = hf_engine(args.model, args.served_model_name, args.dtype, args.truncate, thread=False,
                        prefix_cache_mb=args.prefix_cache_mb, context=args.max_model_len)
-    _announce(f"{engine.name} ({engine.model.num_params():,} parameters, {args.dtype}, context {engine.context})",
+    _announce(f"{engine.name} ({engine.parameters:,} parameters, {args.dtype}, context {engine.context})",
               engine, args)
     signal.signal(signal.SIGTERM, lambda *_: _stop())
     with BackgroundServer(engine, args.host, args.port):  # HTTP in a thread; sampling here (HFEngine.run)
