@@ -153,6 +153,37 @@ class DaemonConfig(_Section):
     """Seconds a stopping daemon waits for interrupted turns to end and be recorded."""
 
 
+SandboxMode = Literal["read-only", "workspace-write", "full-access"]
+SECRET_STORES = ["~/.ssh", "~/.aws", "~/.config/gcloud", "~/.netrc", "~/.docker/config.json", "~/.git-credentials"]
+SECRET_NAMES = ["*KEY*", "*SECRET*", "*TOKEN*", "*PASSWORD*", "*CREDENTIAL*"]
+
+
+class SandboxConfig(_Section):
+    """How the OS confines every kernel and what it starts (agent/sandbox.py; README, Sandbox)."""
+
+    mode: SandboxMode = "workspace-write"
+    """`workspace-write`: the workspace and a private /tmp writable, harness scopes, the session's
+    records and `.git/` read-only; `read-only`: only /tmp writable; `full-access`: no sandbox."""
+    network: bool = True
+    """False: the kernel reaches nothing over the network (its host bridge and kernel channels are
+    Unix sockets and keep working)."""
+    required: bool = False
+    """Refuse to start a session where the OS cannot sandbox it, instead of saying so and going on."""
+    hidden: list[str] = Field(default_factory=lambda: list(SECRET_STORES))
+    """Secret stores the kernel cannot read (`~` is the user's home); the daemon's `run/` and other
+    sessions' directories are hidden whatever this says."""
+    env_deny: list[str] = Field(default_factory=lambda: list(SECRET_NAMES))
+    """Environment variables kept out of the kernel: names or shell patterns, case-insensitive."""
+    env_allow: list[str] = Field(default_factory=list)
+    """Names (or patterns) passed to the kernel although `env_deny` matches them."""
+    memory_mb: int | None = Field(None, ge=64)
+    """Memory a kernel and everything it starts may use; None: half of the machine's RAM."""
+    max_processes: int = Field(512, ge=16)
+    """Processes and threads at once in a kernel's sandbox."""
+    max_open_files: int = Field(4096, ge=64)
+    """Open files per process in the sandbox."""
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     kernel: KernelConfig = Field(default_factory=KernelConfig)
@@ -161,6 +192,7 @@ class Config(_Section):
     subagents: SubagentsConfig = Field(default_factory=SubagentsConfig)
     refine: RefineConfig = Field(default_factory=RefineConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     project_instructions: list[str] = Field(default_factory=lambda: ["AGENTS.md", "CLAUDE.md"])
     """Files in the project root whose text follows the base prompt."""
 

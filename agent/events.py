@@ -39,6 +39,8 @@ class SessionStarted(_Event):
     dir: str
     cwd: str
     model: str
+    sandbox: str = ""
+    """The sandbox in force, in words (`workspace-write`, `full-access: NO SANDBOX ...`)."""
 
 
 class SessionResumed(_Event):
@@ -47,6 +49,7 @@ class SessionResumed(_Event):
     type: Literal["session.resumed"] = "session.resumed"
     reason: Text
     turns: int
+    sandbox: str = ""
 
 
 class Note(_Event):

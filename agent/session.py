@@ -28,6 +28,7 @@ from agent.model import Model
 from agent.prompt import system_prompt
 from agent.refine import Gate, SessionRefiner
 from agent.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
+from agent.sandbox import SandboxError, View, describe, unavailable, unconfined_running
 from agent.subagents import ChildInfo, Subagents
 from agent.trajectory import (
     Record,
@@ -112,7 +113,11 @@ class Session:
         """Messages from the user (steering) and from the parent or children: delivered at the next
         model call, or by `agent_message.recv`."""
         self.harness = SessionHarness(harness_roots or scope_roots(home(), project_root(self.cwd), self.dir), self.id)
-        self.kernel = Kernel(self.cwd, self.dir, config.kernel, env={})
+        for store in self.harness.stores.values():  # an edit on disk is a person's only if no kernel could write it
+            store.edits_by = lambda: "external" if unconfined_running() else "user"
+        view = View.of(config.sandbox, self.cwd, self.dir, [s.root for s in self.harness.stores.values()],
+                       project_root(self.cwd))
+        self.kernel = Kernel(self.cwd, config.kernel, sandbox=config.sandbox, view=view)
         self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks)
         self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
                                       turns=lambda: self.turns)
@@ -154,28 +159,41 @@ class Session:
             await self.close()  # a session that could not start leaves no kernel, socket or file behind
             raise
 
+    @property
+    def sandbox(self) -> str:
+        """The sandbox in force, in words (the status bar's, `prime-agent run`'s)."""
+        return describe(self.kernel.launch, self.config.sandbox.mode)
+
     async def _start(self) -> None:
+        mode = self.config.sandbox.mode
+        if self.config.sandbox.required and mode != "full-access" and unavailable():
+            raise SandboxError(f"{unavailable()}; sandbox.required is set, so the session does not start")
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._trajectory = TrajectoryWriter(self.layout.trajectory)
-        await self.bridge.start()
-        self.kernel.env = {
-            ENV_PATH: str(self.bridge.path),
-            ENV_TOKEN: self.bridge.token,
-            ENV_SKILLS: os.pathsep.join(self.harness.skill_dirs()),
-            ENV_SESSION_DIR: str(self.dir),
-            "PRIME_AGENT_SESSION": self.id,
-        }
         if self._resumed is not None:
             self.record(ResumedRecord(reason=self._resumed, harness_version=self.harness_version))
             self._close_open_tool_calls()
         else:
             self._record_start()
         self._watch_harness()
-        await self.kernel.start(self.kernel_pool)
+        await self.kernel.start(self.kernel_pool, ready=self._bridge_up)
         if self._resumed is not None:
-            self.emit(ev.SessionResumed(reason=self._resumed, turns=self.turns))
+            self.emit(ev.SessionResumed(reason=self._resumed, turns=self.turns, sandbox=self.sandbox))
         else:
-            self.emit(ev.SessionStarted(dir=str(self.dir), cwd=str(self.cwd), model=self.model.name))
+            self.emit(ev.SessionStarted(dir=str(self.dir), cwd=str(self.cwd), model=self.model.name,
+                                        sandbox=self.sandbox))
+
+    async def _bridge_up(self, kernel_dir: Path) -> dict[str, str]:
+        """The host bridge, in the kernel's own directory: the one way out of its sandbox."""
+        await self.bridge.start(kernel_dir)
+        self.subagents.scratch = kernel_dir / "tmp"
+        return {
+            ENV_PATH: str(self.bridge.path),
+            ENV_TOKEN: self.bridge.token,
+            ENV_SKILLS: os.pathsep.join(self.harness.skill_dirs()),
+            ENV_SESSION_DIR: str(self.dir),
+            "PRIME_AGENT_SESSION": self.id,
+        }
 
     def _record_start(self) -> None:
         self.harness_version = self.harness.view.version()

@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON event per line instead of text")
     p.add_argument("--daemon", action="store_true",
                    help="run in a daemon session, which outlives this command (the daemon starts if needed)")
+    p.add_argument("--sandbox", choices=["read-only", "workspace-write", "full-access"],
+                   help="how the OS confines the agent's code (sandbox.mode; default workspace-write); "
+                        "full-access runs it with your rights")
     p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. -c model.temperature=0.2 (repeatable)")
 
@@ -86,6 +89,8 @@ def _config(args: argparse.Namespace, cwd: Path) -> Config:
             overrides.setdefault("model", {})[key] = value
     if args.max_turns is not None:
         overrides.setdefault("budget", {})["max_steps"] = args.max_turns
+    if args.sandbox:
+        overrides.setdefault("sandbox", {})["mode"] = args.sandbox
     return load_config(cwd, overrides)
 
 
@@ -95,7 +100,7 @@ async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answe
 
     async with await connect() as client:
         s = await client.create_session(cwd, model=config.model.name, base_url=config.model.base_url,
-                                        budget=config.budget.model_dump())
+                                        budget=config.budget.model_dump(), sandbox=config.sandbox.mode)
         accepted = await client.send(s.id, task)
         code = await follow(client, s.id, accepted.turn_id, None, show, print_answer)
         print(f"[session {s.id} stays in the daemon: prime-agent send {s.id} \"...\" | attach {s.id}]",

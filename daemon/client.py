@@ -112,9 +112,9 @@ class Client:
 
     async def create_session(self, cwd: str | Path, model: str | None = None, base_url: str | None = None,
                              title: str | None = None, budget: dict[str, Any] | None = None,
-                             config: dict[str, Any] | None = None) -> SessionInfo:
+                             config: dict[str, Any] | None = None, sandbox: str | None = None) -> SessionInfo:
         body = {"cwd": str(Path(cwd).resolve()), "model": model, "base_url": base_url, "title": title, "budget": budget,
-                "config": config}
+                "config": config, "sandbox": sandbox}
         return await self._typed(SessionInfo, "POST", "/v1/sessions",
                                  json={k: v for k, v in body.items() if v is not None})
 

@@ -100,6 +100,7 @@ class ManagedSession:
             turns=m.turns, queued=len(m.queued), last_seq=self.journal.last_seq, usage=m.usage,
             dir=str(self.layout.dir), updated=m.updated or m.created,
             harness_version=self.session.harness_version if self.session else None,
+            sandbox=self.session.sandbox if self.session else None,
         )
 
     # --- events ------------------------------------------------------------------------------

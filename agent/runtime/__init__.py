@@ -83,7 +83,7 @@ def bootstrap(namespace: dict) -> None:
 
     namespace.update(
         host=host, HostError=HostError, final=final, note=note, harness=Harness(host),
-        rlm=RLM(host, os.path.join(os.environ.get(ENV_SESSION_DIR) or tempfile.gettempdir(), "contexts")), llm=LLM(host),
+        rlm=RLM(host, os.path.join(tempfile.gettempdir(), "contexts")), llm=LLM(host),
         agent_message=AgentMessage(host), SubagentError=SubagentError, refine=Refine(host),
         read=read, write=write, edit=edit, grep=grep, glob=glob,
     )
