@@ -182,6 +182,11 @@ class SandboxConfig(_Section):
     """Processes and threads at once in a kernel's sandbox."""
     max_open_files: int = Field(4096, ge=64)
     """Open files per process in the sandbox."""
+    approval: Literal["on-request", "never"] = "on-request"
+    """`await request_permission(command, reason)` from the kernel: `on-request` asks the user (an event
+    and a card in the app; at the terminal for `prime-agent run`), `never` denies, and the model is told."""
+    approval_timeout: float = Field(900.0, gt=0)
+    """Seconds a request waits for a decision before it counts as denied."""
 
 
 class Config(_Section):

@@ -253,6 +253,32 @@ class RefinementRolledBack(_Event):
     entries: list[str] = Field(default_factory=list)
 
 
+# --- approvals -----------------------------------------------------------------------------------
+
+
+class ApprovalRequested(_Event):
+    """The kernel asks to run `command` outside the sandbox; decide it with
+    POST /v1/sessions/{id}/approvals/{request_id} (approve, always, deny)."""
+
+    type: Literal["approval.requested"] = "approval.requested"
+    request_id: str
+    command: Text
+    reason: Text = ""
+    prefix: str
+    """What `always` approves for the rest of the session: commands that start with these words."""
+
+
+class ApprovalDecided(_Event):
+    type: Literal["approval.decided"] = "approval.decided"
+    request_id: str
+    decision: Literal["approve", "always", "deny"]
+    by: Literal["user", "rule", "policy", "timeout", "cancelled"]
+    """user: a person decided; rule: an earlier `always`; policy: `sandbox.approval = "never"`;
+    timeout: nobody decided in time; cancelled: the cell that asked was interrupted."""
+    exit_code: int | None = None
+    """The command's, once it ran outside the sandbox."""
+
+
 # --- subagents -----------------------------------------------------------------------------------
 
 
@@ -281,6 +307,7 @@ Event = Annotated[
     | HarnessEdited | HarnessReloaded
     | RefinementProposed | RefinementApplied | RefinementPending | RefinementDryRun | RefinementRejected
     | RefinementFailed | RefinementSkipped | RefinementRolledBack
+    | ApprovalRequested | ApprovalDecided
     | SubagentSpawned | SubagentFinished,
     Field(discriminator="type"),
 ]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent import events as ev
+from agent.approvals import Approvals
 from agent.bridge import BridgeServer
 from agent.config import Config, home, project_root
 from agent.context import Context, Inbox, Sinks
@@ -126,10 +127,11 @@ class Session:
             config, model, self.layout, self.id, self.depth, slots, sinks, self._child, self.inbox,
             parent_inbox=parent.inbox if parent else None, name=self.id.rsplit(".", 1)[-1] if parent else None,
         )
+        self.approvals = Approvals(config.sandbox, self.cwd, sinks, timeout=lambda: self.config.kernel.cell_timeout)
         self.bridge = BridgeServer(
             self.dir,
             {"final": self._final, "note": self._note, "ping": self._ping, "refine.request": self._refine,
-             **self.harness.handlers(), **self.subagents.handlers()},
+             **self.harness.handlers(), **self.subagents.handlers(), **self.approvals.handlers()},
         )
         self.harness_version: str | None = None
         """The harness in force in the system prompt: each scope's commit."""

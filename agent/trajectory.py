@@ -107,6 +107,19 @@ class RefinementRecord(_Record):
     reason: str | None = None
 
 
+class ApprovalRecord(_Record):
+    """A request to run a command outside the sandbox (`status: requested`), and its decision."""
+
+    kind: Literal["approval"] = "approval"
+    turn_id: str | None = None
+    request_id: str
+    command: str
+    status: Literal["requested", "approve", "always", "deny"]
+    by: str | None = None
+    reason: str = ""
+    exit_code: int | None = None
+
+
 class CellRecord(_Record):
     kind: Literal["cell"] = "cell"
     turn_id: str
@@ -148,7 +161,7 @@ class ResumedRecord(_Record):
 
 Record = Annotated[
     SessionRecord | TurnStarted | MessageRecord | SystemPromptRecord | ModelCall | CellRecord | SubagentRecord
-    | RefinementRecord | CompactionRecord | TurnFinished | ResumedRecord,
+    | RefinementRecord | CompactionRecord | TurnFinished | ResumedRecord | ApprovalRecord,
     Field(discriminator="kind"),
 ]
 _adapter: TypeAdapter[Record] = TypeAdapter(Record)

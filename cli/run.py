@@ -13,6 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
+from agent.approvals import Decision, Request
 from agent.config import Config, ConfigError, load_config, merge, parse_override
 from cli.follow import EXIT_CODES, follow, on_ctrl_c, report
 from cli.show import Printer, print_json
@@ -44,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--sandbox", choices=["read-only", "workspace-write", "full-access"],
                    help="how the OS confines the agent's code (sandbox.mode; default workspace-write); "
                         "full-access runs it with your rights")
+    p.add_argument("--approval", choices=["on-request", "never"],
+                   help="when the agent asks to run a command outside the sandbox: on-request asks you at the "
+                        "terminal (the default when there is one), never refuses (the default without)")
     p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. -c model.temperature=0.2 (repeatable)")
 
@@ -91,6 +95,8 @@ def _config(args: argparse.Namespace, cwd: Path) -> Config:
         overrides.setdefault("budget", {})["max_steps"] = args.max_turns
     if args.sandbox:
         overrides.setdefault("sandbox", {})["mode"] = args.sandbox
+    if args.approval or not sys.stdin.isatty():  # without a terminal, nobody to ask
+        overrides.setdefault("sandbox", {})["approval"] = args.approval or "never"
     return load_config(cwd, overrides)
 
 
@@ -108,12 +114,31 @@ async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answe
         return code
 
 
+async def ask_at_terminal(req: Request) -> Decision:
+    """Ask the person at the terminal whether to run the agent's command outside the sandbox."""
+
+    def ask() -> Decision:
+        with open("/dev/tty", "r+") as tty:
+            tty.write(f"\nThe agent asks to run this outside the sandbox, with your rights:\n  {req.command}\n"
+                      + (f"  because: {req.reason}\n" if req.reason else "")
+                      + f"Run it? [y] once, [a] always for `{req.prefix}` in this session, [N] no: ")
+            tty.flush()
+            answer = tty.readline().strip().lower()
+        return {"y": "approve", "yes": "approve", "a": "always", "always": "always"}.get(answer, "deny")
+
+    try:
+        return await asyncio.to_thread(ask)
+    except OSError:  # no terminal after all
+        return "deny"
+
+
 async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, show, print_answer: bool) -> int:
     from agent.model import OpenAIModel
     from agent.session import Session
 
     model = OpenAIModel(config.model)
     session = Session(config, model, cwd=cwd, session_dir=session_dir, on_event=show)
+    session.approvals.ask = ask_at_terminal
     if config.refine.gate_taskset:  # evals (and what it imports) only when a gate is asked for
         from evals.gate import session_gate
 

@@ -35,8 +35,10 @@ from agent.trajectory import read_records
 from daemon.errors import Refused
 from daemon.manager import SessionManager
 from daemon.schemas import (
+    ApprovalDecision,
     CreateSession,
     Decide,
+    DecideApproval,
     ErrorBody,
     Interrupt,
     Interrupted,
@@ -66,7 +68,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 STATUS = {
     "bad_config": 400, "bad_cwd": 400, "no_model": 400, "bad_scope": 400, "harness": 400, "bad_project": 400,
-    "bad_last_event_id": 400, "not_found": 404, "busy": 409, "config_broken": 409, "cwd_missing": 409,
+    "bad_last_event_id": 400, "bad_request": 400, "not_found": 404, "busy": 409, "config_broken": 409, "cwd_missing": 409,
     "not_running": 409, "refinement_failed": 409, "turn_running": 409, "too_many_sessions": 429, "stopping": 503,
     "write_failed": 503, "disk_full": 507,
 }
@@ -239,6 +241,22 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         except (RefinementFailed, ModelError) as e:  # the plan still waits for review
             raise Refused("refinement_failed", str(e)) from None
         return {"refinement_id": refinement_id, "status": outcome.status}
+
+    @app.post("/v1/sessions/{session_id}/approvals/{request_id}", responses=ERRORS)
+    async def decide_approval(session_id: str, request_id: str, req: DecideApproval) -> ApprovalDecision:
+        """Decide a kernel's request to run a command outside the sandbox (an `approval.requested`
+        event): `approve` runs it once, `always` also approves later commands starting with `prefix`
+        (default: the request's), `deny` refuses and the model is told."""
+        session = manager.get(session_id).session
+        if session is None:
+            raise Refused("not_found", f"no approval request {request_id!r} waits: session {session_id} is dormant")
+        try:
+            decided = session.approvals.decide(request_id, req.decision, req.prefix)
+        except KeyError as e:
+            raise Refused("not_found", str(e.args[0])) from None
+        except ValueError as e:
+            raise Refused("bad_request", str(e)) from None
+        return ApprovalDecision(request_id=request_id, decision=req.decision, prefix=decided.prefix)
 
     @app.get("/v1/sessions/{session_id}/subagents/{child_id}/transcript")
     async def child_transcript(session_id: str, child_id: str) -> dict[str, Any]:

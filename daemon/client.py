@@ -135,6 +135,11 @@ class Client:
         return await self._call("POST", f"/v1/sessions/{session_id}/refinements/{refinement_id}",
                                 json={"approve": approve})
 
+    async def approve(self, session_id: str, request_id: str, decision: str, prefix: str | None = None) -> dict[str, Any]:
+        """Decide a kernel's request to run a command outside the sandbox: approve, always or deny."""
+        body = {"decision": decision, **({"prefix": prefix} if prefix else {})}
+        return await self._call("POST", f"/v1/sessions/{session_id}/approvals/{request_id}", json=body)
+
     async def child_transcript(self, session_id: str, child_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/v1/sessions/{session_id}/subagents/{child_id}/transcript")
 

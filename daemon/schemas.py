@@ -59,6 +59,20 @@ class Decide(_Body):
     approve: bool
 
 
+class DecideApproval(_Body):
+    decision: Literal["approve", "always", "deny"] = Field(
+        description="approve: run the command once outside the sandbox; always: and every later command of "
+        "this session that starts with `prefix`; deny: refuse (the model is told).")
+    prefix: str | None = Field(None, min_length=1, max_length=1000,
+                               description="With `always`: the words an approved command starts with.")
+
+
+class ApprovalDecision(BaseModel):
+    request_id: str
+    decision: Literal["approve", "always", "deny"]
+    prefix: str
+
+
 class SendMessage(_Body):
     text: str = Field(min_length=1, max_length=1_000_000)
     mode: Literal["prompt", "steer", "follow_up"] = Field(
