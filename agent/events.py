@@ -175,12 +175,14 @@ class CellFinished(_Event):
 
 
 class HarnessEdited(_Event):
-    """A person edited a harness scope with their own editor; committed as `source: user`."""
+    """A person edited a harness scope with their own editor; committed as `source: user` (`external`
+    while an unsandboxed kernel ran, which may have made the edit)."""
 
     type: Literal["harness.edited"] = "harness.edited"
     scope: str
     entries: list[str] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
+    source: Literal["user", "external"] = "user"
 
 
 class HarnessReloaded(_Event):

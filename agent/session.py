@@ -457,8 +457,9 @@ class Session:
 
         def on_edit(store: HarnessStore, change: Change | None, problems: list[str]) -> None:
             entries = change.entries if change else []
+            source = "external" if change and change.trigger == "external-edit" else "user"
             loop.call_soon_threadsafe(lambda: self.emit(ev.HarnessEdited(
-                turn_id=self._turn_id(), scope=store.scope, entries=entries, problems=problems)))
+                turn_id=self._turn_id(), scope=store.scope, entries=entries, problems=problems, source=source)))
 
         self._watcher = HarnessWatcher(existing, on_edit)
         self._watcher.start()
