@@ -77,6 +77,9 @@ class _Manager(AsyncKernelManager):
     def __init__(self, box: Box):
         super().__init__(transport="ipc", ip=str(box.dir / "kernel"), connection_file=str(box.dir / "kernel.json"))
         self.box = box
+        self.idle = False
+        """No cell runs: a shutdown need not interrupt one (in the kernel, an interrupt message with
+        nothing to interrupt is logged as an error)."""
         self.tree = ProcessTree()
         """Everything this manager's kernel starts: killed with it, or by the next daemon if the host dies."""
 
@@ -98,6 +101,10 @@ class _Manager(AsyncKernelManager):
         # An interrupt is a message: the kernel signals itself from inside its sandbox (a signal to
         # the launcher outside would stop bubblewrap, not the cell).
         return KernelSpec(argv=argv, display_name="Prime Agent", language="python", interrupt_mode="message")
+
+    async def _async_interrupt_kernel(self) -> None:
+        if not (self.shutting_down and self.idle):
+            await super()._async_interrupt_kernel()
 
     async def _async_request_shutdown(self, restart: bool = False) -> None:
         """Ask on the shell channel, not control. ipykernel 7.4 handles a control request in its
@@ -209,12 +216,13 @@ class KernelPool:
 
     async def take(self, launch: Launch) -> _Started | None:
         """A started kernel: a ready one, else the one that began first; None when the pool is empty,
-        its kernels are launched otherwise than `launch`, or its kernel failed (the caller starts its own)."""
+        its kernels are launched otherwise than `launch`, or its kernel failed (the caller starts its own).
+        The caller refills the pool (`fill`) once its kernel is ready: a launch blocks the event loop
+        for a moment, which the session taking a kernel should not wait behind."""
         if not self._starting or launch != self.launch:
             return None
         task = next((t for t in self._starting if t.done()), self._starting[0])
         self._starting.remove(task)
-        self.fill()
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -269,6 +277,7 @@ async def _stop(started: tuple[_Manager, Any], wait: float) -> None:
     km, kc = started
     if kc is not None:
         kc.stop_channels()
+    km.idle = True
     await _shut_down(km, wait)
 
 
@@ -316,17 +325,21 @@ class Kernel:
         bootstrap the runtime: code the model writes runs only after all of them."""
         self.state = KernelState.STARTING
         started = await pool.take(self.launch) if pool is not None else None
-        if started is not None:  # already answering, with a client connected
-            self._km, self._kc = started
-            await self._confine()
-        else:
-            self._km = _Manager(Box(self.launch))
-            await self._km.start_kernel()
-            self._kc = _open_client(self._km)
-            await asyncio.gather(self._handshake(), self._confine())
-        if ready is not None:
-            self.env.update(await ready(self.dir))
-        await self._bootstrap()
+        try:
+            if started is not None:  # already answering, with a client connected
+                self._km, self._kc = started
+                await self._confine()
+            else:
+                self._km = _Manager(Box(self.launch))
+                await self._km.start_kernel()
+                self._kc = _open_client(self._km)
+                await asyncio.gather(self._handshake(), self._confine())
+            if ready is not None:
+                self.env.update(await ready(self.dir))
+            await self._bootstrap()
+        finally:
+            if pool is not None:
+                pool.fill()
 
     async def _confine(self) -> None:
         km = self._km
@@ -350,10 +363,11 @@ class Kernel:
     async def shutdown(self) -> None:
         if self.state is KernelState.STOPPED:
             return
-        self.state = KernelState.STOPPED
+        idle, self.state = self.state is not KernelState.BUSY, KernelState.STOPPED
         if self._kc is not None:
             self._kc.stop_channels()
         if self._km is not None:
+            self._km.idle = idle
             await _shut_down(self._km, self.config.shutdown_wait)
 
     async def interrupt(self) -> None:
