@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 KERNEL_ARGS = [
     "--HistoryManager.enabled=False",  # no sqlite write per cell
     "--InteractiveShell.colors=nocolor",
+    "--IPKernelApp.exec_lines=['import agent.runtime.lifeline as _pa; del _pa']",  # it dies with its host
 ]
 
 
@@ -85,13 +86,15 @@ class _Manager(AsyncKernelManager):
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
         await self.tree.kill()  # a restart: what the old kernel started (nothing at the first launch)
-        kw["env"] = self.tree.env(self.box.env())
-        kw["cwd"] = str(self.box.dir)
         self.tree.prepare()
         kernel_cmd = self.box.command(kernel_cmd, self.tree.cgroup)
+        kw["env"] = self.tree.env(self.box.env())
+        kw["cwd"] = str(self.box.dir)
+        kw["pass_fds"] = self.box.pass_fds()
         try:
             await super()._async_launch_kernel(kernel_cmd, **kw)
         finally:
+            self.box.launched()
             if self.provisioner is not None and self.provisioner.has_process:
                 self.tree.adopt(self.provisioner.process.pid)
 

@@ -394,6 +394,9 @@ class Box:
             d.mkdir(mode=0o700)
             os.chmod(d, 0o700)
         self.groups: LimitGroups | None = None
+        self._lifeline: tuple[int, int] | None = None
+        """The pipe whose write end only this process holds: the kernel exits when it closes
+        (agent/runtime/lifeline.py), even if this process is killed outright."""
         self.view: View | None = None
         """Applied to the running kernel (None: the generic sandbox of a pooled kernel, no session's yet)."""
         if not launch.confined:
@@ -401,12 +404,32 @@ class Box:
 
     def env(self) -> dict[str, str]:
         tmp = str(self.tmp)
-        return {**dict(self.launch.env), "TMPDIR": tmp, "TMP": tmp, "TEMP": tmp, "IPYTHONDIR": f"{tmp}/.ipython"}
+        lifeline = {"PRIME_AGENT_LIFELINE": str(self._lifeline[0])} if self._lifeline else {}
+        return {**dict(self.launch.env), "TMPDIR": tmp, "TMP": tmp, "TEMP": tmp, "IPYTHONDIR": f"{tmp}/.ipython",
+                **lifeline}
+
+    def pass_fds(self) -> tuple[int, ...]:
+        return (self._lifeline[0],) if self._lifeline else ()
+
+    def launched(self) -> None:
+        """The kernel process has its end of the lifeline: this process keeps only the other."""
+        if self._lifeline and self._lifeline[0] >= 0:
+            os.close(self._lifeline[0])
+            self._lifeline = (-1, self._lifeline[1])
+
+    def _cut_lifeline(self) -> None:
+        for fd in self._lifeline or ():
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._lifeline = None
 
     def command(self, argv: list[str], tree_cgroup: Path | None) -> list[str]:
         """`argv` (the kernel) wrapped: joined to its limit cgroups, rlimits set, then bubblewrap."""
         if self.groups is not None:
             self.groups.remove()
+        self._cut_lifeline()  # a restart: the old kernel's
+        self._lifeline = os.pipe()  # the launch passes the kernel `read` (pass_fds); `write` stays here
         limits = self.launch.limits
         self.groups = LimitGroups(limits, tree_cgroup, self.token)
         joins = [*([tree_cgroup / "cgroup.procs"] if tree_cgroup else []), *self.groups.procs_files]
@@ -464,6 +487,7 @@ class Box:
                 os.kill(pid, 9)
 
     def close(self) -> None:
+        self._cut_lifeline()
         UNCONFINED.discard(self)
         if self.groups is not None:
             self.groups.remove()

@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -292,3 +293,43 @@ asyncio.run(main())
     lines = r.stdout.splitlines() + ["", ""]
     assert lines[0].startswith("UNSANDBOXED: kernels cannot be sandboxed: bwrap not found"), r
     assert lines[1].startswith("refused: kernels cannot be sandboxed") and "sandbox.required" in lines[1], r
+
+
+def test_a_sandboxed_kernel_dies_with_its_host_killed_outright(tmp_path: Path, project: Path, prime_home: Path):
+    """ipykernel's parent poller cannot see the host from inside a PID namespace: the lifeline does."""
+    host = subprocess.Popen([sys.executable, "-c", f"""
+import asyncio
+from pathlib import Path
+from agent.session import Session
+from agent.testing.scripted import ScriptedModel
+from tests.conftest import make_config
+async def main():
+    s = Session(make_config(), ScriptedModel([]), cwd=Path({str(project)!r}))
+    await s.start()
+    print(s.kernel._km.provisioner.process.pid, flush=True)
+    await asyncio.sleep(600)
+asyncio.run(main())
+"""], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    launcher = int(host.stdout.readline())
+    tree = [launcher, *(kid for kid in _descendants(launcher))]
+    assert len(tree) == 3  # bubblewrap, its PID 1, the kernel
+    host.kill()
+    host.wait()
+    for _ in range(200):
+        if not any(map(_alive, tree)):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the sandbox {tree} outlived its host")
+
+
+def _descendants(pid: int) -> list[int]:
+    kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return [k for kid in kids for k in (kid, *_descendants(kid))]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
