@@ -383,7 +383,8 @@ def unconfined_running() -> bool:
 
 class Box:
     """One kernel's sandbox: its private directory (connection file, sockets: the same path inside
-    and out; and `tmp/`, its TMPDIR), the command that launches it, its limits, and its view."""
+    and out; and `tmp/`, its TMPDIR), the command that launches it, its limits and its lifeline;
+    `confine` applies a session's view."""
 
     def __init__(self, launch: Launch):
         self.launch = launch
@@ -397,8 +398,6 @@ class Box:
         self._lifeline: tuple[int, int] | None = None
         """The pipe whose write end only this process holds: the kernel exits when it closes
         (agent/runtime/lifeline.py), even if this process is killed outright."""
-        self.view: View | None = None
-        """Applied to the running kernel (None: the generic sandbox of a pooled kernel, no session's yet)."""
         if not launch.confined:
             UNCONFINED.add(self)
 
@@ -449,7 +448,7 @@ class Box:
             "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc",
             "--tmpfs", str(root), "--bind", str(self.dir), str(self.dir), "--chdir", str(self.dir),
             # ipykernel's parent poller would take bubblewrap's PID 1 for a dead host, and "1" turns
-            # it off; --die-with-parent does its work.
+            # it off; the lifeline does its work.
             "--setenv", "JPY_PARENT_PID", "1",
         ]
         return [*prefix, *box, "--", *argv]
@@ -457,7 +456,6 @@ class Box:
     async def confine(self, pid: int, view: View) -> None:
         """Apply `view` to the namespaces of the kernel whose launcher is `pid` (the process
         jupyter_client started); before any of the session's code runs in it."""
-        self.view = view
         if not self.launch.confined:
             return
         target = await _sandboxed_child(pid)
