@@ -81,6 +81,7 @@ class _Manager(AsyncKernelManager):
         self.idle = False
         """No cell runs: a shutdown need not interrupt one (in the kernel, an interrupt message with
         nothing to interrupt is logged as an error)."""
+        self._killing = False
         self.tree = ProcessTree()
         """Everything this manager's kernel starts: killed with it, or by the next daemon if the host dies."""
 
@@ -105,8 +106,19 @@ class _Manager(AsyncKernelManager):
         # the launcher outside would stop bubblewrap, not the cell).
         return KernelSpec(argv=argv, display_name="Prime Agent", language="python", interrupt_mode="message")
 
+    async def _async_shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
+        self._killing = now
+        try:
+            await super()._async_shutdown_kernel(now=now, restart=restart)
+        finally:
+            self._killing = False
+
     async def _async_interrupt_kernel(self) -> None:
-        if not (self.shutting_down and self.idle):
+        """Not as part of a shutdown of an idle kernel, nor of a kill: the kernel is killed anyway,
+        and an interrupt message it never read waits in the control socket for the next kernel on
+        the same channels (a restart's), which it interrupts as it starts: its bootstrap then
+        never finished."""
+        if not (self.shutting_down and (self.idle or self._killing)):
             await super()._async_interrupt_kernel()
 
     async def _async_request_shutdown(self, restart: bool = False) -> None:
