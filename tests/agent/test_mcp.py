@@ -316,23 +316,33 @@ async def test_policies_deny_and_ask(d: Driver, monkeypatch):
     assert "calls to MCP server 'time' are denied by its policy" in out
     monkeypatch.setattr(servers["time"].config, "policy", "ask")
     out = await d.cell('try:\n    await mcp.time.get_current_time(timezone="UTC")\nexcept McpError as e:\n    print(e)')
-    assert 'was not approved: policy "ask" needs someone to approve it' in out
-    monkeypatch.setattr(d.session, "can_ask", True)
-    for approve, expected in ((True, "UTC"), (False, "was not approved: not now")):
-        d.model.outputs += [cells('try:\n    print((await mcp.time.get_current_time(timezone="UTC"))["timezone"])\n'
-                                  'except McpError as e:\n    print(e)'), "done"]
+    assert "was not approved: nobody can approve it in this session" in out
+    monkeypatch.setattr(d.session.approvals, "can_ask", True)
+    call = ('try:\n    print((await mcp.time.get_current_time(timezone="UTC"))["timezone"])\n'
+            'except McpError as e:\n    print(e)')
+    denied = "was not approved: the user denied it"
+    for decision, expected in (("approve", "UTC"), ("deny", denied), ("always", "UTC")):
+        d.model.outputs += [cells(call), "done"]
         start = len(d.events)
         turn = asyncio.ensure_future(d.session.prompt("go"))
         while not (asked := d.since(ev.ApprovalRequested, start)):
             assert not turn.done(), [e for e in d.events[start:]]
             await asyncio.sleep(0.02)
-        assert asked[0].summary == "time.get_current_time(timezone='UTC')" and asked[0].cell_id
-        d.session.decide_approval(asked[0].id, approve, None if approve else "not now")
+        r = asked[0]
+        assert (r.kind, r.summary) == ("mcp", "time.get_current_time(timezone='UTC')")
+        assert r.prefix == "time.get_current_time"
+        assert (r.server, r.tool, r.arguments) == ("time", "get_current_time", {"timezone": "UTC"}) and r.cell_id
+        d.session.approvals.decide(r.request_id, decision)
         await turn
         assert expected in d.since(ev.CellFinished, start)[0].result.stdout
-        assert d.since(ev.ApprovalDecided, start)[0].approved is approve
+        assert [(e.kind, e.decision, e.by) for e in d.since(ev.ApprovalDecided, start)] == [("mcp", decision, "user")]
     with pytest.raises(KeyError):
-        d.session.decide_approval(asked[0].id, True)
+        d.session.approvals.decide(r.request_id, "approve")
+    d.model.outputs += [cells(call), "done"]  # `always`: that tool's next call runs unasked
+    start = len(d.events)
+    await d.session.prompt("go")
+    assert "UTC" in d.since(ev.CellFinished, start)[0].result.stdout
+    assert [(e.decision, e.by) for e in d.since(ev.ApprovalDecided, start)] == [("always", "rule")]
 
 
 async def test_a_prompt_section_within_its_budget_is_deterministic():
