@@ -240,10 +240,10 @@ async def test_streamable_http_works_the_same_way(d: Driver):
 
 async def test_credentials_reach_the_server_and_never_the_kernel_or_the_records(d: Driver):
     out = await d.cell('import os\nenv = await mcp.everything.get_env()\n'
-                       'print(env["SECRET_TOKEN"] == os.environ.get("MCP_TEST_SECRET"), "SECRET_TOKEN" in os.environ)')
-    # The server got the expanded value; the kernel has no SECRET_TOKEN (the host's own environment,
-    # MCP_TEST_SECRET here, is the sandbox's to filter).
-    assert out.strip() == "True False"
+                       f'print(env["SECRET_TOKEN"] == {SECRET!r}, "SECRET_TOKEN" in os.environ, "MCP_TEST_SECRET" in os.environ)')
+    # The server (in the host, outside the sandbox) got the expanded value; the kernel has neither
+    # SECRET_TOKEN nor the host's MCP_TEST_SECRET (the sandbox's environment policy drops it).
+    assert out.strip() == "True False False"
     [start] = [r for r in read_records(d.session.layout.trajectory) if isinstance(r, SessionRecord)]
     servers = start.config["mcp"]["servers"]
     assert servers["everything"]["env"] == {"SECRET_TOKEN": "<not recorded>"}
@@ -255,12 +255,17 @@ async def test_a_server_that_crashes_mid_call_fails_that_call_and_the_next_one_w
     await d.cell('await mcp.everything.echo(message="up")')
     server = d.session.mcp.servers["everything"]
     pid, restarts = server.pid, server.restarts
-    out = await d.cell(
-        "import asyncio, os\n"
+    cell = asyncio.ensure_future(d.cell(
+        "import asyncio\n"
         "call = asyncio.ensure_future(mcp.everything.trigger_long_running_operation(duration=20, steps=20))\n"
-        f"await asyncio.sleep(0.5)\nos.kill({pid}, 9)\n"
+        "await asyncio.sleep(0.5)\nopen('calling', 'w').close()\n"
         "try:\n    await call\nexcept McpError as e:\n    print('McpError:', e)\n"
-        "print(await mcp.everything.echo(message='back'))")
+        "print(await mcp.everything.echo(message='back'))"))
+    while not (d.session.cwd / "calling").exists():  # the kill comes from here: the sandboxed kernel sees no
+        assert not cell.done(), cell.result()        # process of the host's, the server included
+        await asyncio.sleep(0.02)
+    os.kill(pid, 9)
+    out = await cell
     assert "McpError: MCP server 'everything' crashed during the call" in out and "Echo: back" in out
     assert server.restarts == restarts + 1 and server.pid != pid and not alive(pid)
 
