@@ -243,3 +243,27 @@ async def test_an_approval_card_decides_a_request_and_full_access_is_loud(daemon
     async with loud.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: loud.query_one(StatusBar).sandbox.startswith("full-access"))
         assert "FULL-ACCESS: NO SANDBOX" in str(loud.query_one(StatusBar).render())
+
+
+async def test_the_approval_card_decides_an_mcp_call_under_policy_ask_too(daemon: Client, project: Path,
+                                                                          model_server):
+    """`a` approves every later call of that tool in the session: the next one is the rule's, unasked."""
+    from tests.daemon.test_mcp import mcp_project
+
+    mcp_project(project, policy="ask")
+    app = app_for(daemon, project, model_server)
+    call = "run: print((await mcp.time.get_current_time(timezone='UTC'))['timezone'] * 2)"
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        app.query_one("#prompt").load_text(call)
+        await pilot.press("enter")
+        await until(pilot, lambda: any(c.status == "waiting" for c in app.query(ApprovalCard)))
+        card = next(c for c in app.query(ApprovalCard) if c.status == "waiting")
+        assert (card.kind, card.summary) == ("mcp", "time.get_current_time(timezone='UTC')") and app.focused is card
+        await pilot.press("a")
+        await until(pilot, lambda: any("UTCUTC" in m.text for m in app.query(AssistantMessage)))
+        app.query_one("#prompt").load_text(call)
+        await pilot.press("enter")
+        await until(pilot, lambda: app.state == "idle" and len([m for m in app.query(AssistantMessage)
+                                                                 if "UTCUTC" in m.text]) == 2)
+        assert [c.status for c in app.query(ApprovalCard)] == ["always", "always (by an earlier always)"]
