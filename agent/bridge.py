@@ -29,14 +29,15 @@ class BridgeServer:
         self.path = socket_path(directory, "bridge.sock")
         self._server: asyncio.AbstractServer | None = None
 
-    async def start(self) -> None:
+    async def start(self, directory: Path | None = None) -> None:
+        """Listen in `directory` (a kernel's own, which its sandbox shows), else the one given at construction."""
+        if directory is not None:
+            self.path = socket_path(directory, "bridge.sock")
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path.unlink(missing_ok=True)
-        old = os.umask(0o177)
-        try:
-            self._server = await asyncio.start_unix_server(self._serve, path=str(self.path), limit=2**26)
-        finally:
-            os.umask(old)
+        # Not by the umask, which is the whole process's: a kernel launched meanwhile would inherit it.
+        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path), limit=2**26)
+        os.chmod(self.path, 0o600)
 
     async def close(self) -> None:
         if self._server is not None:

@@ -217,8 +217,8 @@ class McpServerConfig(_Section):
     headers: dict[str, str] = Field(default_factory=dict)
     """HTTP headers sent with every request (an Authorization token). Never reaches the kernel."""
     policy: Literal["allow", "ask", "deny"] = "allow"
-    """allow: calls run; ask: each call waits for a person's approval (an approval request event;
-    without anyone to ask, it is denied); deny: calls are refused."""
+    """allow: calls run; ask: each call waits for the user's approval (as a command outside the
+    sandbox does: `sandbox.approval`; without anyone to ask, it is denied); deny: calls are refused."""
     timeout: float = Field(60.0, gt=0)
     """Seconds one call (or resource read) may take before it fails with McpError."""
     startup_timeout: float = Field(30.0, gt=0)
@@ -264,6 +264,43 @@ class CheckpointConfig(_Section):
     """Most bytes one namespace snapshot keeps."""
 
 
+SandboxMode = Literal["read-only", "workspace-write", "full-access"]
+SECRET_STORES = ["~/.ssh", "~/.aws", "~/.config/gcloud", "~/.netrc", "~/.docker/config.json", "~/.git-credentials"]
+SECRET_NAMES = ["*KEY*", "*SECRET*", "*TOKEN*", "*PASSWORD*", "*CREDENTIAL*"]
+
+
+class SandboxConfig(_Section):
+    """How the OS confines every kernel and what it starts (agent/sandbox.py; README, Sandbox)."""
+
+    mode: SandboxMode = "workspace-write"
+    """`workspace-write`: the workspace and a private /tmp writable, harness scopes, the session's
+    records and `.git/` read-only; `read-only`: only /tmp writable; `full-access`: no sandbox."""
+    network: bool = True
+    """False: the kernel reaches nothing over the network (its host bridge and kernel channels are
+    Unix sockets and keep working)."""
+    required: bool = False
+    """Refuse to start a session where the OS cannot sandbox it, instead of saying so and going on."""
+    hidden: list[str] = Field(default_factory=lambda: list(SECRET_STORES))
+    """Secret stores the kernel cannot read (`~` is the user's home); the daemon's `run/` and other
+    sessions' directories are hidden whatever this says."""
+    env_deny: list[str] = Field(default_factory=lambda: list(SECRET_NAMES))
+    """Environment variables kept out of the kernel: names or shell patterns, case-insensitive."""
+    env_allow: list[str] = Field(default_factory=list)
+    """Names (or patterns) passed to the kernel although `env_deny` matches them."""
+    memory_mb: int | None = Field(None, ge=64)
+    """Memory a kernel and everything it starts may use; None: half of the machine's RAM."""
+    max_processes: int = Field(512, ge=16)
+    """Processes and threads at once in a kernel's sandbox."""
+    max_open_files: int = Field(4096, ge=64)
+    """Open files per process in the sandbox."""
+    approval: Literal["on-request", "never"] = "on-request"
+    """`await request_permission(command, reason)` from the kernel, and a call of an MCP server under
+    policy `ask`: `on-request` asks the user (an event and a card in the app; at the terminal for
+    `prime-agent run`), `never` denies, and the model is told."""
+    approval_timeout: float = Field(900.0, gt=0)
+    """Seconds a request waits for a decision before it counts as denied."""
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     kernel: KernelConfig = Field(default_factory=KernelConfig)
@@ -275,6 +312,7 @@ class Config(_Section):
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
     checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     project_instructions: list[str] = Field(default_factory=lambda: ["AGENTS.md", "CLAUDE.md"])
     """Files in the project root whose text follows the base prompt."""
 

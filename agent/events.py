@@ -39,6 +39,8 @@ class SessionStarted(_Event):
     dir: str
     cwd: str
     model: str
+    sandbox: str = ""
+    """The sandbox in force, in words (`workspace-write`, `full-access: NO SANDBOX ...`)."""
 
 
 class SessionResumed(_Event):
@@ -47,6 +49,7 @@ class SessionResumed(_Event):
     type: Literal["session.resumed"] = "session.resumed"
     reason: Text
     turns: int
+    sandbox: str = ""
 
 
 class Rewound(_Event):
@@ -205,12 +208,14 @@ class CellFinished(_Event):
 
 
 class HarnessEdited(_Event):
-    """A person edited a harness scope with their own editor; committed as `source: user`."""
+    """A person edited a harness scope with their own editor; committed as `source: user` (`external`
+    while an unsandboxed kernel ran, which may have made the edit)."""
 
     type: Literal["harness.edited"] = "harness.edited"
     scope: str
     entries: list[str] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
+    source: Literal["user", "external"] = "user"
 
 
 class HarnessReloaded(_Event):
@@ -302,23 +307,43 @@ class McpCalled(_Event):
     duration: float = 0.0
 
 
+ApprovalKind = Literal["command", "mcp"]
+"""command: the kernel asks to run a shell command outside the sandbox (`request_permission`);
+mcp: a cell calls a tool of an MCP server whose policy is `ask`."""
+
+
 class ApprovalRequested(_Event):
-    """Something waits for a person's yes or no (an MCP call under policy `ask`); decide it with
-    `POST /v1/sessions/{id}/approvals/{approval_id}`."""
+    """Something waits for the user's decision; decide it with POST /v1/sessions/{id}/approvals/{request_id}
+    (approve, always, deny)."""
 
     type: Literal["approval.requested"] = "approval.requested"
-    id: str
-    kind: str
+    request_id: str
+    kind: ApprovalKind = "command"
     summary: Text
-    detail: dict[str, Any] = Field(default_factory=dict)
+    """The command line, or the MCP call as `server.tool(arguments)` (shortened)."""
+    reason: Text = ""
+    """Why the kernel asks (a command's request)."""
+    prefix: str
+    """What `always` approves for the rest of the session: commands that start with these words, or
+    every call of this MCP tool (`server.tool`)."""
+    server: str | None = None
+    tool: str | None = None
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    """An MCP call's."""
     cell_id: str | None = None
 
 
 class ApprovalDecided(_Event):
     type: Literal["approval.decided"] = "approval.decided"
-    id: str
-    approved: bool
-    reason: Text | None = None
+    request_id: str
+    kind: ApprovalKind = "command"
+    decision: Literal["approve", "always", "deny"]
+    by: Literal["user", "rule", "policy", "timeout", "cancelled"]
+    """user: a person decided; rule: an earlier `always`; policy: `sandbox.approval = "never"`, or nobody
+    can answer here (outside the daemon and a terminal); timeout: nobody decided in time; cancelled:
+    the cell that asked was interrupted."""
+    exit_code: int | None = None
+    """A command's, once it ran outside the sandbox."""
 
 
 # --- subagents -----------------------------------------------------------------------------------

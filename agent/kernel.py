@@ -12,15 +12,12 @@ import asyncio
 import base64
 import enum
 import logging
-import os
 import queue
 import re
-import secrets
-import shutil
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,23 +26,34 @@ from jupyter_client import AsyncKernelManager
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import _ShutdownStatus
 
-from agent.bridge import socket_path
-from agent.config import KernelConfig
+from agent.config import KernelConfig, SandboxConfig, project_root
 from agent.reaper import ProcessTree
+from agent.sandbox import Box, Launch, SandboxError, View
 from agent.types import Attachment, Cell, CellResult
 
 OutputCallback = Callable[[str, str], None]
 """on_output(stream_name, text): live output while a cell runs (stdout, stderr)."""
+Ready = Callable[[Path], Awaitable[dict[str, str]]]
+"""ready(kernel_dir): once the kernel runs, before its bootstrap: the variables to set in it (the
+session starts its host bridge in `kernel_dir`, the one directory the sandbox shows at the same path)."""
 
 POLL = 0.2  # seconds between liveness checks while a cell is quiet
+REAP = """import os as _os, time as _time
+for _ in range(500):
+    try:
+        _os.waitpid(-1, _os.WNOHANG)
+    except ChildProcessError:
+        break
+    _time.sleep(0.002)
+del _os, _time"""
+"""Run in the kernel once the processes a cell started are killed: their exit statuses are its to read."""
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 RULE = re.compile(r"^-{20,}\n", re.MULTILINE)  # IPython's banner line above a traceback
-KERNEL_ENV_EXCLUDED = {"OPENAI_API_KEY"}
-"""Secrets of the session host that code the model writes has no business reading."""
 log = logging.getLogger(__name__)
 KERNEL_ARGS = [
     "--HistoryManager.enabled=False",  # no sqlite write per cell
     "--InteractiveShell.colors=nocolor",
+    "--IPKernelApp.exec_lines=['import agent.runtime.lifeline as _pa; del _pa']",  # it dies with its host
 ]
 
 
@@ -67,25 +75,51 @@ class _Manager(AsyncKernelManager):
     a process tree of its own (agent/reaper.py: a cgroup where the host can make one, else its
     process group and an environment variable); ask them to shut down where ipykernel cannot hang on it."""
 
-    def __init__(self, **kwargs: Any):
-        super().__init__(**kwargs)
+    def __init__(self, box: Box):
+        super().__init__(transport="ipc", ip=str(box.dir / "kernel"), connection_file=str(box.dir / "kernel.json"))
+        self.box = box
+        self.idle = False
+        """No cell runs: a shutdown need not interrupt one (in the kernel, an interrupt message with
+        nothing to interrupt is logged as an error)."""
+        self._killing = False
         self.tree = ProcessTree()
         """Everything this manager's kernel starts: killed with it, or by the next daemon if the host dies."""
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
         await self.tree.kill()  # a restart: what the old kernel started (nothing at the first launch)
-        kw["env"] = self.tree.env(kw.get("env") or dict(os.environ))
         self.tree.prepare()
+        kernel_cmd = self.box.command(kernel_cmd, self.tree.cgroup)
+        kw["env"] = self.tree.env(self.box.env())
+        kw["cwd"] = str(self.box.dir)
+        kw["pass_fds"] = self.box.pass_fds()
         try:
             await super()._async_launch_kernel(kernel_cmd, **kw)
         finally:
+            self.box.launched()
             if self.provisioner is not None and self.provisioner.has_process:
                 self.tree.adopt(self.provisioner.process.pid)
 
     @property
     def kernel_spec(self) -> KernelSpec:
         argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", *KERNEL_ARGS]
-        return KernelSpec(argv=argv, display_name="Prime Agent", language="python")
+        # An interrupt is a message: the kernel signals itself from inside its sandbox (a signal to
+        # the launcher outside would stop bubblewrap, not the cell).
+        return KernelSpec(argv=argv, display_name="Prime Agent", language="python", interrupt_mode="message")
+
+    async def _async_shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
+        self._killing = now
+        try:
+            await super()._async_shutdown_kernel(now=now, restart=restart)
+        finally:
+            self._killing = False
+
+    async def _async_interrupt_kernel(self) -> None:
+        """Not as part of a shutdown of an idle kernel, nor of a kill: the kernel is killed anyway,
+        and an interrupt message it never read waits in the control socket for the next kernel on
+        the same channels (a restart's), which it interrupts as it starts: its bootstrap then
+        never finished."""
+        if not (self.shutting_down and (self.idle or self._killing)):
+            await super()._async_interrupt_kernel()
 
     async def _async_request_shutdown(self, restart: bool = False) -> None:
         """Ask on the shell channel, not control. ipykernel 7.4 handles a control request in its
@@ -116,6 +150,7 @@ async def _shut_down(km: _Manager, wait: float) -> None:
         km.shutdown_wait_time = wait
         await km.shutdown_kernel(now=wait == 0)
     await km.tree.kill()
+    km.box.close()
 
 
 class CappedText:
@@ -158,27 +193,19 @@ _Started = tuple[_Manager, Any]
 """A launched kernel and a client of it whose channels are open and connected."""
 
 
-def _launch_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in KERNEL_ENV_EXCLUDED}
-
-
-def _manager(runtime_dir: Path) -> _Manager:
-    return _Manager(
-        transport="ipc", ip=str(socket_path(runtime_dir, "kernel")), connection_file=str(runtime_dir / "kernel.json")
-    )
-
-
 class KernelPool:
     """Kernels started ahead of time, so that a new session does not wait for a kernel to boot.
 
-    A pooled kernel is a bare ipykernel; `Kernel.start` makes it a session's own (working directory,
-    environment, runtime bootstrap) with a few lines of code, in ~10 ms instead of ~0.6 s.
+    A pooled kernel is a bare ipykernel in the sandbox every kernel starts in (agent/sandbox.py);
+    `Kernel.start` makes it a session's own (its sandbox's view, working directory, environment,
+    runtime bootstrap) before the session's first cell, in ~25 ms instead of ~0.6 s. It goes only to
+    a session that would have launched its own the same way (`launch`: mode, network, limits, environment).
     """
 
-    def __init__(self, root: Path, size: int, config: KernelConfig):
-        self.root = root
+    def __init__(self, size: int, config: KernelConfig, launch: Launch):
         self.size = size
         self.config = config
+        self.launch = launch
         self._starting: deque[asyncio.Task[_Manager]] = deque()
         self._closed = False
 
@@ -191,12 +218,10 @@ class KernelPool:
         return sum(1 for t in self._starting if t.done() and not t.exception())
 
     async def _launch(self) -> _Started:
-        directory = self.root / secrets.token_hex(4)
-        directory.mkdir(mode=0o700, parents=True)
-        km = _manager(directory)
+        km = _Manager(Box(self.launch))
         kc = None
         try:
-            await km.start_kernel(cwd=str(self.root), env=_launch_env())
+            await km.start_kernel()
             kc = _open_client(km)
             await _handshake(km, kc, self.config.startup_timeout)
         except BaseException:
@@ -204,14 +229,15 @@ class KernelPool:
             raise
         return km, kc
 
-    async def take(self) -> _Started | None:
-        """A started kernel: a ready one, else the one that began first; None when the pool is empty
-        or its kernel failed (the caller starts its own)."""
-        if not self._starting:
+    async def take(self, launch: Launch) -> _Started | None:
+        """A started kernel: a ready one, else the one that began first; None when the pool is empty,
+        its kernels are launched otherwise than `launch`, or its kernel failed (the caller starts its own).
+        The caller refills the pool (`fill`) once its kernel is ready: a launch blocks the event loop
+        for a moment, which the session taking a kernel should not wait behind."""
+        if not self._starting or launch != self.launch:
             return None
         task = next((t for t in self._starting if t.done()), self._starting[0])
         self._starting.remove(task)
-        self.fill()
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -262,25 +288,30 @@ async def _handshake(km: _Manager, kc, timeout: float) -> None:
 
 
 async def _stop(started: tuple[_Manager, Any], wait: float) -> None:
-    """Shut down a pooled kernel nobody took, and remove its directory."""
+    """Shut down a pooled kernel nobody took (its directory goes with it)."""
     km, kc = started
     if kc is not None:
         kc.stop_channels()
+    km.idle = True
     await _shut_down(km, wait)
-    shutil.rmtree(Path(km.connection_file).parent, ignore_errors=True)
 
 
 class Kernel:
-    def __init__(self, cwd: Path, runtime_dir: Path, config: KernelConfig, env: dict[str, str]):
+    def __init__(self, cwd: Path, config: KernelConfig, env: dict[str, str] | None = None, *,
+                 sandbox: SandboxConfig | None = None, view: View | None = None):
+        """A kernel working in `cwd`, confined as `sandbox` says (default: `workspace-write`), seeing
+        `view` (default: `cwd` as its workspace, no session's records)."""
         self.cwd = cwd
         self.config = config
-        self.env = env
+        self.env = dict(env or {})
         """This session's variables, set by code in every new or restarted kernel before the bootstrap."""
+        sandbox = sandbox or SandboxConfig()
+        self.launch = Launch.of(sandbox)
+        self.view = view or View.of(sandbox, cwd, None, [], project_root(cwd))
         self.state = KernelState.NEW
         self.cell_id: str | None = None
         """The cell running now, if any (what the host bridge's calls are attributed to)."""
-        self._km = _manager(runtime_dir)
-        self._pooled = False
+        self._km: _Manager | None = None
         self._kc = None
         self._user_interrupt = False
         self._grace_end: float | None = None
@@ -293,18 +324,47 @@ class Kernel:
     @property
     def connection_file(self) -> Path:
         """The live kernel's connection file: any Jupyter client can attach with it."""
+        assert self._km is not None, "kernel not started"
         return Path(self._km.connection_file)
 
-    async def start(self, pool: KernelPool | None = None) -> None:
+    @property
+    def dir(self) -> Path:
+        """The kernel's private directory: its connection file and sockets, and `tmp/` (its TMPDIR)."""
+        assert self._km is not None, "kernel not started"
+        return self._km.box.dir
+
+    @property
+    def confined(self) -> bool:
+        return self.launch.confined
+
+    async def start(self, pool: KernelPool | None = None, ready: Ready | None = None) -> None:
+        """Launch (or take from `pool`) the kernel, apply this session's sandbox view, call `ready`,
+        bootstrap the runtime: code the model writes runs only after all of them."""
         self.state = KernelState.STARTING
-        started = await pool.take() if pool is not None else None
-        if started is not None:  # already answering, with a client connected
-            (self._km, self._kc), self._pooled = started, True
-        else:
-            await self._km.start_kernel(cwd=str(self.cwd), env=_launch_env())
-            self._kc = _open_client(self._km)
-            await self._handshake()
-        await self._bootstrap()
+        started = await pool.take(self.launch) if pool is not None else None
+        try:
+            if started is not None:  # already answering, with a client connected
+                self._km, self._kc = started
+                await self._confine()
+            else:
+                self._km = _Manager(Box(self.launch))
+                await self._km.start_kernel()
+                self._kc = _open_client(self._km)
+                await asyncio.gather(self._handshake(), self._confine())
+            if ready is not None:
+                self.env.update(await ready(self.dir))
+            await self._bootstrap()
+        finally:
+            if pool is not None:
+                pool.fill()
+
+    async def _confine(self) -> None:
+        km = self._km
+        assert km is not None and km.provisioner is not None
+        try:
+            await km.box.confine(km.provisioner.process.pid, self.view)
+        except SandboxError as e:
+            raise KernelError(str(e)) from None
 
     async def restart(self) -> None:
         """Replace the kernel process (same connection); the namespace is lost.
@@ -314,19 +374,18 @@ class Kernel:
         request either; asking would only keep the model waiting `shutdown_wait / 2` or more."""
         self.state = KernelState.RESTARTING
         await self._km.restart_kernel(now=True)
-        await self._handshake()
+        await asyncio.gather(self._handshake(), self._confine())
         await self._bootstrap()
 
     async def shutdown(self) -> None:
         if self.state is KernelState.STOPPED:
             return
-        self.state = KernelState.STOPPED
+        idle, self.state = self.state is not KernelState.BUSY, KernelState.STOPPED
         if self._kc is not None:
             self._kc.stop_channels()
-        await _shut_down(self._km, self.config.shutdown_wait)
-        self.connection_file.unlink(missing_ok=True)
-        if self._pooled:
-            shutil.rmtree(self.connection_file.parent, ignore_errors=True)
+        if self._km is not None:
+            self._km.idle = idle
+            await _shut_down(self._km, self.config.shutdown_wait)
 
     async def interrupt(self) -> None:
         """Interrupt the running cell on the user's behalf (KeyboardInterrupt in the kernel)."""
@@ -336,7 +395,7 @@ class Kernel:
             await self._km.interrupt_kernel()
 
     async def is_alive(self) -> bool:
-        return await self._km.is_alive()
+        return self._km is not None and await self._km.is_alive()
 
     async def _handshake(self) -> None:
         await _handshake(self._km, self._kc, self.config.startup_timeout)
@@ -357,7 +416,12 @@ class Kernel:
         self.cell_id = cell.id
         self._user_interrupt = False
         try:
-            return await self._run(cell.code, timeout, on_output)
+            res = await self._run(cell.code, timeout, on_output)
+            hits = self._limits_hit(res)
+            if "processes" in hits and "restarted" not in res.kernel_events:
+                await self._stop_strays()
+            self._report_limits(res, hits)
+            return res
         except asyncio.CancelledError:
             await self._km.interrupt_kernel()  # do not leave the cell running behind our back
             raise
@@ -433,7 +497,10 @@ class Kernel:
         if not await self._km.is_alive():
             exit_code = await self._km.provisioner.poll() if self._km.provisioner else None
             res.kernel_events.append("died")
-            await self._recover(res, f"The kernel died while running this cell (exit code {exit_code})")
+            why = f"The kernel died while running this cell (exit code {exit_code})"
+            if "memory" in self._limits_hit(res):  # counted in the cgroups that the restart replaces
+                why = f"The cell exceeded {self.launch.limits.describe('memory')}: the kernel was killed"
+            await self._recover(res, why)
             return True
         if self._grace_end is not None and now >= self._grace_end:
             why = f"exceeded its {timeout:g}s timeout" if res.kernel_events else "was interrupted by the user"
@@ -444,6 +511,31 @@ class Kernel:
             self._grace_end = now + self.config.interrupt_grace
             await self._km.interrupt_kernel()
         return False
+
+    def _limits_hit(self, res: CellResult) -> list[str]:
+        """The sandbox's limits this cell reached (its cgroups count them; without a memory cgroup,
+        a MemoryError is the address-space rlimit)."""
+        box = self._km.box
+        hits = box.hits()
+        if res.error_name == "MemoryError" and box.groups is not None and box.groups.memory is None:
+            hits.append("memory")
+        return hits
+
+    async def _stop_strays(self) -> None:
+        """Past the process limit: kill what the cell started (a fork bomb's copies), and have the
+        kernel reap its dead children, which hold their place under the limit until it does."""
+        self._km.box.kill_strays(self._km.provisioner.process.pid)
+        await self._run(REAP, 10, None)
+
+    def _report_limits(self, res: CellResult, hits: list[str]) -> None:
+        """Name each limit the cell reached."""
+        if not hits or "restarted" in res.kernel_events:
+            return
+        said = " and ".join(self.launch.limits.describe(h) for h in hits)
+        extra = " Every process the cell started was stopped." if "processes" in hits else ""
+        message = f"The cell reached {said}; the kernel and its variables are intact.{extra}"
+        res.kernel_events.append("limit")
+        res.kernel_message = f"{res.kernel_message} {message}" if res.kernel_message else message
 
     async def _recover(self, res: CellResult, why: str) -> None:
         await self.restart()

@@ -62,11 +62,14 @@ async def check_skill(skill_id: str, body: str, files: dict[str, str], timeout: 
         if example:
             steps.append(("run its example", example.group(1)))
         bridge = BridgeServer(Path(tmp), {})
-        await bridge.start()
-        env = {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
-        kernel = Kernel(root, Path(tmp), KernelConfig(cell_timeout=timeout, interrupt_grace=1.0), env)
+
+        async def ready(kernel_dir: Path) -> dict[str, str]:
+            await bridge.start(kernel_dir)
+            return {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
+
+        kernel = Kernel(root, KernelConfig(cell_timeout=timeout, interrupt_grace=1.0))  # sandboxed, in `root`
         try:
-            await kernel.start()
+            await kernel.start(ready=ready)
             for what, code in steps:
                 r = await kernel.execute(Cell(id=what, code=code))
                 if r.error_name or r.kernel_events:

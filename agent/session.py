@@ -9,6 +9,7 @@ The session owns resources and keeps the record; what a turn does is in agent/lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent import events as ev
+from agent.approvals import Approvals
 from agent.bridge import BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
 from agent.config import Config, home, project_root, shorten
@@ -30,9 +32,9 @@ from agent.model import Model
 from agent.prompt import render, system_prompt
 from agent.refine import Gate, SessionRefiner
 from agent.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
+from agent.sandbox import SandboxError, View, describe, unavailable, unconfined_running
 from agent.subagents import ChildInfo, Subagents
 from agent.trajectory import (
-    ApprovalRecord,
     McpCallRecord,
     Record,
     ResumedRecord,
@@ -118,7 +120,11 @@ class Session:
         model call, or by `agent_message.recv`."""
         self.harness = SessionHarness(harness_roots or scope_roots(home(), project_root(self.cwd), self.dir), self.id,
                                       config.harness.limits())
-        self.kernel = Kernel(self.cwd, self.dir, config.kernel, env={})
+        for store in self.harness.stores.values():  # an edit on disk is a person's only if no kernel could write it
+            store.edits_by = lambda: "external" if unconfined_running() else "user"
+        view = View.of(config.sandbox, self.cwd, self.dir, [s.root for s in self.harness.stores.values()],
+                       project_root(self.cwd))
+        self.kernel = Kernel(self.cwd, config.kernel, sandbox=config.sandbox, view=view)
         self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks, self._system_prompt)
         self.checkpoints = Checkpoints(config.checkpoints, self.cwd, self.layout, self.id, self.kernel, self.harness,
                                        self.context, sinks, enabled=parent is None)
@@ -132,15 +138,15 @@ class Session:
         )
         self.mcp = McpServers(config.mcp, self.cwd, self.dir)
         """The session's MCP servers (started at their first use)."""
-        self.can_ask = False
-        """Someone can answer approval requests (the daemon sets it: its API decides them); without, a
-        call that needs approval is denied, saying why."""
-        self._approvals: dict[str, asyncio.Future[tuple[bool, str | None]]] = {}
+        self.approvals = Approvals(config.sandbox, self.cwd, sinks, timeout=lambda: self.config.kernel.cell_timeout,
+                                   cell_id=lambda: self.kernel.cell_id)
+        """Requests for the user's decision: commands to run outside the sandbox, MCP calls under policy ask."""
         self.bridge = BridgeServer(
             self.dir,
             {"final": self._final, "note": self._note, "ping": self._ping, "refine.request": self._refine,
              "mcp.servers": self._mcp_servers, "mcp.list": self._mcp_list, "mcp.call": self._mcp_call,
-             "mcp.read": self._mcp_read, **self.harness.handlers(), **self.subagents.handlers()},
+             "mcp.read": self._mcp_read, **self.harness.handlers(), **self.subagents.handlers(),
+             **self.approvals.handlers()},
         )
         self.harness_version: str | None = None
         """The harness in force (each scope's commit): in the system prompt, or told since in a notice."""
@@ -174,17 +180,17 @@ class Session:
             await self.close()  # a session that could not start leaves no kernel, socket or file behind
             raise
 
+    @property
+    def sandbox(self) -> str:
+        """The sandbox in force, in words (the status bar's, `prime-agent run`'s)."""
+        return describe(self.kernel.launch, self.config.sandbox.mode)
+
     async def _start(self) -> None:
+        mode = self.config.sandbox.mode
+        if self.config.sandbox.required and mode != "full-access" and unavailable():
+            raise SandboxError(f"{unavailable()}; sandbox.required is set, so the session does not start")
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._trajectory = TrajectoryWriter(self.layout.trajectory)
-        await self.bridge.start()
-        self.kernel.env = {
-            ENV_PATH: str(self.bridge.path),
-            ENV_TOKEN: self.bridge.token,
-            ENV_SKILLS: os.pathsep.join(self.harness.skill_dirs()),
-            ENV_SESSION_DIR: str(self.dir),
-            "PRIME_AGENT_SESSION": self.id,
-        }
         if self._resumed is not None:
             self.record(ResumedRecord(reason=self._resumed, harness_version=self.harness_version))
             self._close_open_tool_calls()
@@ -192,11 +198,27 @@ class Session:
             self._record_start()
         self._watch_harness()
         self.checkpoints.warm()
-        await self.kernel.start(self.kernel_pool)
+        if self.checkpoints.enabled and self.config.checkpoints.kernel:  # before the sandbox binds it writable
+            with contextlib.suppress(OSError):  # else snapshots fail, and the session says so once
+                self.layout.kernel_snapshots.mkdir(parents=True, exist_ok=True)
+        await self.kernel.start(self.kernel_pool, ready=self._bridge_up)
         if self._resumed is not None:
-            self.emit(ev.SessionResumed(reason=self._resumed, turns=self.turns))
+            self.emit(ev.SessionResumed(reason=self._resumed, turns=self.turns, sandbox=self.sandbox))
         else:
-            self.emit(ev.SessionStarted(dir=str(self.dir), cwd=str(self.cwd), model=self.model.name))
+            self.emit(ev.SessionStarted(dir=str(self.dir), cwd=str(self.cwd), model=self.model.name,
+                                        sandbox=self.sandbox))
+
+    async def _bridge_up(self, kernel_dir: Path) -> dict[str, str]:
+        """The host bridge, in the kernel's own directory: the one way out of its sandbox."""
+        await self.bridge.start(kernel_dir)
+        self.subagents.scratch = kernel_dir / "tmp"
+        return {
+            ENV_PATH: str(self.bridge.path),
+            ENV_TOKEN: self.bridge.token,
+            ENV_SKILLS: os.pathsep.join(self.harness.skill_dirs()),
+            ENV_SESSION_DIR: str(self.dir),
+            "PRIME_AGENT_SESSION": self.id,
+        }
 
     def _record_start(self) -> None:
         self.harness_version = self.harness.view.version()
@@ -519,8 +541,9 @@ class Session:
 
         def on_edit(store: HarnessStore, change: Change | None, problems: list[str]) -> None:
             entries = change.entries if change else []
+            source = "external" if change and change.trigger == "external-edit" else "user"
             loop.call_soon_threadsafe(lambda: self.emit(ev.HarnessEdited(
-                turn_id=self._turn_id(), scope=store.scope, entries=entries, problems=problems)))
+                turn_id=self._turn_id(), scope=store.scope, entries=entries, problems=problems, source=source)))
 
         self._watcher = HarnessWatcher(existing, on_edit)
         self._watcher.start()
@@ -587,11 +610,10 @@ class Session:
             if not tool.startswith("read:"):
                 await self.mcp.tool(server, tool)  # an unknown tool fails before anyone is asked
             if policy == "ask":
-                approved, reason = await self._ask(f"{server}.{tool}({_arguments(arguments)})",
-                                                   {"server": server, "tool": tool, "arguments": arguments}, cell_id)
-                if not approved:
+                denied = await self.approvals.mcp(server, tool, arguments, _arguments(arguments))
+                if denied:
                     outcome = "denied"
-                    raise McpError(f"the call {server}.{tool} was not approved" + (f": {reason}" if reason else ""))
+                    raise McpError(f"the call {server}.{tool} was not approved: {denied}")
             result = await run()
             outcome = "ok"
             return {"result": result}
@@ -607,34 +629,6 @@ class Session:
                                       outcome=outcome, result=kept, error=error, duration=duration))
             self.emit(ev.McpCalled(turn_id=turn_id, cell_id=cell_id, server=server, tool=tool, arguments=arguments,
                                    outcome=outcome, result=kept, error=error, duration=duration))
-
-    async def _ask(self, what: str, detail: dict, cell_id: str | None) -> tuple[bool, str | None]:
-        """Wait for a person's decision (`decide_approval`), recorded with the request."""
-        if not self.can_ask:
-            return False, 'policy "ask" needs someone to approve it, and this session has no one (run it in the daemon)'
-        approval_id = secrets.token_hex(4)
-        future = self._approvals[approval_id] = asyncio.get_running_loop().create_future()
-        turn_id = self._turn_id()
-        self.emit(ev.ApprovalRequested(turn_id=turn_id, id=approval_id, kind="mcp", summary=what, detail=detail,
-                                       cell_id=cell_id))
-        try:
-            approved, reason = await future
-        except asyncio.CancelledError:
-            approved, reason = False, "the cell stopped waiting (interrupted)"
-            raise
-        finally:
-            self._approvals.pop(approval_id, None)
-            self.record(ApprovalRecord(turn_id=turn_id, approval_id=approval_id, summary=what, approved=approved,
-                                       reason=reason))
-            self.emit(ev.ApprovalDecided(turn_id=turn_id, id=approval_id, approved=approved, reason=reason))
-        return approved, reason
-
-    def decide_approval(self, approval_id: str, approve: bool, reason: str | None = None) -> None:
-        """Answer a waiting approval request (KeyError when none waits with that id)."""
-        future = self._approvals.get(approval_id)
-        if future is None or future.done():
-            raise KeyError(approval_id)
-        future.set_result((approve, reason))
 
 
 def _arguments(arguments: dict) -> str:

@@ -14,9 +14,11 @@ import json
 import os
 import re
 import secrets
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from agent import events as ev
@@ -94,6 +96,8 @@ class Subagents:
         self.sessions: dict[str, Child] = {}
         self.tasks: dict[str, asyncio.Task] = {}
         self.closing = False
+        self.scratch: Path | None = None
+        """The kernel's temporary directory, where `rlm(context=...)` writes its pickles (set once it runs)."""
 
     def handlers(self) -> dict[str, Any]:
         return {
@@ -130,9 +134,12 @@ class Subagents:
             note += "\n\n" + render("subagent_context", about=context_about)
         child = self.new_child(self._child_config(budget), child_model, name, child_layout, note)
         if context_path:
+            source = Path(context_path).resolve()
+            if self.scratch is None or source.parent != (self.scratch / "contexts").resolve():
+                raise SubagentLimit(f"rlm refused: {context_path!r} is not a context this session's kernel wrote")
             child_layout.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             target = child_layout.context
-            os.replace(context_path, target)
+            shutil.move(source, target)
             child.preload(f"import pickle as _p\nwith open({str(target)!r}, 'rb') as _f:\n"
                           "    context = _p.load(_f)\ndel _p, _f")
         info = ChildInfo(id=child_id, name=name, dir=str(child_layout.dir), model=child_model.name, task=task,

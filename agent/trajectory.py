@@ -131,14 +131,19 @@ class McpCallRecord(_Record):
 
 
 class ApprovalRecord(_Record):
-    """A request for a person's approval and its decision."""
+    """A request for the user's decision (`status: requested`), and its decision: a command to run
+    outside the sandbox, or an MCP call under policy `ask` (`request_kind`)."""
 
     kind: Literal["approval"] = "approval"
     turn_id: str | None = None
-    approval_id: str
+    request_id: str
+    request_kind: Literal["command", "mcp"] = "command"
     summary: str
-    approved: bool
-    reason: str | None = None
+    """The command line, or `server.tool(arguments)`."""
+    status: Literal["requested", "approve", "always", "deny"]
+    by: str | None = None
+    reason: str = ""
+    exit_code: int | None = None
 
 
 class CompactionRecord(_Record):

@@ -2,7 +2,10 @@
 
     .venv/bin/python bench/kernel.py [--cells 60] [--repeats 3]
 
-Measures: kernel start to ready (with bootstrap); kernel shutdown (a shutdown request, then the
+Measures: kernel start to ready (with bootstrap); the sandbox's cost (agent/sandbox.py): a session's
+kernel start and a cell's round trip in `workspace-write` against `full-access` (no sandbox), the two
+interleaved so the machine's drift falls on both alike, and the time the session's view takes to
+apply (nsenter and mount, what a pooled kernel pays when a session takes it); kernel shutdown (a shutdown request, then the
 kernel's own exit); a trivial cell's round trip through the runtime (p50/p99); a host-bridge call
 from inside a cell (p50/p99); a cell printing 1 MB;
 `prime-agent run` against a local OpenAI-compatible server: the cost of one more cell
@@ -26,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.config import Config  # noqa: E402
+from agent.config import Config, SandboxConfig  # noqa: E402
 from agent.session import Session  # noqa: E402
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
 from agent.testing.scripted import ScriptedModel  # noqa: E402
@@ -111,6 +114,42 @@ async def runtime_figures(n_cells: int, n_starts: int) -> dict[str, float]:
     return out
 
 
+async def sandbox_figures(n_starts: int, n_cells: int) -> dict[str, float]:
+    """Session start (kernel start to ready, bootstrap included) and cell round trip, sandboxed and not."""
+    starts: dict[str, list[float]] = {"workspace-write": [], "full-access": []}
+    cells: dict[str, list[float]] = {"workspace-write": [], "full-access": []}
+    views: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["PRIME_AGENT_HOME"] = str(Path(tmp) / "home")
+        work = Path(tmp) / "work"
+        work.mkdir()
+        for i in range(n_starts):
+            for mode in starts if i % 2 else reversed(starts):
+                s = Session(Config(sandbox=SandboxConfig(mode=mode)), ScriptedModel([]), cwd=work)
+                t = time.perf_counter()
+                await s.start()
+                starts[mode].append(time.perf_counter() - t)
+                if mode == "workspace-write":
+                    t = time.perf_counter()
+                    await s.kernel._confine()  # again: what applying the view costs on its own
+                    views.append(time.perf_counter() - t)
+                for j in range(n_cells + 20):
+                    t = time.perf_counter()
+                    await s.kernel.execute(Cell(id="c", code="1+1"))
+                    if j >= 20:
+                        cells[mode].append(time.perf_counter() - t)
+                await s.close()
+    med = {mode: statistics.median(xs) for mode, xs in starts.items()}
+    cell = {mode: pct(xs, 0.5) for mode, xs in cells.items()}
+    return {
+        "start_sandboxed_s": med["workspace-write"], "start_unsandboxed_s": med["full-access"],
+        "sandbox_start_overhead_ms": (med["workspace-write"] - med["full-access"]) * 1e3,
+        "sandbox_view_ms": statistics.median(views) * 1e3,
+        "cell_sandboxed_p50_ms": cell["workspace-write"] * 1e3, "cell_unsandboxed_p50_ms": cell["full-access"] * 1e3,
+        "sandbox_cell_overhead_ms": (cell["workspace-write"] - cell["full-access"]) * 1e3,
+    }
+
+
 def cells_then_answer(n: int):
     def script(request: dict) -> Reply:
         calls = sum(1 for m in request["messages"] if m["role"] == "assistant")
@@ -180,6 +219,13 @@ def system_figures(n_cells: int, repeats: int) -> dict[str, float]:
 TARGETS = {
     "kernel_start_s": ("kernel start to ready (s)", None),
     "kernel_shutdown_s": ("kernel shutdown (s)", None),
+    "start_sandboxed_s": ("session kernel start, sandboxed (s)", None),
+    "start_unsandboxed_s": ("session kernel start, full-access (s)", None),
+    "sandbox_start_overhead_ms": ("sandbox's cost on a kernel start (ms)", 20.0),
+    "sandbox_view_ms": ("applying a session's view (ms)", None),
+    "cell_sandboxed_p50_ms": ("cell round trip p50, sandboxed (ms)", None),
+    "cell_unsandboxed_p50_ms": ("cell round trip p50, full-access (ms)", None),
+    "sandbox_cell_overhead_ms": ("sandbox's cost on a cell p50 (ms)", 0.5),
     "cell_p50_ms": ("runtime cell round trip p50 (ms)", 5.0),
     "cell_p99_ms": ("runtime cell round trip p99 (ms)", None),
     "raw_jupyter_client_p50_ms": ("bare jupyter_client round trip p50 (ms)", None),
@@ -196,10 +242,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=60, help="extra cells in the long run")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each `prime-agent run` size")
+    ap.add_argument("--starts", type=int, default=12, help="session starts of each sandbox mode")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "kernel.json"))
     args = ap.parse_args()
 
     figures = asyncio.run(runtime_figures(n_cells=500, n_starts=5))
+    figures.update(asyncio.run(sandbox_figures(n_starts=args.starts, n_cells=200)))
     figures.update(system_figures(args.cells, args.repeats))
 
     print(f"{'measure':<42} {'value':>10} {'target':>8}")

@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model name for a new session (PRIME_AGENT_MODEL)")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint for a new session (OPENAI_BASE_URL)")
     p.add_argument("--cwd", help="project directory (default: the current directory)")
+    p.add_argument("--sandbox", choices=["read-only", "workspace-write", "full-access"],
+                   help="how the OS confines a new session's code (sandbox.mode); full-access: none, shown loudly")
     return p
 
 
@@ -66,7 +68,8 @@ async def _run(config, cwd: Path, args: argparse.Namespace) -> str | None:
                 raise DaemonError(404, "not_found", f"no session in {cwd} to continue; run prime-agent to start one")
             session_id = max(here, key=lambda s: s.updated).id
         app = PrimeApp(client, cwd, session_id=session_id, choose=args.resume == "",
-                       new=NewSession(config.model.name, config.model.base_url, config.budget.model_dump()))
+                       new=NewSession(config.model.name, config.model.base_url, config.budget.model_dump(),
+                                      args.sandbox))
         await app.run_async()
         return app.session_id
     finally:

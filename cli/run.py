@@ -13,6 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
+from agent.approvals import Decision, Request
 from agent.config import Config, ConfigError, load_config, merge, parse_override
 from cli.follow import EXIT_CODES, follow, on_ctrl_c, report
 from cli.show import Printer, print_json
@@ -41,6 +42,13 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON event per line instead of text")
     p.add_argument("--daemon", action="store_true",
                    help="run in a daemon session, which outlives this command (the daemon starts if needed)")
+    p.add_argument("--sandbox", choices=["read-only", "workspace-write", "full-access"],
+                   help="how the OS confines the agent's code (sandbox.mode; default workspace-write); "
+                        "full-access runs it with your rights")
+    p.add_argument("--approval", choices=["on-request", "never"],
+                   help="when the agent asks to run a command outside the sandbox (or calls an MCP server under "
+                        "policy ask): on-request asks you at the "
+                        "terminal (the default when there is one), never refuses (the default without)")
     p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. -c model.temperature=0.2 (repeatable)")
 
@@ -86,6 +94,10 @@ def _config(args: argparse.Namespace, cwd: Path) -> Config:
             overrides.setdefault("model", {})[key] = value
     if args.max_turns is not None:
         overrides.setdefault("budget", {})["max_steps"] = args.max_turns
+    if args.sandbox:
+        overrides.setdefault("sandbox", {})["mode"] = args.sandbox
+    if args.approval or not sys.stdin.isatty():  # without a terminal, nobody to ask
+        overrides.setdefault("sandbox", {})["approval"] = args.approval or "never"
     return load_config(cwd, overrides)
 
 
@@ -95,12 +107,33 @@ async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answe
 
     async with await connect() as client:
         s = await client.create_session(cwd, model=config.model.name, base_url=config.model.base_url,
-                                        budget=config.budget.model_dump())
+                                        budget=config.budget.model_dump(), sandbox=config.sandbox.mode)
         accepted = await client.send(s.id, task)
         code = await follow(client, s.id, accepted.turn_id, None, show, print_answer)
         print(f"[session {s.id} stays in the daemon: prime-agent send {s.id} \"...\" | attach {s.id}]",
               file=sys.stderr)
         return code
+
+
+async def ask_at_terminal(req: Request) -> Decision:
+    """Ask the person at the terminal: may the agent run its command outside the sandbox, or call
+    the MCP tool (a server under policy `ask`)?"""
+    what = ("run this outside the sandbox, with your rights" if req.kind == "command"
+            else "call this tool of an MCP server")
+
+    def ask() -> Decision:
+        with open("/dev/tty", "r+") as tty:
+            tty.write(f"\nThe agent asks to {what}:\n  {req.summary}\n"
+                      + (f"  because: {req.reason}\n" if req.reason else "")
+                      + f"Go ahead? [y] once, [a] always for `{req.prefix}` in this session, [N] no: ")
+            tty.flush()
+            answer = tty.readline().strip().lower()
+        return {"y": "approve", "yes": "approve", "a": "always", "always": "always"}.get(answer, "deny")
+
+    try:
+        return await asyncio.to_thread(ask)
+    except OSError:  # no terminal after all
+        return "deny"
 
 
 async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, show, print_answer: bool) -> int:
@@ -109,6 +142,7 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
 
     model = OpenAIModel(config.model)
     session = Session(config, model, cwd=cwd, session_dir=session_dir, on_event=show)
+    session.approvals.ask = ask_at_terminal
     if config.refine.gate_taskset:  # evals (and what it imports) only when a gate is asked for
         from evals.gate import session_gate
 

@@ -54,7 +54,8 @@ async def _sessions(args: argparse.Namespace) -> int:
         return 0
     for s in rows:
         age = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created))
-        print(f"{s.id}  {s.state:<8} {s.turns:>3} turns  {age}  {s.model:<20} {s.cwd}  {s.title or ''}")
+        sandbox = f"  [sandbox: {s.sandbox}]" if s.sandbox and s.sandbox != "workspace-write" else ""
+        print(f"{s.id}  {s.state:<8} {s.turns:>3} turns  {age}  {s.model:<20} {s.cwd}  {s.title or ''}{sandbox}")
     if not rows:
         print("(no sessions)", file=sys.stderr)
     return 0
@@ -75,7 +76,8 @@ async def _attach(args: argparse.Namespace) -> int:
     show = print_json if args.json else Printer().show
     async with await connect() as client:
         info = await client.session(args.session)
-        print(f"[attached to {info.id} ({info.state}, {info.cwd}); Ctrl-C detaches, the session goes on]",
+        sandbox = f", sandbox: {info.sandbox}" if info.sandbox and info.sandbox != "workspace-write" else ""
+        print(f"[attached to {info.id} ({info.state}, {info.cwd}{sandbox}); Ctrl-C detaches, the session goes on]",
               file=sys.stderr)
         after = args.after if args.after is not None else (None if args.all else info.last_seq)
         task = asyncio.current_task()

@@ -40,6 +40,7 @@ from daemon.schemas import (
     ApprovalDecision,
     CreateSession,
     Decide,
+    DecideApproval,
     ErrorBody,
     Interrupt,
     Interrupted,
@@ -71,8 +72,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 STATUS = {
     "bad_config": 400, "bad_cwd": 400, "no_model": 400, "bad_scope": 400, "harness": 400, "bad_project": 400,
-    "bad_last_event_id": 400, "not_found": 404, "busy": 409, "config_broken": 409, "cwd_missing": 409,
-    "not_running": 409, "refinement_failed": 409, "turn_running": 409, "bad_turn": 400, "no_checkpoint": 409,
+    "bad_last_event_id": 400, "bad_request": 400, "not_found": 404, "busy": 409, "config_broken": 409,
+    "cwd_missing": 409, "not_running": 409, "refinement_failed": 409, "turn_running": 409, "bad_turn": 400,
+    "no_checkpoint": 409,
     "rewind_conflict": 409, "bad_rewind": 400, "rewind_failed": 409, "too_many_sessions": 429, "stopping": 503,
     "write_failed": 503, "disk_full": 507,
 }
@@ -307,17 +309,21 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
             raise Refused("config_broken", str(e)) from None
         return McpServers(config.mcp, Path(managed.meta.cwd), managed.layout.dir).infos()
 
-    @app.post("/v1/sessions/{session_id}/approvals/{approval_id}")
-    async def approve(session_id: str, approval_id: str, req: ApprovalDecision) -> dict[str, Any]:
-        """Approve or deny a request that waits (an MCP call under policy "ask": see `approval.requested`)."""
-        managed = manager.get(session_id)
+    @app.post("/v1/sessions/{session_id}/approvals/{request_id}", responses=ERRORS)
+    async def decide_approval(session_id: str, request_id: str, req: DecideApproval) -> ApprovalDecision:
+        """Decide a request that waits (an `approval.requested` event: a command to run outside the
+        sandbox, or an MCP call under policy "ask"): `approve` runs it once, `always` also approves
+        later ones starting with `prefix` (default: the request's), `deny` refuses and the model is told."""
+        session = manager.get(session_id).session
+        if session is None:
+            raise Refused("not_found", f"no approval request {request_id!r} waits: session {session_id} is dormant")
         try:
-            if managed.session is None:
-                raise KeyError(approval_id)
-            managed.session.decide_approval(approval_id, req.approve, req.reason)
-        except KeyError:
-            raise Refused("not_found", f"no approval {shorten(approval_id)!r} waits in session {session_id}") from None
-        return {"approval_id": approval_id, "approved": req.approve}
+            decided = session.approvals.decide(request_id, req.decision, req.prefix)
+        except KeyError as e:
+            raise Refused("not_found", str(e.args[0])) from None
+        except ValueError as e:
+            raise Refused("bad_request", str(e)) from None
+        return ApprovalDecision(request_id=request_id, decision=req.decision, prefix=decided.prefix)
 
     @app.get("/v1/sessions/{session_id}/subagents/{child_id}/transcript")
     async def child_transcript(session_id: str, child_id: str) -> dict[str, Any]:

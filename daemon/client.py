@@ -121,9 +121,9 @@ class Client:
 
     async def create_session(self, cwd: str | Path, model: str | None = None, base_url: str | None = None,
                              title: str | None = None, budget: dict[str, Any] | None = None,
-                             config: dict[str, Any] | None = None) -> SessionInfo:
+                             config: dict[str, Any] | None = None, sandbox: str | None = None) -> SessionInfo:
         body = {"cwd": str(Path(cwd).resolve()), "model": model, "base_url": base_url, "title": title, "budget": budget,
-                "config": config}
+                "config": config, "sandbox": sandbox}
         return await self._typed(SessionInfo, "POST", "/v1/sessions",
                                  json={k: v for k, v in body.items() if v is not None})
 
@@ -151,10 +151,10 @@ class Client:
         """The session's MCP servers, their state and tools."""
         return await self._call("GET", f"/v1/sessions/{session_id}/mcp")
 
-    async def approve(self, session_id: str, approval_id: str, approve: bool, reason: str | None = None) -> dict[str, Any]:
-        """Decide a waiting approval request (`approval.requested`)."""
-        return await self._call("POST", f"/v1/sessions/{session_id}/approvals/{approval_id}",
-                                json={"approve": approve, "reason": reason})
+    async def approve(self, session_id: str, request_id: str, decision: str, prefix: str | None = None) -> dict[str, Any]:
+        """Decide a waiting request (`approval.requested`: a command, or an MCP call): approve, always or deny."""
+        body = {"decision": decision, **({"prefix": prefix} if prefix else {})}
+        return await self._call("POST", f"/v1/sessions/{session_id}/approvals/{request_id}", json=body)
 
     async def child_transcript(self, session_id: str, child_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/v1/sessions/{session_id}/subagents/{child_id}/transcript")

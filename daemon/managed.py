@@ -103,6 +103,7 @@ class ManagedSession:
             turns=m.turns, queued=len(m.queued), last_seq=self.journal.last_seq, usage=m.usage,
             dir=str(self.layout.dir), updated=m.updated or m.created,
             harness_version=self.session.harness_version if self.session else None,
+            sandbox=self.session.sandbox if self.session else None,
         )
 
     # --- events ------------------------------------------------------------------------------
@@ -200,7 +201,7 @@ class ManagedSession:
                 subagent_slots=self.manager.subagent_slots, kernel_pool=self.manager.pool,
                 last_seq=self.journal.last_seq,
             )
-            session.can_ask = True  # approval requests are events; the API decides them
+            session.approvals.can_ask = True  # approval requests are events; the API decides them
             if self.manager.gate_factory is not None:
                 session.use_gate(self.manager.gate_factory(session))
             # Live from here: the session numbers every event (the daemon's own too), and counts

@@ -8,7 +8,6 @@ import asyncio
 import copy
 import json
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from agent.kernel import KernelPool
 from agent.layout import SessionLayout, session_layouts
 from agent.reaper import reap_orphans
 from agent.refine import Gate
+from agent.sandbox import Launch
 from agent.session import Session, new_session_id
 from daemon import meta as meta_file
 from daemon.errors import Refused
@@ -42,7 +42,7 @@ class SessionManager:
         self.root = root
         self.gate_factory = gate_factory
         self.sessions: dict[str, ManagedSession] = {}
-        self.pool = KernelPool(root / "run" / "pool", config.daemon.pool_size, config.kernel)
+        self.pool = KernelPool(config.daemon.pool_size, config.kernel, Launch.of(config.sandbox))
         self.turn_slots = asyncio.Semaphore(config.daemon.max_running_turns)
         self.subagent_slots: dict[int, asyncio.Semaphore] = {}
         self.stopping = False
@@ -53,8 +53,6 @@ class SessionManager:
     async def start(self) -> None:
         """Load every session on disk (closing turns a crash cut) and fill the kernel pool."""
         reap_orphans(self.root)  # what the kernels of a killed daemon (or `prime-agent run`) left running
-        for stale in (self.root / "run" / "pool").glob("*"):  # a killed daemon's pooled kernels died with it
-            shutil.rmtree(stale, ignore_errors=True)
         for layout in session_layouts(self.root, having="meta"):
             try:
                 meta = meta_file.load(layout)
@@ -194,6 +192,11 @@ def _validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:
     if not isinstance(model, dict):
         raise Refused("bad_config", "config.model must be a table of model settings")
     model.update({k: v for k, v in (("name", req.model), ("base_url", req.base_url)) if v})
+    if req.sandbox is not None:
+        sandbox = overrides.setdefault("sandbox", {})
+        if not isinstance(sandbox, dict):
+            raise Refused("bad_config", "config.sandbox must be a table of sandbox settings")
+        sandbox["mode"] = req.sandbox
     if model.get("base_url") and "api_key" not in model \
             and str(model["base_url"]).rstrip("/") != (_configured_base_url(cwd) or "").rstrip("/"):
         model["api_key"] = None  # the daemon's key goes only where it was configured to go

@@ -23,6 +23,8 @@ class CreateSession(_Body):
     base_url: str | None = Field(None, min_length=1, description="OpenAI-compatible endpoint for this session.")
     title: str | None = Field(None, max_length=200)
     budget: Budget | None = Field(None, description="Per-turn limits for this session.")
+    sandbox: Literal["read-only", "workspace-write", "full-access"] | None = Field(
+        None, description="How the OS confines the session's kernel (sandbox.mode); default: the configuration's.")
     config: dict[str, Any] | None = Field(
         None, description="Config overrides for this session, nested as in config.toml, e.g. "
         '{"model": {"action_format": "text", "temperature": 0.2}} (not [daemon], which is the daemon\'s own). '
@@ -44,6 +46,8 @@ class SessionInfo(BaseModel):
     usage: Usage
     dir: str
     harness_version: str | None = Field(None, description="Each harness scope's commit in force (live sessions).")
+    sandbox: str | None = Field(None, description="The sandbox in force, in words (live sessions); "
+                                "`full-access: NO SANDBOX ...` or `UNSANDBOXED: why` where none confines it.")
 
 
 class UpdateSession(_Body):
@@ -55,10 +59,20 @@ class Decide(_Body):
     approve: bool
 
 
-class ApprovalDecision(_Body):
-    approve: bool
-    reason: str | None = Field(None, max_length=10_000)
-    """Told to the model with a denial."""
+class DecideApproval(_Body):
+    decision: Literal["approve", "always", "deny"] = Field(
+        description="approve: run the command (or the MCP call) once; always: and every later command of this "
+        "session that starts with `prefix` (an MCP request: every call of `server.tool`, or with `prefix` = "
+        "the server, of any of its tools); deny: refuse (the model is told).")
+    prefix: str | None = Field(None, min_length=1, max_length=1000,
+                               description="With `always`: the words an approved command starts with, or the MCP "
+                               "server (or `server.tool`) every call of which is approved.")
+
+
+class ApprovalDecision(BaseModel):
+    request_id: str
+    decision: Literal["approve", "always", "deny"]
+    prefix: str
 
 
 class SendMessage(_Body):

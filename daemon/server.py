@@ -63,7 +63,7 @@ async def serve(tcp: str | None = None, config: Config | None = None, stop: asyn
     lock = _lock(lock_path)
     # The files this daemon made, as (st_dev, st_ino): watched while it runs, removed at exit only
     # if they are still these (a second daemon may serve a new home at the same path by then).
-    ours: dict[Path, tuple[int, int]] = {lock_path: _identity(os.fstat(lock))}
+    ours: dict[Path, tuple[int, int, int]] = {lock_path: _identity(os.fstat(lock))}
     config = config or load_config(home())
     stop = stop or asyncio.Event()
     manager = SessionManager(config, home(), gate_factory)
@@ -147,7 +147,7 @@ def _unix_socket(path: str) -> socket.socket:
     return sock
 
 
-async def _watch(files: dict[Path, tuple[int, int]], stop: asyncio.Event) -> None:
+async def _watch(files: dict[Path, tuple[int, int, int]], stop: asyncio.Event) -> None:
     """Set `stop` once one of `files` is gone or is another file than the one recorded."""
     while not stop.is_set():
         await asyncio.sleep(WATCH_EVERY)
@@ -163,11 +163,13 @@ async def _watch(files: dict[Path, tuple[int, int]], stop: asyncio.Event) -> Non
                 return
 
 
-def _identity(st: os.stat_result) -> tuple[int, int]:
-    return st.st_dev, st.st_ino
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    """A file's identity: its inode, and when it last changed (a deleted home's inode numbers are
+    soon reused: a new daemon's socket can have the number the old one's had)."""
+    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
-def _unlink_if(file: Path, identity: tuple[int, int]) -> None:
+def _unlink_if(file: Path, identity: tuple[int, int, int]) -> None:
     """Remove `file` if it is still the one recorded. (One replaced between the check and the unlink
     would still go, as there is no unlink by inode; that window is microseconds wide.)"""
     with contextlib.suppress(OSError):

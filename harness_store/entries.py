@@ -22,7 +22,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Kind = Literal["prompt", "memory", "skill", "subagent"]
-Source = Literal["refine", "agent", "user"]
+Source = Literal["refine", "agent", "user", "external"]
+"""external: edited on disk while a kernel ran unsandboxed, so a person or the agent's code."""
 KINDS: tuple[Kind, ...] = ("prompt", "memory", "skill", "subagent")
 BASE_PROMPT_ID = "base_prompt"
 ID_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")

@@ -18,7 +18,7 @@ import secrets
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -127,6 +127,8 @@ class HarnessStore:
         self._thread_lock = threading.RLock()
         self._depth = 0
         self._fd = -1
+        self.edits_by: Callable[[], Source] = lambda: "user"
+        """Who made an edit found on disk: `external` while an unsandboxed kernel could have (the session says)."""
 
     # --- repository ----------------------------------------------------------------------------
 
@@ -525,7 +527,8 @@ class HarnessStore:
     # --- a person's own edits --------------------------------------------------------------------
 
     def commit_user_edits(self) -> tuple[Change | None, list[str]]:
-        """Commit working-tree edits a person made (validated, marked `source: user`).
+        """Commit working-tree edits a person made (validated, marked with `edits_by()`: `source: user`,
+        or `external` where no sandbox vouches that a person made them).
 
         Returns the change (None when nothing valid changed) and a message per refused file;
         refused files stay uncommitted, and the prompt view keeps the last committed version.
@@ -538,6 +541,7 @@ class HarnessStore:
             return self._commit_user_edits()
 
     def _commit_user_edits(self) -> tuple[Change | None, list[str]]:
+        source = self.edits_by()
         writes: dict[str, Write] = {}
         problems: list[str] = []
         for rel in sorted(self._dirty_paths()):
@@ -559,14 +563,15 @@ class HarnessStore:
                     writes[rel] = STAGE  # a skill's file: committed as the person wrote it
                 else:
                     entry = parse(path.read_text(encoding="utf-8"), rel)
-                    writes[rel] = entry.model_copy(update={"source": "user", "updated": now()}).render()
+                    writes[rel] = entry.model_copy(update={"source": source, "updated": now()}).render()
             except (HarnessError, UnicodeDecodeError) as e:
                 problems.append(str(e))
         if not writes:
             return None, problems
         entries = sorted({loc[1] for rel in writes if (loc := locate(rel))})
-        change = self._land(writes, f"edit by hand: {', '.join(entries)}", {
-            "Refinement-Id": new_refinement_id("user"), "Trigger": "user-edit",
+        by = "edit by hand" if source == "user" else "edit from outside (an unsandboxed kernel was running)"
+        change = self._land(writes, f"{by}: {', '.join(entries)}", {
+            "Refinement-Id": new_refinement_id(source), "Trigger": f"{source}-edit",
         }, entries)
         return change, problems
 

@@ -2,7 +2,7 @@
 
 A watchdog observer watches each scope's folder; a burst of file events (editors write in
 several steps) is debounced, then `HarnessStore.commit_user_edits()` commits the valid edits as
-`source: user`. A broken edit is reported through the callback and left uncommitted, so the
+`source: user` (`external` while an unsandboxed kernel runs: the store's `edits_by` says). A broken edit is reported through the callback and left uncommitted, so the
 prompt view keeps the last good version until the person fixes it.
 """
 

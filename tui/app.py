@@ -30,6 +30,7 @@ from tui.screens.harness import HarnessScreen
 from tui.screens.rewind import RewindScreen
 from tui.screens.sessions import SessionsScreen
 from tui.screens.transcript import TranscriptScreen
+from tui.widgets.approval_card import ApprovalCard
 from tui.widgets.cell_view import SubagentRow
 from tui.widgets.command_menu import CommandMenu
 from tui.widgets.conversation import Conversation
@@ -59,6 +60,7 @@ class NewSession:
     model: str | None = None
     base_url: str | None = None
     budget: dict | None = None
+    sandbox: str | None = None
 
 
 class PrimeApp(App):
@@ -105,7 +107,7 @@ class PrimeApp(App):
     async def new_session(self) -> None:
         try:
             s = await self.client.create_session(self.cwd, model=self.new.model, base_url=self.new.base_url,
-                                                 budget=self.new.budget)
+                                                 budget=self.new.budget, sandbox=self.new.sandbox)
         except DaemonError as e:
             await self.say(f"could not start a session: {e.message}", "error")
             return
@@ -123,6 +125,7 @@ class PrimeApp(App):
         status.tokens = status.prompt_tokens = status.cached_tokens = 0  # the replay adds up every turn's usage
         status.cost = 0.0
         status.harness = info.harness_version or ""
+        status.sandbox = info.sandbox or ""
         self.state = info.state
         self.sub_title = info.title or info.cwd
         await self.query_one(Conversation).clear()
@@ -184,6 +187,10 @@ class PrimeApp(App):
                 self.state = "idle"
             case ev.HarnessReloaded():
                 status.harness = e.harness_version or ""
+            case ev.SessionStarted() | ev.SessionResumed() if e.sandbox:
+                status.sandbox = e.sandbox
+            case ev.ApprovalRequested():
+                self.call_after_refresh(self._focus_approval, e.request_id)
         if isinstance(e, ev.TurnFinished | ev.UsageCharged):  # every token spent, counted once
             status.tokens += e.usage.total_tokens
             status.prompt_tokens += e.usage.prompt_tokens
@@ -220,6 +227,7 @@ class PrimeApp(App):
         focused = self.focused
         if event.is_printable and not prompt.has_focus and not (
             isinstance(focused, RefinementCard) and event.key in ("r", "a", "x")
+            or isinstance(focused, ApprovalCard) and event.key in ("y", "a", "n")
         ):  # typing goes to the prompt, wherever the focus was
             event.stop()
             event.prevent_default()
@@ -334,6 +342,22 @@ class PrimeApp(App):
                 event.card.set_status(r["status"])
         except DaemonError as e:
             await self.say(f"refinement {event.card.refinement_id}: {e.message}", "error")
+
+    def _focus_approval(self, request_id: str) -> None:
+        """A request waits on the user: its card takes the keys (y, a, n) until it is decided."""
+        card = self.query_one(Conversation).approvals.get(request_id)
+        if card is not None and card.status == "waiting":
+            card.focus()
+            card.scroll_visible()
+
+    @on(ApprovalCard.Decided)
+    async def approval_decided(self, event: ApprovalCard.Decided) -> None:
+        try:
+            await self.client.approve(self.session_id, event.card.request_id, event.decision)
+        except DaemonError as e:
+            await self.say(f"approval {event.card.request_id}: {e.message}", "error")
+            return
+        self.query_one(PromptInput).focus()
 
     @on(SubagentRow.Open)
     async def open_child(self, event: SubagentRow.Open) -> None:

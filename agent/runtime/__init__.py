@@ -31,6 +31,16 @@ class Refine:
         return await self._host.acall("refine.request", instructions=instructions)
 
 
+class Ran:
+    """What `request_permission` ran outside the sandbox: `exit_code`, `stdout`, `stderr`."""
+
+    def __init__(self, exit_code: int, stdout: str, stderr: str):
+        self.exit_code, self.stdout, self.stderr = exit_code, stdout, stderr
+
+    def __repr__(self) -> str:
+        return f"{self.stdout}{self.stderr}[ran outside the sandbox: exit code {self.exit_code}]"
+
+
 ENV_PATH = "PRIME_AGENT_BRIDGE"
 ENV_TOKEN = "PRIME_AGENT_BRIDGE_TOKEN"
 ENV_SKILLS = "PRIME_AGENT_SKILL_DIRS"
@@ -79,13 +89,21 @@ def bootstrap(namespace: dict) -> None:
         """End the turn with `answer` (converted to text) as the final answer."""
         host.call("final", answer=answer if isinstance(answer, str) else repr(answer))
 
+    async def request_permission(command: str, reason: str = "") -> Ran:
+        """Ask the user to run the shell command `command` outside the sandbox, in the working
+        directory, with their rights (`reason`: why it is needed). PermissionError if refused."""
+        r = await host.acall("permission.request", command=command, reason=reason)
+        if not r["approved"]:
+            raise PermissionError(f"not run outside the sandbox: {r['reason']}")
+        return Ran(r["exit_code"], r["stdout"], r["stderr"])
+
     def note(text) -> None:
         """Show `text` to the user now, as a note event, without ending the turn."""
         host.call("note", text=str(text))
 
     namespace.update(
-        host=host, HostError=HostError, final=final, note=note, harness=Harness(host),
-        rlm=RLM(host, os.path.join(os.environ.get(ENV_SESSION_DIR) or tempfile.gettempdir(), "contexts")), llm=LLM(host),
+        host=host, HostError=HostError, final=final, note=note, request_permission=request_permission, harness=Harness(host),
+        rlm=RLM(host, os.path.join(tempfile.gettempdir(), "contexts")), llm=LLM(host),
         agent_message=AgentMessage(host), SubagentError=SubagentError, refine=Refine(host),
         mcp=Mcp(host), McpError=McpError,
         read=read, write=write, edit=edit, grep=grep, glob=glob,

@@ -69,7 +69,7 @@ def _sections(model: type[BaseModel]) -> set[type[BaseModel]]:
 
 def test_every_config_section_refuses_nan_and_infinity():
     sections = _sections(Config)
-    assert len(sections) == 13 and Budget in sections
+    assert len(sections) == 14 and Budget in sections
     # Budget is agent.types' (the loop's own type): the raw-value check refuses its NaN (below).
     assert [m for m in sections - {Budget} if m.model_config.get("allow_inf_nan") is not False] == []
     for bad in ({"kernel": {"cell_timeout": float("nan")}}, {"model": {"temperature": float("inf")}}):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.bridge import BridgeServer
-from agent.config import KernelConfig
+from agent.config import KernelConfig, SandboxConfig
 from agent.kernel import CappedText, Kernel, KernelState
 from agent.runtime import ENV_PATH, ENV_TOKEN
 from agent.types import Cell
@@ -123,29 +123,34 @@ async def test_a_cell_that_prints_forever_still_times_out(kernel: Kernel):
     assert r.duration < 5 and r.stdout.startswith("tick\n")
 
 
-async def test_a_pooled_kernel_becomes_the_sessions_own(project: Path, tmp_path: Path, monkeypatch):
+async def test_a_pooled_kernel_becomes_the_sessions_own(project: Path, monkeypatch):
     from agent.kernel import KernelPool
+    from agent.sandbox import Launch
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
-    pool = KernelPool(tmp_path / "pool", 1, KernelConfig())
+    pool = KernelPool(1, KernelConfig(), Launch.of(SandboxConfig()))
     pool.fill()
-    bridge = BridgeServer(tmp_path / "run", {})
-    await bridge.start()
-    k = Kernel(project, tmp_path / "run", KernelConfig(interrupt_grace=1.0), {ENV_PATH: str(bridge.path),
-                                                                             ENV_TOKEN: bridge.token, "MINE": "1"})
+    bridge = BridgeServer(project, {})
+
+    async def ready(kernel_dir: Path) -> dict[str, str]:
+        await bridge.start(kernel_dir)
+        return {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
+
+    k = Kernel(project, KernelConfig(interrupt_grace=1.0), {"MINE": "1"})
     try:
-        await k.start(pool)
-        assert k.connection_file.parent.parent == tmp_path / "pool"  # it was started ahead, by the pool
+        await k.start(pool, ready=ready)
+        assert pool.launch == k.launch and k.dir.name.startswith("k-")  # it was started ahead, by the pool
         code = "import os; print(os.getcwd(), os.environ.get('MINE'), 'OPENAI_API_KEY' in os.environ, callable(final))"
         assert (await run(k, code)).stdout == f"{project} 1 False True\n"
-        await k.restart()  # a new process: its working directory and environment are set again
+        assert (await run(k, "open('mine.txt', 'w').write('x')")).ok  # its workspace, writable: the session's view
+        await k.restart()  # a new process: its working directory, environment and view are set again
         assert (await run(k, code)).stdout == f"{project} 1 False True\n"
+        assert (await run(k, "open('.git/x', 'w')")).error_name == "OSError"
     finally:
         await k.shutdown()
         await pool.close()
         await bridge.close()
-    assert not k.connection_file.parent.exists()
-    assert list((tmp_path / "pool").iterdir()) == []
+    assert not k.dir.exists()
 
 
 async def test_a_flood_of_output_read_slowly_loses_nothing_and_ends(kernel: Kernel):
@@ -188,7 +193,7 @@ BACKGROUND_SLEEP = "%%bash\n{trap}sleep 600 >/dev/null 2>&1 &\necho $!"
 
 
 async def test_shutdown_runs_atexit_handlers_and_leaves_no_process_behind(make_kernel, tmp_path: Path):
-    k = await make_kernel(shutdown_wait=30)  # generous for a loaded machine: a clean exit needs no signal
+    k = await make_kernel(shutdown_wait=30, sandbox="full-access")  # generous for a loaded machine: a clean exit needs no signal
     ran = tmp_path / "atexit-ran"
     code = f"import atexit, os\natexit.register(lambda: open({str(ran)!r}, 'w').write('ran'))\nos.getpid()"
     kernel_pid = int((await run(k, code)).result)
@@ -201,7 +206,7 @@ async def test_shutdown_runs_atexit_handlers_and_leaves_no_process_behind(make_k
 
 
 async def test_a_kernel_that_will_not_exit_is_killed_with_its_children(make_kernel):
-    k = await make_kernel(shutdown_wait=2)
+    k = await make_kernel(shutdown_wait=2, sandbox="full-access")
     code = "import atexit, os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" \
            "atexit.register(time.sleep, 60)\nos.getpid()"
     kernel_pid = int((await run(k, code)).result)  # it ignores SIGTERM, and its atexit handler hangs
@@ -280,7 +285,7 @@ def tree_mode(request, monkeypatch) -> str:
 
 async def test_shutdown_leaves_no_descendant_alive_not_even_a_setsid_one(make_kernel, tree_mode: str,
                                                                          prime_home: Path):
-    k = await make_kernel()
+    k = await make_kernel(sandbox="full-access")
     pids = [int(p) for p in (await run(k, spawn_tree(clean_env=tree_mode == "cgroup"))).stdout.split()]
     assert len(pids) == 1 + 4 + (tree_mode == "cgroup") + 5 and all(map(alive, pids))
     cgroup = k._km.tree.cgroup
@@ -292,7 +297,7 @@ async def test_shutdown_leaves_no_descendant_alive_not_even_a_setsid_one(make_ke
 
 
 async def test_a_restart_kills_what_the_old_kernel_started(make_kernel, tree_mode: str):
-    k = await make_kernel()
+    k = await make_kernel(sandbox="full-access")
     pids = [int(p) for p in (await run(k, spawn_tree(forks=1, clean_env=False))).stdout.split()]
     await k.restart()
     assert [p for p in pids if not await gone(p)] == []
@@ -306,7 +311,7 @@ async def test_a_kernel_starts_and_its_tree_dies_with_it_when_the_journal_cannot
                                                                                            prime_home: Path):
     (prime_home / "run").mkdir(parents=True)
     (prime_home / "run" / "kernels").write_text("not a directory")  # as a full disk or a read-only home would
-    k = await make_kernel()
+    k = await make_kernel(sandbox="full-access")
     pids = [int(p) for p in (await run(k, spawn_tree(forks=1, clean_env=False))).stdout.split()]
     await k.shutdown()
     assert [p for p in pids if not await gone(p)] == []

@@ -240,10 +240,10 @@ async def test_streamable_http_works_the_same_way(d: Driver):
 
 async def test_credentials_reach_the_server_and_never_the_kernel_or_the_records(d: Driver):
     out = await d.cell('import os\nenv = await mcp.everything.get_env()\n'
-                       'print(env["SECRET_TOKEN"] == os.environ.get("MCP_TEST_SECRET"), "SECRET_TOKEN" in os.environ)')
-    # The server got the expanded value; the kernel has no SECRET_TOKEN (the host's own environment,
-    # MCP_TEST_SECRET here, is the sandbox's to filter).
-    assert out.strip() == "True False"
+                       f'print(env["SECRET_TOKEN"] == {SECRET!r}, "SECRET_TOKEN" in os.environ, "MCP_TEST_SECRET" in os.environ)')
+    # The server (in the host, outside the sandbox) got the expanded value; the kernel has neither
+    # SECRET_TOKEN nor the host's MCP_TEST_SECRET (the sandbox's environment policy drops it).
+    assert out.strip() == "True False False"
     [start] = [r for r in read_records(d.session.layout.trajectory) if isinstance(r, SessionRecord)]
     servers = start.config["mcp"]["servers"]
     assert servers["everything"]["env"] == {"SECRET_TOKEN": "<not recorded>"}
@@ -255,12 +255,17 @@ async def test_a_server_that_crashes_mid_call_fails_that_call_and_the_next_one_w
     await d.cell('await mcp.everything.echo(message="up")')
     server = d.session.mcp.servers["everything"]
     pid, restarts = server.pid, server.restarts
-    out = await d.cell(
-        "import asyncio, os\n"
+    cell = asyncio.ensure_future(d.cell(
+        "import asyncio\n"
         "call = asyncio.ensure_future(mcp.everything.trigger_long_running_operation(duration=20, steps=20))\n"
-        f"await asyncio.sleep(0.5)\nos.kill({pid}, 9)\n"
+        "await asyncio.sleep(0.5)\nopen('calling', 'w').close()\n"
         "try:\n    await call\nexcept McpError as e:\n    print('McpError:', e)\n"
-        "print(await mcp.everything.echo(message='back'))")
+        "print(await mcp.everything.echo(message='back'))"))
+    while not (d.session.cwd / "calling").exists():  # the kill comes from here: the sandboxed kernel sees no
+        assert not cell.done(), cell.result()        # process of the host's, the server included
+        await asyncio.sleep(0.02)
+    os.kill(pid, 9)
+    out = await cell
     assert "McpError: MCP server 'everything' crashed during the call" in out and "Echo: back" in out
     assert server.restarts == restarts + 1 and server.pid != pid and not alive(pid)
 
@@ -316,23 +321,33 @@ async def test_policies_deny_and_ask(d: Driver, monkeypatch):
     assert "calls to MCP server 'time' are denied by its policy" in out
     monkeypatch.setattr(servers["time"].config, "policy", "ask")
     out = await d.cell('try:\n    await mcp.time.get_current_time(timezone="UTC")\nexcept McpError as e:\n    print(e)')
-    assert 'was not approved: policy "ask" needs someone to approve it' in out
-    monkeypatch.setattr(d.session, "can_ask", True)
-    for approve, expected in ((True, "UTC"), (False, "was not approved: not now")):
-        d.model.outputs += [cells('try:\n    print((await mcp.time.get_current_time(timezone="UTC"))["timezone"])\n'
-                                  'except McpError as e:\n    print(e)'), "done"]
+    assert "was not approved: nobody can approve it in this session" in out
+    monkeypatch.setattr(d.session.approvals, "can_ask", True)
+    call = ('try:\n    print((await mcp.time.get_current_time(timezone="UTC"))["timezone"])\n'
+            'except McpError as e:\n    print(e)')
+    denied = "was not approved: the user denied it"
+    for decision, expected in (("approve", "UTC"), ("deny", denied), ("always", "UTC")):
+        d.model.outputs += [cells(call), "done"]
         start = len(d.events)
         turn = asyncio.ensure_future(d.session.prompt("go"))
         while not (asked := d.since(ev.ApprovalRequested, start)):
             assert not turn.done(), [e for e in d.events[start:]]
             await asyncio.sleep(0.02)
-        assert asked[0].summary == "time.get_current_time(timezone='UTC')" and asked[0].cell_id
-        d.session.decide_approval(asked[0].id, approve, None if approve else "not now")
+        r = asked[0]
+        assert (r.kind, r.summary) == ("mcp", "time.get_current_time(timezone='UTC')")
+        assert r.prefix == "time.get_current_time"
+        assert (r.server, r.tool, r.arguments) == ("time", "get_current_time", {"timezone": "UTC"}) and r.cell_id
+        d.session.approvals.decide(r.request_id, decision)
         await turn
         assert expected in d.since(ev.CellFinished, start)[0].result.stdout
-        assert d.since(ev.ApprovalDecided, start)[0].approved is approve
+        assert [(e.kind, e.decision, e.by) for e in d.since(ev.ApprovalDecided, start)] == [("mcp", decision, "user")]
     with pytest.raises(KeyError):
-        d.session.decide_approval(asked[0].id, True)
+        d.session.approvals.decide(r.request_id, "approve")
+    d.model.outputs += [cells(call), "done"]  # `always`: that tool's next call runs unasked
+    start = len(d.events)
+    await d.session.prompt("go")
+    assert "UTC" in d.since(ev.CellFinished, start)[0].result.stdout
+    assert [(e.decision, e.by) for e in d.since(ev.ApprovalDecided, start)] == [("always", "rule")]
 
 
 async def test_a_prompt_section_within_its_budget_is_deterministic():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.bridge import BridgeServer
-from agent.config import KernelConfig
+from agent.config import KernelConfig, SandboxConfig
 from agent.kernel import Kernel
 from agent.reaper import reap_orphans
 from agent.runtime import ENV_PATH, ENV_TOKEN
@@ -24,6 +24,10 @@ from daemon.client import SyncClient, daemon_pid
 from tests.agent.test_kernel import alive, spawn_tree, tree_mode  # noqa: F401 (a fixture)
 
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
+
+
+UNSANDBOXED = {"sandbox": {"mode": "full-access"}}
+"""The reaper's own work: a sandboxed kernel's tree dies with its PID namespace (and numbers its pids apart)."""
 
 
 def dead_within(pids: list[int], timeout: float = 30) -> list[int]:
@@ -68,7 +72,7 @@ def _events_until_finished(client: SyncClient, sid: str) -> list:
 
 def _start_tree(client: SyncClient, project: Path, model_server, report: Path) -> tuple[str, list[int]]:
     """A session whose cell started 50 forks, `Popen` and setsid children (and a daemon); their pids."""
-    s = client.create_session(project, model="fake", base_url=model_server.base_url)
+    s = client.create_session(project, model="fake", base_url=model_server.base_url, config=UNSANDBOXED)
     client.send(s.id, "run: " + spawn_tree(forks=50, clean_env=False, report=report))
     finished = _events_until_finished(client, s.id)[-1]
     assert finished.outcome == "completed", finished
@@ -116,7 +120,7 @@ import asyncio, sys
 from pathlib import Path
 from agent import reaper
 from agent.bridge import BridgeServer
-from agent.config import KernelConfig
+from agent.config import KernelConfig, SandboxConfig
 from agent.kernel import Kernel
 from agent.runtime import ENV_PATH, ENV_TOKEN
 from agent.types import Cell
@@ -128,7 +132,7 @@ async def main():
     bridge = BridgeServer(Path(sys.argv[3]), {})
     await bridge.start()
     env = {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
-    k = Kernel(Path(sys.argv[2]), Path(sys.argv[3]), KernelConfig(), env)
+    k = Kernel(Path(sys.argv[2]), KernelConfig(), env, sandbox=SandboxConfig(mode="full-access"))
     await k.start()
     r = await k.execute(Cell(id="c", code=sys.stdin.read()))
     print(r.stdout or r.error_value, flush=True)
@@ -163,7 +167,8 @@ async def test_reaping_spares_the_kernels_of_a_live_host(project: Path, tmp_path
     nothing of it: only the trees of hosts that are gone are reaped."""
     bridge = BridgeServer(tmp_path / "run", {})
     await bridge.start()
-    k = Kernel(project, tmp_path / "run", KernelConfig(), {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token})
+    k = Kernel(project, KernelConfig(), {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token},
+               sandbox=SandboxConfig(mode="full-access"))
     try:
         await k.start()
         pids = [int(p) for p in (await k.execute(Cell(id="c", code=spawn_tree(forks=1)))).stdout.split()]

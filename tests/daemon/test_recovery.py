@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from daemon.client import SyncClient, daemon_pid, spawn
-from tests.e2e.test_run import _processes_mentioning
+from tests.e2e.test_run import _kernels_of
 
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
 SLOW_CELL = "run: x = 41 + 1\nimport time\nfor i in range(40):\n    print('tick', i, flush=True)\n    time.sleep(0.1)"
@@ -83,9 +83,9 @@ def test_kill_9_mid_turn_then_restart_recovers_every_session(client: SyncClient,
     os.kill(pid, signal.SIGKILL)
     _wait_gone(pid)
     deadline = time.monotonic() + 15  # its kernels notice their parent died and exit
-    while _processes_mentioning(str(prime_home)) and time.monotonic() < deadline:
+    while _kernels_of(prime_home) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _processes_mentioning(str(prime_home)) == []
+    assert _kernels_of(prime_home) == []
 
     # A client resumes its stream from its last id: the daemon comes back (the client starts it).
     after_restart = _events_until(client, busy.id, lambda e: e.type == "turn.finished", after=before[-1].seq)

@@ -128,13 +128,16 @@ def test_ctrl_c_interrupts_the_running_cell_then_the_turn(project: Path, prime_h
     assert cell.result.error_name == "KeyboardInterrupt" and cell.result.kernel_events == ["interrupted"]
 
 
-def _processes_mentioning(text: str) -> list[int]:
+def _kernels_of(home: Path) -> list[int]:
+    """The live kernel processes (not their sandbox's launchers) of the sessions in `home`."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                if "\nState:\tZ" not in (proc / "status").read_text():
-                    found.append(int(proc.name))
+            argv = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
+            if argv and b"ipykernel_launcher" in argv and Path(argv[0].decode()).name.startswith("python") \
+                    and f"PRIME_AGENT_HOME={home}".encode() in (proc / "environ").read_bytes().split(b"\0") \
+                    and "\nState:\tZ" not in (proc / "status").read_text():
+                found.append(int(proc.name))
         except OSError:
             continue
     return found
@@ -153,15 +156,15 @@ def test_killing_the_process_group_leaves_no_kernels(project: Path, prime_home: 
             if json.loads(line)["type"] == "subagent.spawned":
                 break
         deadline = time.monotonic() + 30
-        while len(_processes_mentioning(str(prime_home))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)  # the session's kernel and the child's (their command lines name their files)
-        assert len(_processes_mentioning(str(prime_home))) == 2
+        while len(_kernels_of(prime_home)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the session's kernel and the child's
+        assert len(_kernels_of(prime_home)) == 2
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while _processes_mentioning(str(prime_home)) and time.monotonic() < deadline:
+        while _kernels_of(prime_home) and time.monotonic() < deadline:
             time.sleep(0.2)
-    assert _processes_mentioning(str(prime_home)) == []
+    assert _kernels_of(prime_home) == []
 
 
 def test_run_prints_each_turns_usage_and_cost_and_the_sessions(project: Path):

@@ -15,6 +15,7 @@ from tests.tui.snapshots import assert_snapshot
 from tui.app import COMMANDS, NewSession, PrimeApp
 from tui.screens.harness import HarnessScreen
 from tui.screens.sessions import SessionsScreen
+from tui.widgets.approval_card import ApprovalCard
 from tui.widgets.cell_view import CellView
 from tui.widgets.message import AssistantMessage, Notice, UserMessage
 from tui.widgets.refinement_card import RefinementCard
@@ -215,3 +216,54 @@ async def test_a_reasoning_models_thinking_is_shown_dimmed_before_its_answer_and
             thought = shown.renderables[0]
             assert (thought.plain, str(thought.style)) == ("Two and two make four.", "dim italic")
             assert any(str(n.render()).startswith("t1: ") and " in · " in str(n.render()) for n in app.query(Notice))
+
+
+async def test_an_approval_card_decides_a_request_and_full_access_is_loud(daemon: Client, project: Path,
+                                                                          model_server):
+    """Denied, the model is told; approved (y), the command ran outside the sandbox and its output
+    reached the model. A full-access session says so in the status bar."""
+    app = app_for(daemon, project, model_server)
+    ask = "run: print(await request_permission('touch .git/approved; echo made', 'to mark the repository'))"
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        assert app.query_one(StatusBar).sandbox == "workspace-write"
+        for key, answer in (("n", "not run outside the sandbox: the user denied it"), ("y", "made")):
+            app.query_one("#prompt").load_text(ask)
+            await pilot.press("enter")
+            await until(pilot, lambda: any(c.status == "waiting" for c in app.query(ApprovalCard)))
+            card = next(c for c in app.query(ApprovalCard) if c.status == "waiting")
+            assert card.summary == "touch .git/approved; echo made" and app.focused is card
+            await pilot.press(key)
+            await until(pilot, lambda: any(answer in m.text for m in app.query(AssistantMessage)))
+        assert [c.status for c in app.query(ApprovalCard)] == ["deny", "approve"]
+        assert (project / ".git" / "approved").exists()
+        app.save_screenshot(str(project / "approval.svg"))
+    loud = app_for(daemon, project, model_server)
+    loud.new.sandbox = "full-access"
+    async with loud.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: loud.query_one(StatusBar).sandbox.startswith("full-access"))
+        assert "FULL-ACCESS: NO SANDBOX" in str(loud.query_one(StatusBar).render())
+
+
+async def test_the_approval_card_decides_an_mcp_call_under_policy_ask_too(daemon: Client, project: Path,
+                                                                          model_server):
+    """`a` approves every later call of that tool in the session: the next one is the rule's, unasked."""
+    from tests.daemon.test_mcp import mcp_project
+
+    mcp_project(project, policy="ask")
+    app = app_for(daemon, project, model_server)
+    call = "run: print((await mcp.time.get_current_time(timezone='UTC'))['timezone'] * 2)"
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        app.query_one("#prompt").load_text(call)
+        await pilot.press("enter")
+        await until(pilot, lambda: any(c.status == "waiting" for c in app.query(ApprovalCard)))
+        card = next(c for c in app.query(ApprovalCard) if c.status == "waiting")
+        assert (card.kind, card.summary) == ("mcp", "time.get_current_time(timezone='UTC')") and app.focused is card
+        await pilot.press("a")
+        await until(pilot, lambda: any("UTCUTC" in m.text for m in app.query(AssistantMessage)))
+        app.query_one("#prompt").load_text(call)
+        await pilot.press("enter")
+        await until(pilot, lambda: app.state == "idle" and len([m for m in app.query(AssistantMessage)
+                                                                 if "UTCUTC" in m.text]) == 2)
+        assert [c.status for c in app.query(ApprovalCard)] == ["always", "always (by an earlier always)"]

@@ -11,6 +11,7 @@ from textual.widget import Widget
 
 from agent import events as ev
 from agent.events import Event
+from tui.widgets.approval_card import ApprovalCard
 from tui.widgets.cell_view import CellView, SubagentRow
 from tui.widgets.message import AssistantMessage, Notice, UserMessage
 from tui.widgets.refinement_card import RefinementCard
@@ -35,6 +36,7 @@ class Conversation(VerticalScroll):
         """The last thing the assistant said in each turn (a final answer equal to it is not repeated)."""
         self.children_rows: dict[str, SubagentRow] = {}
         self.cards: dict[str, RefinementCard] = {}
+        self.approvals: dict[str, ApprovalCard] = {}
 
     async def clear(self) -> None:
         await self.remove_children()
@@ -117,6 +119,15 @@ class Conversation(VerticalScroll):
                     return None
                 card = self.cards[e.id] = RefinementCard(e.id, status, e.summary, e.diff, e.scopes, e.reason)
                 return card
+            case ev.ApprovalRequested():
+                card = self.approvals[e.request_id] = ApprovalCard(e.request_id, e.kind, e.summary, e.reason, e.prefix)
+                return card
+            case ev.ApprovalDecided():
+                if card := self.approvals.get(e.request_id):
+                    card.set_status(e.decision if e.by != "rule" else f"{e.decision} (by an earlier always)")
+                    return None
+                what = "run outside the sandbox" if e.kind == "command" else "MCP call"
+                return Notice(f"{what}: {e.decision} ({e.by})", "info")
             case ev.RefinementRolledBack():  # ref: the change undone; id: the rollback's own
                 if card := self.cards.get(e.ref):
                     card.set_status("rolled back")
@@ -154,7 +165,8 @@ def _describe(e: Event) -> str:
         case ev.ModelFallback():
             return f"model: {e.from_model} keeps failing ({e.reason}); switched to {e.to_model}"
         case ev.SessionStarted():
-            return f"session {e.session_id} started in {e.cwd} ({e.model})"
+            return f"session {e.session_id} started in {e.cwd} ({e.model})" + (
+                f"; sandbox: {e.sandbox}" if e.sandbox and e.sandbox != "workspace-write" else "")
         case ev.SessionResumed():
             return f"session resumed ({e.reason}): a new kernel; variables from before are gone"
         case ev.Note():
@@ -175,7 +187,8 @@ def _describe(e: Event) -> str:
         case ev.Compaction():
             return f"context compacted ({e.folded_messages} messages summarised)"
         case ev.HarnessEdited():
-            return f"harness edited by you ({e.scope}): {', '.join(e.entries)}" + (
+            by = "by you" if e.source == "user" else "from outside the sandbox (an unsandboxed kernel ran)"
+            return f"harness edited {by} ({e.scope}): {', '.join(e.entries)}" + (
                 f"; problems: {'; '.join(e.problems)}" if e.problems else "")
         case ev.RefinementProposed():
             return f"refinement proposed: {e.summary}"

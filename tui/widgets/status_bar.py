@@ -1,5 +1,5 @@
-"""One line at the bottom: model, session, turn state, tokens and cost, harness version, and
-whether the daemon is reachable."""
+"""One line at the bottom: the sandbox when it is not the default, model, session, turn state,
+tokens and cost, harness version, and whether the daemon is reachable."""
 
 from __future__ import annotations
 
@@ -19,13 +19,20 @@ class StatusBar(Static):
     cost = reactive(0.0)
     harness = reactive("")
     connected = reactive(True)
+    sandbox = reactive("")
+    """The sandbox in force; shown unless it is the default (workspace-write), loudly without one."""
 
     def render(self) -> Text:
         link = ("● daemon", "green") if self.connected else ("○ daemon lost: reconnecting…", "bold red")
         state_style = {"running": "bold yellow", "queued": "yellow", "idle": "green"}.get(self.state, "")
+        sandbox: tuple[str, str] | str = ""
+        if self.sandbox and not self.sandbox.startswith("workspace-write"):
+            loud = not self.sandbox.startswith("read-only")
+            sandbox = ((f"⚠ {self.sandbox.split(':')[0].upper()}: NO SANDBOX", "bold white on red") if loud
+                       else (self.sandbox, "yellow"))
         return Text.assemble(
-            link, " · ", (self.model or "-", "bold"), " · ", (self.state or "-", state_style),
-            " · ", f"{self.tokens:,} tok",
+            *((sandbox, " · ") if sandbox else ()), link, " · ", (self.model or "-", "bold"), " · ",
+            (self.state or "-", state_style), " · ", f"{self.tokens:,} tok",
             f" ({self.cached_tokens / self.prompt_tokens:.0%} cached)" if self.cached_tokens and self.prompt_tokens else "",
             f" ${self.cost:.2f}" if self.cost else "", " · ",
             (self.session_id or "-", "dim"), f" · harness {_short(self.harness)}" if self.harness else "",

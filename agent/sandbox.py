@@ -1,0 +1,530 @@
+"""The OS sandbox around every kernel, and what it starts: namespaces, a per-session view, limits.
+
+Mechanism (measured and chosen in README's Sandbox section): **bubblewrap** starts the kernel in new
+user, mount, PID, IPC and UTS namespaces (and network, with `sandbox.network = false`), every
+capability dropped, with the whole filesystem bound read-only and a fresh /proc that shows only the
+sandbox's own processes. That part is the same for every kernel, so the daemon's pool starts
+kernels in it ahead of time. The part that belongs to one session, its **view**, is applied from
+outside once the kernel's namespaces exist and before any cell runs: a fork of the host enters them
+as their owner (setns(2)) and binds (mount(2)) the workspace read-write, the harness scopes, `.git/`,
+`$PRIME_AGENT_HOME` and the session's records back read-only on top of it, and covers the daemon's
+`run/`, other sessions and the configured secret stores. Code in the kernel has no capability in
+its namespaces: it cannot unmount, remount or enter anything, nor regain a capability by exec.
+
+Limits: a cgroup per kernel for memory and processes (cgroup v2 where its controllers are
+delegated, else the v1 hierarchies where writable), joined before bubblewrap runs; rlimits
+(`prlimit`) for open files, and for memory and processes where no cgroup can hold them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import functools
+import logging
+import os
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.config import SandboxConfig, SandboxMode, home
+from agent.layout import SessionLayout
+
+log = logging.getLogger(__name__)
+TOOLS = ("bwrap",)
+"""bubblewrap (Debian package `bubblewrap`); util-linux's `prlimit` sets rlimits where it is found."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be set up (or is required where the OS cannot provide it)."""
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why this machine cannot sandbox kernels, or None when it can (checked once a process)."""
+    if not sys.platform.startswith("linux"):
+        return f"kernels cannot be sandboxed on {sys.platform}: the sandbox needs Linux namespaces"
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if missing:
+        return f"kernels cannot be sandboxed: {', '.join(missing)} not found (install bubblewrap)"
+    try:
+        probe = subprocess.run(["bwrap", *_BASE, "--ro-bind", "/", "/", "true"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"kernels cannot be sandboxed: bwrap failed to run ({e})"
+    if probe.returncode != 0:
+        why = probe.stderr.decode(errors="replace").strip() or f"exit code {probe.returncode}"
+        return f"kernels cannot be sandboxed: user namespaces are not available here ({why})"
+    return None
+
+
+_BASE = ["--die-with-parent", "--new-session", "--unshare-user", "--unshare-pid", "--unshare-ipc",
+         "--unshare-uts", "--cap-drop", "ALL"]
+
+
+# --- the environment ----------------------------------------------------------------------------
+
+
+def kernel_env(environ: dict[str, str] | os._Environ, config: SandboxConfig) -> dict[str, str]:
+    """The environment a kernel starts with: names matching `env_deny` (secret-looking ones) dropped
+    unless `env_allow` names them. Patterns are shell globs, matched case-insensitively."""
+
+    def matches(name: str, patterns: list[str]) -> bool:
+        return any(fnmatch.fnmatchcase(name.upper(), p.upper()) for p in patterns)
+
+    return {k: v for k, v in environ.items() if not matches(k, config.env_deny) or matches(k, config.env_allow)}
+
+
+# --- limits ---------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _ram() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory: int
+    """Bytes."""
+    processes: int
+    open_files: int
+
+    @classmethod
+    def of(cls, config: SandboxConfig) -> Limits:
+        memory = config.memory_mb * 2**20 if config.memory_mb else _ram() // 2
+        return cls(memory, config.max_processes, config.max_open_files)
+
+    def describe(self, what: str) -> str:
+        if what == "memory":
+            return f"the sandbox's memory limit ({self.memory // 2**20:,} MiB, sandbox.memory_mb)"
+        return f"the sandbox's process limit ({self.processes:,} processes and threads, sandbox.max_processes)"
+
+
+@functools.cache
+def _v1_cgroup(controller: str) -> Path | None:
+    """This process's cgroup in the v1 hierarchy of `controller`, where one is mounted."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if controller in controllers.split(","):
+            path = Path("/sys/fs/cgroup") / controller / rel.lstrip("/")
+            return path if (path / "cgroup.procs").is_file() else None
+    return None
+
+
+class LimitGroups:
+    """The cgroups that hold one launch of a kernel to its memory and process limits, and what they
+    counted: `hits()` names each limit reached since the last call."""
+
+    def __init__(self, limits: Limits, tree_cgroup: Path | None, token: str):
+        self.limits = limits
+        self.groups: list[Path] = []
+        self.memory: tuple[Path, str, str] | None = None
+        """(file, counter key, ...) where the memory limit's kills are counted."""
+        self.pids: tuple[Path, str, str] | None = None
+        v2 = tree_cgroup
+        enabled = set()
+        if v2 is not None:
+            with contextlib.suppress(OSError):
+                enabled = set((v2.parent / "cgroup.subtree_control").read_text().split())
+        for controller in ("memory", "pids"):
+            if controller in enabled:
+                assert v2 is not None
+                limit = "memory.max" if controller == "memory" else "pids.max"
+                value = limits.memory if controller == "memory" else limits.processes
+                if self._write(v2 / limit, value):
+                    events = (v2 / f"{controller}.events", "oom_kill" if controller == "memory" else "max", "")
+                    setattr(self, controller, events)
+                continue
+            base = _v1_cgroup(controller)
+            if base is None:
+                continue
+            group = base / f"prime-agent-{token}"
+            try:
+                group.mkdir(exist_ok=True)
+            except OSError:
+                continue
+            self.groups.append(group)
+            if controller == "memory":
+                ok = self._write(group / "memory.limit_in_bytes", limits.memory)
+                self._write(group / "memory.memsw.limit_in_bytes", limits.memory)  # no escape into swap
+                events = (group / "memory.oom_control", "oom_kill", "")
+            else:
+                ok = self._write(group / "pids.max", limits.processes)
+                events = (group / "pids.events", "max", "")
+            if ok:
+                setattr(self, controller, events)
+        self._seen = {"memory": self._count(self.memory), "processes": self._count(self.pids)}
+
+    @staticmethod
+    def _write(path: Path, value: int) -> bool:
+        try:
+            path.write_text(str(value))
+            return True
+        except OSError:
+            return False
+
+    @staticmethod
+    def _count(where: tuple[Path, str, str] | None) -> int:
+        if where is None:
+            return 0
+        try:
+            for line in where[0].read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == where[1]:
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    @property
+    def procs_files(self) -> list[Path]:
+        return [g / "cgroup.procs" for g in self.groups]
+
+    def hits(self) -> list[str]:
+        """The limits reached since the last call: "memory", "processes"."""
+        out = []
+        for name, where in (("memory", self.memory), ("processes", self.pids)):
+            n = self._count(where)
+            if n > self._seen[name]:
+                out.append(name)
+            self._seen[name] = n
+        return out
+
+    def members(self) -> set[int]:
+        pids: set[int] = set()
+        for f in self.procs_files:
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(p) for p in f.read_text().split())
+        return pids
+
+    def remove(self) -> None:
+        for g in self.groups:
+            with contextlib.suppress(OSError):
+                g.rmdir()
+        self.groups = []
+
+
+# --- what a session's kernel sees -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class View:
+    """What one session's kernel may read and write: applied to its namespaces before its first cell."""
+
+    mode: SandboxMode
+    workspace: Path
+    session_dir: Path | None
+    """Its own records (None: a kernel of no session's, such as the refiner's scratch kernel)."""
+    read_only: tuple[Path, ...]
+    """Inside the workspace, bound back read-only: $PRIME_AGENT_HOME, harness scopes, `.git/`, the records."""
+    hidden: tuple[Path, ...]
+    """Covered: the daemon's run/ and the secret stores."""
+    sessions: Path
+    """The directory of sessions (or of a parent's children) covered, all but this session's own."""
+    writable: tuple[Path, ...] = ()
+    """Inside the session's read-only records, bound back writable: the kernel's own namespace
+    snapshots (`checkpoints/kernel/`, written by the kernel for `rewind`)."""
+
+    @classmethod
+    def of(cls, config: SandboxConfig, workspace: Path, session_dir: Path | None, harness_roots: list[Path],
+           project: Path) -> View:
+        root, workspace, project = home().resolve(), workspace.resolve(), project.resolve()
+        session_dir = session_dir.resolve() if session_dir is not None else None
+        islands = [root, *(r.resolve() for r in harness_roots), project / ".prime-agent", project / ".git",
+                   workspace / ".prime-agent", workspace / ".git", *([session_dir] if session_dir else [])]
+        sessions = root / "sessions"
+        if session_dir is not None and sessions not in session_dir.parents:
+            sessions = session_dir.parent
+        hidden = [root / "run", *(Path(p).expanduser().resolve() for p in config.hidden)]  # a link: its target
+        writable = (SessionLayout(session_dir).kernel_snapshots,) if session_dir is not None else ()
+        return cls(config.mode, workspace, session_dir, tuple(dict.fromkeys(islands)), tuple(dict.fromkeys(hidden)),
+                   sessions, writable)
+
+    def mounts(self, stage: Path) -> list[Mount]:
+        """The mounts (made in the kernel's namespaces) that make this view; order matters: each
+        later one lies on top of the earlier ones. `stage`: an empty directory the sandbox shows,
+        where the session's own directory waits while the others are covered."""
+        ops: list[Mount] = []
+        w = self.workspace
+        if self.mode == "workspace-write":
+            ops += [("bind", str(w), str(w)), ("remount", str(w), "rw")]
+            for p in self.read_only:
+                if (p == w or w in p.parents) and p.exists():
+                    ops += [("bind", str(p), str(p)), ("remount", str(p), "ro")]
+        s = self.session_dir
+        if s is None and self.sessions.is_dir():
+            ops.append(("tmpfs", str(self.sessions), "ro"))
+        elif s is not None and self.sessions in s.parents and s.is_dir():
+            ops += [("bind", str(s), str(stage)), ("remount", str(stage), "ro"), ("tmpfs", str(self.sessions), "rw"),
+                    ("move", str(stage), str(s)), ("remount", str(self.sessions), "ro")]
+            for p in self.writable:
+                if p.is_dir():
+                    ops += [("bind", str(p), str(p)), ("remount", str(p), "rw")]
+        for p in self.hidden:
+            if p.is_dir():
+                ops.append(("tmpfs", str(p), "ro"))
+            elif p.exists():
+                ops.append(("file", "/dev/null", str(p)))
+        return ops
+
+
+Mount = tuple[str, str, str]
+"""(bind, source, target) | (remount, target, ro|rw) | (tmpfs, target, ro|rw) | (move, source, target)
+| (file, source, target): a bind of one file."""
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC = 1, 32, 4096, 8192, 16384
+CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
+
+
+def _mount_all(user_ns: int, mount_ns: int, ops: list[Mount]) -> str:
+    """In a forked child of the host: enter the kernel's user and mount namespaces (as their owner,
+    with every capability there) and make `ops`; what failed, or ""."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+    try:
+        check(libc.setns(user_ns, CLONE_NEWUSER), "entering the kernel's user namespace")
+        check(libc.setns(mount_ns, CLONE_NEWNS), "entering the kernel's mount namespace")
+        for op, a, b in ops:
+            if op in ("bind", "file"):
+                flags = MS_BIND | (MS_REC if op == "bind" else 0)
+                check(libc.mount(a.encode(), b.encode(), None, flags, None), f"bind {a} on {b}")
+            elif op == "remount":
+                flags = MS_REMOUNT | MS_BIND | (MS_RDONLY if b == "ro" else 0)
+                check(libc.mount(None, a.encode(), None, flags, None), f"remount {a} {b}")
+            elif op == "tmpfs":
+                flags = MS_RDONLY if b == "ro" else 0
+                check(libc.mount(b"prime-agent", a.encode(), b"tmpfs", flags, b"mode=0755,size=1m"), f"cover {a}")
+            elif op == "move":
+                os.makedirs(b, exist_ok=True)
+                check(libc.mount(a.encode(), b.encode(), None, MS_MOVE, None), f"move {a} to {b}")
+    except OSError as e:
+        return str(e.strerror or e)
+    return ""
+
+
+async def apply_mounts(target: int, ops: list[Mount]) -> None:
+    """Make `ops` in the namespaces of process `target`. A fork of this process does it, which
+    needs no exec (util-linux's nsenter and mount took 8 ms idle and 20-60 ms on a loaded machine,
+    a fork ~1 ms): the child only enters the namespaces, calls mount(2) and exits."""
+    fds = [os.open(f"/proc/{target}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC) for ns in ("user", "mnt")]
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: nothing here may touch what the parent's other threads hold
+            try:
+                os.write(w, _mount_all(fds[0], fds[1], ops).encode() or b"ok")
+            finally:
+                os._exit(0)
+    finally:
+        os.close(w)
+        for fd in fds:
+            os.close(fd)
+    try:
+        out = await asyncio.get_running_loop().run_in_executor(None, _read_to_end, r)
+    finally:
+        os.close(r)
+        await asyncio.get_running_loop().run_in_executor(None, os.waitpid, pid, 0)
+    if out != "ok":
+        raise SandboxError(f"the kernel's sandbox could not be set up: {out or 'its helper died'}")
+
+
+def _read_to_end(fd: int) -> str:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+# --- one kernel's box -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a kernel process is started: a pooled kernel is handed only to a session that would have
+    started its own the same way."""
+
+    confined: bool
+    network: bool
+    limits: Limits
+    env: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, config: SandboxConfig, environ: dict[str, str] | os._Environ | None = None) -> Launch:
+        confined = config.mode != "full-access" and unavailable() is None
+        env = kernel_env(os.environ if environ is None else environ, config)
+        return cls(confined, config.network, Limits.of(config), tuple(sorted(env.items())))
+
+
+def private_root() -> Path:
+    """A short private directory for kernels' sockets and temporary files (socket paths are short)."""
+    base = Path(tempfile.gettempdir()) / f"prime-agent-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    st = base.lstat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or base.is_symlink():
+        raise PermissionError(f"{base} is not a private directory of this user; remove it")
+    return base
+
+
+UNCONFINED: set[Box] = set()
+"""Boxes of this process whose kernel runs without the OS sandbox (full-access, or an OS that cannot):
+while any runs, an edit of a harness file may be a kernel's, not a person's (harness_store.watch)."""
+
+
+def unconfined_running() -> bool:
+    return bool(UNCONFINED)
+
+
+class Box:
+    """One kernel's sandbox: its private directory (connection file, sockets: the same path inside
+    and out; and `tmp/`, its TMPDIR), the command that launches it, its limits and its lifeline;
+    `confine` applies a session's view."""
+
+    def __init__(self, launch: Launch):
+        self.launch = launch
+        self.token = secrets.token_hex(4)
+        self.dir = private_root() / f"k-{self.token}"
+        self.tmp = self.dir / "tmp"
+        for d in (self.dir, self.tmp):  # whatever the umask: in the sandbox, no capability overrides modes
+            d.mkdir(mode=0o700)
+            os.chmod(d, 0o700)
+        self.groups: LimitGroups | None = None
+        self._lifeline: tuple[int, int] | None = None
+        """The pipe whose write end only this process holds: the kernel exits when it closes
+        (agent/runtime/lifeline.py), even if this process is killed outright."""
+        if not launch.confined:
+            UNCONFINED.add(self)
+
+    def env(self) -> dict[str, str]:
+        tmp = str(self.tmp)
+        lifeline = {"PRIME_AGENT_LIFELINE": str(self._lifeline[0])} if self._lifeline else {}
+        return {**dict(self.launch.env), "TMPDIR": tmp, "TMP": tmp, "TEMP": tmp, "IPYTHONDIR": f"{tmp}/.ipython",
+                **lifeline}
+
+    def pass_fds(self) -> tuple[int, ...]:
+        return (self._lifeline[0],) if self._lifeline else ()
+
+    def launched(self) -> None:
+        """The kernel process has its end of the lifeline: this process keeps only the other."""
+        if self._lifeline and self._lifeline[0] >= 0:
+            os.close(self._lifeline[0])
+            self._lifeline = (-1, self._lifeline[1])
+
+    def _cut_lifeline(self) -> None:
+        for fd in self._lifeline or ():
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._lifeline = None
+
+    def command(self, argv: list[str], tree_cgroup: Path | None) -> list[str]:
+        """`argv` (the kernel) wrapped: joined to its limit cgroups, rlimits set, then bubblewrap."""
+        if self.groups is not None:
+            self.groups.remove()
+        self._cut_lifeline()  # a restart: the old kernel's
+        self._lifeline = os.pipe()  # the launch passes the kernel `read` (pass_fds); `write` stays here
+        limits = self.launch.limits
+        self.groups = LimitGroups(limits, tree_cgroup, self.token)
+        joins = [*([tree_cgroup / "cgroup.procs"] if tree_cgroup else []), *self.groups.procs_files]
+        rlimits = [f"--nofile={limits.open_files}"]
+        if self.groups.memory is None:
+            rlimits.append(f"--as={limits.memory}")
+        if self.groups.pids is None:
+            rlimits.append(f"--nproc={limits.processes}")
+        join = "".join(f"echo $$ > {shlex.quote(str(f))} 2>/dev/null || :; " for f in joins)
+        prlimit = shutil.which("prlimit")  # util-linux; without it (not Linux), only cgroups limit
+        prefix = ["/bin/sh", "-c", join + 'exec "$@"', "sh", *([prlimit, *rlimits, "--"] if prlimit else [])]
+        if not self.launch.confined:
+            return [*prefix, *argv]
+        root = private_root()
+        box = [
+            "bwrap", *_BASE, *(["--unshare-net"] if not self.launch.network else []),
+            "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc",
+            "--tmpfs", str(root), "--bind", str(self.dir), str(self.dir), "--chdir", str(self.dir),
+            # ipykernel's parent poller would take bubblewrap's PID 1 for a dead host, and "1" turns
+            # it off; the lifeline does its work.
+            "--setenv", "JPY_PARENT_PID", "1",
+        ]
+        return [*prefix, *box, "--", *argv]
+
+    async def confine(self, pid: int, view: View) -> None:
+        """Apply `view` to the namespaces of the kernel whose launcher is `pid` (the process
+        jupyter_client started); before any of the session's code runs in it."""
+        if not self.launch.confined:
+            return
+        target = await _sandboxed_child(pid)
+        stage = self.dir / ".session"
+        stage.mkdir(exist_ok=True)
+        try:
+            await apply_mounts(target, view.mounts(stage))
+        finally:
+            with contextlib.suppress(OSError):
+                stage.rmdir()
+
+    def hits(self) -> list[str]:
+        return self.groups.hits() if self.groups is not None else []
+
+    def kill_strays(self, launcher: int) -> None:
+        """After the process limit was hit: kill what the cell started (a fork bomb's copies), not
+        the kernel (`launcher`, bubblewrap's PID 1 and the kernel process)."""
+        if self.groups is None:
+            return
+        keep = {launcher, *_children(launcher)}
+        for kid in list(keep - {launcher}):
+            keep.update(_children(kid))
+        if not self.launch.confined:
+            keep = {launcher}
+        for pid in self.groups.members() - keep:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+
+    def close(self) -> None:
+        self._cut_lifeline()
+        UNCONFINED.discard(self)
+        if self.groups is not None:
+            self.groups.remove()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def _sandboxed_child(pid: int, timeout: float = 10.0) -> int:
+    """The process bubblewrap runs in the sandbox once its setup is done (the child of its PID 1)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        kids = _children(pid)
+        for kid in kids:
+            if grand := _children(kid):
+                return grand[0]
+        if loop.time() > deadline:
+            raise SandboxError(f"the sandbox of kernel launcher {pid} did not start within {timeout:g}s")
+        await asyncio.sleep(0.002)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def describe(launch: Launch, mode: SandboxMode) -> str:
+    """The sandbox in force, as the status line and `prime-agent run` show it."""
+    if mode == "full-access":
+        return "full-access: NO SANDBOX (the agent's code runs with your rights)"
+    if not launch.confined:
+        return f"UNSANDBOXED: {unavailable()}"
+    return f"{mode}{'' if launch.network else ', no network'}"

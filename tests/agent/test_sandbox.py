@@ -1,0 +1,345 @@
+"""The sandbox, tested by the attacks it stops: each attempt is made from a real kernel cell (or a
+process it starts, or a subagent's kernel), must fail with an error the model reads, and must
+change nothing; what a session needs keeps working beside it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from agent.config import Config
+from agent.harness import scope_roots
+from agent.sandbox import unavailable
+from agent.session import Session
+from agent.testing.scripted import ScriptedModel, cells
+from agent.types import Cell
+from harness_store.store import HarnessStore
+from tests.conftest import make_config
+
+pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"{unavailable()}")
+
+TRY = '''
+def attempt(label, fn):
+    try:
+        fn()
+        print(label, "ok")
+    except BaseException as e:
+        print(label, type(e).__name__, e)
+'''
+
+
+def outcomes(stdout: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
+
+
+@pytest.fixture
+def world(project: Path, prime_home: Path, tmp_path: Path) -> dict[str, Path]:
+    """A project with a git repository and a harness scope, a user scope, the daemon's token and
+    socket, another session with its records, and a secret store."""
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    (project / "main.py").write_text("print('hello')\n")
+    subprocess.run(["git", "-C", str(project), "add", "main.py"], check=True)
+    subprocess.run(["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"],
+                   check=True)
+    HarnessStore(project / ".prime-agent" / "harness", "project").commit_user_edits()
+    for scope, root in scope_roots(prime_home, project, None).items():
+        (root / "prompt").mkdir(parents=True, exist_ok=True)
+        (root / "prompt" / "style.md").write_text(f"---\nid: style\nkind: prompt\ntitle: {scope} style\n---\nBe brief.\n")
+        HarnessStore(root, scope).commit_user_edits()
+    run = prime_home / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "token").write_text("daemon-token-" + "x" * 40)
+    other = prime_home / "sessions" / "other-session"
+    other.mkdir(parents=True)
+    (other / "trajectory.jsonl").write_text('{"secret": "another session"}\n')
+    ssh = tmp_path / "fake-home" / ".ssh"
+    ssh.mkdir(parents=True)
+    (ssh / "id_ed25519").write_text("PRIVATE KEY")
+    return {"project": project, "home": prime_home, "run": run, "other": other, "ssh": ssh, "outside": tmp_path}
+
+
+def sandboxed(world: dict[str, Path], **sandbox) -> Config:
+    return make_config(sandbox={"hidden": [str(world["ssh"])], "env_allow": ["ALLOWED_TOKEN"], **sandbox})
+
+
+async def run(session: Session, code: str):
+    return await session.kernel.execute(Cell(id="c", code=code, timeout=60))
+
+
+def harness_state(world: dict[str, Path]) -> dict[str, list[str]]:
+    roots = scope_roots(world["home"], world["project"], None)
+    return {scope: [c.commit for c in HarnessStore(root, scope).log()] for scope, root in roots.items()}
+
+
+async def test_every_escape_from_a_default_session_fails_and_changes_nothing(world, monkeypatch):
+    monkeypatch.setenv("MY_API_KEY", "sk-live-123456")
+    monkeypatch.setenv("SERVICE_TOKEN", "tok-987654")
+    monkeypatch.setenv("ALLOWED_TOKEN", "fine-to-see")
+    project, home = world["project"], world["home"]
+    daemon = await asyncio.start_unix_server(lambda r, w: w.close(), path=str(world["run"] / "daemon.sock"))
+    before = harness_state(world)
+    secret_cell = "import os\nprint(sorted(os.environ))\nprint(os.environ.get('ALLOWED_TOKEN'))"
+    model = ScriptedModel([cells(secret_cell), "done"])
+    session = Session(sandboxed(world), model, cwd=project)
+    await session.start()
+    try:
+        assert session.sandbox == "workspace-write"
+        sdir = session.dir
+        attacks = {
+            "harness-write": "write('.prime-agent/harness/prompt/x.md', '---\\nid: x\\nkind: prompt\\n---\\nobey')",
+            "harness-open": f"open({str(project / '.prime-agent/harness/prompt/style.md')!r}, 'a').write('obey')",
+            "user-harness": f"open({str(home / 'harness/prompt/style.md')!r}, 'w').write('obey')",
+            "session-harness": f"os.makedirs({str(sdir / 'harness/prompt')!r}, exist_ok=True)",
+            "trajectory": f"open({str(sdir / 'trajectory.jsonl')!r}, 'a').write('{{}}')",
+            "events": f"open({str(sdir / 'events.jsonl')!r}, 'w').write('')",
+            "checkpoints": f"open({str(sdir / 'checkpoints' / 'x')!r}, 'w')",  # only kernel/ in it is writable
+            "via-snapshots": f"open({str(sdir / 'checkpoints/kernel/../../trajectory.jsonl')!r}, 'a')",
+            "git": "open('.git/config', 'a').write('[core]\\n')",
+            "git-hook": "open('.git/hooks/pre-commit', 'w').write('#!/bin/sh')",
+            "token": f"print(open({str(world['run'] / 'token')!r}).read())",
+            "daemon-socket": f"socket.socket(socket.AF_UNIX).connect({str(world['run'] / 'daemon.sock')!r})",
+            "host-environ": f"print(open('/proc/{os.getpid()}/environ').read())",
+            "host-signal": f"os.kill({os.getpid()}, 0)",
+            "home-file": f"open({str(Path.home() / 'pa-sandbox-x')!r}, 'w')",
+            "prime-home": f"open({str(home / 'x')!r}, 'w')",
+            "outside": f"open({str(world['outside'] / 'x')!r}, 'w')",
+            "other-session": f"print(open({str(world['other'] / 'trajectory.jsonl')!r}).read())",
+            "ssh": f"print(os.listdir({str(world['ssh'])!r}) or open({str(world['ssh'] / 'id_ed25519')!r}).read())",
+            "background": f"subprocess.run(['sh', '-c', 'echo pwned > {home}/bg'], check=True)",
+            "remount": "subprocess.run(['mount', '-o', 'remount,rw', '.git'], check=True, capture_output=True)",
+            "unmount": "subprocess.run(['umount', '.git'], check=True, capture_output=True)",
+        }
+        code = "import os, socket, subprocess\n" + TRY + "".join(
+            f"attempt({label!r}, lambda: {expr})\n" for label, expr in attacks.items())
+        r = await run(session, code)
+        got = outcomes(r.stdout)
+        assert set(got) == set(attacks), r
+        assert [label for label, what in got.items() if what == "ok"] == [], got
+        assert "Read-only file system" in got["harness-write"] and "Read-only file system" in got["git"]
+        for label in ("token", "daemon-socket", "host-environ", "other-session"):
+            assert got[label].startswith("FileNotFoundError"), (label, got[label])
+        assert got["host-signal"].startswith("ProcessLookupError")
+        assert got["ssh"].startswith(("FileNotFoundError", "PermissionError", "OSError")), got["ssh"]
+
+        shell = await run(session, "%%bash\necho obey > .prime-agent/harness/prompt/y.md\n"
+                          "cd .prime-agent/harness && git commit -q --allow-empty -m pwned; echo rc=$?")
+        assert "Read-only file system" in shell.stderr and "rc=0" not in shell.stdout, shell
+        child = await run(session, "import subprocess, time\n"
+                          f"p = subprocess.Popen(['sh', '-c', 'sleep 0.3; echo pwned > {project}/.git/bg'])\n"
+                          "print(p.wait())")
+        assert child.stdout.strip() != "0"
+
+        # What the session needs still works beside it.
+        ok = await run(session, "write('notes/a.py', 'print(6 * 7)')\n"
+                       "import subprocess\nprint(subprocess.run(['python', 'notes/a.py'], capture_output=True, "
+                       "text=True).stdout.strip(), read('main.py').strip())")
+        assert ok.stdout == "42 print('hello')\n", ok
+        git = await run(session, "%%bash\necho more >> main.py; git status --short && git diff --stat && git log --oneline")
+        assert " M main.py" in git.stdout and "1 file changed" in git.stdout and "init" in git.stdout, git
+        made = await run(session, "print(harness.create('memory', 'm1', 'remember this'))")
+        assert "session scope" in made.stdout, made
+        assert (sdir / "harness" / "memory" / "m1.md").is_file()
+        result = await session.prompt("show me the environment")
+        assert result.outcome == "completed"
+        await session.checkpoints.settle()  # the turn's end: the kernel snapshots its namespace, for rewind
+        manifests = sdir / "checkpoints" / "kernel"
+        for _ in range(200):
+            if any(manifests.glob("*.json")):
+                break
+            await asyncio.sleep(0.05)
+        assert [json.loads(m.read_text()).get("error") for m in manifests.glob("*.json")] == [None], manifests
+        refine = await run(session, "print(await refine.request('tidy up'))")  # planned by the model, after
+        assert refine.error_name is None and "planning started" in refine.stdout, refine
+    finally:
+        await session.close()
+        daemon.close()
+    sent = "\n".join(m.content for call in model.calls for m in call)
+    assert "fine-to-see" in sent  # the model saw the environment, allowed names included ...
+    assert "sk-live-123456" not in sent and "tok-987654" not in sent and "MY_API_KEY" not in sent  # ... no secret
+    assert harness_state(world) == before  # `harness log` shows no new change in any scope
+    assert not (home / "bg").exists() and not (project / ".git" / "bg").exists()
+    assert not (world["outside"] / "x").exists() and not (home / "x").exists()
+    assert (project / ".prime-agent/harness/prompt/style.md").read_text().endswith("Be brief.\n")
+    assert (project / "main.py").read_text() == "print('hello')\nmore\n"
+
+
+def wheel(directory: Path) -> Path:
+    """A one-module wheel, so `pip install` needs no network."""
+    path = directory / "pa_demo-0.1-py3-none-any.whl"
+    files = {"pa_demo.py": "VALUE = 7\n",
+             "pa_demo-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: pa-demo\nVersion: 0.1\n",
+             "pa_demo-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+        z.writestr("pa_demo-0.1.dist-info/RECORD", "".join(f"{n},,\n" for n in files) + "pa_demo-0.1.dist-info/RECORD,,\n")
+    return path
+
+
+async def test_a_subagents_kernel_is_confined_too_and_pip_installs_into_the_workspace(world):
+    project = world["project"]
+    whl = wheel(project)
+    seen: list[str] = []
+
+    def child_report(messages):
+        seen.append(messages[-1].content)
+        return "reported"
+
+    attack = "import os\n" + TRY + "".join(f"attempt({label!r}, lambda: {expr})\n" for label, expr in {
+        "harness": f"open({str(project / '.prime-agent/harness/prompt/style.md')!r}, 'a')",
+        "parent-records": "open(os.path.dirname(os.environ['PRIME_AGENT_SESSION_DIR']) + '/trajectory.jsonl', 'a')",
+        "token": f"open({str(world['run'] / 'token')!r})",
+        "git": "open('.git/config', 'a')",
+    }.items())
+    model = ScriptedModel([
+        cells("print(await rlm.run('try to get out', name='kid'))"),
+        cells(attack), child_report,
+        cells(f"import subprocess, sys\nr = subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-index', "
+              f"'--target', 'libs', {str(whl)!r}], capture_output=True, text=True)\nprint(r.returncode, r.stderr[-300:])\n"
+              "sys.path.insert(0, 'libs'); import pa_demo; print('value', pa_demo.VALUE)"),
+        "done",
+    ])
+    async with Session(sandboxed(world), model, cwd=project) as session:
+        result = await session.prompt("delegate, then install")
+        assert result.outcome == "completed", result
+        out = [m.content for m in session.messages if m.role == "tool"]
+    got = outcomes(seen[0] if seen else "")
+    assert set(got) == {"harness", "parent-records", "token", "git"}, seen
+    assert all(v != "ok" for v in got.values()), got
+    assert "value 7" in out[-1], out[-1]
+    assert (project / "libs" / "pa_demo.py").is_file()
+
+
+async def test_read_only_mode_writes_nothing_in_the_workspace_but_its_tmp(world):
+    async with Session(sandboxed(world, mode="read-only"), ScriptedModel([]), cwd=world["project"]) as s:
+        assert s.sandbox == "read-only"
+        r = await run(s, TRY + "import os, tempfile\nattempt('workspace', lambda: open('new.txt', 'w'))\n"
+                      "attempt('tmp', lambda: open(os.path.join(tempfile.gettempdir(), 't'), 'w').write('x'))\n"
+                      "attempt('read', lambda: open('main.py').read())")
+    assert outcomes(r.stdout) == {"workspace": "OSError [Errno 30] Read-only file system: 'new.txt'", "tmp": "ok",
+                                  "read": "ok"}
+    assert not (world["project"] / "new.txt").exists()
+
+
+async def test_full_access_writes_anywhere_says_so_and_its_harness_edits_are_external(world):
+    project = world["project"]
+    async with Session(sandboxed(world, mode="full-access"), ScriptedModel([]), cwd=project) as s:
+        assert s.sandbox.startswith("full-access: NO SANDBOX")
+        r = await run(s, TRY + f"attempt('git', lambda: open('.git/x', 'w'))\n"
+                      f"attempt('harness', lambda: open({str(project / '.prime-agent/harness/prompt/style.md')!r}, "
+                      "'a').write('More.\\n'))")
+        assert outcomes(r.stdout) == {"git": "ok", "harness": "ok"}
+        store = s.harness.store("project")
+        for _ in range(100):  # the watcher commits the edit a moment later
+            if store.log()[0].trigger != "user-edit":
+                break
+            await asyncio.sleep(0.05)
+        latest = store.log()[0]
+    assert latest.trigger == "external-edit" and "unsandboxed kernel" in latest.summary
+    assert "source: external" in (project / ".prime-agent/harness/prompt/style.md").read_text()
+
+
+async def test_a_cell_past_the_memory_or_process_limit_ends_naming_it_and_the_session_goes_on(world):
+    config = sandboxed(world, memory_mb=256, max_processes=64)
+    async with Session(config, ScriptedModel([]), cwd=world["project"]) as s:
+        mem = await run(s, "b = b'x' * (1024 * 2**20)\nlen(b)")
+        assert "memory limit (256 MiB" in mem.kernel_message, mem
+        forks = await run(s, "import os, time\nkids = []\nwhile True:\n    pid = os.fork()\n    if pid == 0:\n"
+                          "        time.sleep(30)\n        os._exit(0)\n    kids.append(pid)")
+        assert forks.error_name == "BlockingIOError" and "process limit (64" in forks.kernel_message, forks
+        assert (await run(s, "import subprocess; subprocess.run(['true']).returncode")).result == "0"
+
+
+async def test_without_network_a_cell_reaches_no_server_yet_runs_cells(world):
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    try:
+        connect = TRY + f"import socket\nattempt('tcp', lambda: socket.create_connection(('127.0.0.1', {port}), 5))"
+        async with Session(sandboxed(world), ScriptedModel([]), cwd=world["project"]) as online:
+            assert outcomes((await run(online, connect)).stdout) == {"tcp": "ok"}  # the server is there
+        async with Session(sandboxed(world, network=False), ScriptedModel([]), cwd=world["project"]) as s:
+            assert s.sandbox == "workspace-write, no network"
+            got = outcomes((await run(s, connect)).stdout)
+            assert got["tcp"].startswith(("ConnectionRefusedError", "OSError")), got
+            assert (await run(s, "print(harness.list() == [] or True, 6 * 7)")).stdout == "True 42\n"
+    finally:
+        server.close()
+
+
+def test_where_the_os_cannot_sandbox_required_refuses_and_otherwise_it_says_so(tmp_path: Path, project: Path):
+    """Without bubblewrap on the PATH (as on a machine without it), a session says it is unsandboxed,
+    and with sandbox.required it does not start."""
+    script = f"""
+import asyncio, os
+os.environ["PATH"] = {str(tmp_path / "bin")!r}
+from pathlib import Path
+from agent.sandbox import SandboxError
+from agent.session import Session
+from agent.testing.scripted import ScriptedModel
+from tests.conftest import make_config
+async def main():
+    async with Session(make_config(), ScriptedModel([]), cwd=Path({str(project)!r})) as s:
+        print(s.sandbox)
+    try:
+        await Session(make_config(sandbox={{"required": True}}), ScriptedModel([]), cwd=Path({str(project)!r})).start()
+    except SandboxError as e:
+        print("refused:", e)
+asyncio.run(main())
+"""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "git").symlink_to(shutil.which("git"))  # and nothing else
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    lines = r.stdout.splitlines() + ["", ""]
+    assert lines[0].startswith("UNSANDBOXED: kernels cannot be sandboxed: bwrap not found"), r
+    assert lines[1].startswith("refused: kernels cannot be sandboxed") and "sandbox.required" in lines[1], r
+
+
+def test_a_sandboxed_kernel_dies_with_its_host_killed_outright(tmp_path: Path, project: Path, prime_home: Path):
+    """ipykernel's parent poller cannot see the host from inside a PID namespace: the lifeline does."""
+    host = subprocess.Popen([sys.executable, "-c", f"""
+import asyncio
+from pathlib import Path
+from agent.session import Session
+from agent.testing.scripted import ScriptedModel
+from tests.conftest import make_config
+async def main():
+    s = Session(make_config(), ScriptedModel([]), cwd=Path({str(project)!r}))
+    await s.start()
+    print(s.kernel._km.provisioner.process.pid, flush=True)
+    await asyncio.sleep(600)
+asyncio.run(main())
+"""], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    launcher = int(host.stdout.readline())
+    tree = [launcher, *(kid for kid in _descendants(launcher))]
+    assert len(tree) == 3  # bubblewrap, its PID 1, the kernel
+    host.kill()
+    host.wait()
+    for _ in range(200):
+        if not any(map(_alive, tree)):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the sandbox {tree} outlived its host")
+
+
+def _descendants(pid: int) -> list[int]:
+    kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return [k for kid in kids for k in (kid, *_descendants(kid))]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False

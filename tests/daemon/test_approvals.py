@@ -1,0 +1,72 @@
+"""A command the sandbox denies, run outside it only once the user approves: the round trip over the
+API, as the app and any client make it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.layout import SessionLayout
+from agent.sandbox import unavailable
+from agent.trajectory import ApprovalRecord, read_records
+from daemon.client import Client, DaemonError
+
+pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"{unavailable()}")
+
+
+async def turn(client: Client, sid: str, code: str, decision: str | None, after: int) -> list:
+    """Run `code` in a turn; answer its approval request with `decision`; the turn's events."""
+    accepted = await client.send(sid, "run: " + code)
+    events = []
+    async for e in client.events(sid, after):
+        events.append(e)
+        if e.type == "approval.requested" and decision is not None:
+            await client.approve(sid, e.request_id, decision)
+        if e.type == "turn.finished" and e.turn_id == accepted.turn_id:
+            return events
+    raise AssertionError("unreachable")
+
+
+async def test_denied_the_model_is_told_approved_it_ran_outside_and_always_approves_the_prefix(
+        daemon: Client, project: Path, model_server):
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    assert s.sandbox == "workspace-write"
+    ask = "r = await request_permission('touch .git/approved', 'to mark the repository')\nprint(r)"
+
+    denied = await turn(daemon, s.id, "open('.git/x', 'w')\n", None, 0)  # what the sandbox says first
+    assert "Read-only file system" in denied[-1].answer
+    events = await turn(daemon, s.id, ask, "deny", denied[-1].seq)
+    requested = next(e for e in events if e.type == "approval.requested")
+    assert (requested.kind, requested.summary, requested.prefix) == ("command", "touch .git/approved", "touch")
+    decided = next(e for e in events if e.type == "approval.decided")
+    assert (decided.decision, decided.by, decided.exit_code) == ("deny", "user", None)
+    assert "PermissionError: not run outside the sandbox: the user denied it" in events[-1].answer
+    assert not (project / ".git" / "approved").exists()
+
+    events = await turn(daemon, s.id, ask, "always", events[-1].seq)
+    decided = next(e for e in events if e.type == "approval.decided")
+    assert (decided.decision, decided.by, decided.exit_code) == ("always", "user", 0)
+    assert "[ran outside the sandbox: exit code 0]" in events[-1].answer
+    assert (project / ".git" / "approved").exists()
+
+    again = "print(await request_permission('touch .git/again'))"
+    events = await turn(daemon, s.id, again, None, events[-1].seq)  # nobody decides: the rule does
+    decided = next(e for e in events if e.type == "approval.decided")
+    assert (decided.decision, decided.by) == ("always", "rule") and (project / ".git" / "again").exists()
+    chained = "print(await request_permission('touch .git/b; touch .git/c'))"
+    events = await turn(daemon, s.id, chained, "deny", events[-1].seq)  # a chain is never a rule's
+    assert next(e for e in events if e.type == "approval.decided").by == "user"
+    assert not (project / ".git" / "b").exists()
+
+    with pytest.raises(DaemonError) as e:
+        await daemon.approve(s.id, "a-nothing", "approve")
+    assert e.value.status == 404 and "no approval request" in e.value.message
+    with pytest.raises(DaemonError) as e:
+        await daemon.approve(s.id, "a-nothing", "maybe")
+    assert e.value.status == 422
+
+    records = [r for r in read_records(SessionLayout(Path(s.dir)).trajectory, []) if isinstance(r, ApprovalRecord)]
+    assert [r.status for r in records] == ["requested", "deny", "requested", "always", "requested", "always",
+                                           "requested", "deny"]
+    assert {r.request_kind for r in records} == {"command"} and records[0].summary == "touch .git/approved"
