@@ -225,12 +225,12 @@ async def pursue(state: GoalState, host: GoalHost, on_change: Callable[[GoalStat
         while True:
             check = await _check(state, host, on_change)
             if check.passed:
-                return _finish(state, host, "achieved", "the check passed" if spec.check else "the model called final()",
+                return finish(state, host, "achieved", "the check passed" if spec.check else "the model called final()",
                                on_change)
             if state.stop_requested:
-                return _finish(state, host, "stopped", "stopped by request after the turn", on_change)
+                return finish(state, host, "stopped", "stopped by request after the turn", on_change)
             if (why := state.exhausted()) is not None:
-                return _finish(state, host, "exhausted", f"the goal {why}", on_change)
+                return finish(state, host, "exhausted", f"the goal {why}", on_change)
             while host.subagents_running():  # continuations do not pile on top of running children
                 await asyncio.sleep(0.2)
             if state.state != "running":
@@ -242,7 +242,7 @@ async def pursue(state: GoalState, host: GoalHost, on_change: Callable[[GoalStat
             if await _turn(state, host, _continuation(state, check), on_change):
                 return state
     except Exception as e:  # a bug of ours, or a check that could not start: the goal ends, said why
-        return _finish(state, host, "error", f"{type(e).__name__}: {e}", on_change)
+        return finish(state, host, "error", f"{type(e).__name__}: {e}", on_change)
     finally:
         if timer is not None:
             timer.cancel()
@@ -259,10 +259,10 @@ async def _turn(state: GoalState, host: GoalHost, text: str, on_change: Callable
     if state.state != "running":  # ended meanwhile (the budget's deadline)
         return True
     if result.outcome == "interrupted":
-        _finish(state, host, "stopped", f"the turn was interrupted: {result.error}", on_change)
+        finish(state, host, "stopped", f"the turn was interrupted: {result.error}", on_change)
         return True
     if result.outcome in ("error", "timed_out"):
-        _finish(state, host, "error", f"turn {result.turn_id} failed ({result.outcome}): {result.error}", on_change)
+        finish(state, host, "error", f"turn {result.turn_id} failed ({result.outcome}): {result.error}", on_change)
         return True
     return False
 
@@ -291,7 +291,7 @@ def _continuation(state: GoalState, check: CheckResult) -> str:
                   output=check.output or "(no output)", continuation=str(state.continuations), left=left)
 
 
-def _finish(state: GoalState, host: GoalHost, status: GoalStatus, reason: str,
+def finish(state: GoalState, host: GoalHost, status: GoalStatus, reason: str,
             on_change: Callable[[GoalState], None]) -> GoalState:
     if state.state != "running":
         return state
@@ -312,7 +312,7 @@ def _deadline(state: GoalState, host: GoalHost, on_change: Callable[[GoalState],
     loop = asyncio.get_running_loop()
 
     def expire() -> None:
-        _finish(state, host, "exhausted", f"the goal ran its {limit:g} seconds (max_seconds)", on_change)
+        finish(state, host, "exhausted", f"the goal ran its {limit:g} seconds (max_seconds)", on_change)
         loop.create_task(host.interrupt())
 
     return loop.call_later(max(0.0, limit - state.seconds()), expire)

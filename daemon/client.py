@@ -32,6 +32,7 @@ import httpx2
 from pydantic import BaseModel
 
 from agent.events import Event, TurnFinished, parse_event
+from agent.goals import GoalState
 from daemon.paths import lock_file, log_file, pid_file, socket_file
 from daemon.schemas import (
     Interrupted,
@@ -179,6 +180,19 @@ class Client:
         """Stop the running turn; with `turn_id`, only that turn (dropped if it is still queued)."""
         body = {"drop_queued": drop_queued, **({"turn_id": turn_id} if turn_id else {})}
         return await self._typed(Interrupted, "POST", f"/v1/sessions/{session_id}/interrupt", json=body)
+
+    async def start_goal(self, session_id: str, text: str, check: str | None = None,
+                         budget: dict[str, Any] | None = None, check_timeout: float | None = None) -> GoalState:
+        body: dict[str, Any] = {"text": text, "check": check, "budget": budget or {}}
+        if check_timeout is not None:
+            body["check_timeout"] = check_timeout
+        return await self._typed(GoalState, "POST", f"/v1/sessions/{session_id}/goal", json=body)
+
+    async def goal(self, session_id: str) -> GoalState:
+        return await self._typed(GoalState, "GET", f"/v1/sessions/{session_id}/goal")
+
+    async def stop_goal(self, session_id: str) -> GoalState:
+        return await self._typed(GoalState, "DELETE", f"/v1/sessions/{session_id}/goal")
 
     async def transcript(self, session_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/v1/sessions/{session_id}/transcript")

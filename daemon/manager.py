@@ -70,6 +70,8 @@ class SessionManager:
                 log.exception("session %s could not be recovered", meta.id)
             self.sessions[meta.id] = managed
         self.pool.fill()
+        for managed in self.sessions.values():
+            managed.goal.resume()
         self._sweeper = asyncio.create_task(self.sweep(min(30.0, self.config.daemon.idle_timeout / 2)))
 
     def write_failed(self, error: OSError) -> None:
@@ -81,6 +83,9 @@ class SessionManager:
 
     def live_sessions(self) -> list[Session]:
         return [s.session for s in self.sessions.values() if s.session is not None]
+
+    def running_goals(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.goal.running())
 
     def running_turns(self) -> int:
         return sum(1 for s in self.sessions.values() if s.session is not None and s.session.turn is not None)
@@ -149,6 +154,8 @@ class SessionManager:
         why = "the daemon stopped before this turn began"
         sessions = list(self.sessions.values())
         try:
+            # Goals stay `running` on disk: the next daemon resumes them within their budget.
+            await asyncio.gather(*(s.goal.close() for s in sessions), return_exceptions=True)
             drained = await asyncio.gather(*(s.queue.stop(why, timeout) for s in sessions), return_exceptions=True)
             closed = await asyncio.gather(*(s.close(why) for s in sessions), return_exceptions=True)
             for s, result in zip(sessions + sessions, drained + closed):

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from agent.events import EVENTS, migrate_v1
+from agent.goals import GoalState
 from agent.layout import SessionLayout
 from agent.types import Usage
 
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 class QueuedTurn(BaseModel):
     turn_id: str
     text: str
+    goal_id: str | None = None
+    continuation: int | None = None
+    """A goal's turn: which goal, and which of its turns (0 the first)."""
 
 
 class SessionMeta(BaseModel):
@@ -51,6 +55,8 @@ class SessionMeta(BaseModel):
     queued: list[QueuedTurn] = []
     """Prompts waiting behind the running turn (a restart closes them, said so)."""
     usage: Usage = Usage()
+    goal: GoalState | None = None
+    """The session's goal, running or the last one to end (a restart resumes one its budget has room for)."""
     updated: float = 0.0
     """When the session was last prompted or finished a turn."""
 
