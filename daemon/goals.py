@@ -6,24 +6,37 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from agent import events as ev
 from agent.goals import GoalSpec, GoalState, finish, pursue
+from agent.session import Session
 from agent.trajectory import Record
 from agent.types import TurnResult
 from daemon.errors import Refused
-
-if TYPE_CHECKING:
-    from daemon.managed import ManagedSession
+from daemon.meta import SessionMeta
+from daemon.turns import TurnQueue
 
 log = logging.getLogger(__name__)
+
+
+class Owner(Protocol):
+    """What a goal needs of its daemon session (daemon.managed.ManagedSession)."""
+
+    id: str
+    meta: SessionMeta
+    session: Session | None
+    queue: TurnQueue
+
+    def save(self) -> None: ...
+    def emit(self, event: ev.Event) -> None: ...
+    async def wake(self) -> Session: ...
 
 
 class DaemonGoal:
     """The `GoalHost` of a daemon session: turns go through its queue, events into its journal."""
 
-    def __init__(self, host: ManagedSession):
+    def __init__(self, host: Owner):
         self.host = host
         self.task: asyncio.Task | None = None
 
