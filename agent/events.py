@@ -387,6 +387,19 @@ class GoalFinished(_Event):
     seconds: float = 0.0
 
 
+class ScheduleFired(_Event):
+    """A schedule of the daemon fired into this session (`turn_id`: the prompt it sent), or did not:
+    `skipped` (its last prompt still queued), `missed` (fires while the daemon was down, not replayed),
+    `failed` (the session could not take it)."""
+
+    type: Literal["schedule.fired"] = "schedule.fired"
+    schedule_id: str
+    outcome: Literal["sent", "queued", "skipped", "missed", "failed"]
+    missed: int = 0
+    heartbeat: bool = False
+    reason: Text | None = None
+
+
 Event = Annotated[
     SessionStarted | SessionResumed | Rewound | Note | Error | UsageCharged
     | TurnQueued | TurnStarted | TurnFinished | SteerDelivered | MessageDelivered | Compaction
@@ -397,7 +410,7 @@ Event = Annotated[
     | RefinementFailed | RefinementSkipped | RefinementRolledBack
     | McpCalled | ApprovalRequested | ApprovalDecided
     | SubagentSpawned | SubagentFinished
-    | GoalStarted | GoalCheck | GoalContinued | GoalFinished,
+    | GoalStarted | GoalCheck | GoalContinued | GoalFinished | ScheduleFired,
     Field(discriminator="type"),
 ]
 """Every event a client can see."""

@@ -37,6 +37,7 @@ from agent.subagents import read_registry
 from agent.trajectory import read_records
 from daemon.errors import Refused
 from daemon.manager import SessionManager
+from daemon.schedules import NewSchedule, Schedule
 from daemon.schemas import (
     ApprovalDecision,
     CreateSession,
@@ -229,6 +230,43 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
     async def stop_goal(session_id: str) -> GoalState:
         """Stop the goal after the current turn (an interrupt stops it now)."""
         return manager.get(session_id).goal.stop()
+
+    # --- schedules (daemon/schedules.py) --------------------------------------------------------
+
+    @app.get("/v1/schedules")
+    async def list_schedules() -> list[Schedule]:
+        return sorted(manager.scheduler.schedules.values(), key=lambda s: s.created)
+
+    @app.post("/v1/schedules", status_code=201)
+    async def add_schedule(req: NewSchedule) -> Schedule:
+        """Fire a prompt into a session every so often (`every` seconds) or on a cron line, `count` times
+        or without end; `cwd` instead of `session` creates the session at the first fire."""
+        return manager.scheduler.add(req)
+
+    @app.post("/v1/schedules/pause-all")
+    async def pause_all_schedules() -> list[Schedule]:
+        return manager.scheduler.pause(None, True, "paused by request (pause --all)")
+
+    @app.post("/v1/schedules/resume-all")
+    async def resume_all_schedules() -> list[Schedule]:
+        return manager.scheduler.pause(None, False)
+
+    @app.get("/v1/schedules/{schedule_id}")
+    async def get_schedule(schedule_id: str) -> Schedule:
+        return manager.scheduler.get(schedule_id)
+
+    @app.post("/v1/schedules/{schedule_id}/pause")
+    async def pause_schedule(schedule_id: str) -> Schedule:
+        return manager.scheduler.pause(schedule_id, True, "paused by request")[0]
+
+    @app.post("/v1/schedules/{schedule_id}/resume")
+    async def resume_schedule(schedule_id: str) -> Schedule:
+        return manager.scheduler.pause(schedule_id, False)[0]
+
+    @app.delete("/v1/schedules/{schedule_id}", status_code=204)
+    async def remove_schedule(schedule_id: str) -> Response:
+        manager.scheduler.remove(schedule_id)
+        return Response(status_code=204)
 
     @app.get("/v1/sessions/{session_id}/transcript")
     async def transcript(session_id: str) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from pydantic import BaseModel
 from agent.events import Event, TurnFinished, parse_event
 from agent.goals import GoalState
 from daemon.paths import lock_file, log_file, pid_file, socket_file
+from daemon.schedules import Schedule
 from daemon.schemas import (
     Interrupted,
     KernelInfo,
@@ -193,6 +194,23 @@ class Client:
 
     async def stop_goal(self, session_id: str) -> GoalState:
         return await self._typed(GoalState, "DELETE", f"/v1/sessions/{session_id}/goal")
+
+    async def schedules(self) -> list[Schedule]:
+        return [Schedule.model_validate(s) for s in await self._call("GET", "/v1/schedules")]
+
+    async def add_schedule(self, **fields: Any) -> Schedule:
+        """Fields of daemon.schedules.NewSchedule: prompt, every | cron, session | cwd, count, heartbeat, ..."""
+        return await self._typed(Schedule, "POST", "/v1/schedules", json=fields)
+
+    async def pause_schedule(self, schedule_id: str | None, paused: bool = True) -> list[Schedule]:
+        """Pause (or resume) one schedule, or every one (`schedule_id` None)."""
+        verb = "pause" if paused else "resume"
+        if schedule_id is None:
+            return [Schedule.model_validate(s) for s in await self._call("POST", f"/v1/schedules/{verb}-all")]
+        return [await self._typed(Schedule, "POST", f"/v1/schedules/{schedule_id}/{verb}")]
+
+    async def remove_schedule(self, schedule_id: str) -> None:
+        await self._call("DELETE", f"/v1/schedules/{schedule_id}")
 
     async def transcript(self, session_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/v1/sessions/{session_id}/transcript")

@@ -62,7 +62,7 @@ class SessionMeta(BaseModel):
 
     def save(self, layout: SessionLayout) -> None:
         self.updated = time.time()
-        _write_atomically(layout.meta, self.model_dump_json(indent=1))
+        write_atomically(layout.meta, self.model_dump_json(indent=1))
 
 
 def load(layout: SessionLayout) -> SessionMeta:
@@ -96,14 +96,14 @@ def _flat_events(layout: SessionLayout) -> None:
         except ValueError as e:  # kept as written (flattened) rather than lost
             log.warning("%s: event %s kept untyped: %s", layout.events, event.get("seq"), str(e)[:200])
             lines.append(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
-    _write_atomically(layout.events, "".join(line + "\n" for line in lines))
+    write_atomically(layout.events, "".join(line + "\n" for line in lines))
 
 
 MIGRATIONS: list[Callable[[SessionLayout], None]] = [_flat_events]
 SCHEMA = len(MIGRATIONS) + 1
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)

@@ -55,11 +55,15 @@ class TurnQueue:
         """A goal's turn, queued like any prompt (a user's prompts and a goal's turns never overlap);
         returns when it ends."""
         accepted = self.send(text, "prompt", goal=(goal_id, continuation))
-        future = self.waiting[accepted.turn_id] = asyncio.get_running_loop().create_future()
         try:
-            return await future
+            return await self.watch(accepted.turn_id)
         finally:
             self.waiting.pop(accepted.turn_id, None)
+
+    def watch(self, turn_id: str) -> asyncio.Future[TurnResult]:
+        """Resolved when the queued turn `turn_id` ends (or never runs); call before any await after `send`."""
+        future = self.waiting[turn_id] = asyncio.get_running_loop().create_future()
+        return future
 
     def send(self, text: str, mode: str, goal: tuple[str, int] | None = None) -> MessageAccepted:
         h, meta = self.host, self.host.meta
