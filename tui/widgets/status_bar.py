@@ -1,5 +1,5 @@
-"""One line at the bottom: model, session, turn state, tokens and cost, harness version, and
-whether the daemon is reachable."""
+"""One line at the bottom: model, session, turn state, the goal's progress, tokens and cost,
+harness version, and whether the daemon is reachable."""
 
 from __future__ import annotations
 
@@ -19,12 +19,15 @@ class StatusBar(Static):
     cost = reactive(0.0)
     harness = reactive("")
     connected = reactive(True)
+    goal = reactive("")
+    """The goal's line: state, continuation n of N, budget left (empty without a goal)."""
 
     def render(self) -> Text:
         link = ("● daemon", "green") if self.connected else ("○ daemon lost: reconnecting…", "bold red")
         state_style = {"running": "bold yellow", "queued": "yellow", "idle": "green"}.get(self.state, "")
         return Text.assemble(
             link, " · ", (self.model or "-", "bold"), " · ", (self.state or "-", state_style),
+            (" · " + self.goal, "bold magenta") if self.goal else "",
             " · ", f"{self.tokens:,} tok",
             f" ({self.cached_tokens / self.prompt_tokens:.0%} cached)" if self.cached_tokens and self.prompt_tokens else "",
             f" ${self.cost:.2f}" if self.cost else "", " · ",
