@@ -75,10 +75,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"prime-agent: --cwd {cwd} is not a directory", file=sys.stderr)
         return EXIT_CONFIG
     show = print_json if args.json else Printer().show
-    if args.daemon and goal is not None:
-        print("prime-agent: --until / --autonomous run in this process; for a daemon session, "
-              "POST /v1/sessions/{id}/goal", file=sys.stderr)
-        return EXIT_CONFIG
     if args.daemon:
         if args.session_dir or any(not o.startswith("budget.") for o in args.config):
             print("prime-agent: with --daemon, the daemon keeps the session and reads config.toml itself; "
@@ -87,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
         from daemon.client import DaemonError
 
         try:
-            return asyncio.run(run_via_daemon(config, cwd, task, show, print_answer=not args.json))
+            return asyncio.run(run_via_daemon(config, cwd, task, show, print_answer=not args.json, goal=goal))
         except DaemonError as e:
             print(f"prime-agent: {e.message}", file=sys.stderr)
             return EXIT_CONFIG if e.status in (400, 409, 422) else 1
@@ -96,6 +92,24 @@ def main(args: argparse.Namespace) -> int:
 
 
 GOAL_EXIT_CODES = {"achieved": 0, "error": 3, "exhausted": 4, "stopped": 130}
+
+
+async def follow_goal(client, session_id: str, show, print_answer: bool) -> int:
+    """Show a daemon session's events until its goal finishes; its exit code."""
+    from agent.events import GoalFinished, TurnFinished
+
+    answer = None
+    async for event in client.events(session_id, 0):
+        show(event)
+        if isinstance(event, TurnFinished):
+            answer = event.answer
+        elif isinstance(event, GoalFinished):
+            if event.state == "achieved" and print_answer and answer:
+                print(answer)
+            elif event.state != "achieved":
+                print(f"prime-agent: goal {event.state}: {event.reason}", file=sys.stderr)
+            return GOAL_EXIT_CODES[event.state]
+    return EXIT_CODES["interrupted"]
 
 
 def goal_spec(args: argparse.Namespace, task: str):
@@ -135,15 +149,21 @@ def _config(args: argparse.Namespace, cwd: Path) -> Config:
     return load_config(cwd, overrides)
 
 
-async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answer: bool) -> int:
-    """`prime-agent run --daemon`: the same run, in a daemon session that outlives this process."""
+async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answer: bool, goal=None) -> int:
+    """`prime-agent run --daemon`: the same run, in a daemon session that outlives this process (a goal
+    too: it goes on in the daemon when this command is stopped or detaches)."""
     from daemon.client import connect
 
     async with await connect() as client:
         s = await client.create_session(cwd, model=config.model.name, base_url=config.model.base_url,
                                         budget=config.budget.model_dump())
-        accepted = await client.send(s.id, task)
-        code = await follow(client, s.id, accepted.turn_id, None, show, print_answer)
+        if goal is not None:
+            await client.start_goal(s.id, goal.text, check=goal.check, check_timeout=goal.check_timeout,
+                                    budget=goal.budget.model_dump(exclude_none=True))
+            code = await follow_goal(client, s.id, show, print_answer)
+        else:
+            accepted = await client.send(s.id, task)
+            code = await follow(client, s.id, accepted.turn_id, None, show, print_answer)
         print(f"[session {s.id} stays in the daemon: prime-agent send {s.id} \"...\" | attach {s.id}]",
               file=sys.stderr)
         return code

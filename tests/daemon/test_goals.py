@@ -145,3 +145,17 @@ def test_a_goal_survives_kill_9_between_continuations_and_resumes_within_its_bud
     assert any("resumed after the daemon restarted" in n and "continuations" in n for n in notes)
     assert [e.type for e in after if e.type.startswith("goal.")][-2:] == ["goal.check", "goal.finished"]
     assert (project / "done").read_text() == "yes"
+
+
+@pytest.mark.slow
+def test_run_daemon_until_pursues_the_goal_in_the_daemon_and_exits_with_its_code(prime_home: Path, project: Path):
+    import subprocess
+    import sys
+
+    with OpenAIServer(fixer()) as server:
+        r = subprocess.run([str(Path(sys.executable).parent / "prime-agent"), "run", "--daemon", "--until",
+                            "test -f done", "--max-continuations", "2", "create the file done"], cwd=project,
+                           text=True, capture_output=True, timeout=120,
+                           env={**os.environ, "OPENAI_BASE_URL": server.base_url, "PRIME_AGENT_MODEL": "fake"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "created done\n" and "goal check failed" in r.stderr and "goal achieved" in r.stderr
