@@ -10,8 +10,9 @@ from typing import Protocol
 
 from agent import events as ev
 from agent.goals import GoalSpec, GoalState, finish, pursue
+from agent.layout import SessionLayout
 from agent.session import Session
-from agent.trajectory import Record
+from agent.trajectory import Record, TurnFinished, TurnStarted, read_records
 from agent.types import TurnResult
 from daemon.errors import Refused
 from daemon.meta import SessionMeta
@@ -25,6 +26,7 @@ class Owner(Protocol):
 
     id: str
     meta: SessionMeta
+    layout: SessionLayout
     session: Session | None
     queue: TurnQueue
 
@@ -64,6 +66,7 @@ class DaemonGoal:
         state = self.state
         if state is None or state.state != "running":
             return
+        self._count_cut_turns(state)
         if (why := state.exhausted()) is not None:
             finish(state, self, "exhausted", f"the daemon restarted, and the goal {why}", self._save)
             return
@@ -72,6 +75,17 @@ class DaemonGoal:
         self.emit(ev.Note(text=f"goal {state.id} {state.reason}"))
         self._save(state)
         self.task = asyncio.create_task(self._run(state))
+
+    def _count_cut_turns(self, state: GoalState) -> None:
+        """The goal's turns the crash cut (closed as interrupted by the recovery) count against its budget."""
+        path = self.host.layout.trajectory
+        records = read_records(path, []) if path.is_file() else []
+        ours = {r.turn_id for r in records if isinstance(r, TurnStarted) and r.goal_id == state.id}
+        for r in records:
+            if isinstance(r, TurnFinished) and r.turn_id in ours and r.turn_id not in state.turn_ids:
+                state.turns += 1
+                state.turn_ids.append(r.turn_id)
+                state.usage += r.usage
 
     def stop(self) -> GoalState:
         """Stop after the current turn (an interrupt stops it now)."""

@@ -218,6 +218,7 @@ class Sessions(Protocol):
 
     config: Config
     stopping: bool
+    sessions: dict
 
     def get(self, session_id: str): ...
     async def create(self, req: CreateSession): ...
@@ -311,6 +312,11 @@ class Scheduler:
             await asyncio.sleep(0.25)
 
     async def _fire(self, s: Schedule, now: float) -> None:
+        if s.session is not None and s.session not in self.sessions.sessions:  # deleted: it would fail every time
+            s.paused, s.paused_why = True, f"its session {s.session} was deleted"
+            self._report(s, "failed", why=s.paused_why)
+            self._save()
+            return
         while self._fires and self._fires[0] < now - 60:
             self._fires.popleft()
         limit = self.sessions.config.daemon.max_fires_per_minute
@@ -339,7 +345,8 @@ class Scheduler:
         self._report(s, "queued" if accepted.queued else "sent", managed=managed, turn_id=accepted.turn_id)
         self._save()
         if s.heartbeat and dormant:
-            task = asyncio.create_task(self._back_to_sleep(managed, accepted.turn_id))
+            ended = managed.queue.watch(accepted.turn_id)  # before any await: the turn may end at once
+            task = asyncio.create_task(self._back_to_sleep(managed, accepted.turn_id, ended))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
 
@@ -352,11 +359,10 @@ class Scheduler:
         return managed
 
     @staticmethod
-    async def _back_to_sleep(managed, turn_id: str) -> None:
+    async def _back_to_sleep(managed, turn_id: str, ended: asyncio.Future) -> None:
         """A heartbeat woke a dormant session: once its turn is over and nothing else keeps it busy, sleep."""
-        future = managed.queue.watch(turn_id)
         try:
-            await future
+            await ended
         finally:
             managed.queue.waiting.pop(turn_id, None)
         while managed.busy():

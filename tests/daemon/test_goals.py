@@ -159,3 +159,15 @@ def test_run_daemon_until_pursues_the_goal_in_the_daemon_and_exits_with_its_code
                            env={**os.environ, "OPENAI_BASE_URL": server.base_url, "PRIME_AGENT_MODEL": "fake"})
     assert r.returncode == 0, r.stderr
     assert r.stdout == "created done\n" and "goal check failed" in r.stderr and "goal achieved" in r.stderr
+
+
+async def test_goals_past_the_daemons_cap_are_refused(prime_home: Path, project: Path):
+    with OpenAIServer(fixer("run: import time; time.sleep(1)")) as server:
+        async with running_daemon(max_goals=1) as client:
+            a = await client.create_session(project, model="fake", base_url=server.base_url)
+            b = await client.create_session(project, model="fake", base_url=server.base_url)
+            await client.start_goal(a.id, "one", check="false", budget={"max_continuations": 0})
+            with pytest.raises(DaemonError) as e:
+                await client.start_goal(b.id, "two", check="true")
+            assert (e.value.status, e.value.code) == (429, "too_many_goals")
+            await client.interrupt(a.id)

@@ -87,13 +87,18 @@ async def test_a_fire_while_the_session_is_busy_queues_once(daemon: Client, proj
     with OpenAIServer(model) as server:
         s = await daemon.create_session(project, model="fake", base_url=server.base_url)
         await daemon.send(s.id, "slow one")
-        sched = await daemon.add_schedule(prompt="check", every=0.3, session=s.id)
-        await asyncio.sleep(1.5)  # ~5 fires fall during the slow turn
-        info = await daemon.session(s.id)
-        assert info.queued <= 1
+        sched = await daemon.add_schedule(prompt="check", every=0.2, session=s.id)
+        queued = []
+
+        async def skipped_twice():  # while the slow turn runs, fires fall every 0.2 s
+            queued.append((await daemon.session(s.id)).queued)
+            (x,) = await daemon.schedules()
+            return x.skipped >= 2
+
+        await wait_for(skipped_twice)
         await daemon.pause_schedule(sched.id)
         (x,) = await daemon.schedules()
-        assert x.paused and x.skipped >= 2 and x.fired >= 1
+        assert x.paused and x.fired >= 1 and max(queued) <= 1
         with pytest.raises(DaemonError) as e:
             await daemon.pause_schedule("s-nope")
         assert e.value.status == 404
@@ -188,3 +193,20 @@ def test_cli_schedules_survive_kill_9_and_no_schedules_holds_them_until_resume(p
             if pid is not None:
                 os.kill(pid, signal.SIGTERM)
                 _wait_gone(pid)
+
+
+async def test_fires_past_the_per_minute_cap_wait_and_a_deleted_sessions_schedule_pauses(prime_home: Path,
+                                                                                          project: Path):
+    with OpenAIServer(model) as server:
+        async with running_daemon(max_fires_per_minute=2) as client:
+            s = await client.create_session(project, model="fake", base_url=server.base_url)
+            await client.add_schedule(prompt="tick", every=0.2, session=s.id)
+            await asyncio.sleep(2.0)
+            (x,) = await client.schedules()
+            assert x.fired == 2  # the third waits for the minute to have room
+            other = await client.create_session(project, model="fake", base_url=server.base_url)
+            orphan = await client.add_schedule(prompt="tick", every=0.2, session=other.id)
+            await client.delete(other.id)
+            await asyncio.sleep(1.0)
+            y = next(x for x in await client.schedules() if x.id == orphan.id)
+            assert y.paused and y.paused_why == f"its session {other.id} was deleted"
