@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent import events as ev
 from agent.prompt import render
 from agent.trajectory import GoalRecord, Record
-from agent.types import TurnResult, Usage
+from agent.types import Text, TurnResult, Usage
 
 GoalStatus = Literal["running", "achieved", "exhausted", "stopped", "error"]
 OUTPUT_CAP = 8000
@@ -57,8 +57,8 @@ class GoalBudget(BaseModel):
 class GoalSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    text: str = Field(min_length=1)
-    check: str | None = None
+    text: Text = Field(min_length=1)
+    check: Text | None = Field(None, min_length=1, pattern=r"^[^\x00]*$")
     """A shell command run in the workspace after each turn; exit 0 means achieved. None: autonomous mode
     (achieved when the model calls `final()`)."""
     check_timeout: float = Field(300.0, gt=0)

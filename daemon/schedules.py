@@ -32,7 +32,8 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent import events as ev
-from agent.config import Config
+from agent.config import Config, shorten
+from agent.types import Text
 from daemon.errors import Refused
 from daemon.meta import write_atomically
 from daemon.schemas import CreateSession
@@ -88,19 +89,27 @@ class Cron:
             out.update(range(start, end + 1, step))
         return out
 
-    def matches(self, t: datetime) -> bool:
-        minute, hour, dom, month, dow = self.sets
-        day_dom, day_dow = t.day in dom, (t.isoweekday() % 7) in dow
-        day = (day_dom and day_dow) if (self.any_dom or self.any_dow) else (day_dom or day_dow)
-        return t.minute in minute and t.hour in hour and t.month in month and day
 
     def next_after(self, ts: float) -> float:
+        """The first matching minute after `ts` (a day or hour that cannot match is skipped whole)."""
+        minute, hour, _, month, _ = self.sets
         t = datetime.fromtimestamp(ts).replace(second=0, microsecond=0) + timedelta(minutes=1)
-        for _ in range(366 * 24 * 60):
-            if self.matches(t):
+        end = t + timedelta(days=366 * 5)  # Feb 29 on a given weekday can take years
+        while t < end:
+            if t.month not in month or not self._day(t):
+                t = t.replace(hour=0, minute=0) + timedelta(days=1)
+            elif t.hour not in hour:
+                t = t.replace(minute=0) + timedelta(hours=1)
+            elif t.minute not in minute:
+                t += timedelta(minutes=1)
+            else:
                 return t.timestamp()
-            t += timedelta(minutes=1)
-        raise ValueError("this cron line never fires within a year")
+        raise ValueError("this cron line never fires (no date matches it)")
+
+    def _day(self, t: datetime) -> bool:
+        _, _, dom, _, dow = self.sets
+        day_dom, day_dow = t.day in dom, (t.isoweekday() % 7) in dow
+        return (day_dom and day_dow) if (self.any_dom or self.any_dow) else (day_dom or day_dow)
 
 
 class NewSchedule(BaseModel):
@@ -108,7 +117,7 @@ class NewSchedule(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = ""
+    prompt: Text = ""
     """The prompt fired; empty for a heartbeat (a short check-in)."""
     every: float | None = Field(None, gt=0)
     """Seconds between fires (the CLI takes 30s, 5m, 1h30m)."""
@@ -131,7 +140,7 @@ class NewSchedule(BaseModel):
         if (self.session is None) == (self.cwd is None):
             raise ValueError("give exactly one of `session` (an id) and `cwd` (a directory)")
         if self.cron is not None:
-            Cron(self.cron)
+            Cron(self.cron).next_after(time.time())  # a line no date matches (Feb 30) is refused here
         if not self.prompt.strip():
             if not self.heartbeat:
                 raise ValueError("a schedule needs a prompt (or `heartbeat: true` for a check-in)")
@@ -163,6 +172,13 @@ class Schedule(NewSchedule):
             n += 1
             t = self.next_after(t)
         return n
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).is_absolute() and Path(path).is_dir()
+    except (OSError, ValueError):  # a NUL, a name too long: not a directory
+        return False
 
 
 class Store(BaseModel):
@@ -271,8 +287,8 @@ class Scheduler:
     def add(self, req: NewSchedule) -> Schedule:
         if req.session is not None:
             self.sessions.get(req.session)  # a 404 now, not at the first fire
-        elif not Path(req.cwd or "").is_absolute() or not Path(req.cwd or "").is_dir():
-            raise Refused("bad_cwd", f"cwd must be an absolute path to a directory, not {req.cwd!r}")
+        elif not _is_dir(req.cwd or ""):
+            raise Refused("bad_cwd", f"cwd must be an absolute path to a directory, not {shorten(req.cwd)!r}")
         s = Schedule(id="s-" + secrets.token_hex(4), **req.model_dump())
         s.next_fire = time.time() + s.every if s.every is not None else s.next_after(time.time())
         self.schedules[s.id] = s

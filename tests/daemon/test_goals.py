@@ -95,6 +95,13 @@ async def test_bad_goal_requests_get_a_clear_4xx(daemon: Client, project: Path):
         with pytest.raises(DaemonError) as e:
             await daemon.start_goal(s.id, "x", budget={"max_minutes": 3})
         assert e.value.status == 422 and "max_minutes" in e.value.message
+        for check in ("", "true\u0000"):
+            with pytest.raises(DaemonError) as e:
+                await daemon.start_goal(s.id, "x", check=check)
+            assert e.value.status == 422
+        with pytest.raises(DaemonError) as e:
+            await daemon.stop_goal(s.id)
+        assert e.value.status == 404
 
 
 async def test_a_goal_cut_by_a_restart_with_no_budget_left_ends_exhausted(prime_home: Path, project: Path):

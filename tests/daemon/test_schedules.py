@@ -50,9 +50,12 @@ def test_durations_and_cron_lines():
     assert time.localtime(Cron("0 12 * * *").next_after(noon))[3:5] == (12, 0)
     assert time.localtime(Cron("*/15 * * * *").next_after(noon))[3:5] == (12, 0)
     assert time.localtime(Cron("30 9 * * 1-5").next_after(noon))[2:5] == (2, 9, 30)  # Wednesday
-    for bad in ("* * * *", "61 * * * *", "a * * * *"):
+    assert time.localtime(Cron("0 0 29 2 *").next_after(noon))[:3] == (2028, 2, 29)
+    for bad in ("* * * *", "61 * * * *", "a * * * *", "*/0 * * * *"):
         with pytest.raises(ValueError):
             Cron(bad)
+    with pytest.raises(ValueError, match="never fires"):
+        Cron("0 0 30 2 *").next_after(noon)
 
 
 async def test_every_with_a_count_fires_that_many_prompts_then_stops(daemon: Client, project: Path, prime_home: Path):
@@ -105,6 +108,11 @@ async def test_a_fire_while_the_session_is_busy_queues_once(daemon: Client, proj
         with pytest.raises(DaemonError) as e:
             await daemon.add_schedule(prompt="x", every=1, cron="* * * * *", session=s.id)
         assert e.value.status == 422 and "exactly one" in e.value.message
+        for bad in ({"cron": "0 0 30 2 *", "session": s.id}, {"every": 1, "cwd": "rel/dir"},
+                    {"every": 1, "cwd": "/tmp/\u0000x"}):
+            with pytest.raises(DaemonError) as e:
+                await daemon.add_schedule(prompt="x", **bad)
+            assert e.value.status in (400, 422), e.value
 
 
 async def test_a_heartbeat_wakes_a_dormant_session_which_sleeps_again(daemon: Client, project: Path):
