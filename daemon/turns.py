@@ -46,7 +46,8 @@ class TurnQueue:
         self.cancelled_because = "interrupted before it began"
         """Why the worker was cancelled, for a turn it had not begun."""
         self.waiting: dict[str, asyncio.Future[TurnResult]] = {}
-        """A goal's turns, by id: resolved with each turn's result (or, for one that never ran, an interrupted one)."""
+        """Turns someone waits for (a goal's, a heartbeat's), by id: resolved with the result (an interrupted one
+        for a turn that never ran)."""
 
     def busy(self) -> bool:
         return self.running is not None or bool(self.host.meta.queued)
