@@ -187,6 +187,13 @@ class DaemonConfig(_Section):
     kept, a new kernel on its next prompt, the model told its variables are gone)."""
     max_running_turns: int = Field(8, ge=1)
     """Turns running at once across all sessions; more wait their turn in order."""
+    max_goals: int = Field(8, ge=1)
+    """Goals running at once across all sessions; one more is refused (429)."""
+    schedules: bool = True
+    """False: every schedule is paused when the daemon starts, before anything fires (as with
+    `daemon start --no-schedules`); `prime-agent schedule resume` turns one back on."""
+    max_fires_per_minute: int = Field(60, ge=1)
+    """Schedule fires across the daemon in any minute; one over waits for room (never a burst)."""
     client_buffer: int = Field(10_000, ge=16)
     """Events held for one event-stream client; a client this far behind is dropped (it reconnects
     with Last-Event-ID and replays from the journal, losing nothing)."""

@@ -104,6 +104,10 @@ class TurnQueued(_Event):
 class TurnStarted(_Event):
     type: Literal["turn.started"] = "turn.started"
     prompt: Text
+    goal_id: str | None = None
+    """The goal this turn works toward, when it is one of a goal's turns."""
+    continuation: int | None = None
+    """0 for a goal's first turn, n for its n-th continuation."""
 
 
 class TurnFinished(_Event):
@@ -366,6 +370,61 @@ class SubagentFinished(_Event):
     usage: Usage = Field(default_factory=Usage)
 
 
+# --- goals (agent/goals.py) ---------------------------------------------------------------------
+
+
+class GoalStarted(_Event):
+    type: Literal["goal.started"] = "goal.started"
+    goal_id: str
+    text: Text
+    check: Text | None = None
+    budget: dict[str, Any] = Field(default_factory=dict)
+
+
+class GoalCheck(_Event):
+    """The goal's check ran after a turn (or, without a check, whether the turn called `final()`)."""
+
+    type: Literal["goal.check"] = "goal.check"
+    goal_id: str
+    passed: bool
+    exit_code: int | None = None
+    output: Text = ""
+    duration: float = 0.0
+
+
+class GoalContinued(_Event):
+    """A continuation turn starts: the check failed and the budget has room."""
+
+    type: Literal["goal.continued"] = "goal.continued"
+    goal_id: str
+    continuation: int
+    budget_left: dict[str, float] = Field(default_factory=dict)
+
+
+class GoalFinished(_Event):
+    type: Literal["goal.finished"] = "goal.finished"
+    goal_id: str
+    state: Literal["achieved", "exhausted", "stopped", "error"]
+    reason: Text
+    continuations: int
+    turns: int
+    usage: Usage = Field(default_factory=Usage)
+    seconds: float = 0.0
+
+
+class ScheduleFired(_Event):
+    """A schedule of the daemon fired into this session (`turn_id`: the prompt it sent), or did not:
+    `skipped` (its last prompt still queued), `missed` (fires while the daemon was down, not replayed),
+    `failed` (the session could not take it)."""
+
+    type: Literal["schedule.fired"] = "schedule.fired"
+    schedule_id: str
+    outcome: Literal["sent", "queued", "skipped", "missed", "failed"]
+    missed: int = 0
+    heartbeat: bool = False
+    reason: Text | None = None
+
+
 Event = Annotated[
     SessionStarted | SessionResumed | Rewound | Note | Error | UsageCharged
     | TurnQueued | TurnStarted | TurnFinished | SteerDelivered | MessageDelivered | Compaction
@@ -375,7 +434,8 @@ Event = Annotated[
     | RefinementProposed | RefinementApplied | RefinementPending | RefinementDryRun | RefinementRejected
     | RefinementFailed | RefinementSkipped | RefinementRolledBack
     | McpCalled | ApprovalRequested | ApprovalDecided
-    | SubagentSpawned | SubagentFinished,
+    | SubagentSpawned | SubagentFinished
+    | GoalStarted | GoalCheck | GoalContinued | GoalFinished | ScheduleFired,
     Field(discriminator="type"),
 ]
 """Every event a client can see."""

@@ -23,6 +23,7 @@ from agent.bridge import BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
 from agent.config import Config, home, project_root, shorten
 from agent.context import Context, Inbox, Sinks
+from agent.goals import GoalState, pursue
 from agent.harness import SessionHarness, changes, scope_roots, told
 from agent.kernel import Kernel, KernelPool, KernelState
 from agent.layout import SessionLayout
@@ -299,13 +300,16 @@ class Session:
 
     # --- what a client does ----------------------------------------------------------------
 
-    async def prompt(self, text: str, turn_id: str | None = None) -> TurnResult:
+    async def prompt(self, text: str, turn_id: str | None = None, goal: tuple[str, int] | None = None) -> TurnResult:
         """Run one turn to its end; never raises for model, kernel or budget failures.
-        `turn_id` names the turn when a client numbered it in advance (the daemon's queue)."""
+        `turn_id` names the turn when a client numbered it in advance (the daemon's queue); `goal`
+        (goal id, continuation) marks it as one of a goal's turns."""
         if self.turn is not None:
             raise RuntimeError("a turn is already running in this session; steer it or wait")
         self.turns += 1
-        turn = self.turn = Turn(id=turn_id or f"t{self.turns}", prompt=text)
+        goal_id, continuation = goal or (None, None)
+        turn = self.turn = Turn(id=turn_id or f"t{self.turns}", prompt=text, goal_id=goal_id,
+                                continuation=continuation)
         outcome: Outcome = "interrupted"
         answer = None
         error = "the session was closed during this turn"
@@ -326,6 +330,16 @@ class Session:
             result = self._end_turn(turn, outcome, answer, error)
             self.checkpoints.after_turn(turn.id)
         return result
+
+    async def pursue(self, goal: GoalState, on_change: Callable[[GoalState], None] = lambda s: None) -> GoalState:
+        """Run a goal (agent/goals.py) in this session: turns until its check passes or its budget ends."""
+        return await pursue(goal, self, on_change)
+
+    async def goal_turn(self, text: str, goal_id: str, continuation: int) -> TurnResult:
+        return await self.prompt(text, goal=(goal_id, continuation))
+
+    def subagents_running(self) -> bool:
+        return self.subagents.running()
 
     async def rewind(self, turn: int, parts: list[Part] | None = None, *, after: bool = False, force: bool = False,
                      dry_run: bool = False) -> Plan | RewindRecord:
@@ -451,8 +465,9 @@ class Session:
 
     def _begin_turn(self, turn: Turn) -> None:
         prompt = turn.prompt
-        self.record(TurnStarted(turn_id=turn.id, prompt=prompt))
-        self.emit(ev.TurnStarted(turn_id=turn.id, prompt=prompt))
+        mark = {"goal_id": turn.goal_id, "continuation": turn.continuation}
+        self.record(TurnStarted(turn_id=turn.id, prompt=prompt, **mark))
+        self.emit(ev.TurnStarted(turn_id=turn.id, prompt=prompt, **mark))
         try:
             self.refiner.at_boundary()
             self.reload_harness(turn)
@@ -472,6 +487,7 @@ class Session:
         result = TurnResult(
             turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
             duration=time.monotonic() - turn.started, steps=turn.steps, cells=turn.cells,
+            final=turn.final and outcome == "completed",
         )
         self.turn = None
         self.last_result = result
@@ -553,6 +569,7 @@ class Session:
     async def _final(self, answer: str) -> None:
         if self.turn is None:
             raise RuntimeError("final() ends a turn, and no turn is running")
+        self.turn.final = True
         self.turn.stop_with(Submitted(answer))
 
     def rollback(self, ref: str, scope: str, to: bool = False) -> Change:

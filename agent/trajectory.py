@@ -43,6 +43,29 @@ class TurnStarted(_Record):
     kind: Literal["turn_started"] = "turn_started"
     turn_id: str
     prompt: str
+    goal_id: str | None = None
+    """The goal this turn works toward (its `goal` records say how the goal went), so a whole goal can
+    be scored as one."""
+    continuation: int | None = None
+    """0 for a goal's first turn, n for its n-th continuation."""
+
+
+class GoalRecord(_Record):
+    """A step of a goal (agent/goals.py): started (with its spec), check, continued, finished."""
+
+    kind: Literal["goal"] = "goal"
+    goal_id: str
+    step: Literal["started", "check", "continued", "finished"]
+    spec: Any = None
+    """For `started`: the GoalSpec (text, check, check_timeout, budget)."""
+    check: Any = None
+    """For `check`: the CheckResult (passed, exit_code, output, duration, timed_out)."""
+    continuation: int | None = None
+    state: str | None = None
+    reason: str | None = None
+    usage: Usage | None = None
+    continuations: int | None = None
+    turns: int | None = None
 
 
 class MessageRecord(_Record):
@@ -243,7 +266,7 @@ class RewindRecord(_Record):
 Record = Annotated[
     SessionRecord | TurnStarted | MessageRecord | SystemPromptRecord | ModelCall | CellRecord | SubagentRecord
     | RefinementRecord | CompactionRecord | TurnFinished | ResumedRecord | McpCallRecord | ApprovalRecord
-    | CheckpointRecord | RewindRecord,
+    | CheckpointRecord | RewindRecord | GoalRecord,
     Field(discriminator="kind"),
 ]
 _adapter: TypeAdapter[Record] = TypeAdapter(Record)

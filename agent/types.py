@@ -194,6 +194,12 @@ class Turn:
     """Set from outside the loop (`final(answer)` from the kernel, an interrupt): what ends the
     turn at the loop's next check. The first one set wins."""
 
+    final: bool = False
+    """Code called `final(answer)` (rather than the model answering without a cell)."""
+    goal_id: str | None = None
+    continuation: int | None = None
+    """The goal this turn works toward, and which of its turns it is (0 the first)."""
+
     def stop_with(self, reason: Exception) -> None:
         if self.stop is None:
             self.stop = reason
@@ -209,3 +215,5 @@ class TurnResult:
     duration: float
     steps: int
     cells: int
+    final: bool = False
+    """The turn ended with a call to `final()`."""

@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     start = actions.add_parser("start", help="start it (in the background, unless --foreground)")
     start.add_argument("--foreground", action="store_true", help="run in this terminal; Ctrl-C or SIGTERM stops it")
     start.add_argument("--tcp", metavar="HOST:PORT", help="also listen on TCP; requests need the bearer token")
+    start.add_argument("--no-schedules", action="store_true",
+                       help="pause every schedule before the daemon starts (prime-agent schedule resume ID)")
     actions.add_parser("stop", help="stop it: running turns are interrupted and recorded first")
     status = actions.add_parser("status", help="pid, socket, version, uptime, sessions")
     status.add_argument("--json", action="store_true")
@@ -43,6 +45,11 @@ def _start(args: argparse.Namespace) -> int:
     if daemon_pid() is not None:
         print(f"prime-agent: a daemon already runs for {home()} (pid {daemon_pid()})", file=sys.stderr)
         return 1
+    if args.no_schedules:  # in the store it reads at start, before anything can fire
+        from daemon.schedules import ScheduleStore, pause_all
+
+        paused = pause_all(ScheduleStore(home()), "the daemon started with --no-schedules")
+        print(f"[{len(paused)} schedule(s) paused: prime-agent schedule resume ID]", file=sys.stderr)
     if args.foreground:
         from evals.gate import session_gate
 

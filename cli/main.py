@@ -36,6 +36,8 @@ COMMANDS = {  # in the order --help lists them
     "attach": Command("cli.sessions", "follow a session's events; Ctrl-C detaches and leaves it running"),
     "kernel": Command("cli.sessions",
                       "print the connection file of a session's live kernel (jupyter console --existing FILE)"),
+    "schedule": Command("cli.schedule", "prompts the daemon fires on a clock, and heartbeats: add, list, pause "
+                        "(--all works with the daemon stopped), resume, remove"),
     "rewind": Command("cli.rewind", "go back to before a turn: files, conversation, harness and kernel (--list: "
                       "the turns)"),
     "rate": Command("cli.rl", "rate a session 0..1: the reward its training samples carry"),

@@ -1,7 +1,8 @@
 """`prime-agent run TASK`: one headless session; prints the final answer.
 
 Exit codes: 0 completed, 2 bad configuration or usage, 3 model error, 4 budget exhausted,
-5 model timed out, 130 interrupted. Ctrl-C interrupts the running cell (the kernel keeps its
+5 model timed out, 130 interrupted. With `--until CMD` (a goal: turns go on until CMD exits 0):
+0 achieved, 4 the goal's budget exhausted, 3 error, 130 stopped. Ctrl-C interrupts the running cell (the kernel keeps its
 state) and ends the turn; a second Ctrl-C stops at once.
 """
 
@@ -49,6 +50,15 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
                    help="when the agent asks to run a command outside the sandbox (or calls an MCP server under "
                         "policy ask): on-request asks you at the "
                         "terminal (the default when there is one), never refuses (the default without)")
+    goal = p.add_argument_group("goals", "keep going until a check passes (continuation turns carry its output)")
+    goal.add_argument("--until", metavar="CMD",
+                      help="a shell command run in the workspace after each turn; the goal is achieved when it exits 0")
+    goal.add_argument("--autonomous", action="store_true",
+                      help="a goal without a check: continue until the model calls final(), within the budget")
+    goal.add_argument("--max-continuations", type=int, metavar="N", help="continuation turns allowed (default 10)")
+    goal.add_argument("--max-seconds", type=float, metavar="S", help="wall-clock seconds for the whole goal")
+    goal.add_argument("--max-tokens", type=int, metavar="T", help="tokens for the whole goal")
+    goal.add_argument("--check-timeout", type=float, metavar="S", help="seconds the check may run (default 300)")
     p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. -c model.temperature=0.2 (repeatable)")
 
@@ -56,6 +66,11 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
 def main(args: argparse.Namespace) -> int:
     cwd = Path(args.cwd or ".").resolve()
     task = sys.stdin.read() if args.task == "-" else args.task
+    try:
+        goal = goal_spec(args, task)
+    except ValueError as e:
+        print(f"prime-agent: {e}", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         config = _config(args, cwd)
     except ConfigError as e:
@@ -76,12 +91,57 @@ def main(args: argparse.Namespace) -> int:
         from daemon.client import DaemonError
 
         try:
-            return asyncio.run(run_via_daemon(config, cwd, task, show, print_answer=not args.json))
+            return asyncio.run(run_via_daemon(config, cwd, task, show, print_answer=not args.json, goal=goal))
         except DaemonError as e:
             print(f"prime-agent: {e.message}", file=sys.stderr)
             return EXIT_CONFIG if e.status in (400, 409, 422) else 1
     session_dir = Path(args.session_dir) if args.session_dir else None
-    return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=not args.json))
+    return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=not args.json, goal=goal))
+
+
+GOAL_EXIT_CODES = {"achieved": 0, "error": 3, "exhausted": 4, "stopped": 130}
+
+
+async def follow_goal(client, session_id: str, show, print_answer: bool) -> int:
+    """Show a daemon session's events until its goal finishes; its exit code."""
+    from agent.events import GoalFinished, TurnFinished
+
+    answer = None
+    async for event in client.events(session_id, 0):
+        show(event)
+        if isinstance(event, TurnFinished):
+            answer = event.answer
+        elif isinstance(event, GoalFinished):
+            if event.state == "achieved" and print_answer and answer:
+                print(answer)
+            elif event.state != "achieved":
+                print(f"prime-agent: goal {event.state}: {event.reason}", file=sys.stderr)
+            return GOAL_EXIT_CODES[event.state]
+    return EXIT_CODES["interrupted"]
+
+
+def goal_spec(args: argparse.Namespace, task: str):
+    """The goal the flags ask for, or None for a plain one-turn run (ValueError for flags that clash)."""
+    from pydantic import ValidationError
+
+    from agent.goals import GoalBudget, GoalSpec
+
+    limits = {"max_continuations": args.max_continuations, "max_seconds": args.max_seconds,
+              "max_tokens": args.max_tokens}
+    if args.until is None and not args.autonomous:
+        if any(v is not None for v in limits.values()) or args.check_timeout is not None:
+            raise ValueError("--max-continuations, --max-seconds, --max-tokens and --check-timeout bound a goal: "
+                             "add --until CMD or --autonomous")
+        return None
+    if args.until is not None and args.autonomous:
+        raise ValueError("--until and --autonomous exclude each other (autonomous mode is a goal without a check)")
+    try:
+        budget = GoalBudget(**{k: v for k, v in limits.items() if v is not None})
+        extra = {"check_timeout": args.check_timeout} if args.check_timeout is not None else {}
+        return GoalSpec(text=task, check=args.until, budget=budget, **extra)
+    except ValidationError as e:
+        raise ValueError("; ".join(f"--{'-'.join(str(p) for p in err['loc'])}: {err['msg']}".replace("_", "-")
+                                   for err in e.errors())) from None
 
 
 def _config(args: argparse.Namespace, cwd: Path) -> Config:
@@ -101,15 +161,21 @@ def _config(args: argparse.Namespace, cwd: Path) -> Config:
     return load_config(cwd, overrides)
 
 
-async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answer: bool) -> int:
-    """`prime-agent run --daemon`: the same run, in a daemon session that outlives this process."""
+async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answer: bool, goal=None) -> int:
+    """`prime-agent run --daemon`: the same run, in a daemon session that outlives this process (a goal
+    too: it goes on in the daemon when this command is stopped or detaches)."""
     from daemon.client import connect
 
     async with await connect() as client:
         s = await client.create_session(cwd, model=config.model.name, base_url=config.model.base_url,
                                         budget=config.budget.model_dump(), sandbox=config.sandbox.mode)
-        accepted = await client.send(s.id, task)
-        code = await follow(client, s.id, accepted.turn_id, None, show, print_answer)
+        if goal is not None:
+            await client.start_goal(s.id, goal.text, check=goal.check, check_timeout=goal.check_timeout,
+                                    budget=goal.budget.model_dump(exclude_none=True))
+            code = await follow_goal(client, s.id, show, print_answer)
+        else:
+            accepted = await client.send(s.id, task)
+            code = await follow(client, s.id, accepted.turn_id, None, show, print_answer)
         print(f"[session {s.id} stays in the daemon: prime-agent send {s.id} \"...\" | attach {s.id}]",
               file=sys.stderr)
         return code
@@ -136,7 +202,8 @@ async def ask_at_terminal(req: Request) -> Decision:
         return "deny"
 
 
-async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, show, print_answer: bool) -> int:
+async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, show, print_answer: bool,
+               goal=None) -> int:
     from agent.model import OpenAIModel
     from agent.session import Session
 
@@ -152,7 +219,12 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
     try:
         # The kernel boots in its own process while this one imports the model client.
         await asyncio.gather(session.start(), asyncio.to_thread(model.prepare))
-        result = await session.prompt(task)
+        if goal is not None:
+            from agent.goals import GoalState
+
+            state = await session.pursue(GoalState.new(goal))
+        else:
+            result = await session.prompt(task)
     except asyncio.CancelledError:
         print("prime-agent: stopped", file=sys.stderr)
         return EXIT_CODES["interrupted"]
@@ -163,6 +235,15 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
         await session.close()
         await model.close()
         loop.remove_signal_handler(signal.SIGINT)
-    code = report(result.outcome, result.answer, result.error, print_answer)
+    if goal is not None:
+        answer = session.last_result.answer if session.last_result else None
+        if state.state == "achieved" and print_answer and answer:
+            print(answer)
+        elif state.state != "achieved":
+            print(f"prime-agent: goal {state.state}: {state.reason}", file=sys.stderr)
+        print(f"[goal {state.state} after {state.turns} turns ({state.continuations} continuations)]", file=sys.stderr)
+        code = GOAL_EXIT_CODES[state.state]
+    else:
+        code = report(result.outcome, result.answer, result.error, print_answer)
     print(f"[session {session.id}: {session.dir}; spent {session.usage.describe()}]", file=sys.stderr)
     return code

@@ -82,3 +82,14 @@ class Printer:
                 c.print(Text(f"context compacted ({e.folded_messages} messages summarised)", style="dim"))
             case ev.Error():
                 c.print(Text(e.message, style="red"))
+            case ev.GoalCheck():
+                verdict = "passed" if e.passed else f"failed (exit {e.exit_code})"
+                c.print(Text(f"goal check {verdict} in {e.duration:.1f}s", style="green" if e.passed else "yellow"))
+                if not e.passed and e.output:
+                    self.lines = 0
+                    self._output(e.output[-2000:], "yellow")
+            case ev.GoalContinued():
+                left = ", ".join(f"{v:g} {k}" for k, v in e.budget_left.items())
+                c.print(Text(f"goal: continuation {e.continuation}" + (f" ({left} left)" if left else ""), style="bold"))
+            case ev.GoalFinished():
+                c.print(Text(f"goal {e.state}: {e.reason}", style="bold green" if e.state == "achieved" else "bold red"))

@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException
 from agent.checkpoints import PARTS, Plan, RewindError, WorkspaceStore, turn_list
 from agent.config import ConfigError, home, project_root, shorten
 from agent.events import EVENTS
+from agent.goals import GoalSpec, GoalState
 from agent.harness import SessionHarness, scope_roots
 from agent.layout import SessionLayout
 from agent.mcp import McpServers, ServerInfo
@@ -36,6 +37,7 @@ from agent.subagents import read_registry
 from agent.trajectory import read_records
 from daemon.errors import Refused
 from daemon.manager import SessionManager
+from daemon.schedules import NewSchedule, Schedule
 from daemon.schemas import (
     ApprovalDecision,
     CreateSession,
@@ -77,6 +79,7 @@ STATUS = {
     "no_checkpoint": 409,
     "rewind_conflict": 409, "bad_rewind": 400, "rewind_failed": 409, "too_many_sessions": 429, "stopping": 503,
     "write_failed": 503, "disk_full": 507,
+    "goal_running": 409, "no_goal": 404, "too_many_goals": 429,
 }
 """The HTTP status of each reason the daemon refuses a request (daemon.errors.Refused)."""
 
@@ -204,6 +207,68 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.post("/v1/sessions/{session_id}/goal", status_code=201)
+    async def start_goal(session_id: str, req: GoalSpec) -> GoalState:
+        """Pursue a goal: turns until `check` exits 0 in the workspace (no check: until the model calls
+        final()), or the first budget limit is reached. Its turns queue like any prompt."""
+        managed = manager.get(session_id)
+        if manager.stopping:
+            raise Refused("stopping", "the daemon is stopping")
+        if not managed.goal.running() and manager.running_goals() >= manager.config.daemon.max_goals:
+            raise Refused("too_many_goals", f"{manager.running_goals()} goals are running (daemon.max_goals); "
+                          "stop one, or raise the limit")
+        return managed.goal.start(req)
+
+    @app.get("/v1/sessions/{session_id}/goal")
+    async def get_goal(session_id: str) -> GoalState:
+        """The session's goal (running, or the last one to end): state, continuations, last check, budget used."""
+        state = manager.get(session_id).goal.state
+        if state is None:
+            raise Refused("no_goal", f"session {session_id} has no goal")
+        return state
+
+    @app.delete("/v1/sessions/{session_id}/goal", status_code=202)
+    async def stop_goal(session_id: str) -> GoalState:
+        """Stop the goal after the current turn (an interrupt stops it now)."""
+        return manager.get(session_id).goal.stop()
+
+    # --- schedules (daemon/schedules.py) --------------------------------------------------------
+
+    @app.get("/v1/schedules")
+    async def list_schedules() -> list[Schedule]:
+        return sorted(manager.scheduler.schedules.values(), key=lambda s: s.created)
+
+    @app.post("/v1/schedules", status_code=201)
+    async def add_schedule(req: NewSchedule) -> Schedule:
+        """Fire a prompt into a session every so often (`every` seconds) or on a cron line, `count` times
+        or without end; `cwd` instead of `session` creates the session at the first fire."""
+        return manager.scheduler.add(req)
+
+    @app.post("/v1/schedules/pause-all")
+    async def pause_all_schedules() -> list[Schedule]:
+        return manager.scheduler.pause(None, True, "paused by request (pause --all)")
+
+    @app.post("/v1/schedules/resume-all")
+    async def resume_all_schedules() -> list[Schedule]:
+        return manager.scheduler.pause(None, False)
+
+    @app.get("/v1/schedules/{schedule_id}")
+    async def get_schedule(schedule_id: str) -> Schedule:
+        return manager.scheduler.get(schedule_id)
+
+    @app.post("/v1/schedules/{schedule_id}/pause")
+    async def pause_schedule(schedule_id: str) -> Schedule:
+        return manager.scheduler.pause(schedule_id, True, "paused by request")[0]
+
+    @app.post("/v1/schedules/{schedule_id}/resume")
+    async def resume_schedule(schedule_id: str) -> Schedule:
+        return manager.scheduler.pause(schedule_id, False)[0]
+
+    @app.delete("/v1/schedules/{schedule_id}", status_code=204)
+    async def remove_schedule(schedule_id: str) -> Response:
+        manager.scheduler.remove(schedule_id)
+        return Response(status_code=204)
 
     @app.get("/v1/sessions/{session_id}/transcript")
     async def transcript(session_id: str) -> dict[str, Any]:

@@ -32,7 +32,9 @@ import httpx2
 from pydantic import BaseModel
 
 from agent.events import Event, TurnFinished, parse_event
+from agent.goals import GoalState
 from daemon.paths import lock_file, log_file, pid_file, socket_file
+from daemon.schedules import Schedule
 from daemon.schemas import (
     Interrupted,
     KernelInfo,
@@ -179,6 +181,36 @@ class Client:
         """Stop the running turn; with `turn_id`, only that turn (dropped if it is still queued)."""
         body = {"drop_queued": drop_queued, **({"turn_id": turn_id} if turn_id else {})}
         return await self._typed(Interrupted, "POST", f"/v1/sessions/{session_id}/interrupt", json=body)
+
+    async def start_goal(self, session_id: str, text: str, check: str | None = None,
+                         budget: dict[str, Any] | None = None, check_timeout: float | None = None) -> GoalState:
+        body: dict[str, Any] = {"text": text, "check": check, "budget": budget or {}}
+        if check_timeout is not None:
+            body["check_timeout"] = check_timeout
+        return await self._typed(GoalState, "POST", f"/v1/sessions/{session_id}/goal", json=body)
+
+    async def goal(self, session_id: str) -> GoalState:
+        return await self._typed(GoalState, "GET", f"/v1/sessions/{session_id}/goal")
+
+    async def stop_goal(self, session_id: str) -> GoalState:
+        return await self._typed(GoalState, "DELETE", f"/v1/sessions/{session_id}/goal")
+
+    async def schedules(self) -> list[Schedule]:
+        return [Schedule.model_validate(s) for s in await self._call("GET", "/v1/schedules")]
+
+    async def add_schedule(self, **fields: Any) -> Schedule:
+        """Fields of daemon.schedules.NewSchedule: prompt, every | cron, session | cwd, count, heartbeat, ..."""
+        return await self._typed(Schedule, "POST", "/v1/schedules", json=fields)
+
+    async def pause_schedule(self, schedule_id: str | None, paused: bool = True) -> list[Schedule]:
+        """Pause (or resume) one schedule, or every one (`schedule_id` None)."""
+        verb = "pause" if paused else "resume"
+        if schedule_id is None:
+            return [Schedule.model_validate(s) for s in await self._call("POST", f"/v1/schedules/{verb}-all")]
+        return [await self._typed(Schedule, "POST", f"/v1/schedules/{schedule_id}/{verb}")]
+
+    async def remove_schedule(self, schedule_id: str) -> None:
+        await self._call("DELETE", f"/v1/schedules/{schedule_id}")
 
     async def transcript(self, session_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/v1/sessions/{session_id}/transcript")

@@ -29,6 +29,7 @@ from agent.session import Session
 from agent.trajectory import SessionRecord, TurnStarted, finish_cut_turn, read_records
 from daemon.errors import Refused
 from daemon.fanout import Fanout, Subscriber
+from daemon.goals import DaemonGoal
 from daemon.journal import EventJournal
 from daemon.meta import SessionMeta
 from daemon.schemas import Interrupted, MessageAccepted, SessionInfo
@@ -63,6 +64,7 @@ class ManagedSession:
         self.journal = EventJournal(layout.events)
         self.fanout = Fanout(meta.id, manager.config.daemon.client_buffer)
         self.queue = TurnQueue(self)
+        self.goal = DaemonGoal(self)
         self.turn_slots = manager.turn_slots
         self.session: Session | None = None
         self.model: OpenAIModel | None = None
@@ -166,6 +168,9 @@ class ManagedSession:
         return self.queue.send(text, mode)
 
     async def interrupt(self, drop_queued: bool, turn_id: str | None = None) -> Interrupted:
+        """Stop the running turn; a goal it belongs to stops with it (its check does not run)."""
+        if turn_id is None and self.goal.running():
+            self.goal.stop()
         return await self.queue.interrupt(drop_queued, turn_id)
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -224,6 +229,7 @@ class ManagedSession:
     async def close(self, why: str = "the session was deleted") -> None:
         """Stop its turns, kernel and children; the files stay (trajectories are training data)."""
         self.closed = True
+        await self.goal.close()
         await self.queue.stop(why, self.manager.config.kernel.interrupt_grace + 5)
         async with self._waking:
             if self.session is not None:
@@ -234,9 +240,10 @@ class ManagedSession:
         self.journal.close()
 
     def busy(self) -> bool:
-        """A turn running or queued, something waking it, or work of its own in the background (a
+        """A turn running or queued, a goal being pursued, something waking it, or work of its own in the background (a
         refinement being planned, children still running)."""
-        return self.queue.busy() or self._waking.locked() or (self.session is not None and self.session.is_busy())
+        return (self.queue.busy() or self.goal.running() or self._waking.locked()
+                or (self.session is not None and self.session.is_busy()))
 
     def idle(self) -> bool:
         """Live, not busy, and nobody following its events: the sweep may put it to sleep."""

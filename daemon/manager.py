@@ -27,6 +27,7 @@ from daemon import meta as meta_file
 from daemon.errors import Refused
 from daemon.managed import ManagedSession
 from daemon.meta import SCHEMA, SessionMeta
+from daemon.schedules import Scheduler
 from daemon.schemas import CreateSession
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class SessionManager:
         self.write_error: str | None = None
         """The last write the disk refused (a full disk), until a turn's records are written again."""
         self._sweeper: asyncio.Task | None = None
+        self.scheduler = Scheduler(self, root)
 
     async def start(self) -> None:
         """Load every session on disk (closing turns a crash cut) and fill the kernel pool."""
@@ -68,6 +70,9 @@ class SessionManager:
                 log.exception("session %s could not be recovered", meta.id)
             self.sessions[meta.id] = managed
         self.pool.fill()
+        for managed in self.sessions.values():
+            managed.goal.resume()
+        self.scheduler.start()
         self._sweeper = asyncio.create_task(self.sweep(min(30.0, self.config.daemon.idle_timeout / 2)))
 
     def write_failed(self, error: OSError) -> None:
@@ -79,6 +84,9 @@ class SessionManager:
 
     def live_sessions(self) -> list[Session]:
         return [s.session for s in self.sessions.values() if s.session is not None]
+
+    def running_goals(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.goal.running())
 
     def running_turns(self) -> int:
         return sum(1 for s in self.sessions.values() if s.session is not None and s.session.turn is not None)
@@ -146,7 +154,10 @@ class SessionManager:
             await asyncio.gather(self._sweeper, return_exceptions=True)
         why = "the daemon stopped before this turn began"
         sessions = list(self.sessions.values())
+        await self.scheduler.stop()
         try:
+            # Goals stay `running` on disk: the next daemon resumes them within their budget.
+            await asyncio.gather(*(s.goal.close() for s in sessions), return_exceptions=True)
             drained = await asyncio.gather(*(s.queue.stop(why, timeout) for s in sessions), return_exceptions=True)
             closed = await asyncio.gather(*(s.close(why) for s in sessions), return_exceptions=True)
             for s, result in zip(sessions + sessions, drained + closed):

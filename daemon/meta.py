@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from agent.events import EVENTS, migrate_v1
+from agent.goals import GoalState
 from agent.layout import SessionLayout
 from agent.types import Usage
 
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 class QueuedTurn(BaseModel):
     turn_id: str
     text: str
+    goal_id: str | None = None
+    continuation: int | None = None
+    """A goal's turn: which goal, and which of its turns (0 the first)."""
 
 
 class SessionMeta(BaseModel):
@@ -51,12 +55,14 @@ class SessionMeta(BaseModel):
     queued: list[QueuedTurn] = []
     """Prompts waiting behind the running turn (a restart closes them, said so)."""
     usage: Usage = Usage()
+    goal: GoalState | None = None
+    """The session's goal, running or the last one to end (a restart resumes one its budget has room for)."""
     updated: float = 0.0
     """When the session was last prompted or finished a turn."""
 
     def save(self, layout: SessionLayout) -> None:
         self.updated = time.time()
-        _write_atomically(layout.meta, self.model_dump_json(indent=1))
+        write_atomically(layout.meta, self.model_dump_json(indent=1))
 
 
 def load(layout: SessionLayout) -> SessionMeta:
@@ -90,14 +96,14 @@ def _flat_events(layout: SessionLayout) -> None:
         except ValueError as e:  # kept as written (flattened) rather than lost
             log.warning("%s: event %s kept untyped: %s", layout.events, event.get("seq"), str(e)[:200])
             lines.append(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
-    _write_atomically(layout.events, "".join(line + "\n" for line in lines))
+    write_atomically(layout.events, "".join(line + "\n" for line in lines))
 
 
 MIGRATIONS: list[Callable[[SessionLayout], None]] = [_flat_events]
 SCHEMA = len(MIGRATIONS) + 1
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from agent import events as ev
 from agent.session import Session
+from agent.types import TurnResult, Usage
 from daemon.errors import Refused
 from daemon.meta import QueuedTurn, SessionMeta
 from daemon.schemas import Interrupted, MessageAccepted
@@ -44,11 +45,28 @@ class TurnQueue:
         self.worker: asyncio.Task | None = None
         self.cancelled_because = "interrupted before it began"
         """Why the worker was cancelled, for a turn it had not begun."""
+        self.waiting: dict[str, asyncio.Future[TurnResult]] = {}
+        """Turns someone waits for (a goal's, a heartbeat's), by id: resolved with the result (an interrupted one
+        for a turn that never ran)."""
 
     def busy(self) -> bool:
         return self.running is not None or bool(self.host.meta.queued)
 
-    def send(self, text: str, mode: str) -> MessageAccepted:
+    async def run(self, text: str, goal_id: str, continuation: int) -> TurnResult:
+        """A goal's turn, queued like any prompt (a user's prompts and a goal's turns never overlap);
+        returns when it ends."""
+        accepted = self.send(text, "prompt", goal=(goal_id, continuation))
+        try:
+            return await self.watch(accepted.turn_id)
+        finally:
+            self.waiting.pop(accepted.turn_id, None)
+
+    def watch(self, turn_id: str) -> asyncio.Future[TurnResult]:
+        """Resolved when the queued turn `turn_id` ends (or never runs); call before any await after `send`."""
+        future = self.waiting[turn_id] = asyncio.get_running_loop().create_future()
+        return future
+
+    def send(self, text: str, mode: str, goal: tuple[str, int] | None = None) -> MessageAccepted:
         h, meta = self.host, self.host.meta
         if h.closed:
             raise Refused("not_found", f"session {h.id} was deleted")
@@ -60,7 +78,8 @@ class TurnQueue:
         meta.assigned += 1
         turn_id = f"t{meta.assigned}"
         queued = self.running is not None or bool(meta.queued) or h.turn_slots.locked()
-        meta.queued.append(QueuedTurn(turn_id=turn_id, text=text))
+        goal_id, continuation = goal or (None, None)
+        meta.queued.append(QueuedTurn(turn_id=turn_id, text=text, goal_id=goal_id, continuation=continuation))
         h.save()
         if queued:
             h.emit(ev.TurnQueued(turn_id=turn_id, prompt=text, position=len(meta.queued)))
@@ -97,6 +116,12 @@ class TurnQueue:
 
     def never_ran(self, turn_id: str, why: str) -> None:
         self.host.emit(ev.TurnFinished(turn_id=turn_id, outcome="interrupted", error=why))
+        self._resolve(TurnResult(turn_id, "interrupted", None, why, Usage(), 0.0, 0, 0))
+
+    def _resolve(self, result: TurnResult) -> None:
+        future = self.waiting.get(result.turn_id)
+        if future is not None and not future.done():
+            future.set_result(result)
 
     async def _work(self) -> None:
         h, meta = self.host, self.host.meta
@@ -112,7 +137,9 @@ class TurnQueue:
                         self.never_ran(q.turn_id, "the daemon stopped before this turn began")
                         return
                     began = True
-                    result = await session.prompt(q.text, q.turn_id)
+                    goal = (q.goal_id, q.continuation or 0) if q.goal_id else None
+                    result = await session.prompt(q.text, q.turn_id, goal=goal)
+                    self._resolve(result)
                 if late := "\n\n".join(session.take_steering()):  # steering that came too late for its turn
                     if result.outcome == "interrupted":  # the user stopped the turn: do not start another
                         h.emit(ev.Note(turn_id=q.turn_id, text=f"not delivered (the turn was interrupted): {late}"))
@@ -132,6 +159,7 @@ class TurnQueue:
                 log.exception("session %s: turn %s could not run", h.id, q.turn_id)
                 self.never_ran(q.turn_id, f"the session could not start: {type(e).__name__}: {e}")
             finally:
+                self._resolve(TurnResult(q.turn_id, "interrupted", None, "the turn was cut short", Usage(), 0.0, 0, 0))
                 self.running = None
                 h.last_active = time.monotonic()
                 if meta.running_turn == q.turn_id:

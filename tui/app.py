@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
+import shlex
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from textual import on, work
@@ -84,6 +86,8 @@ class PrimeApp(App):
         self.running_turn: str | None = None
         self.last_ctrl_c = 0.0
         self.events_seen = 0
+        self.goal: GoalLine | None = None
+        """The session's goal as its events tell it (for the status bar); None without one."""
 
     def compose(self) -> ComposeResult:
         yield Conversation(id="conversation")
@@ -126,6 +130,7 @@ class PrimeApp(App):
         status.cost = 0.0
         status.harness = info.harness_version or ""
         status.sandbox = info.sandbox or ""
+        self.goal = None  # the replay tells it again
         self.state = info.state
         self.sub_title = info.title or info.cwd
         await self.query_one(Conversation).clear()
@@ -191,6 +196,15 @@ class PrimeApp(App):
                 status.sandbox = e.sandbox
             case ev.ApprovalRequested():
                 self.call_after_refresh(self._focus_approval, e.request_id)
+            case ev.GoalStarted():
+                self.goal = GoalLine(e.budget.get("max_continuations"))
+            case ev.GoalContinued() if self.goal:
+                self.goal.continuation, self.goal.left = e.continuation, e.budget_left
+            case ev.GoalFinished() if self.goal:
+                self.goal.state = e.state
+        if self.goal is not None and isinstance(e, ev.TurnFinished | ev.UsageCharged):
+            self.goal.tokens += e.usage.total_tokens
+        status.goal = self.goal.line() if self.goal else ""
         if isinstance(e, ev.TurnFinished | ev.UsageCharged):  # every token spent, counted once
             status.tokens += e.usage.total_tokens
             status.prompt_tokens += e.usage.prompt_tokens
@@ -314,6 +328,25 @@ class PrimeApp(App):
     async def interrupt_command(self, arg: str) -> None:
         await self.action_interrupt()
 
+    async def goal_command(self, arg: str) -> None:
+        await self.start_goal(arg, autonomous=False)
+
+    async def autonomous_command(self, arg: str) -> None:
+        await self.start_goal(arg, autonomous=True)
+
+    async def start_goal(self, arg: str, autonomous: bool) -> None:
+        name = "/autonomous" if autonomous else "/goal"
+        try:
+            text, check, budget = parse_goal(arg, autonomous)
+        except ValueError as e:
+            await self.say(f"{name}: {e}", "error")
+            return
+        g = await self.client.start_goal(self.session_id, text, check=check, budget=budget)
+        await self.say(f"{name} {g.id} started: Esc stops it; the status bar shows its progress")
+
+    def goal_running(self) -> bool:
+        return self.goal is not None and self.goal.state == "running"
+
     async def help_command(self, arg: str) -> None:
         await self.say("\n".join([*KEYS, *(f"{name:<11} {c.help}" for name, c in COMMANDS.items())]))
 
@@ -371,7 +404,8 @@ class PrimeApp(App):
     # --- keys ----------------------------------------------------------------------------------
 
     async def action_interrupt(self) -> None:
-        if self.session_id and self.state in ("running", "queued"):
+        """Esc: stop the running turn; a goal stops with it (the daemon ends a goal its interrupt cut)."""
+        if self.session_id and (self.state in ("running", "queued") or self.goal_running()):
             try:
                 await self.client.interrupt(self.session_id)
             except DaemonError as e:
@@ -436,7 +470,61 @@ COMMANDS = {  # the menu and /help list them in this order
                              needs_session=True),
     "/reprompt": SlashCommand(PrimeApp.reprompt_command, "rebuild the system prompt with the harness as it is "
                               "(next turn; the prompt cache starts over)", needs_session=True),
-    "/interrupt": SlashCommand(PrimeApp.interrupt_command, "stop the running turn"),
+    "/goal": SlashCommand(PrimeApp.goal_command, "TEXT --until CMD [--max-continuations N] [--max-seconds S] "
+                          "[--max-tokens T]: keep going until CMD passes", needs_session=True),
+    "/autonomous": SlashCommand(PrimeApp.autonomous_command, "TEXT [--max-continuations N] [--max-seconds S] "
+                                "[--max-tokens T]: work until final(), within the budget", needs_session=True),
+    "/interrupt": SlashCommand(PrimeApp.interrupt_command, "stop the running turn (and a goal)"),
     "/help": SlashCommand(PrimeApp.help_command, "commands and keys"),
 }
 """The slash commands: each one's handler and help, in one place."""
+
+
+@dataclass
+class GoalLine:
+    """A goal's progress as the status bar shows it."""
+
+    max_continuations: int | None
+    continuation: int = 0
+    state: str = "running"
+    tokens: int = 0
+    left: dict[str, float] = field(default_factory=dict)
+
+    def line(self) -> str:
+        of = f" of {self.max_continuations}" if self.max_continuations is not None else ""
+        left = "".join(f", {v:g} {k}" for k, v in self.left.items() if k != "continuations")
+        return f"goal {self.state} · continuation {self.continuation}{of} · {self.tokens:,} tok" + (
+            f" (left{left[1:]})" if left else "")
+
+
+GOAL_FLAGS = {"--until": str, "--max-continuations": int, "--max-seconds": float, "--max-tokens": int}
+
+
+def parse_goal(arg: str, autonomous: bool) -> tuple[str, str | None, dict]:
+    """`fix the tests --until "pytest -q" --max-continuations 5` -> (text, check, budget). The text is
+    kept as typed; the flags after it are read as a shell would."""
+    first = re.search(r"(^|\s)(" + "|".join(GOAL_FLAGS) + r")(\s|$)", arg)
+    text = (arg[: first.start()] if first else arg).strip()
+    try:
+        words = shlex.split(arg[first.start():]) if first else []
+    except ValueError as e:
+        raise ValueError(f"cannot read the flags: {e}") from None
+    values: dict[str, object] = {}
+    while words:
+        word = words.pop(0)
+        if word not in GOAL_FLAGS:
+            raise ValueError(f"{word!r}: the flags come after the text, and are {', '.join(GOAL_FLAGS)}")
+        if not words:
+            raise ValueError(f"{word} needs a value")
+        try:
+            values[word] = GOAL_FLAGS[word](words.pop(0))
+        except ValueError:
+            raise ValueError(f"{word} takes a {GOAL_FLAGS[word].__name__}") from None
+    check = values.pop("--until", None)
+    if not text:
+        raise ValueError("say what the goal is: TEXT " + ("[budget flags]" if autonomous else "--until CMD"))
+    if autonomous and check is not None:
+        raise ValueError("autonomous mode has no check; use /goal TEXT --until CMD")
+    if not autonomous and check is None:
+        raise ValueError("--until CMD is the check that says the goal is reached (or use /autonomous)")
+    return text, check, {k[2:].replace("-", "_"): v for k, v in values.items()}

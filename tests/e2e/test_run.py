@@ -179,3 +179,39 @@ def test_run_prints_each_turns_usage_and_cost_and_the_sessions(project: Path):
     # (200 x $2 + 800 x $0.50 + 2 x $8 + 200 x $2 + 1,000 x $0.50 + 1 x $8) per million = $0.001724
     assert "[t1: 2,200 in (1,800 cached) · 3 out · $0.0017]" in r.stderr
     assert "spent 2,200 in (1,800 cached) · 3 out · $0.0017]" in r.stderr
+
+
+CALC_CHECK = f"{sys.executable} -c 'import calc; assert calc.add(2, 3) == 5, calc.add(2, 3)'"
+
+
+def _calc(body: str) -> str:
+    return f"open('calc.py', 'w').write('def add(a, b):\\n    return {body}\\n')"
+
+
+def test_run_until_continues_with_the_failing_check_and_exits_0_when_it_passes(project: Path):
+    script = [Reply(code=[_calc("a - b")]), Reply(content="fixed"), Reply(code=[_calc("a + b")]),
+              Reply(content="fixed, really")]
+    with OpenAIServer(script) as server:
+        r = run("run", "--until", CALC_CHECK, "make add work", cwd=project, server=server)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "fixed, really\n" and "[goal achieved after 2 turns (1 continuations)]" in r.stderr
+    prompts = [req["messages"][-1]["content"] for req in server.requests if req["messages"][-1]["role"] == "user"]
+    assert len(prompts) == 2 and "AssertionError: -1" in prompts[1]
+
+
+def test_run_until_exits_with_the_budget_code_when_the_goal_is_exhausted(project: Path, prime_home: Path):
+    script = [Reply(code=[_calc("a - b")]), Reply(content="fixed"), Reply(code=[_calc("a * b")]),
+              Reply(content="fixed again")]
+    with OpenAIServer(script) as server:
+        r = run("run", "--until", CALC_CHECK, "--max-continuations", "1", "make add work", cwd=project, server=server)
+    assert r.returncode == 4, r.stderr
+    assert "goal exhausted" in r.stderr
+    from agent.trajectory import GoalRecord
+
+    records = read_records(session_dir(prime_home) / "trajectory.jsonl")
+    assert [(g.step, g.state) for g in records if isinstance(g, GoalRecord)][-1] == ("finished", "exhausted")
+
+
+def test_goal_flags_without_a_goal_are_refused(project: Path):
+    r = run("run", "--max-continuations", "2", "hi", cwd=project)
+    assert r.returncode == 2 and "--until CMD or --autonomous" in r.stderr

@@ -196,4 +196,17 @@ def _describe(e: Event) -> str:
             return f"refinement failed: {e.reason}"
         case ev.RefinementSkipped():
             return f"refinement skipped: {e.rationale}"
+        case ev.GoalStarted():
+            return f"goal {e.goal_id}: {e.text}" + (f" (until `{e.check}` passes)" if e.check else " (autonomous)")
+        case ev.GoalCheck():
+            tail = e.output.strip().splitlines()[-6:]
+            return ("goal check passed" if e.passed else f"goal check failed (exit {e.exit_code})") + (
+                "\n" + "\n".join(tail) if tail and not e.passed else "")
+        case ev.GoalContinued():
+            left = ", ".join(f"{v:g} {k}" for k, v in e.budget_left.items())
+            return f"goal: continuation {e.continuation}" + (f" ({left} left)" if left else "")
+        case ev.GoalFinished():
+            return f"goal {e.state} after {e.turns} turn(s): {e.reason}"
+        case ev.ScheduleFired():
+            return f"schedule {e.schedule_id}: {e.outcome}" + (f" ({e.reason})" if e.reason else "")
     return f"{e.type}: {e.model_dump_json(exclude={'seq', 'session_id', 'turn_id', 'ts', 'type'})}"

@@ -1,5 +1,5 @@
-"""One line at the bottom: the sandbox when it is not the default, model, session, turn state,
-tokens and cost, harness version, and whether the daemon is reachable."""
+"""One line at the bottom: the sandbox when it is not the default, model, session, turn state, the
+goal's progress, tokens and cost, harness version, and whether the daemon is reachable."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ class StatusBar(Static):
     connected = reactive(True)
     sandbox = reactive("")
     """The sandbox in force; shown unless it is the default (workspace-write), loudly without one."""
+    goal = reactive("")
+    """The goal's line: state, continuation n of N, budget left (empty without a goal)."""
 
     def render(self) -> Text:
         link = ("● daemon", "green") if self.connected else ("○ daemon lost: reconnecting…", "bold red")
@@ -32,7 +34,8 @@ class StatusBar(Static):
                        else (self.sandbox, "yellow"))
         return Text.assemble(
             *((sandbox, " · ") if sandbox else ()), link, " · ", (self.model or "-", "bold"), " · ",
-            (self.state or "-", state_style), " · ", f"{self.tokens:,} tok",
+            (self.state or "-", state_style), (" · " + self.goal, "bold magenta") if self.goal else "",
+            " · ", f"{self.tokens:,} tok",
             f" ({self.cached_tokens / self.prompt_tokens:.0%} cached)" if self.cached_tokens and self.prompt_tokens else "",
             f" ${self.cost:.2f}" if self.cost else "", " · ",
             (self.session_id or "-", "dim"), f" · harness {_short(self.harness)}" if self.harness else "",
