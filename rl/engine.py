@@ -296,8 +296,9 @@ class HFEngine:
         if (path / "adapter_config.json").is_file():
             from safetensors.torch import load_file
 
-            if self.base is None:
-                self.base = {k: v.to(torch.float32, copy=True) for k, v in self.model.inner.state_dict().items()}
+            if self.base is None:  # oneDNN-packed projections hold their weights in its layout, and a bias
+                self.base = {k: (v.to_dense() if v.is_mkldnn else v).to(torch.float32, copy=True)
+                             for k, v in self.model.inner.state_dict().items() if k in self._shapes}
             config = json.loads((path / "adapter_config.json").read_text())
             self.update(merged(self.base, load_file(str(path / "adapter_model.safetensors")), config), version)
         else:

@@ -79,3 +79,32 @@ def test_prime_agent_run_on_the_served_model_runs_a_cell_and_records_its_tokens(
     sampled = [r["message"] for r in records if r["kind"] == "message" and r["message"]["role"] == "assistant"]
     assert sampled and all(m["token_ids"] and len(m["token_ids"]) == len(m["logprobs"]) for m in sampled)
     assert [r for r in records if r["kind"] == "model_call" and r.get("prompt_token_ids")]
+
+
+def test_an_adapter_hot_reloaded_into_the_served_base_samples_as_base_and_adapter_served_together(
+        smollm2: Path, tmp_path: Path):
+    """On the real model the big projections are packed for oneDNN (rl.engine.HFEngine._pack): the adapter
+    is merged into the weights the server started with all the same."""
+    from rl.hf import LoraSpec, load_hf
+    from rl.model import Job
+    from rl.serve import hf_engine
+
+    policy = load_hf(smollm2)
+    policy.add_lora(LoraSpec(r=4, layers=2))
+    torch.manual_seed(0)
+    with torch.no_grad():  # a trained adapter, not peft's initial one (B = 0 changes nothing)
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.05)
+    policy.save(tmp_path / "adapter")
+
+    def greedy(engine) -> list[int]:
+        prompt = engine.tok.chat([{"role": "user", "content": "Name three colours."}])
+        job = engine.submit(Job([prompt], 16, 0.0, 1.0, None, []))
+        assert job.done.wait(120) and job.error is None
+        return job.result[0].tokens
+
+    base = hf_engine(str(smollm2))
+    before = greedy(base)
+    base.load(tmp_path / "adapter")
+    assert greedy(base) == greedy(hf_engine(str(tmp_path / "adapter"))) != before
