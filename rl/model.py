@@ -155,9 +155,9 @@ class Policy(nn.Module):
         """What a sampler loads (rl.serve.Engine.update)."""
         return self.state_dict()
 
-    def save(self, folder: Path, weights: dict[str, torch.Tensor] | None = None) -> None:
-        """The weights (default: this model's) and config, as load_policy reads them."""
-        save_weights(folder, self.state_dict() if weights is None else weights, self.config)
+    def save(self, folder: Path) -> None:
+        """The weights and config, as load_policy reads them."""
+        save_weights(folder, self.state_dict(), self.config)
 
 
 def build_policy(config: PolicyConfig) -> nn.Module:
