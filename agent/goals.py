@@ -1,10 +1,10 @@
 """Goals: a prompt, a check and a budget; turns continue until the check passes or the budget ends.
 
-After each turn the check runs (`run_check`: a shell command in the workspace, with a timeout);
-when it fails, a continuation turn starts carrying its output (capped) and the budget left. With no
-check (autonomous mode) the goal is achieved when the model calls `final()`. The goal ends
-`achieved`, `exhausted` (the first budget limit reached), `stopped` (asked to, or interrupted) or
-`error` (a turn failed for good, or the check could not run).
+After each turn the check runs (`run_check`: a shell command in the workspace, in the session's
+sandbox, with a timeout); when it fails, a continuation turn starts carrying its output (capped) and
+the budget left. With no check (autonomous mode) the goal is achieved when the model calls
+`final()`. The goal ends `achieved`, `exhausted` (the first budget limit reached), `stopped` (asked
+to, or interrupted) or `error` (a turn failed for good, or the check could not run).
 
     state = GoalState.new(GoalSpec(text="make the tests pass", check="pytest -q"))
     await pursue(state, host)      # host: the session (or the daemon's queue in front of it)
@@ -16,9 +16,7 @@ resumes a goal its budget still has room for); `pursue` only ever moves it forwa
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +25,9 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent import events as ev
+from agent import sandbox
 from agent.prompt import render
+from agent.sandbox import Launch, View
 from agent.trajectory import GoalRecord, Record
 from agent.types import Text, TurnResult, Usage
 
@@ -133,10 +133,13 @@ class GoalState(BaseModel):
         return left
 
     def summary(self) -> str:
-        """`continuation 2 of 5 · 3 turns · 1,200 tokens · 40 s left`: a status line's words."""
+        """The goal in a line, as `prime-agent sessions` shows it: `running · continuation 2 of 5 ·
+        1,200 tokens · 40 s left`, or `achieved after 3 turns`."""
+        if self.state != "running":
+            return f"{self.state} after {self.turns} turn{'' if self.turns == 1 else 's'}"
         b = self.spec.budget
-        parts = [f"continuation {self.continuations}" + (f" of {b.max_continuations}"
-                                                         if b.max_continuations is not None else "")]
+        parts = ["running", f"continuation {self.continuations}" + (
+            f" of {b.max_continuations}" if b.max_continuations is not None else "")]
         parts.append(f"{self.usage.total_tokens:,} tokens")
         if b.max_seconds is not None:
             parts.append(f"{self.budget_left()['seconds']:g} s left")
@@ -146,7 +149,8 @@ class GoalState(BaseModel):
 class GoalHost(Protocol):
     """What a goal needs of whoever runs its turns: the session, or the daemon's queue in front of it."""
 
-    cwd: Path
+    async def check(self, command: str, timeout: float) -> CheckResult:
+        """Run the check (`run_check`) in the workspace, under the session's sandbox."""
 
     async def goal_turn(self, text: str, goal_id: str, continuation: int) -> TurnResult: ...
     async def interrupt(self) -> None: ...
@@ -155,50 +159,39 @@ class GoalHost(Protocol):
     def record(self, record: Record) -> None: ...
 
 
-async def run_check(command: str, cwd: Path, timeout: float) -> CheckResult:
-    """Run a goal's check: `command` through the shell in `cwd`, stdout and stderr together, killed
-    (its whole process group) past `timeout`. The one place a check runs: a sandbox wraps it here."""
+async def run_check(command: str, cwd: Path, timeout: float, launch: Launch, view: View) -> CheckResult:
+    """Run a goal's check: `command` through the shell in `cwd`, in a sandbox of its own that is the
+    session kernel's (`launch`, `view`: what a cell cannot write, a check the model's code runs in
+    cannot either), stdout and stderr together, killed with all it started past `timeout`."""
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_shell(
-        command, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     head, tail, cut = bytearray(), bytearray(), 0
+    timed_out, code, hits = False, None, []
+    async with sandbox.shell(command, cwd, launch, view) as (proc, box):
 
-    async def read() -> None:  # what it printed is kept even when it is killed; memory stays bounded
-        nonlocal tail, cut
-        assert proc.stdout is not None
-        while chunk := await proc.stdout.read(65536):
-            room = OUTPUT_CAP * 4 - len(head)
-            head.extend(chunk[:room])
-            tail.extend(chunk[room:])
-            if len(tail) > OUTPUT_CAP * 4:
-                cut += len(tail) - OUTPUT_CAP * 4
-                tail = tail[-OUTPUT_CAP * 4:]
-        await proc.wait()
+        async def read() -> int:  # what it printed is kept even when it is killed; memory stays bounded
+            nonlocal tail, cut
+            assert proc.stdout is not None
+            while chunk := await proc.stdout.read(65536):
+                room = OUTPUT_CAP * 4 - len(head)
+                head.extend(chunk[:room])
+                tail.extend(chunk[room:])
+                if len(tail) > OUTPUT_CAP * 4:
+                    cut += len(tail) - OUTPUT_CAP * 4
+                    tail = tail[-OUTPUT_CAP * 4:]
+            return await proc.wait()
 
-    timed_out = False
-    try:
-        await asyncio.wait_for(read(), timeout)
-    except TimeoutError:
-        timed_out = True
-        _kill_group(proc.pid)
-        await proc.wait()
-    except asyncio.CancelledError:
-        _kill_group(proc.pid)
-        raise
+        try:
+            code = await asyncio.wait_for(read(), timeout)
+        except TimeoutError:
+            timed_out = True
+        hits = box.hits()
     out = bytes(head) + (f"\n[... {cut:,} bytes cut ...]\n".encode() if cut else b"") + bytes(tail)
     text = cap(out.decode("utf-8", errors="replace"))
     if timed_out:
         text += f"\n[the check was killed after {timeout:g} seconds]"
-    return CheckResult(passed=not timed_out and proc.returncode == 0, exit_code=None if timed_out else proc.returncode,
-                       output=text, duration=time.monotonic() - started, timed_out=timed_out)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    text += "".join(f"\n[the check hit {launch.limits.describe(limit)}]" for limit in hits)
+    return CheckResult(passed=code == 0, exit_code=code, output=text, duration=time.monotonic() - started,
+                       timed_out=timed_out)
 
 
 def cap(text: str, limit: int = OUTPUT_CAP) -> str:
@@ -273,7 +266,7 @@ async def _check(state: GoalState, host: GoalHost, on_change: Callable[[GoalStat
         final = state.last_final
         check = CheckResult(passed=final, output="" if final else "the turn ended without a call to final()")
     else:
-        check = await run_check(spec.check, host.cwd, spec.check_timeout)
+        check = await host.check(spec.check, spec.check_timeout)
     state.last_check = check
     host.emit(ev.GoalCheck(goal_id=state.id, passed=check.passed, exit_code=check.exit_code, output=check.output,
                            duration=check.duration))

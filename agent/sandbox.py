@@ -30,11 +30,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.config import SandboxConfig, SandboxMode, home
 from agent.layout import SessionLayout
+from agent.reaper import ProcessTree
 
 log = logging.getLogger(__name__)
 TOOLS = ("bwrap",)
@@ -498,6 +500,38 @@ class Box:
         if self.groups is not None:
             self.groups.remove()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_GATE = 'read -r _ && cd "$2" && exec /bin/sh -c "$1" </dev/null'
+"""Waits (on stdin) until the view is mounted, then runs the command in its directory: a `cd`
+before the mounts would leave it in the read-only directory beneath them."""
+
+
+@contextlib.asynccontextmanager
+async def shell(command: str, cwd: Path, launch: Launch,
+                view: View) -> AsyncIterator[tuple[asyncio.subprocess.Process, Box]]:
+    """`command` through /bin/sh in `cwd`, in a box of its own launched and confined as a session's
+    kernel is (`launch`, `view`: the same namespaces, view, environment and limits), started only
+    once its view is in place; its stdout and stderr together on `stdout`; the box says which
+    limits it hit (`Box.hits`). On leaving, it and everything it started are killed
+    (`ProcessTree`; the next daemon reaps them if this process dies)."""
+    box, tree = Box(launch), ProcessTree()
+    try:
+        tree.prepare()
+        argv = box.command(["/bin/sh", "-c", _GATE, "prime-agent-shell", command, str(cwd)], tree.cgroup)
+        proc = await asyncio.create_subprocess_exec(
+            *argv, cwd=box.dir, env=tree.env(box.env()), pass_fds=box.pass_fds(), stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        box.launched()
+        tree.adopt(proc.pid)
+        await box.confine(proc.pid, view)
+        assert proc.stdin is not None
+        proc.stdin.write(b"\n")
+        proc.stdin.close()
+        yield proc, box
+    finally:
+        await tree.kill()
+        box.close()
 
 
 async def _sandboxed_child(pid: int, timeout: float = 10.0) -> int:

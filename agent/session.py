@@ -23,7 +23,7 @@ from agent.bridge import BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
 from agent.config import Config, home, project_root, shorten
 from agent.context import Context, Inbox, Sinks
-from agent.goals import GoalState, pursue
+from agent.goals import CheckResult, GoalState, pursue, run_check
 from agent.harness import SessionHarness, changes, scope_roots, told
 from agent.kernel import Kernel, KernelPool, KernelState
 from agent.layout import SessionLayout
@@ -334,6 +334,10 @@ class Session:
     async def pursue(self, goal: GoalState, on_change: Callable[[GoalState], None] = lambda s: None) -> GoalState:
         """Run a goal (agent/goals.py) in this session: turns until its check passes or its budget ends."""
         return await pursue(goal, self, on_change)
+
+    async def check(self, command: str, timeout: float) -> CheckResult:
+        """Run a goal's check in the workspace, sandboxed as this session's kernel is."""
+        return await run_check(command, self.cwd, timeout, self.kernel.launch, self.kernel.view)
 
     async def goal_turn(self, text: str, goal_id: str, continuation: int) -> TurnResult:
         return await self.prompt(text, goal=(goal_id, continuation))

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agent import events as ev
-from agent.goals import GoalBudget, GoalSpec, GoalState, run_check
+from agent.goals import GoalBudget, GoalSpec, GoalState
+from agent.sandbox import unavailable
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import GoalRecord, TurnStarted, read_records
@@ -83,10 +89,72 @@ async def test_a_stop_request_ends_the_goal_after_the_turn(project: Path):
     assert (goal.state, goal.turns) == ("stopped", 1)
 
 
-async def test_a_check_past_its_timeout_is_killed_and_fails(project: Path):
-    result = await run_check("echo started; sleep 30", project, timeout=0.5)
-    assert (result.passed, result.timed_out, result.exit_code) == (False, True, None)
-    assert result.output.startswith("started") and "killed after 0.5 seconds" in result.output
-    assert result.duration < 10
-    long = await run_check(f"{shlex.quote(sys.executable)} -c \"print('x' * 100000)\"", project, timeout=30)
-    assert long.passed and len(long.output) < 9000 and "characters cut" in long.output
+async def test_a_check_past_its_timeout_is_killed_with_what_it_started_and_fails(project: Path):
+    async with session(project, [], []) as s:
+        result = await s.check("(sleep 30; echo late > late.txt) & echo started; sleep 30", timeout=0.5)
+        assert (result.passed, result.timed_out, result.exit_code) == (False, True, None)
+        assert result.output.startswith("started") and "killed after 0.5 seconds" in result.output
+        assert result.duration < 10
+        long = await s.check(f"{shlex.quote(sys.executable)} -c \"print('x' * 100000)\"", timeout=30)
+        assert long.passed and len(long.output) < 9000 and "characters cut" in long.output
+    assert not (project / "late.txt").exists()  # the background child went with it
+
+
+ATTACK = """import json, os
+def attempt(fn):
+    try:
+        fn()
+        return "ok"
+    except BaseException as e:
+        return type(e).__name__
+json.dump({
+    "workspace": attempt(lambda: open("made.txt", "w").write("fine")),
+    "git": attempt(lambda: open(".git/config", "a").write("[core]\\n")),
+    "harness": attempt(lambda: open(".prime-agent/harness/x.md", "w")),
+    "home": attempt(lambda: open(%(home)r + "/x", "w")),
+    "token": attempt(lambda: open(%(token)r).read()),
+    "outside": attempt(lambda: open(%(outside)r, "w")),
+    "secret": os.environ.get("MY_API_KEY", "unset"),
+}, open("escape.json", "w"))
+"""
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"{unavailable()}")
+async def test_code_the_model_wrote_runs_in_the_check_under_the_sessions_sandbox(project: Path, prime_home: Path,
+                                                                                  tmp_path: Path, monkeypatch):
+    """The check runs what the model wrote (a conftest.py, the module a test imports): outside the
+    sandbox it would be the model's way out of it. Here every escape fails, the check still passes."""
+    monkeypatch.setenv("MY_API_KEY", "sk-live-123456")
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    (project / ".prime-agent" / "harness").mkdir(parents=True)
+    (prime_home / "run").mkdir(parents=True, exist_ok=True)
+    (prime_home / "run" / "token").write_text("daemon-token")
+    attack = ATTACK % {"home": str(prime_home), "token": str(prime_home / "run" / "token"),
+                       "outside": str(tmp_path / "outside.txt")}
+    script = [cells(f"write('calc.py', {attack!r})"), "wrote calc.py"]
+    async with session(project, script, []) as s:
+        check = f"{shlex.quote(sys.executable)} -c 'import calc'"
+        goal = await s.pursue(GoalState.new(GoalSpec(text="write calc", check=check)))
+    assert goal.state == "achieved", goal.last_check
+    got = json.loads((project / "escape.json").read_text())
+    assert got.pop("workspace") == "ok" and got.pop("secret") == "unset"
+    assert {k: v for k, v in got.items() if v == "ok"} == {}, got
+    assert not (tmp_path / "outside.txt").exists() and not (prime_home / "x").exists()
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"{unavailable()}")
+async def test_the_check_has_the_sessions_limits_and_network(project: Path):
+    server = socket.create_server(("127.0.0.1", 0))
+    python = shlex.quote(sys.executable)
+    config = make_config(sandbox={"memory_mb": 256, "network": False})
+    try:
+        async with Session(config, ScriptedModel([]), cwd=project) as s:
+            big = await s.check(f"{python} -c \"b = b'x' * (1024 * 2**20)\"", timeout=60)
+            assert not big.passed and "the check hit the sandbox's memory limit (256 MiB" in big.output, big
+            port = server.getsockname()[1]
+            tcp = await s.check(f"{python} -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 5)\"",
+                                timeout=60)
+            assert not tcp.passed and ("ConnectionRefusedError" in tcp.output or "OSError" in tcp.output), tcp
+            assert (await s.check("true", timeout=60)).passed
+    finally:
+        server.close()
