@@ -188,7 +188,8 @@ class DaemonConfig(_Section):
     max_running_turns: int = Field(8, ge=1)
     """Turns running at once across all sessions; more wait their turn in order."""
     max_goals: int = Field(8, ge=1)
-    """Goals running at once across all sessions; one more is refused (429)."""
+    """Goals running at once across all sessions; one more is refused (429), and goals a restart
+    resumes past it wait their turn, oldest first."""
     schedules: bool = True
     """False: every schedule is paused when the daemon starts, before anything fires (as with
     `daemon start --no-schedules`); `prime-agent schedule resume` turns one back on."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
+from collections.abc import Callable
 from typing import Protocol
 
 from agent import events as ev
-from agent.goals import GoalSpec, GoalState, finish, pursue
+from agent.goals import CheckResult, GoalSpec, GoalState, finish, pursue
 from agent.layout import SessionLayout
 from agent.session import Session
 from agent.trajectory import Record, TurnFinished, TurnStarted, read_records
@@ -41,17 +41,19 @@ class DaemonGoal:
     def __init__(self, host: Owner):
         self.host = host
         self.task: asyncio.Task | None = None
-
-    @property
-    def cwd(self) -> Path:
-        return Path(self.host.meta.cwd)
+        self.waiting = False
+        """Resumed, and waiting for the daemon's cap on running goals to have room."""
 
     @property
     def state(self) -> GoalState | None:
         return self.host.meta.goal
 
     def running(self) -> bool:
+        """Pursued, or waiting to be (a goal the API starts now would wait behind it)."""
         return self.task is not None and not self.task.done()
+
+    def pursued(self) -> bool:
+        return self.running() and not self.waiting
 
     def start(self, spec: GoalSpec) -> GoalState:
         if self.running():
@@ -61,8 +63,10 @@ class DaemonGoal:
         self.task = asyncio.create_task(self._run(state))
         return state
 
-    def resume(self) -> None:
-        """At the daemon's start: a goal a crash (or a stop) cut goes on if its budget has room, and says so."""
+    def resume(self, room: Callable[[], bool]) -> None:
+        """At the daemon's start: a goal a crash (or a stop) cut goes on if its budget has room, and says
+        so; it waits first while `room()` says the daemon's cap on running goals is reached (the
+        daemon resumes its goals oldest first)."""
         state = self.state
         if state is None or state.state != "running":
             return
@@ -70,11 +74,27 @@ class DaemonGoal:
         if (why := state.exhausted()) is not None:
             finish(state, self, "exhausted", f"the daemon restarted, and the goal {why}", self._save)
             return
+        self.waiting = True
+        self.task = asyncio.create_task(self._resume(state, room))
+
+    async def _resume(self, state: GoalState, room: Callable[[], bool]) -> None:
+        if not room():
+            self.emit(ev.Note(text=f"goal {state.id} waits to resume: the daemon runs as many goals as it may "
+                                   "(daemon.max_goals)"))
+            while not room() and not state.stop_requested:
+                await asyncio.sleep(0.2)
+        self.waiting = False
+        if state.stop_requested:
+            finish(state, self, "stopped", "stopped by request while it waited to resume", self._save)
+            return
+        if (why := state.exhausted()) is not None:
+            finish(state, self, "exhausted", f"the goal {why} while it waited to resume", self._save)
+            return
         state.reason = "resumed after the daemon restarted; budget left: " + (
             ", ".join(f"{v:g} {k}" for k, v in state.budget_left().items()) or "no limit set")
         self.emit(ev.Note(text=f"goal {state.id} {state.reason}"))
         self._save(state)
-        self.task = asyncio.create_task(self._run(state))
+        await self._run(state)
 
     def _count_cut_turns(self, state: GoalState) -> None:
         """The goal's turns the crash cut (closed as interrupted by the recovery) count against its budget."""
@@ -119,6 +139,10 @@ class DaemonGoal:
             log.error("session %s: the goal's state could not be saved: %s", self.host.id, e.message)
 
     # --- GoalHost ------------------------------------------------------------------------------
+
+    async def check(self, command: str, timeout: float) -> CheckResult:
+        session = await self.host.wake()  # asleep between turns: the check runs in its sandbox all the same
+        return await session.check(command, timeout)
 
     async def goal_turn(self, text: str, goal_id: str, continuation: int) -> TurnResult:
         return await self.host.queue.run(text, goal_id, continuation)

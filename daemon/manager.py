@@ -70,8 +70,12 @@ class SessionManager:
                 log.exception("session %s could not be recovered", meta.id)
             self.sessions[meta.id] = managed
         self.pool.fill()
-        for managed in self.sessions.values():
-            managed.goal.resume()
+
+        def room() -> bool:
+            return sum(1 for s in self.sessions.values() if s.goal.pursued()) < self.config.daemon.max_goals
+
+        for managed in sorted(self.sessions.values(), key=lambda m: m.goal.state.started if m.goal.state else 0):
+            managed.goal.resume(room)
         self.scheduler.start()
         self._sweeper = asyncio.create_task(self.sweep(min(30.0, self.config.daemon.idle_timeout / 2)))
 
