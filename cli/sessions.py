@@ -55,7 +55,8 @@ async def _sessions(args: argparse.Namespace) -> int:
     for s in rows:
         age = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created))
         sandbox = f"  [sandbox: {s.sandbox}]" if s.sandbox and s.sandbox != "workspace-write" else ""
-        print(f"{s.id}  {s.state:<8} {s.turns:>3} turns  {age}  {s.model:<20} {s.cwd}  {s.title or ''}{sandbox}")
+        goal = f"  [goal {s.goal}]" if s.goal else ""
+        print(f"{s.id}  {s.state:<8} {s.turns:>3} turns  {age}  {s.model:<20} {s.cwd}  {s.title or ''}{sandbox}{goal}")
     if not rows:
         print("(no sessions)", file=sys.stderr)
     return 0

@@ -48,6 +48,8 @@ class SessionInfo(BaseModel):
     harness_version: str | None = Field(None, description="Each harness scope's commit in force (live sessions).")
     sandbox: str | None = Field(None, description="The sandbox in force, in words (live sessions); "
                                 "`full-access: NO SANDBOX ...` or `UNSANDBOXED: why` where none confines it.")
+    goal: str | None = Field(None, description="The session's goal (running, or the last to end) in a line: "
+                             "`running · continuation 2 of 10 · 1,200 tokens`; GET .../goal has all of it.")
 
 
 class UpdateSession(_Body):

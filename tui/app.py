@@ -197,7 +197,7 @@ class PrimeApp(App):
             case ev.ApprovalRequested():
                 self.call_after_refresh(self._focus_approval, e.request_id)
             case ev.GoalStarted():
-                self.goal = GoalLine(e.budget.get("max_continuations"))
+                self.goal = GoalLine(e.budget.get("max_continuations"), e.budget.get("max_tokens"))
             case ev.GoalContinued() if self.goal:
                 self.goal.continuation, self.goal.left = e.continuation, e.budget_left
             case ev.GoalFinished() if self.goal:
@@ -482,19 +482,21 @@ COMMANDS = {  # the menu and /help list them in this order
 
 @dataclass
 class GoalLine:
-    """A goal's progress as the status bar shows it."""
+    """A goal's progress as the status bar shows it (the session's own tokens are beside it)."""
 
     max_continuations: int | None
+    max_tokens: int | None = None
     continuation: int = 0
     state: str = "running"
     tokens: int = 0
     left: dict[str, float] = field(default_factory=dict)
+    """What the budget had left at the last continuation: its seconds, turns and cost are shown."""
 
     def line(self) -> str:
         of = f" of {self.max_continuations}" if self.max_continuations is not None else ""
-        left = "".join(f", {v:g} {k}" for k, v in self.left.items() if k != "continuations")
-        return f"goal {self.state} · continuation {self.continuation}{of} · {self.tokens:,} tok" + (
-            f" (left{left[1:]})" if left else "")
+        tokens = f" · {self.tokens:,} of {self.max_tokens:,} tok" if self.max_tokens is not None else ""
+        left = ", ".join(f"{v:g} {k}" for k, v in self.left.items() if k not in ("continuations", "tokens"))
+        return f"goal {self.state} · continuation {self.continuation}{of}{tokens}" + (f" ({left} left)" if left else "")
 
 
 GOAL_FLAGS = {"--until": str, "--max-continuations": int, "--max-seconds": float, "--max-tokens": int}

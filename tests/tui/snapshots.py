@@ -21,7 +21,7 @@ VOLATILE = [
     (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(\+00:00|Z)?"), lambda m: "T" * len(m.group())),
     (re.compile(r"\d\d-\d\d \d\d:\d\d"), "MM-DD HH:MM"),
     (re.compile(r"\d+\.\d\ds\b"), lambda m: "9" * (len(m.group()) - 4) + "9.99s"),
-    (re.compile(r"[\d,]+ tok"), lambda m: "N" * (len(m.group()) - 4) + " tok"),
+    (re.compile(r"[\d,]+( of [\d,]+)? tok"), lambda m: re.sub(r"[\d,]", "N", m.group())),
     (re.compile(r"\b[\d,]+ (in|out)\b"), lambda m: "N" * (len(m.group()) - len(m.group(1)) - 1) + " " + m.group(1)),
     (re.compile(r"@[0-9a-f]{6,12}"), lambda m: "@" + "c" * (len(m.group()) - 1)),
     (re.compile(r"\b[0-9a-f]{7,40}\b"), lambda m: "h" * len(m.group())),  # commits in diffs

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 
-import pytest
 from textual.widgets import DataTable
 
 from daemon.client import Client
@@ -160,16 +158,6 @@ async def test_a_daemon_that_goes_away_shows_disconnected_and_the_app_recovers(p
                 assert any("resumed" in str(n.render()) for n in app.query(Notice))
     finally:
         await client.close()
-
-
-@pytest.fixture
-def fixed_project():
-    """The same path every run, so what the screens show (and wrap) is the same every run."""
-    root = Path("/tmp/prime-agent-snapshot-project")
-    shutil.rmtree(root, ignore_errors=True)
-    (root / ".git").mkdir(parents=True)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_snapshots_of_the_main_screens_at_80x24(daemon: Client, fixed_project: Path, model_server):

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.testing.openai_server import OpenAIServer
 from daemon.client import Client
+from tests.daemon.test_goals import fixer
+from tests.tui.snapshots import assert_snapshot
 from tests.tui.test_app import SIZE, app_for, until
 from tui.app import parse_goal
 from tui.widgets.message import Notice
@@ -42,6 +45,22 @@ async def test_autonomous_goes_on_until_final_and_bad_flags_are_said(daemon: Cli
         app.query_one("#prompt").load_text("/goal fix it")
         await pilot.press("enter")
         await until(pilot, lambda: any("--until CMD is the check" in str(n.render()) for n in app.query(Notice)))
+
+
+async def test_snapshot_of_a_goal_achieved_on_its_first_continuation(daemon: Client, fixed_project: Path):
+    with OpenAIServer(fixer()) as server:
+        app = app_for(daemon, fixed_project, server)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+            app.query_one("#prompt").load_text(
+                "/goal create the file done --until 'test -f done' --max-continuations 3 --max-tokens 90000")
+            await pilot.press("enter")
+            status = app.query_one(StatusBar)
+            await until(pilot, lambda: "goal achieved" in status.goal and app.state == "idle")
+            await pilot.pause()
+            assert status.goal.startswith("goal achieved · continuation 1 of 3 · ")
+            assert status.goal.endswith(" of 90,000 tok")
+            assert_snapshot(app, "goal")
 
 
 def test_goal_arguments_are_parsed_as_a_shell_would():
