@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import re
 import secrets
 import time
@@ -165,6 +166,13 @@ class Schedule(NewSchedule):
     def next_after(self, ts: float) -> float:
         return ts + self.every if self.every is not None else Cron(self.cron or "").next_after(ts)
 
+    def following(self, now: float) -> float:
+        """Once due (`next_fire <= now`): the first time due after `now`, on the schedule's own grid:
+        an `every` schedule's fires stay `every` apart however late one of them ran."""
+        if self.every is None or self.next_fire is None:
+            return self.next_after(now)
+        return self.next_fire + (math.floor((now - self.next_fire) / self.every) + 1) * self.every
+
     def due_between(self, start: float, end: float, limit: int = 100_000) -> int:
         """How many fires fall in [start, end)."""
         n, t = 0, start
@@ -270,7 +278,7 @@ class Scheduler:
                 continue
             missed = s.due_between(s.next_fire, now)
             s.missed += missed
-            s.next_fire = s.next_after(now)  # never a burst: the next time due from now on
+            s.next_fire = s.following(now)  # never a burst: the next time due from now on
             self._report(s, "missed", missed=missed,
                          why=f"{missed} fire(s) fell while the daemon was down; not replayed")
         self._save()
@@ -290,7 +298,7 @@ class Scheduler:
         elif not _is_dir(req.cwd or ""):
             raise Refused("bad_cwd", f"cwd must be an absolute path to a directory, not {shorten(req.cwd)!r}")
         s = Schedule(id="s-" + secrets.token_hex(4), **req.model_dump())
-        s.next_fire = time.time() + s.every if s.every is not None else s.next_after(time.time())
+        s.next_fire = s.next_after(time.time())
         self.schedules[s.id] = s
         self._save()
         return s
@@ -307,7 +315,7 @@ class Scheduler:
         now = time.time()
         for s in chosen:
             if not paused and s.paused and s.next_fire is not None and s.next_fire <= now:
-                s.next_fire = s.next_after(now)  # what fell due while paused is not fired in a burst
+                s.next_fire = s.following(now)  # what fell due while paused is not fired in a burst
             s.paused, s.paused_why = paused, why if paused else None
         self._save()
         return chosen
@@ -320,12 +328,17 @@ class Scheduler:
     # --- firing --------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        """Fire what is due; sleep until the next one is (a quarter second at most: what the API adds
+        or resumes is seen within it, and a fire held by the per-minute cap is tried again)."""
         while not self.sessions.stopping:
             now = time.time()
             for s in list(self.schedules.values()):
                 if not s.paused and not s.done and s.next_fire is not None and s.next_fire <= now:
                     await self._fire(s, now)
-            await asyncio.sleep(0.25)
+            now = time.time()
+            ahead = [s.next_fire - now for s in self.schedules.values()
+                     if not s.paused and not s.done and s.next_fire is not None and s.next_fire > now]
+            await asyncio.sleep(min([0.25, *ahead]))
 
     async def _fire(self, s: Schedule, now: float) -> None:
         if s.session is not None and s.session not in self.sessions.sessions:  # deleted: it would fail every time
@@ -338,7 +351,7 @@ class Scheduler:
         limit = self.sessions.config.daemon.max_fires_per_minute
         if len(self._fires) >= limit:  # it stays due; the next tick with room fires it
             return
-        s.next_fire = s.next_after(now)
+        s.next_fire = s.following(now)
         try:
             managed = await self._session(s)
         except Refused as e:
