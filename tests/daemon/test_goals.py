@@ -50,6 +50,7 @@ async def test_a_goal_continues_with_the_failing_check_until_it_passes(daemon: C
         started = await daemon.start_goal(s.id, "create the file done", check="test -f done",
                                           budget={"max_continuations": 3})
         assert started.state == "running" and started.spec.check == "test -f done"
+        assert (await daemon.session(s.id)).goal.startswith("running · continuation 0 of 3 · ")
         with pytest.raises(DaemonError) as e:
             await daemon.start_goal(s.id, "another", check="true")
         assert e.value.status == 409 and e.value.code == "goal_running"
@@ -62,6 +63,7 @@ async def test_a_goal_continues_with_the_failing_check_until_it_passes(daemon: C
     turns = [e for e in events if e.type == "turn.started"]
     assert [(t.goal_id, t.continuation) for t in turns] == [(goal.id, 0), (goal.id, 1)]
     assert "test -f done" in turns[1].prompt and "exit code 1" in turns[1].prompt
+    assert (await daemon.session(s.id)).goal == "achieved after 2 turns"
     meta = json.loads((Path(s.dir) / "session.json").read_text())
     assert meta["goal"]["state"] == "achieved"
 
@@ -120,6 +122,30 @@ async def test_a_goal_cut_by_a_restart_with_no_budget_left_ends_exhausted(prime_
             assert len(server.requests) == 0  # nothing ran
 
 
+async def test_goals_cut_by_a_restart_past_the_cap_resume_one_after_another(prime_home: Path, project: Path):
+    with OpenAIServer(fixer()) as server:
+        async with running_daemon() as client:
+            sessions = [await client.create_session(project, model="fake", base_url=server.base_url) for _ in range(2)]
+        for i, s in enumerate(sessions):  # both cut after their first turn, the first one older
+            meta_path = Path(s.dir) / "session.json"
+            meta = json.loads(meta_path.read_text())
+            cut = GoalState.new(GoalSpec(text="x", check="sleep 1"))
+            cut.turns, cut.started = 1, cut.started - 10 + i
+            meta["goal"] = json.loads(cut.model_dump_json())
+            meta_path.write_text(json.dumps(meta))
+        async with running_daemon(max_goals=1) as client:
+            with pytest.raises(DaemonError) as e:  # the cap is full with the goals that wait
+                await client.start_goal(sessions[0].id, "another", check="true")
+            assert e.value.code in ("goal_running", "too_many_goals")
+            events = await goal_events(client, sessions[1].id)
+            first, second = [await client.goal(s.id) for s in sessions]
+    assert first.state == second.state == "achieved"
+    assert second.finished - second.last_check.duration >= first.finished - 0.05  # its check began after
+    notes = [e.text for e in events if e.type == "note"]
+    assert any("waits to resume" in n for n in notes) and any("resumed after the daemon restarted" in n for n in notes)
+    assert len(server.requests) == 0
+
+
 @pytest.mark.slow
 def test_a_goal_survives_kill_9_between_continuations_and_resumes_within_its_budget(prime_home: Path, project: Path):
     with OpenAIServer(fixer()) as server:
@@ -142,11 +168,7 @@ def test_a_goal_survives_kill_9_between_continuations_and_resumes_within_its_bud
                     break
             goal = client.goal(s.id)
         finally:
-            pid = daemon_pid()
-            client.close()
-            if pid is not None:
-                os.kill(pid, signal.SIGTERM)
-                _wait_gone(pid)
+            client.close()  # the daemon it started is stopped by no_daemon_left_behind
     assert goal.state == "achieved" and goal.continuations <= 4
     notes = [e.text for e in after if e.type == "note"]
     assert any("resumed after the daemon restarted" in n and "continuations" in n for n in notes)
@@ -166,6 +188,9 @@ def test_run_daemon_until_pursues_the_goal_in_the_daemon_and_exits_with_its_code
                            env={**os.environ, "OPENAI_BASE_URL": server.base_url, "PRIME_AGENT_MODEL": "fake"})
     assert r.returncode == 0, r.stderr
     assert r.stdout == "created done\n" and "goal check failed" in r.stderr and "goal achieved" in r.stderr
+    listed = subprocess.run([str(Path(sys.executable).parent / "prime-agent"), "sessions"], text=True,
+                            capture_output=True, timeout=60)
+    assert "[goal achieved after 2 turns]" in listed.stdout, listed
 
 
 async def test_goals_past_the_daemons_cap_are_refused(prime_home: Path, project: Path):
