@@ -241,7 +241,7 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
             print(answer)
         elif state.state != "achieved":
             print(f"prime-agent: goal {state.state}: {state.reason}", file=sys.stderr)
-        print(f"[goal {state.state} after {state.turns} turns ({state.continuations} continuations)]", file=sys.stderr)
+        print(f"[goal {state.summary()}]", file=sys.stderr)
         code = GOAL_EXIT_CODES[state.state]
     else:
         code = report(result.outcome, result.answer, result.error, print_answer)
