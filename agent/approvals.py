@@ -9,7 +9,8 @@ server as the prefix, of any of its tools), `deny`. The daemon decides through
 POST /v1/sessions/{id}/approvals/{request_id}, `prime-agent run` at the terminal (`ask`);
 `sandbox.approval = "never"` denies at once, and so does a session nobody can answer. An approved
 command runs in the workspace with the user's rights, outside the sandbox; its output goes back to
-the cell that asked. A denied MCP call reaches the model as McpError.
+the cell that asked. A denied MCP call reaches the model as McpError. A subagent's requests go to
+its parent's approvals (up to the session a person decides in), named in their reason.
 """
 
 from __future__ import annotations
@@ -65,10 +66,12 @@ class Approvals:
     """One session's requests for the user's decision, and the rules its user approved."""
 
     def __init__(self, config: SandboxConfig, cwd: Path, sinks: Sinks, timeout: Callable[[], float],
-                 cell_id: Callable[[], str | None] = lambda: None):
+                 cell_id: Callable[[], str | None] = lambda: None, parent: tuple[Approvals, str] | None = None):
         """`timeout()`: seconds an approved command may run (the kernel's cell timeout); `cell_id()`:
-        the cell running now."""
+        the cell running now; `parent`: a subagent's (its parent's approvals, its name), where its
+        requests go to be decided, recorded and run, as the parent's own are, named in their reason."""
         self.config, self.cwd, self.sinks, self.timeout, self.cell_id = config, cwd, sinks, timeout, cell_id
+        self.parent = parent
         self.pending: dict[str, Request] = {}
         self.rules: list[list[str]] = []
         """Command prefixes approved with `always`, as words."""
@@ -105,6 +108,9 @@ class Approvals:
             raise ValueError("request_permission needs the command to run, as one shell command line")
         if len(command) > MAX_COMMAND:
             raise ValueError(f"the command is {len(command):,} characters; at most {MAX_COMMAND:,}")
+        if self.parent is not None:
+            upstream, name = self.parent
+            return await upstream.request(command, f"[subagent {name}] {reason}".strip())
         req = self._new("command", command, str(reason)[:2000], prefix_of(command))
         decision, by = await self._wait(req, {})
         if decision == "always":
@@ -116,10 +122,13 @@ class Approvals:
         self._decided(req, decision, by, result["exit_code"])
         return {"approved": True, "by": by, **result}
 
-    async def mcp(self, server: str, tool: str, arguments: dict[str, Any], shown: str) -> str | None:
+    async def mcp(self, server: str, tool: str, arguments: dict[str, Any], shown: str, reason: str = "") -> str | None:
         """A call of an MCP server under policy `ask`: None once approved, else why not. `shown`: the
         arguments as the request shows them (shortened)."""
-        req = self._new("mcp", f"{server}.{tool}({shown})", "", f"{server}.{tool}")
+        if self.parent is not None:
+            upstream, name = self.parent
+            return await upstream.mcp(server, tool, arguments, shown, f"[subagent {name}]")
+        req = self._new("mcp", f"{server}.{tool}({shown})", reason, f"{server}.{tool}")
         decision, by = await self._wait(req, {"server": server, "tool": tool, "arguments": arguments})
         if decision == "always":
             self.tools.add(req.prefix)

@@ -140,8 +140,10 @@ class Session:
         self.mcp = McpServers(config.mcp, self.cwd, self.dir)
         """The session's MCP servers (started at their first use)."""
         self.approvals = Approvals(config.sandbox, self.cwd, sinks, timeout=lambda: self.config.kernel.cell_timeout,
-                                   cell_id=lambda: self.kernel.cell_id)
-        """Requests for the user's decision: commands to run outside the sandbox, MCP calls under policy ask."""
+                                   cell_id=lambda: self.kernel.cell_id,
+                                   parent=(parent.approvals, self.id.rsplit(".", 1)[-1]) if parent else None)
+        """Requests for the user's decision: commands to run outside the sandbox, MCP calls under policy
+        ask (a subagent's go up to the session the user decides in)."""
         self.bridge = BridgeServer(
             self.dir,
             {"final": self._final, "note": self._note, "ping": self._ping, "refine.request": self._refine,

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 from agent import events as ev
-from agent.config import ENV_VARS, load_config
+from agent.config import ENV_VARS, Config, load_config
 from agent.mcp import McpServers, ServerInfo, ToolInfo, cached_tools, prompt_section
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
@@ -382,3 +382,31 @@ async def test_a_server_that_cannot_start_is_reported_and_not_retried(tmp_path: 
     [info] = await servers.list("broken")
     assert info.state == "failed" and "bad config" in info.error and cached_tools("broken", config.servers["broken"]) is None
     await servers.close()
+
+
+async def test_a_subagents_call_under_policy_ask_is_decided_in_its_parents_session(root: Path):
+    """A session of its own: the subagent's servers come from the config, with `time` under `ask`."""
+    config = Config.model_validate({"mcp": {"servers": {"time": {"command": TIME, "policy": "ask"}}}})
+    call = 'print((await mcp.time.get_current_time(timezone="UTC"))["timezone"])'
+
+    def respond(messages):
+        is_child = "You are `clock`, started by a parent agent" in messages[0].content
+        if messages[-1].role == "tool":
+            return messages[-1].content.strip() if is_child else "parent saw: " + messages[-1].content.strip()
+        return cells(call) if is_child else cells("print(await (await rlm('what time is it in UTC?', name='clock')))")
+
+    asked = []
+
+    async def approve(request):
+        asked.append(request)
+        return "approve"
+
+    events: list = []
+    async with Session(config, ScriptedModel([respond] * 10), cwd=root, on_event=events.append) as s:
+        s.approvals.ask = approve
+        result = await s.prompt("ask a subagent the time")
+    assert [(r.kind, r.summary, r.reason) for r in asked] == [
+        ("mcp", "time.get_current_time(timezone='UTC')", "[subagent clock]")]
+    decided = [(e.kind, e.decision, e.by) for e in events if isinstance(e, ev.ApprovalDecided)]
+    assert decided == [("mcp", "approve", "user")]
+    assert result.answer.startswith("parent saw: ") and "UTC" in result.answer, result

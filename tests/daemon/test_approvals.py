@@ -9,6 +9,7 @@ import pytest
 
 from agent.layout import SessionLayout
 from agent.sandbox import unavailable
+from agent.testing.openai_server import OpenAIServer, Reply
 from agent.trajectory import ApprovalRecord, read_records
 from daemon.client import Client, DaemonError
 
@@ -70,3 +71,35 @@ async def test_denied_the_model_is_told_approved_it_ran_outside_and_always_appro
     assert [r.status for r in records] == ["requested", "deny", "requested", "always", "requested", "always",
                                            "requested", "deny"]
     assert {r.request_kind for r in records} == {"command"} and records[0].summary == "touch .git/approved"
+
+
+def parent_and_child(request: dict) -> Reply:
+    """The model: the parent starts a subagent `marker`, whose cell asks to run a command outside the sandbox."""
+    messages = request["messages"]
+    if messages[-1]["role"] == "tool":
+        return Reply(content="done: " + messages[-1]["content"])
+    if "You are `marker`, started by a parent agent" in messages[0]["content"]:
+        return Reply(code=["r = await request_permission('touch .git/approved', 'to mark the repository')\n"
+                           "final(str(r.exit_code))"])
+    return Reply(code=["print(await (await rlm('mark the repository', name='marker')))"])
+
+
+async def test_a_subagents_request_is_decided_in_its_parents_session(daemon: Client, project: Path):
+    with OpenAIServer(parent_and_child) as server:
+        s = await daemon.create_session(project, model="fake", base_url=server.base_url)
+        accepted = await daemon.send(s.id, "mark it, through a subagent")
+        events = []
+        async for e in daemon.events(s.id, 0):
+            events.append(e)
+            if e.type == "approval.requested":
+                await daemon.approve(s.id, e.request_id, "approve")
+            if e.type == "turn.finished" and e.turn_id == accepted.turn_id:
+                break
+    requested = next((e for e in events if e.type == "approval.requested"), events[-1])
+    assert requested.type == "approval.requested", requested
+    assert requested.summary == "touch .git/approved" and "subagent marker" in requested.reason, requested
+    decided = next(e for e in events if e.type == "approval.decided")
+    assert (decided.decision, decided.by, decided.exit_code) == ("approve", "user", 0)
+    assert (project / ".git" / "approved").exists() and events[-1].answer == "done: 0", events[-1]
+    records = [r for r in read_records(SessionLayout(Path(s.dir)).trajectory, []) if isinstance(r, ApprovalRecord)]
+    assert [r.status for r in records] == ["requested", "approve"]
