@@ -65,6 +65,16 @@ class ServerInfo(BaseModel):
     pid: int | None = None
     restarts: int = 0
 
+    def lines(self) -> list[str]:
+        """The server, then a line per tool, as `prime-agent mcp list` and the app's /mcp show them."""
+        tools = "?" if self.tools is None else str(len(self.tools))
+        out = [f"{self.name}  {self.transport}  policy {self.policy}  {self.state}  {tools} tools"
+               + (f"  ({self.error})" if self.error else "")]
+        for t in self.tools or []:
+            first = (t.description.strip().splitlines() or [""])[0]
+            out.append(f"    {t.name}" + (f": {first[:100]}" if first else ""))
+        return out
+
 
 def expand(text: str, environ: Mapping[str, str], where: str) -> str:
     """`${VAR}` and `${VAR:-default}` from `environ`; a variable that is unset without a default is an error."""

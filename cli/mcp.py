@@ -67,11 +67,7 @@ def _list(args: argparse.Namespace) -> int:
                 await servers.close()
 
     for s in asyncio.run(listed()):
-        tools = "?" if s.tools is None else str(len(s.tools))
-        print(f"{s.name}  {s.transport}  policy {s.policy}  {s.state}  {tools} tools" + (f"  ({s.error})" if s.error else ""))
-        for t in s.tools or []:
-            first = (t.description.strip().splitlines() or [""])[0]
-            print(f"    {t.name}" + (f": {first[:100]}" if first else ""))
+        print("\n".join(s.lines()))
     return 0
 
 

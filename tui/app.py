@@ -27,6 +27,7 @@ from textual.containers import Vertical
 from agent import events as ev
 from agent.config import home
 from agent.events import Event
+from agent.mcp import ServerInfo
 from daemon.client import Client, DaemonError
 from tui.screens.harness import HarnessScreen
 from tui.screens.rewind import RewindScreen
@@ -347,6 +348,14 @@ class PrimeApp(App):
     def goal_running(self) -> bool:
         return self.goal is not None and self.goal.state == "running"
 
+    async def mcp_command(self, arg: str) -> None:
+        servers = [ServerInfo.model_validate(x) for x in await self.client.mcp(self.session_id)]
+        if not servers:
+            await self.say("no MCP servers configured (prime-agent mcp add NAME -- COMMAND ARGS..., "
+                           "or the project's .mcp.json)")
+            return
+        await self.say("\n".join(line for s in servers for line in s.lines()))
+
     async def help_command(self, arg: str) -> None:
         await self.say("\n".join([*KEYS, *(f"{name:<11} {c.help}" for name, c in COMMANDS.items())]))
 
@@ -474,6 +483,7 @@ COMMANDS = {  # the menu and /help list them in this order
                           "[--max-tokens T]: keep going until CMD passes", needs_session=True),
     "/autonomous": SlashCommand(PrimeApp.autonomous_command, "TEXT [--max-continuations N] [--max-seconds S] "
                                 "[--max-tokens T]: work until final(), within the budget", needs_session=True),
+    "/mcp": SlashCommand(PrimeApp.mcp_command, "this session's MCP servers: state, policy, tools", needs_session=True),
     "/interrupt": SlashCommand(PrimeApp.interrupt_command, "stop the running turn (and a goal)"),
     "/help": SlashCommand(PrimeApp.help_command, "commands and keys"),
 }

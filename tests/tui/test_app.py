@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from pathlib import Path
 
 from textual.widgets import DataTable
@@ -100,6 +102,19 @@ async def test_tab_completes_a_slash_command_and_help_lists_every_one(daemon: Cl
         await until(pilot, lambda: any("/interrupt" in str(n.render()) for n in app.query(Notice)))
         (help,) = [str(n.render()) for n in app.query(Notice) if "/interrupt" in str(n.render())]
         assert all(f"{name:<11} {c.help}" in help for name, c in COMMANDS.items())
+
+
+async def test_mcp_lists_the_sessions_servers(daemon: Client, project: Path, model_server):
+    time_server = str(Path(sys.executable).parent / "mcp-server-time")
+    (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"time": {"command": time_server}}}))
+    app = app_for(daemon, project, model_server)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        app.query_one("#prompt").load_text("/mcp")
+        await pilot.press("enter")
+        await until(pilot, lambda: any("policy allow" in str(n.render()) for n in app.query(Notice)))
+        (listed,) = [str(n.render()) for n in app.query(Notice) if "policy allow" in str(n.render())]
+        assert listed.startswith("time  stdio  policy allow  ") and " tools" in listed, listed
 
 
 async def test_detach_and_reattach_shows_the_whole_history(daemon: Client, project: Path, model_server):
