@@ -363,9 +363,12 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
                             harness=dict(done.harness), kernel=done.kernel, notice=done.notice)
 
     @app.get("/v1/sessions/{session_id}/mcp")
-    async def mcp(session_id: str) -> list[ServerInfo]:
-        """The session's MCP servers: transport, policy, state and tools (as last listed); starts none."""
+    async def mcp(session_id: str, start: bool = False) -> list[ServerInfo]:
+        """The session's MCP servers: transport, policy, state and tools (as last listed); starts none,
+        unless `start=true`: then those not started are (a dormant session wakes) and list their tools."""
         managed = manager.get(session_id)
+        if start:
+            return await (await managed.wake()).mcp.list()
         if managed.session is not None:
             return managed.session.mcp.infos()
         try:

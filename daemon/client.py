@@ -149,9 +149,9 @@ class Client:
         return await self._call("POST", f"/v1/sessions/{session_id}/refinements/{refinement_id}",
                                 json={"approve": approve})
 
-    async def mcp(self, session_id: str) -> list[dict[str, Any]]:
-        """The session's MCP servers, their state and tools."""
-        return await self._call("GET", f"/v1/sessions/{session_id}/mcp")
+    async def mcp(self, session_id: str, start: bool = False) -> list[dict[str, Any]]:
+        """The session's MCP servers, their state and tools (`start`: start those not started, to list them)."""
+        return await self._call("GET", f"/v1/sessions/{session_id}/mcp", params=_params(start=start or None))
 
     async def approve(self, session_id: str, request_id: str, decision: str, prefix: str | None = None) -> dict[str, Any]:
         """Decide a waiting request (`approval.requested`: a command, or an MCP call): approve, always or deny."""

@@ -349,7 +349,7 @@ class PrimeApp(App):
         return self.goal is not None and self.goal.state == "running"
 
     async def mcp_command(self, arg: str) -> None:
-        servers = [ServerInfo.model_validate(x) for x in await self.client.mcp(self.session_id)]
+        servers = [ServerInfo.model_validate(x) for x in await self.client.mcp(self.session_id, start=True)]
         if not servers:
             await self.say("no MCP servers configured (prime-agent mcp add NAME -- COMMAND ARGS..., "
                            "or the project's .mcp.json)")
@@ -483,7 +483,8 @@ COMMANDS = {  # the menu and /help list them in this order
                           "[--max-tokens T]: keep going until CMD passes", needs_session=True),
     "/autonomous": SlashCommand(PrimeApp.autonomous_command, "TEXT [--max-continuations N] [--max-seconds S] "
                                 "[--max-tokens T]: work until final(), within the budget", needs_session=True),
-    "/mcp": SlashCommand(PrimeApp.mcp_command, "this session's MCP servers: state, policy, tools", needs_session=True),
+    "/mcp": SlashCommand(PrimeApp.mcp_command, "this session's MCP servers and their tools (starts them)",
+                        needs_session=True),
     "/interrupt": SlashCommand(PrimeApp.interrupt_command, "stop the running turn (and a goal)"),
     "/help": SlashCommand(PrimeApp.help_command, "commands and keys"),
 }

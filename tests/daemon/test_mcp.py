@@ -34,6 +34,8 @@ async def test_an_ask_call_waits_for_a_decision_over_the_api(daemon: Client, pro
     listed = {m["name"]: m for m in await daemon.mcp(s.id)}
     assert listed["time"]["policy"] == "ask" and listed["time"]["state"] == "stopped"
     assert listed["everything"]["transport"] == "stdio"
+    started = {m["name"]: m for m in await daemon.mcp(s.id, start=True)}  # as the app's /mcp asks
+    assert started["time"]["state"] == "ready" and "get_current_time" in [t["name"] for t in started["time"]["tools"]]
     code = ("for _ in range(2):\n    try:\n        print(await mcp.time.get_current_time(timezone='UTC'))\n"
             "    except McpError as e:\n        print('McpError:', e)")
     accepted = await daemon.send(s.id, "run: " + code)

@@ -114,7 +114,7 @@ async def test_mcp_lists_the_sessions_servers(daemon: Client, project: Path, mod
         await pilot.press("enter")
         await until(pilot, lambda: any("policy allow" in str(n.render()) for n in app.query(Notice)))
         (listed,) = [str(n.render()) for n in app.query(Notice) if "policy allow" in str(n.render())]
-        assert listed.startswith("time  stdio  policy allow  ") and " tools" in listed, listed
+        assert listed.startswith("time  stdio  policy allow  ready  2 tools") and "get_current_time" in listed, listed
 
 
 async def test_detach_and_reattach_shows_the_whole_history(daemon: Client, project: Path, model_server):
