@@ -16,7 +16,7 @@ from tui.app import COMMANDS, NewSession, PrimeApp
 from tui.screens.harness import HarnessScreen
 from tui.screens.sessions import SessionsScreen
 from tui.widgets.approval_card import ApprovalCard
-from tui.widgets.cell_view import CellView
+from tui.widgets.cell_view import CellView, McpRow
 from tui.widgets.message import AssistantMessage, Notice, UserMessage
 from tui.widgets.refinement_card import RefinementCard
 from tui.widgets.status_bar import StatusBar
@@ -104,12 +104,19 @@ async def test_tab_completes_a_slash_command_and_help_lists_every_one(daemon: Cl
         assert all(f"{name:<11} {c.help}" in help for name, c in COMMANDS.items())
 
 
-async def test_mcp_lists_the_sessions_servers(daemon: Client, project: Path, model_server):
+async def test_an_mcp_call_shows_under_its_cell_and_mcp_lists_the_servers(daemon: Client, project: Path,
+                                                                          model_server):
     time_server = str(Path(sys.executable).parent / "mcp-server-time")
     (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"time": {"command": time_server}}}))
     app = app_for(daemon, project, model_server)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        app.query_one("#prompt").load_text("run: print((await mcp.time.get_current_time(timezone='UTC'))['timezone'])")
+        await pilot.press("enter")
+        await until(pilot, lambda: app.state == "idle" and len(app.query(McpRow)) == 1)
+        (row,) = app.query(McpRow)
+        assert isinstance(row.parent, CellView)
+        assert str(row.render()) == "└─ mcp time.get_current_time(timezone='UTC') ok"
         app.query_one("#prompt").load_text("/mcp")
         await pilot.press("enter")
         await until(pilot, lambda: any("policy allow" in str(n.render()) for n in app.query(Notice)))

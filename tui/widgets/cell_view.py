@@ -1,5 +1,5 @@
 """One code cell: its code highlighted, its output (collapsed past a few lines), errors, run time,
-and the subagents it spawned."""
+and under it the subagents it spawned and the MCP tools it called."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Static
 
+from agent import events as ev
 from agent.types import CellResult
 
 COLLAPSED_LINES = 8
@@ -37,12 +38,13 @@ class CellView(Vertical):
         self._code = Static(Syntax(code, "python", theme="ansi_dark", background_color="default", word_wrap=True),
                             classes="code")
         self._out = Static(classes="output")
-        self.children_rows: dict[str, SubagentRow] = {}
+        self.rows: list[Static] = []
+        """Under the cell: a row per subagent it spawned and per MCP call it made."""
 
     def compose(self):
         yield self._code
         yield self._out
-        yield from self.children_rows.values()  # rows added before the cell was on screen
+        yield from self.rows  # rows added before the cell was on screen
 
     def on_mount(self) -> None:
         self._render_output()
@@ -61,8 +63,8 @@ class CellView(Vertical):
         self.never_finished = why
         self.finish(CellResult(kernel_message=f"the cell never finished: {why}"))
 
-    async def add_child(self, row: SubagentRow) -> None:
-        self.children_rows[row.child_id] = row
+    async def add_row(self, row: Static) -> None:
+        self.rows.append(row)
         if self.is_mounted:
             await self.mount(row)
 
@@ -143,3 +145,16 @@ class SubagentRow(Static):
     def on_click(self, event: events.Click) -> None:
         event.stop()  # not a click on the cell around it
         self.action_open()
+
+
+class McpRow(Static):
+    """An MCP tool call (or resource read) under the cell that made it, and how it went."""
+
+    def __init__(self, e: ev.McpCalled):
+        super().__init__(classes="mcp")
+        args = ", ".join(f"{k}={v!r}" for k, v in e.arguments.items())
+        call = f"{e.server}.{e.tool}({args if len(args) <= 80 else args[:79] + '…'})"
+        colour = {"ok": "green", "cancelled": "yellow"}.get(e.outcome, "red")
+        why = (e.error or "").strip().splitlines()[:1]
+        self.update(Text.assemble("└─ mcp ", (call, "bold"), " ", (e.outcome, colour),
+                                  *((f": {why[0][:120]}", "dim"),) if why else ()))

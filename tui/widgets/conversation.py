@@ -12,7 +12,7 @@ from textual.widget import Widget
 from agent import events as ev
 from agent.events import Event
 from tui.widgets.approval_card import ApprovalCard
-from tui.widgets.cell_view import CellView, SubagentRow
+from tui.widgets.cell_view import CellView, McpRow, SubagentRow
 from tui.widgets.message import AssistantMessage, Notice, UserMessage
 from tui.widgets.refinement_card import RefinementCard
 
@@ -103,7 +103,13 @@ class Conversation(VerticalScroll):
                 cell = self.last_cell.get(turn)
                 row = self.children_rows[e.id] = SubagentRow(e.id, e.name)
                 if cell is not None:
-                    await cell.add_child(row)
+                    await cell.add_row(row)
+                    return None
+                return row
+            case ev.McpCalled():
+                row = McpRow(e)
+                if cell := self.cells.get(e.cell_id or ""):
+                    await cell.add_row(row)
                     return None
                 return row
             case ev.SubagentFinished():
