@@ -266,14 +266,26 @@ def _unfinished() -> set[ProcessTree]:
     return trees
 
 
+def host_tag() -> str:
+    """`<pid>-<start time>` of this process, in the names of what it makes outside its home (cgroups,
+    kernels' private directories): whoever finds one can tell whether its maker is gone."""
+    return "-".join(map(str, _host()))
+
+
+def made_by_a_gone_host(name: str) -> bool:
+    """Whether `name` (`<prefix>-<pid>-<start>-<token>`, with a `host_tag()`) was made by a process
+    no longer alive; False for a name without one."""
+    parts = name.rsplit("-", 3)
+    return len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit() and not _is(int(parts[1]), int(parts[2]))
+
+
 @functools.cache
-def _collect_cgroups(base: Path) -> None:
+def collect_cgroups(base: Path) -> None:
     """Once a process: rmdir the empty cgroups of hosts gone without removing them (killed), from
     any home: a cgroup's name says whose it is. A populated one is left alone (rmdir fails): its
     host's home says whether to kill it."""
     for d in base.glob("prime-agent-*-*-*"):
-        _, _, pid, start, _ = (d.name.split("-") + ["", "", "", "", ""])[:5]
-        if pid.isdigit() and start.isdigit() and not _is(int(pid), int(start)):
+        if made_by_a_gone_host(d.name):
             _remove_cgroup(d)
 
 
@@ -303,7 +315,7 @@ class ProcessTree:
         self.path = journal_dir(home()) / f"{self.token}.json"
         base = cgroup_base()
         if base is not None:
-            _collect_cgroups(base)
+            collect_cgroups(base)
             cgroup = base / f"prime-agent-{self.entry.host[0]}-{self.entry.host[1]}-{self.token}"
             try:
                 cgroup.mkdir(exist_ok=True)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from agent.config import SandboxConfig, SandboxMode, home
 from agent.layout import SessionLayout
-from agent.reaper import ProcessTree
+from agent.reaper import ProcessTree, collect_cgroups, host_tag, made_by_a_gone_host
 
 log = logging.getLogger(__name__)
 TOOLS = ("bwrap",)
@@ -150,7 +150,8 @@ class LimitGroups:
             base = _v1_cgroup(controller)
             if base is None:
                 continue
-            group = base / f"prime-agent-{token}"
+            collect_cgroups(base)
+            group = base / f"prime-agent-{host_tag()}-{token}"
             try:
                 group.mkdir(exist_ok=True)
             except OSError:
@@ -382,6 +383,16 @@ def private_root() -> Path:
     return base
 
 
+def collect_dirs() -> None:
+    """Remove the kernels' private directories whose host is gone (killed: a closed box removes its own)."""
+    for d in private_root().glob("k-*-*-*"):
+        if made_by_a_gone_host(d.name):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+_collect_dirs = functools.cache(collect_dirs)
+"""Once a process, before its first box."""
+
 UNCONFINED: set[Box] = set()
 """Boxes of this process whose kernel runs without the OS sandbox (full-access, or an OS that cannot):
 while any runs, an edit of a harness file may be a kernel's, not a person's (harness_store.watch)."""
@@ -399,7 +410,8 @@ class Box:
     def __init__(self, launch: Launch):
         self.launch = launch
         self.token = secrets.token_hex(4)
-        self.dir = private_root() / f"k-{self.token}"
+        _collect_dirs()
+        self.dir = private_root() / f"k-{host_tag()}-{self.token}"
         self.tmp = self.dir / "tmp"
         for d in (self.dir, self.tmp):  # whatever the umask: in the sandbox, no capability overrides modes
             d.mkdir(mode=0o700)

@@ -18,6 +18,7 @@ from agent.bridge import BridgeServer
 from agent.config import KernelConfig, SandboxConfig
 from agent.kernel import Kernel
 from agent.reaper import reap_orphans
+from agent.sandbox import _v1_cgroup, private_root
 from agent.runtime import ENV_PATH, ENV_TOKEN
 from agent.types import Cell
 from daemon.client import SyncClient, daemon_pid
@@ -94,10 +95,23 @@ def test_kill_9_of_the_daemon_then_daemon_start_leaves_none_of_its_kernels_desce
     time.sleep(1)
     assert [p for p in children if not alive(p)] == []  # ... but what it started lives on: the issue
 
+    made = left_by(daemon)
+    assert any(p.name.startswith("k-") for p in made), made  # the boxes of its kernels and its pool's
+
     start = subprocess.run([PRIME_AGENT, "daemon", "start"], capture_output=True, text=True, timeout=120)
     assert start.returncode == 0, start.stderr
     assert dead_within(children) == []
     assert not entry.exists()  # the tree's journal entry went with it
+    deadline = time.monotonic() + 30  # collected as the new daemon makes its first box
+    while left_by(daemon) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left_by(daemon) == []
+
+
+def left_by(host: int) -> list[Path]:
+    """The kernels' private directories and limit cgroups (v1) that process `host` made."""
+    bases = [private_root(), *(b for b in map(_v1_cgroup, ("memory", "pids")) if b is not None)]
+    return [p for base in bases for p in [*base.glob(f"k-{host}-*"), *base.glob(f"prime-agent-{host}-*")]]
 
 
 @pytest.mark.slow
