@@ -122,12 +122,13 @@ class Approvals:
         self._decided(req, decision, by, result["exit_code"])
         return {"approved": True, "by": by, **result}
 
-    async def mcp(self, server: str, tool: str, arguments: dict[str, Any], shown: str, reason: str = "") -> str | None:
+    async def mcp(self, server: str, tool: str, arguments: dict[str, Any], shown: str,
+                  reason: str = "") -> str | None:
         """A call of an MCP server under policy `ask`: None once approved, else why not. `shown`: the
-        arguments as the request shows them (shortened)."""
+        arguments as the request shows them (shortened); `reason`: which subagent asks, if one does."""
         if self.parent is not None:
             upstream, name = self.parent
-            return await upstream.mcp(server, tool, arguments, shown, f"[subagent {name}]")
+            return await upstream.mcp(server, tool, arguments, shown, f"[subagent {name}] {reason}".strip())
         req = self._new("mcp", f"{server}.{tool}({shown})", reason, f"{server}.{tool}")
         decision, by = await self._wait(req, {"server": server, "tool": tool, "arguments": arguments})
         if decision == "always":
