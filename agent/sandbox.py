@@ -383,15 +383,13 @@ def private_root() -> Path:
     return base
 
 
-def collect_dirs() -> None:
-    """Remove the kernels' private directories whose host is gone (killed: a closed box removes its own)."""
+@functools.cache
+def _collect_dirs() -> None:
+    """Once a process, before its first box: remove the kernels' private directories whose host is
+    gone (killed: a closed box removes its own)."""
     for d in private_root().glob("k-*-*-*"):
         if made_by_a_gone_host(d.name):
             shutil.rmtree(d, ignore_errors=True)
-
-
-_collect_dirs = functools.cache(collect_dirs)
-"""Once a process, before its first box."""
 
 UNCONFINED: set[Box] = set()
 """Boxes of this process whose kernel runs without the OS sandbox (full-access, or an OS that cannot):
