@@ -18,8 +18,8 @@ from agent.bridge import BridgeServer
 from agent.config import KernelConfig, SandboxConfig
 from agent.kernel import Kernel
 from agent.reaper import reap_orphans
-from agent.sandbox import _v1_cgroup, private_root
 from agent.runtime import ENV_PATH, ENV_TOKEN
+from agent.sandbox import _v1_cgroup, private_root
 from agent.types import Cell
 from daemon.client import SyncClient, daemon_pid
 from tests.agent.test_kernel import alive, spawn_tree, tree_mode  # noqa: F401 (a fixture)
