@@ -50,13 +50,14 @@ async def test_autonomous_goes_on_until_final_and_bad_flags_are_said(daemon: Cli
 async def test_snapshot_of_a_goal_achieved_on_its_first_continuation(daemon: Client, fixed_project: Path):
     with OpenAIServer(fixer()) as server:
         app = app_for(daemon, fixed_project, server)
-        async with app.run_test(size=(100, 30)) as pilot:
+        async with app.run_test(size=(100, 40)) as pilot:  # all of it on one screen: no scroll position to vary
             await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
             app.query_one("#prompt").load_text(
                 "/goal create the file done --until 'test -f done' --max-continuations 3 --max-tokens 90000")
             await pilot.press("enter")
             status = app.query_one(StatusBar)
-            await until(pilot, lambda: "goal achieved" in status.goal and app.state == "idle")
+            await until(pilot, lambda: "goal achieved" in status.goal and app.state == "idle"
+                        and any("goal achieved after" in str(n.render()) for n in app.query(Notice)))
             await pilot.pause()
             assert status.goal.startswith("goal achieved · continuation 1 of 3 · ")
             assert status.goal.endswith(" of 90,000 tok")
