@@ -104,13 +104,13 @@ class Approvals:
 
     async def request(self, command: str, reason: str = "") -> dict[str, Any]:
         """The bridge handler behind `request_permission`: the decision, and the command's outcome."""
+        if self.parent is not None:  # checked and decided up there
+            upstream, name = self.parent
+            return await upstream.request(command, f"[subagent {name}] {reason}".strip())
         if not isinstance(command, str) or not command.strip():
             raise ValueError("request_permission needs the command to run, as one shell command line")
         if len(command) > MAX_COMMAND:
             raise ValueError(f"the command is {len(command):,} characters; at most {MAX_COMMAND:,}")
-        if self.parent is not None:
-            upstream, name = self.parent
-            return await upstream.request(command, f"[subagent {name}] {reason}".strip())
         req = self._new("command", command, str(reason)[:2000], prefix_of(command))
         decision, by = await self._wait(req, {})
         if decision == "always":

@@ -49,7 +49,7 @@ class DaemonGoal:
         return self.host.meta.goal
 
     def running(self) -> bool:
-        """Pursued, or waiting to be (a goal the API starts now would wait behind it)."""
+        """Pursued, or waiting to be resumed: either way it counts against `daemon.max_goals`."""
         return self.task is not None and not self.task.done()
 
     def pursued(self) -> bool:

@@ -241,8 +241,8 @@ class ManagedSession:
         self.journal.close()
 
     def busy(self) -> bool:
-        """A turn running or queued, a goal being pursued, something waking it, or work of its own in the background (a
-        refinement being planned, children still running)."""
+        """A turn running or queued, a goal being pursued, something waking it, or work of its own in
+        the background (a refinement being planned, children still running)."""
         return (self.queue.busy() or self.goal.running() or self._waking.locked()
                 or (self.session is not None and self.session.is_busy()))
 
