@@ -254,7 +254,7 @@ class McpConfig(_Section):
 
 
 class CheckpointConfig(_Section):
-    """A checkpoint at every turn boundary, for `rewind` (agent/checkpoints.py)."""
+    """A checkpoint at every turn boundary, for `rewind` (agent/checkpoints/)."""
 
     enabled: bool = True
     """Checkpoint the workspace, conversation, harness and kernel at every turn boundary."""
@@ -278,7 +278,7 @@ SECRET_NAMES = ["*KEY*", "*SECRET*", "*TOKEN*", "*PASSWORD*", "*CREDENTIAL*"]
 
 
 class SandboxConfig(_Section):
-    """How the OS confines every kernel and what it starts (agent/sandbox.py; README, Sandbox)."""
+    """How the OS confines every kernel and what it starts (agent/kernel/sandbox.py; README, Sandbox)."""
 
     mode: SandboxMode = "workspace-write"
     """`workspace-write`: the workspace and a private /tmp writable, harness scopes, the session's

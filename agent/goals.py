@@ -25,9 +25,9 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent import events as ev
-from agent import sandbox
+from agent.kernel import sandbox
 from agent.prompt import render
-from agent.sandbox import Launch, View
+from agent.kernel.sandbox import Launch, View
 from agent.trajectory import GoalRecord, Record
 from agent.types import Text, TurnResult, Usage
 

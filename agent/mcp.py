@@ -1,12 +1,12 @@
 """MCP servers for a session: the client side of the Model Context Protocol, in the session host.
 
 Code in the kernel calls a server's tools through the host bridge (`await mcp.call(server, tool,
-**arguments)`, see agent/runtime/mcp.py); the client (the official `mcp` SDK) lives here, so a
+**arguments)`, see agent/kernel/runtime/mcp.py); the client (the official `mcp` SDK) lives here, so a
 server's credentials (its `env`, its `headers`) never enter the kernel.
 
 Each configured server starts lazily, at its first use, and stays up for the session: its
 initialisation and tool listing are done once. A stdio server runs in a process tree of its own
-(agent/reaper.py), killed when the session closes and reaped by the next daemon when the host
+(agent/kernel/reaper.py), killed when the session closes and reaped by the next daemon when the host
 was killed outright. A server that crashes fails the call it was serving and is started again by
 the next one; one that crashes again before any call succeeded is reported as failed, not restarted.
 
@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from agent.config import McpConfig, McpServerConfig, home
-from agent.reaper import ENV_MARKER, ProcessTree, stat
+from agent.kernel.reaper import ENV_MARKER, ProcessTree, stat
 
 log = logging.getLogger(__name__)
 

@@ -14,14 +14,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from agent import events as ev
-from agent.bridge import BridgeServer
+from agent.kernel.bridge import BridgeServer
 from agent.config import Config, KernelConfig
 from agent.context import Context, Sinks, transcript
 from agent.harness import SessionHarness
 from agent.kernel import Kernel
 from agent.layout import SessionLayout
 from agent.model import Model, ModelError
-from agent.runtime import ENV_PATH, ENV_TOKEN
+from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
 from agent.trajectory import RefinementRecord
 from agent.types import Cell, Completion, Message
 from harness_store.refiner import Outcome, Plan, RefinementFailed, Refiner, Verdict

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agent import events as ev
 from agent.approvals import Approvals
-from agent.bridge import BridgeServer
+from agent.kernel.bridge import BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
 from agent.config import Config, home, project_root, shorten
 from agent.context import Context, Inbox, Sinks
@@ -32,8 +32,8 @@ from agent.mcp import McpError, McpServers, prompt_section, summary
 from agent.model import Model
 from agent.prompt import render, system_prompt
 from agent.refine import Gate, SessionRefiner
-from agent.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
-from agent.sandbox import SandboxError, View, describe, unavailable, unconfined_running
+from agent.kernel.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
+from agent.kernel.sandbox import SandboxError, View, describe, unavailable, unconfined_running
 from agent.subagents import ChildInfo, Subagents
 from agent.trajectory import (
     McpCallRecord,
@@ -601,7 +601,7 @@ class Session:
     async def _note(self, text: str) -> None:
         self.emit(ev.Note(turn_id=self._turn_id(), text=text))
 
-    # --- MCP (agent/mcp.py; agent/runtime/mcp.py is the kernel's side) ---------------------------
+    # --- MCP (agent/mcp.py; agent/kernel/runtime/mcp.py is the kernel's side) ---------------------------
     # A failure of a server or a tool is a reply ({"error"}), raised in the kernel as McpError.
 
     async def _mcp_servers(self) -> list[str]:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from agent import events as ev  # noqa: E402
 from agent.config import Config  # noqa: E402
 from agent.goals import GoalBudget, GoalSpec, GoalState  # noqa: E402
-from agent.sandbox import unavailable  # noqa: E402
+from agent.kernel.sandbox import unavailable  # noqa: E402
 from agent.session import Session  # noqa: E402
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
 from agent.testing.scripted import ScriptedModel  # noqa: E402

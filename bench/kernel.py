@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/kernel.py [--cells 60] [--repeats 3]
 
-Measures: kernel start to ready (with bootstrap); the sandbox's cost (agent/sandbox.py): a session's
+Measures: kernel start to ready (with bootstrap); the sandbox's cost (agent/kernel/sandbox.py): a session's
 kernel start and a cell's round trip in `workspace-write` against `full-access` (no sandbox), the two
 interleaved so the machine's drift falls on both alike, and the time the session's view takes to
 apply (nsenter and mount, what a pooled kernel pays when a session takes it); kernel shutdown (a shutdown request, then the

@@ -29,14 +29,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.bridge import BridgeServer  # noqa: E402
+from agent.kernel.bridge import BridgeServer  # noqa: E402
 from agent.checkpoints import Checkpoints  # noqa: E402
 from agent.config import CheckpointConfig, KernelConfig  # noqa: E402
 from agent.context import Context, Sinks  # noqa: E402
 from agent.harness import SessionHarness, scope_roots  # noqa: E402
 from agent.kernel import Kernel  # noqa: E402
 from agent.layout import SessionLayout  # noqa: E402
-from agent.runtime import ENV_PATH, ENV_TOKEN  # noqa: E402
+from agent.kernel.runtime import ENV_PATH, ENV_TOKEN  # noqa: E402
 from agent.trajectory import CheckpointRecord  # noqa: E402
 from agent.types import Cell  # noqa: E402
 

@@ -19,9 +19,9 @@ from pydantic_core import PydanticSerializationError
 from agent.config import MAX_DEPTH, Config, ConfigError, check_values, load_config, shorten
 from agent.kernel import KernelPool
 from agent.layout import SessionLayout, session_layouts
-from agent.reaper import reap_orphans
+from agent.kernel.reaper import reap_orphans
 from agent.refine import Gate
-from agent.sandbox import Launch
+from agent.kernel.sandbox import Launch
 from agent.session import Session, new_session_id
 from daemon import meta as meta_file
 from daemon.errors import Refused

@@ -6,7 +6,7 @@ import os
 import secrets
 from pathlib import Path
 
-from agent.bridge import socket_path
+from agent.kernel.bridge import socket_path
 from agent.config import home
 
 

@@ -81,3 +81,25 @@ def test_a_cycle_hidden_in_function_level_and_type_checking_imports_is_found(tmp
     edges = graph(tmp_path, ("a", "b"))
     assert edges["a.x"] == {"b.y"} and "a.x" in edges["b.y"]
     assert cycles(edges) == ["a.x", "b.y"]
+
+
+def test_the_kernel_package_imports_nothing_of_the_session():
+    """agent/kernel/ is the OS-facing leaf: besides itself, only config, layout and types."""
+    allowed = {"agent.config", "agent.layout", "agent.types"}
+    wrong = sorted(f"{m} imports {n}" for m, names in graph().items() if m.startswith("agent.kernel")
+                   for n in names if not n.startswith("agent.kernel") and n not in allowed)
+    assert wrong == []
+
+
+def test_the_kernel_runtime_imports_only_the_standard_library():
+    """The code inside the kernel (agent/kernel/runtime/) imports nothing of ours beyond itself, and
+    importing it loads neither pydantic nor jupyter_client (the package's names load when asked)."""
+    wrong = sorted(f"{m} imports {n}" for m, names in graph().items() if m.startswith("agent.kernel.runtime")
+                   for n in names if not n.startswith("agent.kernel.runtime") and n != "agent.kernel")
+    assert wrong == []
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "import sys, agent.kernel.runtime; "
+                          "print(sorted(m for m in ('pydantic', 'jupyter_client', 'zmq') if m in sys.modules))"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"

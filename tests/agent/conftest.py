@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.bridge import BridgeServer
+from agent.kernel.bridge import BridgeServer
 from agent.config import KernelConfig, SandboxConfig
 from agent.kernel import Kernel
-from agent.runtime import ENV_PATH, ENV_TOKEN
+from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import json
 import stat
 from pathlib import Path
 
-from agent.bridge import BridgeServer, socket_path
+from agent.kernel.bridge import BridgeServer, socket_path
 
 
 async def test_rejects_bad_token_unknown_method_and_handler_errors(tmp_path: Path):

@@ -13,7 +13,7 @@ import pytest
 
 from agent import events as ev
 from agent.goals import GoalBudget, GoalSpec, GoalState
-from agent.sandbox import unavailable
+from agent.kernel.sandbox import unavailable
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import GoalRecord, TurnStarted, read_records

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.bridge import BridgeServer
+from agent.kernel.bridge import BridgeServer
 from agent.config import KernelConfig, SandboxConfig
-from agent.kernel import CappedText, Kernel, KernelState
-from agent.runtime import ENV_PATH, ENV_TOKEN
+from agent.kernel.manager import CappedText, Kernel, KernelState
+from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
 from agent.types import Cell
 
 
@@ -125,7 +125,7 @@ async def test_a_cell_that_prints_forever_still_times_out(kernel: Kernel):
 
 async def test_a_pooled_kernel_becomes_the_sessions_own(project: Path, monkeypatch):
     from agent.kernel import KernelPool
-    from agent.sandbox import Launch
+    from agent.kernel.sandbox import Launch
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
     pool = KernelPool(1, KernelConfig(), Launch.of(SandboxConfig()))
@@ -274,7 +274,7 @@ def alive(pid: int) -> bool:
 def tree_mode(request, monkeypatch) -> str:
     """Both ways a kernel's descendants are tracked: a cgroup of its own (where this machine lets the
     test make one), and without (its process group and the environment variable they inherit)."""
-    from agent import reaper
+    from agent.kernel import reaper
 
     if request.param == "cgroup" and reaper.cgroup_base() is None:
         pytest.skip("no writable cgroup v2 hierarchy here")

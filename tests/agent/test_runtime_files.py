@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.runtime.files import edit, glob, grep, read, write
+from agent.kernel.runtime.files import edit, glob, grep, read, write
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ import pytest
 
 from agent.config import Config
 from agent.harness import scope_roots
-from agent.sandbox import unavailable
+from agent.kernel.sandbox import unavailable
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.types import Cell
@@ -283,7 +283,7 @@ def test_where_the_os_cannot_sandbox_required_refuses_and_otherwise_it_says_so(t
 import asyncio, os
 os.environ["PATH"] = {str(tmp_path / "bin")!r}
 from pathlib import Path
-from agent.sandbox import SandboxError
+from agent.kernel.sandbox import SandboxError
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel
 from tests.conftest import make_config

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.layout import SessionLayout
-from agent.sandbox import unavailable
+from agent.kernel.sandbox import unavailable
 from agent.testing.openai_server import OpenAIServer, Reply
 from agent.trajectory import ApprovalRecord, read_records
 from daemon.client import Client, DaemonError

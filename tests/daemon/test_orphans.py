@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.bridge import BridgeServer
+from agent.kernel.bridge import BridgeServer
 from agent.config import KernelConfig, SandboxConfig
 from agent.kernel import Kernel
-from agent.reaper import reap_orphans
-from agent.runtime import ENV_PATH, ENV_TOKEN
-from agent.sandbox import _v1_cgroup, private_root
+from agent.kernel.reaper import reap_orphans
+from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
+from agent.kernel.sandbox import _v1_cgroup, private_root
 from agent.types import Cell
 from daemon.client import SyncClient, daemon_pid
 from tests.agent.test_kernel import alive, spawn_tree, tree_mode  # noqa: F401 (a fixture)
@@ -132,11 +132,11 @@ def test_a_clean_stop_leaves_none_of_a_kernels_descendants(client: SyncClient, p
 HOST = """\
 import asyncio, sys
 from pathlib import Path
-from agent import reaper
-from agent.bridge import BridgeServer
+from agent.kernel import reaper
+from agent.kernel.bridge import BridgeServer
 from agent.config import KernelConfig, SandboxConfig
 from agent.kernel import Kernel
-from agent.runtime import ENV_PATH, ENV_TOKEN
+from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
 from agent.types import Cell
 
 if sys.argv[1] == "no cgroup":

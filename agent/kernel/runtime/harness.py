@@ -8,7 +8,7 @@ import importlib.machinery
 import os
 import sys
 
-from agent.runtime.bridge import Host
+from agent.kernel.runtime.bridge import Host
 
 
 class Text(str):

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from agent.config import SandboxConfig, SandboxMode, home
 from agent.layout import SessionLayout
-from agent.reaper import ProcessTree, collect_cgroups, host_tag, made_by_a_gone_host
+from agent.kernel.reaper import ProcessTree, collect_cgroups, host_tag, made_by_a_gone_host
 
 log = logging.getLogger(__name__)
 TOOLS = ("bwrap",)
@@ -417,7 +417,7 @@ class Box:
         self.groups: LimitGroups | None = None
         self._lifeline: tuple[int, int] | None = None
         """The pipe whose write end only this process holds: the kernel exits when it closes
-        (agent/runtime/lifeline.py), even if this process is killed outright."""
+        (agent/kernel/runtime/lifeline.py), even if this process is killed outright."""
         if not launch.confined:
             UNCONFINED.add(self)
 

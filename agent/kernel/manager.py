@@ -27,8 +27,8 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import _ShutdownStatus
 
 from agent.config import KernelConfig, SandboxConfig, project_root
-from agent.reaper import ProcessTree
-from agent.sandbox import Box, Launch, SandboxError, View
+from agent.kernel.reaper import ProcessTree
+from agent.kernel.sandbox import Box, Launch, SandboxError, View
 from agent.types import Attachment, Cell, CellResult
 
 OutputCallback = Callable[[str, str], None]
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 KERNEL_ARGS = [
     "--HistoryManager.enabled=False",  # no sqlite write per cell
     "--InteractiveShell.colors=nocolor",
-    "--IPKernelApp.exec_lines=['import agent.runtime.lifeline as _pa; del _pa']",  # it dies with its host
+    "--IPKernelApp.exec_lines=['import agent.kernel.runtime.lifeline as _pa; del _pa']",  # it dies with its host
 ]
 
 
@@ -72,7 +72,7 @@ class KernelError(RuntimeError):
 
 class _Manager(AsyncKernelManager):
     """Launch kernels with the running interpreter, never whatever kernel spec is installed, each in
-    a process tree of its own (agent/reaper.py: a cgroup where the host can make one, else its
+    a process tree of its own (agent/kernel/reaper.py: a cgroup where the host can make one, else its
     process group and an environment variable); ask them to shut down where ipykernel cannot hang on it."""
 
     def __init__(self, box: Box):
@@ -196,7 +196,7 @@ _Started = tuple[_Manager, Any]
 class KernelPool:
     """Kernels started ahead of time, so that a new session does not wait for a kernel to boot.
 
-    A pooled kernel is a bare ipykernel in the sandbox every kernel starts in (agent/sandbox.py);
+    A pooled kernel is a bare ipykernel in the sandbox every kernel starts in (agent/kernel/sandbox.py);
     `Kernel.start` makes it a session's own (its sandbox's view, working directory, environment,
     runtime bootstrap) before the session's first cell, in ~25 ms instead of ~0.6 s. It goes only to
     a session that would have launched its own the same way (`launch`: mode, network, limits, environment).
@@ -402,7 +402,7 @@ class Kernel:
 
     async def _bootstrap(self) -> None:
         prelude = f"import os as _os; _os.chdir({str(self.cwd)!r}); _os.environ.update({self.env!r}); del _os"
-        for code in [prelude, "import agent.runtime as _pa; _pa.bootstrap(globals()); del _pa", *self.setup]:
+        for code in [prelude, "import agent.kernel.runtime as _pa; _pa.bootstrap(globals()); del _pa", *self.setup]:
             boot = await self._run(code, None, None)
             if boot.error_name:
                 raise KernelError(f"kernel bootstrap failed: {boot.error_name}: {boot.error_value}\n{boot.traceback}")

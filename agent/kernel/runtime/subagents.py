@@ -11,7 +11,7 @@ import os
 import pickle
 import secrets
 
-from agent.runtime.bridge import Host
+from agent.kernel.runtime.bridge import Host
 
 
 class SubagentError(RuntimeError):

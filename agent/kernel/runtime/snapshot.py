@@ -9,7 +9,7 @@ Restore replaces the user namespace with the snapshot's (or an empty one) and pr
 as JSON for the host.
 
 The user namespace is everything but names starting with `_`, IPython's own (`In`, `Out`, ...)
-and what `agent.runtime` binds (`final`, `harness`, `read`, ...).
+and what `agent.kernel.runtime` binds (`final`, `harness`, `read`, ...).
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ def user_names(namespace: dict) -> list[str]:
 
 
 def _runtime(value) -> bool:
-    """Bound by agent.runtime (its helpers and their instances): the bootstrap brings them back."""
+    """Bound by agent.kernel.runtime (its helpers and their instances): the bootstrap brings them back."""
     own = isinstance(value, type | types.FunctionType)
     module = getattr(value, "__module__", None) if own else type(value).__module__
-    return isinstance(module, str) and (module == "agent.runtime" or module.startswith("agent.runtime."))
+    return isinstance(module, str) and (module == "agent.kernel.runtime" or module.startswith("agent.kernel.runtime."))
 
 
 def save(namespace: dict, directory: str, name: str, max_variable: int, max_total: int) -> None:

@@ -18,7 +18,7 @@ import json
 import keyword
 import re
 
-from agent.runtime.bridge import Host
+from agent.kernel.runtime.bridge import Host
 
 TYPES = {"string": str, "number": float, "integer": int, "boolean": bool, "array": list, "object": dict}
 
@@ -65,7 +65,7 @@ class Mcp:
         self._servers: dict[str, ServerTools] = {}
 
     async def call(self, server: str, tool: str, /, **arguments):
-        """Call `tool` of `server`; its result as a Python value (see agent/runtime/mcp.py)."""
+        """Call `tool` of `server`; its result as a Python value (see agent/kernel/runtime/mcp.py)."""
         return _value(_checked(await self._host.acall("mcp.call", server=server, tool=tool, arguments=arguments)))
 
     async def read(self, server: str, uri: str):

@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import tempfile
 
-from agent.runtime.bridge import Host, HostError
-from agent.runtime.files import edit, glob, grep, read, write
-from agent.runtime.harness import Harness, install_skill_finder
-from agent.runtime.mcp import Mcp, McpError
-from agent.runtime.streams import guard_streams
-from agent.runtime.subagents import LLM, RLM, AgentMessage, SubagentError
+from agent.kernel.runtime.bridge import Host, HostError
+from agent.kernel.runtime.files import edit, glob, grep, read, write
+from agent.kernel.runtime.harness import Harness, install_skill_finder
+from agent.kernel.runtime.mcp import Mcp, McpError
+from agent.kernel.runtime.streams import guard_streams
+from agent.kernel.runtime.subagents import LLM, RLM, AgentMessage, SubagentError
 
 
 class Refine:

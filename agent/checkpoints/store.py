@@ -1,0 +1,218 @@
+"""The workspace's files: trees in a shadow git repository under $PRIME_AGENT_HOME/checkpoints whose
+work tree is the workspace. It never touches the user's own repository (no commit, branch, stash,
+ref or index change there), reads the workspace's .gitignore files, copies no file over the size
+caps (and says which it skipped), and sees every change on disk, whoever made it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.config import CheckpointConfig, home
+from agent.trajectory import SkippedFile
+
+TMP_SUFFIX = ".prime-agent-rewind"
+"""A file being restored is written beside it under this suffix, then renamed over it."""
+EXCLUDE = f"*{TMP_SUFFIX}\n/.prime-agent/harness/\n"
+"""Never checkpointed: files a rewind is writing, and the project harness (rewound as harness)."""
+
+
+
+@dataclass
+class Snapshot:
+    tree: str
+    skipped: list[SkippedFile]
+    stored_bytes: int
+
+
+class WorkspaceStore:
+    """Workspace trees in a shadow git repository (one per workspace, shared by its sessions: a
+    file kept by one is stored once). Each session has its own index there, which makes a
+    checkpoint cost a scan of the workspace's metadata plus hashing what changed."""
+
+    def __init__(self, workspace: Path, session_id: str, config: CheckpointConfig, root: Path | None = None):
+        self.workspace = workspace.resolve()
+        self.config = config
+        key = hashlib.sha256(str(self.workspace).encode()).hexdigest()[:16]
+        self.git_dir = (root or home() / "checkpoints") / f"{self.workspace.name or 'root'}-{key}"
+        self.index = self.git_dir / "indexes" / session_id
+        self._env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        self._env.update(GIT_INDEX_FILE=str(self.index), GIT_CONFIG_NOSYSTEM="1")
+        self._ready = False
+        self._tree: str | None = None
+        """The tree of this session's index as last written (unchanged while nothing changed)."""
+
+    def _git(self, *args: str, input: bytes | None = None) -> bytes:
+        done = subprocess.run(
+            ["git", f"--git-dir={self.git_dir}", f"--work-tree={self.workspace}", "-c", "core.autocrlf=false",
+             "-c", "core.fsmonitor=false", "-c", "core.quotepath=false", *args],
+            input=input, capture_output=True, env=self._env, cwd=self.workspace)
+        if done.returncode != 0:
+            raise OSError(f"git {args[0]} in the checkpoint store {self.git_dir}: "
+                          f"{done.stderr.decode(errors='replace').strip()}")
+        return done.stdout
+
+    def _ensure(self) -> None:
+        if self._ready:
+            return
+        if not (self.git_dir / "HEAD").is_file():
+            self.git_dir.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.git_dir.with_name(f"{self.git_dir.name}.{secrets.token_hex(4)}.tmp")
+            subprocess.run(["git", "init", "-q", "--bare", str(tmp)], check=True, capture_output=True, env=self._env)
+            subprocess.run(["git", f"--git-dir={tmp}", "config", "core.bare", "false"], check=True, env=self._env)
+            subprocess.run(["git", f"--git-dir={tmp}", "config", "gc.auto", "0"], check=True, env=self._env)
+            (tmp / "info").mkdir(exist_ok=True)
+            (tmp / "info" / "exclude").write_text(EXCLUDE)
+            (tmp / "workspace").write_text(str(self.workspace) + "\n")
+            try:
+                tmp.rename(self.git_dir)  # whole or not at all; another session may have won the race
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
+        self.index.parent.mkdir(exist_ok=True)
+        if not self.index.exists():  # start from another session's view of the same files: no rehash
+            others = sorted(self.index.parent.glob("*"), key=lambda p: p.stat().st_mtime)
+            if others:
+                self.index.write_bytes(others[-1].read_bytes())
+        self._ready = True
+
+    def snapshot(self) -> Snapshot:
+        """The workspace as a tree now: every file git would not ignore, within the size caps."""
+        self._ensure()
+        c = self.config
+        listed = self._git("ls-files", "-z", "-t", "-m", "-o", "--exclude-standard").split(b"\0")
+        update, drop, skipped, stored = [], [], [], 0
+        for item in filter(None, listed):
+            tag, rel = item[:1], os.fsdecode(item[2:])
+            tracked = tag != b"?"
+            if rel.endswith("/"):  # a folder ls-files does not go into: a git repository of its own
+                skipped.append(SkippedFile(path=rel, reason="a git repository of its own"))
+                continue
+            path = self.workspace / rel
+            try:
+                st = os.lstat(path)
+            except (FileNotFoundError, NotADirectoryError):  # deleted (its folder may be a file now)
+                if tracked:
+                    drop.append(rel)
+                continue
+            reason = None
+            if stat.S_ISDIR(st.st_mode):  # a file that became a folder: its files are listed on their own
+                drop.append(rel)
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                pass
+            elif not stat.S_ISREG(st.st_mode):
+                reason = "not a regular file"
+            elif st.st_size > c.max_file_bytes:
+                reason = "over checkpoints.max_file_bytes"
+            elif st.st_size > c.max_binary_bytes and _binary(path):
+                reason = "binary, over checkpoints.max_binary_bytes"
+            elif stored + st.st_size > c.max_checkpoint_bytes:
+                reason = "over checkpoints.max_checkpoint_bytes with the files before it"
+            if reason is not None:
+                skipped.append(SkippedFile(path=rel, bytes=st.st_size, reason=reason))
+                if tracked:
+                    drop.append(rel)
+                continue
+            stored += st.st_size if stat.S_ISREG(st.st_mode) else 0
+            update.append(rel)
+        if drop:
+            self._git("update-index", "-z", "--force-remove", "--stdin", input=_paths(drop))
+        if update:  # --replace: a folder that became a file (or the other way) takes the place of the old
+            self._git("update-index", "-z", "--add", "--remove", "--replace", "--stdin", input=_paths(update))
+        if update or drop or self._tree is None:
+            self._tree = self._git("write-tree").decode().strip()
+        return Snapshot(self._tree, skipped, stored)
+
+    def changes(self, a: str, b: str) -> list[tuple[str, str, str, str]]:
+        """What changes from tree `a` to tree `b`: (status A|M|D|T, path, mode in b, blob in b)."""
+        if a == b:
+            return []
+        fields = self._git("diff-tree", "-r", "-z", "--no-renames", a, b).split(b"\0")
+        out = []
+        for meta, rel in zip(fields[0::2], fields[1::2]):
+            if not meta.startswith(b":"):
+                continue
+            _, mode, _, blob, status = meta[1:].decode().split(" ")
+            out.append((status[0], os.fsdecode(rel), mode, blob))
+        return out
+
+    def changed_paths(self, a: str, b: str) -> set[str]:
+        return {rel for _, rel, _, _ in self.changes(a, b)}
+
+    def restore(self, current: str, target: str, keep: set[str]) -> None:
+        """Make the workspace's files, as they are in tree `current`, those of tree `target`.
+        Paths in `keep` (the target's skipped files) and everything ignored are left alone. Each
+        file is replaced whole (written beside it, then renamed over it)."""
+        changes = [c for c in self.changes(current, target) if c[1] not in keep]
+        for status, rel, _, _ in changes:
+            if status == "D":
+                path = self.workspace / rel
+                if path.is_symlink() or path.is_file():
+                    path.unlink()
+                _prune(path.parent, self.workspace)
+        writes = [(rel, mode, blob) for status, rel, mode, blob in changes if status != "D" and mode != "160000"]
+        contents = self._blobs([blob for _, _, blob in writes])
+        for rel, mode, blob in writes:
+            path = self.workspace / rel
+            tmp = path.with_name(path.name + TMP_SUFFIX)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if tmp.is_symlink() or tmp.exists():
+                tmp.unlink()
+            if mode == "120000":
+                os.symlink(os.fsdecode(contents[blob]), tmp)
+            else:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755 if mode == "100755" else 0o644)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(contents[blob])
+                os.chmod(tmp, 0o755 if mode == "100755" else 0o644)
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()  # a folder where the file was (its files were deleted above)
+            os.replace(tmp, path)
+
+    def _blobs(self, ids: list[str]) -> dict[str, bytes]:
+        if not ids:
+            return {}
+        out = self._git("cat-file", "--batch", input=("\n".join(ids) + "\n").encode())
+        blobs, at = {}, 0
+        while at < len(out):
+            end = out.index(b"\n", at)
+            sha, _, size = out[at:end].decode().split(" ")
+            at = end + 1
+            blobs[sha] = out[at:at + int(size)]
+            at += int(size) + 1
+        return blobs
+
+    def disk_bytes(self) -> int:
+        """What the store takes on disk (for bench/rewind.py)."""
+        return sum(p.stat().st_size for p in self.git_dir.rglob("*") if p.is_file())
+
+
+def _paths(paths: list[str]) -> bytes:
+    return b"".join(os.fsencode(p) + b"\0" for p in paths)
+
+
+def _binary(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return b"\0" in f.read(8192)
+    except OSError:
+        return False
+
+
+def _prune(folder: Path, root: Path) -> None:
+    """Remove `folder` and the folders above it while they are empty (never the workspace itself)."""
+    while folder != root and folder.is_relative_to(root) and folder.is_dir() and not folder.is_symlink():
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
+
+
+# --- finding a checkpoint ----------------------------------------------------------------------
