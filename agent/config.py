@@ -116,6 +116,10 @@ class KernelConfig(_Section):
     """Seconds an interrupted cell gets to stop before the kernel is restarted."""
     output_limit: int = 64 * 1024
     """Characters kept per output stream of a cell (head and tail); the middle is cut."""
+    output_spill: int = Field(4 * 1024 * 1024, ge=0)
+    """Characters per output stream a cell sends to the host; the rest goes to a file in the
+    kernel's temp folder, named in a note at the cell's end with the output's tail (0: all of it
+    is sent; the host's memory is then not bounded by what a cell prints)."""
     startup_timeout: float = 60.0
     """Seconds to wait for a new kernel to become ready."""
     shutdown_wait: float = 2.0

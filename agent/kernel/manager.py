@@ -402,7 +402,7 @@ class Kernel:
 
     async def _bootstrap(self) -> None:
         prelude = f"import os as _os; _os.chdir({str(self.cwd)!r}); _os.environ.update({self.env!r}); del _os"
-        for code in [prelude, "import agent.kernel.runtime as _pa; _pa.bootstrap(globals()); del _pa", *self.setup]:
+        for code in [prelude, f"import agent.kernel.runtime as _pa; _pa.bootstrap(globals(), {self.config.output_spill}); del _pa", *self.setup]:
             boot = await self._run(code, None, None)
             if boot.error_name:
                 raise KernelError(f"kernel bootstrap failed: {boot.error_name}: {boot.error_value}\n{boot.traceback}")

@@ -139,3 +139,21 @@ async def test_the_check_costs_microseconds_a_cell(kernel: Kernel):
     r = await run(kernel, code)
     assert r.error_name is None, r.traceback
     assert float(r.stdout) < 20  # microseconds, twice a cell; ~2 measured on a laptop-class core
+
+
+async def test_output_past_the_spill_goes_to_a_file_named_with_its_tail(make_kernel):
+    """What a cell prints past kernel.output_spill never reaches the host: Python's writes and a
+    subprocess's alike go to one file, and the model gets the note, the path and the tail."""
+    kernel = await make_kernel(fd_capture=True, output_spill=1000, output_limit=100_000)
+    code = ("import subprocess, sys\nfor i in range(500):\n    print(f'line {i:04}')\nsys.stdout.flush()\n"
+            "subprocess.run(['sh', '-c', 'seq 1 300'], check=True)\nprint('THE END')")
+    res = await kernel.execute(Cell(id="c1", code=code))
+    head, note = res.stdout.split("\n[... ", 1)
+    assert len(head) <= 1000 and head.startswith("line 0000")
+    path = Path(note.split(" characters is in ")[1].split(" ...]")[0])
+    spilled = path.read_text()
+    assert (head + spilled).splitlines()[:500] == [f"line {i:04}" for i in range(500)]
+    assert spilled.splitlines()[-301:] == [str(i) for i in range(1, 301)] + ["THE END"]
+    assert res.stdout.endswith("300\nTHE END\n")  # the tail follows the note
+    again = await kernel.execute(Cell(id="c2", code="print('short')"))
+    assert again.stdout == "short\n"  # each cell counts anew

@@ -155,3 +155,46 @@ def test_spawned_daemon_refuses_a_second_instance(prime_home: Path):
         c.close()
         first.send_signal(signal.SIGTERM)
         first.wait(30)
+
+
+def _peak_rss_mb(pid: int) -> float:
+    return int(Path(f"/proc/{pid}/status").read_text().split("VmHWM:")[1].split()[0]) / 1024
+
+
+@pytest.mark.slow
+def test_a_cell_printing_200_mb_leaves_the_daemon_small_and_answering(client: SyncClient, project: Path, model_server):
+    """Finding 17 of the sandbox review: a 200 MB print took the daemon from 72 to 702 MB. The output
+    past kernel.output_spill goes to a file in the kernel's temp folder; the model is told where, with
+    the tail; the daemon answers throughout and its peak stays under 300 MB."""
+    import threading
+
+    s = client.create_session(project, model="fake", base_url=model_server.base_url)
+    pid = daemon_pid()
+    assert pid is not None
+    slowest, done = [0.0], threading.Event()
+
+    def poll() -> None:
+        other = SyncClient(autostart=False)
+        try:
+            while not done.is_set():
+                began = time.monotonic()
+                other.status()
+                slowest[0] = max(slowest[0], time.monotonic() - began)
+                time.sleep(0.2)
+        finally:
+            other.close()
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        client.send(s.id, "run: print('x' * 200_000_000 + 'THE END')")
+        finished = _events_until(client, s.id, lambda e: e.type == "turn.finished")[-1]
+    finally:
+        done.set()
+        poller.join()
+    assert _peak_rss_mb(pid) < 300
+    assert slowest[0] < 10
+    assert finished.outcome == "completed"
+    assert "more characters of this output are not shown" in finished.answer and "THE END" in finished.answer
+    spilled = Path(finished.answer.split(" characters is in ")[1].split(" ...]")[0])
+    assert spilled.stat().st_size == 200_000_000 + len("THE END\n") - 4 * 1024 * 1024

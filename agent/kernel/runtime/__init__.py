@@ -74,7 +74,7 @@ def _interruptible_async_cells() -> None:
     kernel._cancel_on_sigint = cancel_on_sigint
 
 
-def bootstrap(namespace: dict) -> None:
+def bootstrap(namespace: dict, spill_after: int = 0) -> None:
     host = Host(os.environ[ENV_PATH], os.environ[ENV_TOKEN])
     # ipykernel asks subprocesses for colour (FORCE_COLOR, CLICOLOR_FORCE); escape codes are
     # noise to a model reading the output, so ask for plain text instead.
@@ -83,7 +83,7 @@ def bootstrap(namespace: dict) -> None:
     os.environ.update(NO_COLOR="1", TERM="dumb", PAGER="cat", GIT_PAGER="cat")
     install_skill_finder([d for d in os.environ.get(ENV_SKILLS, "").split(os.pathsep) if d])
     _interruptible_async_cells()
-    guard_streams()  # a cell that closes sys.stdout (or fd 1) does not leave the kernel mute
+    guard_streams(spill_after)  # a cell that closes sys.stdout (or fd 1) does not leave the kernel mute
 
     def final(answer) -> None:
         """End the turn with `answer` (converted to text) as the final answer."""
