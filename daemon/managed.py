@@ -305,10 +305,21 @@ class ManagedSession:
         if done is not None:
             self.emit(rewound(done))
 
-    async def update(self, title: str | None, model: str | None) -> None:
-        """Rename the session, or switch its model (from the next turn on)."""
+    async def update(self, title: str | None, model: str | None, sandbox: str | None = None) -> None:
+        """Rename the session, switch its model (from the next turn on), or its sandbox mode (its
+        kernel stops now and restarts in the new mode at the next turn)."""
         if title is not None:
             self.meta.title = title
+        if sandbox is not None and sandbox != self.config().sandbox.mode:
+            if self.busy():
+                raise Refused("busy", "the sandbox mode can change between turns; interrupt or wait")
+            overrides = {**self.meta.overrides, "sandbox": {**self.meta.overrides.get("sandbox", {}), "mode": sandbox}}
+            try:
+                load_config(Path(self.meta.cwd), overrides)
+            except ConfigError as e:
+                raise Refused("bad_config", str(e)) from None
+            self.meta.overrides = overrides
+            await self.sleep()
         if model is not None and model != self.meta.model:
             if self.session is not None and self.session.turn is not None:
                 raise Refused("turn_running", "the model can change between turns; interrupt or wait")

@@ -55,6 +55,9 @@ class SessionInfo(BaseModel):
 class UpdateSession(_Body):
     title: str | None = Field(None, max_length=200)
     model: str | None = Field(None, min_length=1, max_length=200, description="Used from the next turn on.")
+    sandbox: Literal["read-only", "workspace-write", "full-access"] | None = Field(
+        None, description="The sandbox mode from the next turn on: the session's kernel restarts in it (its "
+        "variables are lost).")
 
 
 class Decide(_Body):

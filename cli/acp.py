@@ -1,0 +1,426 @@
+"""`prime-agent acp`: the agent over the Agent Client Protocol on stdio, for editors (Zed, JetBrains,
+Neovim), Harbor and verifiers, built on the official SDK (`agent-client-protocol`).
+
+Every ACP session is an ordinary daemon session (the daemon starts if none runs), so a session an
+editor opened is in `prime-agent sessions`, the app and the API too. Each prompt is sent to the
+daemon and its events become `session/update`s:
+
+| daemon event                     | ACP update                                                        |
+| -------------------------------- | ----------------------------------------------------------------- |
+| model.delta                      | agent_message_chunk (reasoning: agent_thought_chunk)              |
+| cell.started / output / finished | tool_call (kind execute, rawInput the code), tool_call_updates    |
+|                                  | with the output so far, then completed or failed                  |
+| subagent.spawned / finished      | a tool_call of its own (kind think) with the child's answer      |
+| approval.requested               | session/request_permission (allow once, allow always, reject);    |
+|                                  | the client's answer decides, cancelled means denied               |
+| turn.finished                    | the prompt's response: end_turn, cancelled, max_turn_requests     |
+
+Permission modes are ACP session modes (`read-only`, `workspace-write`, `full-access`); changing
+one restarts the session's kernel in the new sandbox at its next prompt. On stdin's end the agent
+puts its sessions to sleep (their kernels stop; they wake on their next prompt from any front) and
+exits. Standard output carries only protocol messages: everything else is sent to standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import datetime
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import acp
+from acp import schema as s
+
+from agent import events as ev
+from agent.config import ConfigError, load_config, merge, parse_override
+from cli import version
+from daemon.client import Client, DaemonError, connect
+
+log = logging.getLogger("prime-agent.acp")
+MODES = {
+    "read-only": "Read only: the agent's code reads the workspace, writes nowhere but its temp folder",
+    "workspace-write": "The agent's code writes the workspace; .git, the harness and your secrets stay out of reach",
+    "full-access": "No sandbox: the agent's code runs with your rights",
+}
+STOP = {"completed": "end_turn", "interrupted": "cancelled", "budget_exhausted": "max_turn_requests",
+        "timed_out": "end_turn", "error": "end_turn"}
+"""A turn's outcome as the prompt's stopReason."""
+PERMISSION_OPTIONS = [s.PermissionOption(option_id="approve", name="Allow once", kind="allow_once"),
+                      s.PermissionOption(option_id="always", name="Allow always in this session", kind="allow_always"),
+                      s.PermissionOption(option_id="deny", name="Reject", kind="reject_once")]
+SHOWN = 64 * 1024
+"""Characters of a cell's live output carried in its tool call (the rest is in the final update)."""
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    p.add_argument("--model", help="model name (PRIME_AGENT_MODEL)")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
+    p.add_argument("--sandbox", choices=list(MODES), help="the mode new sessions start in (default: the configuration's)")
+    p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field for new sessions, e.g. -c model.temperature=0.2 (repeatable)")
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="prime-agent acp: %(message)s")
+    try:
+        overrides: dict[str, Any] = {}
+        for item in args.config:
+            merge(overrides, parse_override(item))
+    except ConfigError as e:
+        print(f"prime-agent acp: {e}", file=sys.stderr)
+        return 2
+    if args.model:
+        overrides.setdefault("model", {})["name"] = args.model
+    if args.base_url:
+        overrides.setdefault("model", {})["base_url"] = args.base_url
+    if args.sandbox:
+        overrides.setdefault("sandbox", {})["mode"] = args.sandbox
+    # The protocol gets the real stdout; anything else printed (by us, a library, a child) goes to stderr.
+    protocol = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return asyncio.run(_serve(protocol, overrides))
+
+
+async def _serve(protocol_fd: int, overrides: dict[str, Any]) -> int:
+    loop = asyncio.get_running_loop()
+    stdin = asyncio.StreamReader(limit=LINE_LIMIT)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    writer = asyncio.StreamWriter(_FdTransport(protocol_fd), asyncio.streams.FlowControlMixin(), None, loop)
+    reader = asyncio.StreamReader(limit=LINE_LIMIT)
+    lines = asyncio.ensure_future(_parse_errors_answered(stdin, reader, writer))
+    try:
+        client = await connect()
+    except DaemonError as e:
+        print(f"prime-agent acp: the daemon could not be reached: {e}", file=sys.stderr)
+        return 1
+    agent = PrimeAgent(client, overrides)
+    try:
+        await acp.run_agent(agent, writer, reader)
+    finally:
+        lines.cancel()
+        await agent.close()
+        await client.close()
+    return 0
+
+
+LINE_LIMIT = 50 * 1024 * 1024
+"""The longest message a client may send (an embedded file), as the SDK's own stdio has it."""
+
+
+async def _parse_errors_answered(stdin: asyncio.StreamReader, reader: asyncio.StreamReader,
+                                 writer: asyncio.StreamWriter) -> None:
+    """Lines from stdin to the SDK's reader; one that is not JSON is answered here with a JSON-RPC
+    parse error (the SDK would only log it, and the client would wait for an answer forever)."""
+    try:
+        while line := await stdin.readline():
+            try:
+                json.loads(line)
+            except ValueError as e:
+                error = {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": f"Parse error: {e}"}}
+                writer.write(json.dumps(error).encode() + b"\n")
+                continue
+            reader.feed_data(line)
+    except (ValueError, asyncio.LimitOverrunError) as e:  # a line past LINE_LIMIT: nothing more can be read
+        log.error("stopped reading: %s", e)
+    finally:
+        reader.feed_eof()
+
+
+class _FdTransport(asyncio.WriteTransport):
+    """Writes the protocol to file descriptor `fd` as it comes (a pipe, a file or a terminal alike)."""
+
+    def __init__(self, fd: int):
+        super().__init__()
+        self.fd, self.closing = fd, False
+
+    def write(self, data: bytes) -> None:  # type: ignore[override]
+        view = memoryview(data)
+        while view and not self.closing:
+            try:
+                view = view[os.write(self.fd, view):]
+            except BrokenPipeError:  # the client is gone: what it would have read no longer matters
+                self.closing = True
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def can_write_eof(self) -> bool:
+        return False
+
+
+class PrimeAgent:
+    """The ACP agent: each method is one of the protocol's requests, answered through the daemon."""
+
+    def __init__(self, client: Client, overrides: dict[str, Any]):
+        self.client, self.overrides = client, overrides
+        self.conn: acp.Client | None = None
+        self.running: dict[str, asyncio.Task] = {}
+        """The prompt running in each session (one at a time)."""
+        self.modes: dict[str, str] = {}
+        self.opened: set[str] = set()
+
+    def on_connect(self, conn: acp.Client) -> None:
+        self.conn = conn
+
+    async def close(self) -> None:
+        """stdin ended: no kernel is left running for a client that is gone."""
+        for task in self.running.values():
+            task.cancel()
+        for session_id in self.opened:
+            with contextlib.suppress(DaemonError):
+                if session_id in self.running:
+                    await self.client.interrupt(session_id, drop_queued=True)
+                await self.client.sleep(session_id)
+
+    # --- the protocol's requests ---------------------------------------------------------------
+
+    async def initialize(self, protocol_version: int, client_capabilities: Any = None, client_info: Any = None,
+                         **kwargs: Any) -> s.InitializeResponse:
+        return s.InitializeResponse(
+            protocol_version=acp.PROTOCOL_VERSION,
+            agent_capabilities=s.AgentCapabilities(
+                load_session=True,
+                prompt_capabilities=s.PromptCapabilities(image=False, audio=False, embedded_context=True),
+                mcp_capabilities=s.McpCapabilities(http=True, sse=True),
+                session_capabilities=s.SessionCapabilities(list=s.SessionListCapabilities())),
+            agent_info=s.Implementation(name="prime-agent", title="Prime Agent", version=version()))
+
+    async def new_session(self, cwd: str, mcp_servers: list | None = None, **kwargs: Any) -> s.NewSessionResponse:
+        overrides = copy.deepcopy(self.overrides)
+        if mcp_servers:
+            merge(overrides, {"mcp": {"servers": _mcp_servers(mcp_servers)}})
+        try:
+            config = load_config(Path(cwd), overrides)
+        except ConfigError as e:
+            raise acp.RequestError.invalid_params({"message": str(e)}) from None
+        try:
+            info = await self.client.create_session(cwd, model=config.model.name, base_url=config.model.base_url,
+                                                    config=overrides or None)
+        except DaemonError as e:
+            raise _request_error(e) from None
+        self.opened.add(info.id)
+        self.modes[info.id] = config.sandbox.mode
+        return s.NewSessionResponse(session_id=info.id, modes=self._modes(info.id))
+
+    async def load_session(self, cwd: str, session_id: str, mcp_servers: list | None = None,
+                           **kwargs: Any) -> s.LoadSessionResponse:
+        info = await self._info(session_id)
+        self.opened.add(session_id)
+        self.modes.setdefault(session_id, _mode_of(info.sandbox) or load_config(Path(info.cwd)).sandbox.mode)
+        turn = Updates(self, session_id, replay=True)
+        if info.last_seq:
+            async for event in self.client.events(session_id, after=0):
+                await turn.on(event)
+                if event.seq >= info.last_seq:
+                    break
+        return s.LoadSessionResponse(modes=self._modes(session_id))
+
+    async def list_sessions(self, cwd: str | None = None, cursor: str | None = None,
+                            **kwargs: Any) -> s.ListSessionsResponse:
+        sessions = await self.client.sessions()
+        want = str(Path(cwd).resolve()) if cwd else None
+        return s.ListSessionsResponse(sessions=[
+            s.SessionInfo(session_id=i.id, cwd=i.cwd, title=i.title,
+                          updated_at=datetime.datetime.fromtimestamp(i.updated, datetime.UTC).isoformat())
+            for i in sorted(sessions, key=lambda i: -i.updated) if want is None or i.cwd == want])
+
+    async def set_session_mode(self, session_id: str, mode_id: str, **kwargs: Any) -> s.SetSessionModeResponse:
+        if mode_id not in MODES:
+            raise acp.RequestError.invalid_params({"message": f"no mode {mode_id!r}: one of {', '.join(MODES)}"})
+        if session_id in self.running:
+            raise acp.RequestError.invalid_request({"message": "the mode changes between prompts: cancel or wait"})
+        await self._info(session_id)
+        try:
+            await self.client.update(session_id, sandbox=mode_id)
+        except DaemonError as e:
+            raise _request_error(e) from None
+        self.modes[session_id] = mode_id
+        await self._send(session_id, s.CurrentModeUpdate(session_update="current_mode_update", current_mode_id=mode_id))
+        return s.SetSessionModeResponse()
+
+    async def prompt(self, session_id: str, prompt: list, **kwargs: Any) -> s.PromptResponse:
+        if session_id in self.running:
+            raise acp.RequestError.invalid_request({"message": "a prompt is already running in this session: "
+                                                    "cancel it or wait for its response"})
+        info = await self._info(session_id)
+        self.opened.add(session_id)
+        text = _prompt_text(prompt)
+        if not text.strip():
+            raise acp.RequestError.invalid_params({"message": "the prompt has no text"})
+        task = asyncio.ensure_future(self._prompt(session_id, text, info.last_seq))
+        self.running[session_id] = task
+        try:
+            return await task
+        finally:
+            self.running.pop(session_id, None)
+
+    async def cancel(self, session_id: str, **kwargs: Any) -> None:
+        if session_id in self.running:
+            with contextlib.suppress(DaemonError):
+                await self.client.interrupt(session_id)
+
+    async def authenticate(self, method_id: str, **kwargs: Any) -> s.AuthenticateResponse:
+        return s.AuthenticateResponse()
+
+    async def ext_method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        raise acp.RequestError.method_not_found(method)
+
+    async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
+        return None
+
+    # --- one prompt ----------------------------------------------------------------------------
+
+    async def _prompt(self, session_id: str, text: str, after: int) -> s.PromptResponse:
+        try:
+            accepted = await self.client.send(session_id, text)
+        except DaemonError as e:
+            raise _request_error(e) from None
+        updates = Updates(self, session_id)
+        async for event in self.client.events(session_id, after=after):
+            if event.turn_id not in (None, accepted.turn_id):
+                continue
+            await updates.on(event)
+            if isinstance(event, ev.TurnFinished):
+                await updates.finish(event)
+                return s.PromptResponse(stop_reason=STOP[event.outcome])  # type: ignore[arg-type]
+        raise acp.RequestError.internal_error({"message": "the session's event stream ended"})
+
+    async def _send(self, session_id: str, update: Any) -> None:
+        assert self.conn is not None
+        await self.conn.session_update(session_id, update)
+
+    async def _info(self, session_id: str):
+        try:
+            return await self.client.session(session_id)
+        except DaemonError as e:
+            raise _request_error(e) from None
+
+    def _modes(self, session_id: str) -> s.SessionModeState:
+        return s.SessionModeState(current_mode_id=self.modes.get(session_id, "workspace-write"), available_modes=[
+            s.SessionMode(id=mode, name=mode, description=text) for mode, text in MODES.items()])
+
+
+class Updates:
+    """One turn's daemon events as ACP updates (or, with `replay`, a past conversation's)."""
+
+    def __init__(self, agent: PrimeAgent, session_id: str, replay: bool = False):
+        self.agent, self.session_id, self.replay = agent, session_id, replay
+        self.output: dict[str, str] = {}
+        self.said = ""
+
+    async def on(self, e: ev.Event) -> None:
+        send = self.send
+        if isinstance(e, ev.TurnStarted) and self.replay:
+            await send(acp.update_user_message_text(e.prompt))
+        elif isinstance(e, ev.ModelDelta):
+            if e.reasoning:
+                await send(acp.update_agent_thought_text(e.text))
+            else:
+                self.said += e.text
+                await send(acp.update_agent_message_text(e.text))
+        elif isinstance(e, ev.CellStarted):
+            self.output[e.cell_id] = ""
+            title = next((line.strip() for line in e.code.splitlines() if line.strip()), "cell")[:120]
+            await send(acp.start_tool_call(e.cell_id, title, kind="execute", status="in_progress",
+                                           raw_input={"code": e.code}))
+        elif isinstance(e, ev.CellOutput) and e.cell_id in self.output:
+            shown = (self.output[e.cell_id] + e.text)[:SHOWN]
+            self.output[e.cell_id] = shown
+            await send(acp.update_tool_call(e.cell_id, content=[acp.tool_content(acp.text_block(shown))]))
+        elif isinstance(e, ev.CellFinished):
+            self.output.pop(e.cell_id, None)
+            r = e.result
+            failed = bool(r.error_name) or "died" in r.kernel_events or "timed_out" in r.kernel_events
+            text = "".join(part for part in (r.stdout, r.stderr, f"{r.result}\n" if r.result else "",
+                                             f"{r.error_name}: {r.error_value}\n" if r.error_name else "",
+                                             f"[{r.kernel_message}]\n" if r.kernel_message else "") if part)
+            await send(acp.update_tool_call(e.cell_id, status="failed" if failed else "completed",
+                                            content=[acp.tool_content(acp.text_block(text))] if text else None,
+                                            raw_output=r.model_dump(exclude={"attachments"})))
+        elif isinstance(e, ev.SubagentSpawned):
+            await send(acp.start_tool_call(f"subagent-{e.id}", f"subagent {e.name}", kind="think",
+                                           status="in_progress", raw_input={"name": e.name}))
+        elif isinstance(e, ev.SubagentFinished):
+            answer = e.answer or e.error or e.outcome
+            await send(acp.update_tool_call(f"subagent-{e.id}", status="completed" if e.outcome == "completed"
+                                            else "failed", content=[acp.tool_content(acp.text_block(answer))]))
+        elif isinstance(e, ev.ApprovalRequested) and not self.replay:
+            asyncio.ensure_future(self.ask(e))
+        elif isinstance(e, ev.TurnFinished) and self.replay:
+            await self.finish(e)
+
+    async def finish(self, e: ev.TurnFinished) -> None:
+        """The answer, where the model's streamed text did not already say it (an answer given with
+        `final()` from a cell), and the error of a turn that failed."""
+        if e.answer and e.answer.strip() not in self.said:
+            await self.send(acp.update_agent_message_text(e.answer))
+        if e.outcome in ("error", "timed_out") and e.error:
+            await self.send(acp.update_agent_message_text(f"\n[{e.outcome}: {e.error}]"))
+        self.said = ""
+
+    async def ask(self, e: ev.ApprovalRequested) -> None:
+        """The client decides: allow once, always (for `e.prefix`), or reject; cancelled is a rejection."""
+        conn = self.agent.conn
+        assert conn is not None
+        call = s.ToolCallUpdate(tool_call_id=e.cell_id or e.request_id, title=e.summary,
+                                kind="execute" if e.kind == "command" else "other",
+                                raw_input={"summary": e.summary, "reason": e.reason, "always_covers": e.prefix})
+        decision = "deny"
+        try:
+            answer = await conn.request_permission(self.session_id, call, PERMISSION_OPTIONS)
+            if isinstance(answer.outcome, s.AllowedOutcome):
+                decision = answer.outcome.option_id
+        except Exception:  # the client failed to answer: denied, as an unanswered request is
+            log.exception("the client did not answer a permission request")
+        with contextlib.suppress(DaemonError):
+            await self.agent.client.approve(self.session_id, e.request_id, decision)
+
+    async def send(self, update: Any) -> None:
+        await self.agent._send(self.session_id, update)
+
+
+def _prompt_text(blocks: list) -> str:
+    """The prompt's text: text blocks, and embedded resources (a file the editor attached) with their URI."""
+    parts = []
+    for block in blocks:
+        if isinstance(block, s.TextContentBlock):
+            parts.append(block.text)
+        elif isinstance(block, s.EmbeddedResourceContentBlock) and isinstance(block.resource, s.TextResourceContents):
+            parts.append(f"\n<file uri={block.resource.uri!r}>\n{block.resource.text}\n</file>\n")
+        elif isinstance(block, s.ResourceContentBlock):
+            parts.append(f"[{block.name}: {block.uri}]")
+    return "".join(parts)
+
+
+def _mcp_servers(servers: list) -> dict[str, dict[str, Any]]:
+    """The client's MCP servers as [mcp.servers.NAME] tables (the person's editor configured them)."""
+    out: dict[str, dict[str, Any]] = {}
+    for server in servers:
+        if isinstance(server, s.McpServerStdio):
+            out[server.name] = {"type": "stdio", "command": server.command, "args": list(server.args),
+                                "env": {v.name: v.value for v in server.env or []}}
+        else:
+            out[server.name] = {"type": "sse" if isinstance(server, s.SseMcpServer) else "http", "url": server.url,
+                                "headers": {h.name: h.value for h in server.headers or []}}
+    return out
+
+
+def _mode_of(sandbox: str | None) -> str | None:
+    return next((m for m in MODES if sandbox and sandbox.startswith(m)), None)
+
+
+def _request_error(e: DaemonError) -> acp.RequestError:
+    if e.status == 404:
+        return acp.RequestError(-32002, e.message, {"code": e.code})
+    return acp.RequestError(-32602 if 400 <= e.status < 500 else -32603, e.message, {"code": e.code})

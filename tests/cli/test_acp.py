@@ -1,0 +1,185 @@
+"""`prime-agent acp` driven by the official SDK's own client (`spawn_agent_process`), as an editor
+drives it: the agent is a real process, its sessions the real daemon's, its model the fake server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import acp
+import pytest
+from acp import schema as s
+
+from agent.testing.openai_server import OpenAIServer
+from daemon.client import connect
+from tests.daemon.conftest import agent_script, no_daemon_left_behind  # noqa: F401 - the fixture is autouse
+
+PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
+
+
+class Editor:
+    """The client side: records every update, answers permission requests with `answers` in turn."""
+
+    def __init__(self, answers: list[str] | None = None):
+        self.updates: list[tuple[str, Any]] = []
+        self.answers = list(answers or [])
+        self.asked: list[s.RequestPermissionRequest] = []
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        self.updates.append((session_id, update))
+
+    async def request_permission(self, options, session_id, tool_call, **kwargs) -> s.RequestPermissionResponse:
+        self.asked.append(tool_call)
+        answer = self.answers.pop(0)
+        if answer == "cancel":
+            return s.RequestPermissionResponse(outcome=s.DeniedOutcome(outcome="cancelled"))
+        return s.RequestPermissionResponse(outcome=s.AllowedOutcome(outcome="selected", option_id=answer))
+
+    def of(self, kind: type) -> list:
+        return [u for _, u in self.updates if isinstance(u, kind)]
+
+    def text(self) -> str:
+        return "".join(u.content.text for u in self.of(s.AgentMessageChunk))
+
+    def on_connect(self, conn) -> None:
+        pass
+
+
+@pytest.fixture
+def model_server():
+    with OpenAIServer(agent_script) as server:
+        yield server
+
+
+def _agent(model_server) -> tuple[str, ...]:
+    return (PRIME_AGENT, "acp", "--model", "fake", "--base-url", model_server.base_url)
+
+
+async def _initialize(conn) -> s.InitializeResponse:
+    return await conn.initialize(protocol_version=acp.PROTOCOL_VERSION, client_capabilities=s.ClientCapabilities(),
+                                 client_info=s.Implementation(name="test-editor", version="1"))
+
+
+@pytest.mark.slow
+async def test_an_editor_prompts_sees_the_cell_as_a_tool_call_and_a_new_process_loads_the_session(
+        project: Path, model_server):
+    editor = Editor()
+    async with acp.spawn_agent_process(editor, *_agent(model_server), env=dict(os.environ)) as (conn, process):
+        init = await _initialize(conn)
+        assert init.agent_capabilities.load_session and init.agent_info.name == "prime-agent"
+        new = await conn.new_session(cwd=str(project), mcp_servers=[])
+        assert new.modes.current_mode_id == "workspace-write"
+        reply = await conn.prompt(session_id=new.session_id,
+                                  prompt=[acp.text_block("run: x = 6 * 7\nprint('x is', x)")])
+        assert reply.stop_reason == "end_turn"
+        started, = editor.of(s.ToolCallStart)
+        assert started.kind == "execute" and started.raw_input == {"code": "x = 6 * 7\nprint('x is', x)"}
+        assert started.title == "x = 6 * 7"
+        final = editor.of(s.ToolCallProgress)[-1]
+        assert final.status == "completed" and final.content[0].content.text == "x is 42\n"
+        assert editor.text() == "ran: x is 42"
+        # the editor's session is the daemon's: listed, with its turn
+        async with await connect(autostart=False) as daemon:
+            listed = {i.id: i for i in await daemon.sessions()}
+        assert listed[new.session_id].turns == 1
+        process.stdin.close()  # the editor went away: the agent exits and its session's kernel stops
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    async with await connect(autostart=False) as daemon:
+        assert (await daemon.session(new.session_id)).state != "live"
+
+    later = Editor()
+    async with acp.spawn_agent_process(later, *_agent(model_server), env=dict(os.environ)) as (conn, process):
+        await _initialize(conn)
+        await conn.load_session(cwd=str(project), session_id=new.session_id, mcp_servers=[])
+        assert [u.content.text for u in later.of(s.UserMessageChunk)] == ["run: x = 6 * 7\nprint('x is', x)"]
+        assert later.of(s.ToolCallStart)[0].raw_input["code"].startswith("x = 6 * 7")
+        assert "ran: x is 42" in later.text()
+        later.updates.clear()
+        reply = await conn.prompt(session_id=new.session_id, prompt=[acp.text_block("run: print(41 + 2)")])
+        assert reply.stop_reason == "end_turn" and later.text() == "ran: 43"
+    async with await connect(autostart=False) as daemon:
+        assert (await daemon.session(new.session_id)).turns == 2  # the same session, continued
+
+
+@pytest.mark.slow
+async def test_permissions_go_to_the_client_and_cancel_stops_a_running_cell(project: Path, model_server):
+    editor = Editor(answers=["approve", "deny"])
+    code = ("import subprocess\nfor cmd in ['echo first', 'echo second']:\n"
+            "    try:\n        print(await request_permission(cmd, 'to test'))\n"
+            "    except PermissionError as e:\n        print('refused:', e)")
+    async with acp.spawn_agent_process(editor, *_agent(model_server), env=dict(os.environ)) as (conn, process):
+        await _initialize(conn)
+        new = await conn.new_session(cwd=str(project), mcp_servers=[])
+        reply = await conn.prompt(session_id=new.session_id, prompt=[acp.text_block("run: " + code)])
+        assert reply.stop_reason == "end_turn"
+        assert [c.title for c in editor.asked] == ["echo first", "echo second"]
+        out = editor.of(s.ToolCallProgress)[-1].content[0].content.text
+        assert "first" in out and "refused:" in out and "second" not in out.replace("echo second", "")
+
+        editor.updates.clear()
+        prompt = asyncio.ensure_future(conn.prompt(
+            session_id=new.session_id, prompt=[acp.text_block("run: import time\nprint('going', flush=True)\n"
+                                                              "time.sleep(120)")]))
+        deadline = time.monotonic() + 60
+        while not editor.of(s.ToolCallProgress) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        with pytest.raises(acp.RequestError):  # one prompt at a time
+            await conn.prompt(session_id=new.session_id, prompt=[acp.text_block("again")])
+        began = time.monotonic()
+        await conn.cancel(session_id=new.session_id)
+        reply = await asyncio.wait_for(prompt, 30)
+        assert reply.stop_reason == "cancelled" and time.monotonic() - began < 10
+
+
+@pytest.mark.slow
+async def test_bad_input_gets_json_rpc_errors_and_stdout_carries_only_the_protocol(project: Path, model_server):
+    proc = await asyncio.create_subprocess_exec(*_agent(model_server), stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                env=os.environ.copy())
+
+    async def call(line: bytes) -> dict:
+        proc.stdin.write(line + b"\n")
+        await proc.stdin.drain()
+        return json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
+
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": acp.PROTOCOL_VERSION}}
+    assert (await call(json.dumps(init).encode()))["result"]["protocolVersion"] == acp.PROTOCOL_VERSION
+    assert (await call(b"{not json"))["error"]["code"] == -32700
+    unknown = await call(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "session/frobnicate", "params": {}}).encode())
+    assert unknown["error"]["code"] == -32601
+    nobody = {"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+              "params": {"sessionId": "no-such-session", "prompt": [{"type": "text", "text": "hi"}]}}
+    assert (await call(json.dumps(nobody).encode()))["error"]["code"] == -32002
+    mode = {"jsonrpc": "2.0", "id": 4, "method": "session/new", "params": {"cwd": str(project), "mcpServers": []}}
+    session_id = (await call(json.dumps(mode).encode()))["result"]["sessionId"]
+    bad = {"jsonrpc": "2.0", "id": 5, "method": "session/set_mode", "params": {"sessionId": session_id, "modeId": "yolo"}}
+    assert (await call(json.dumps(bad).encode()))["error"]["code"] == -32602
+    proc.stdin.close()
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
+    assert await proc.stdout.read() == b""  # nothing but the protocol's answers
+
+
+ACPLINT_QUIRKS = {"initialize_v1", "protocol_version_returned", "schema_initialize"}
+"""acplint 0.1.0 wants `protocolVersion` as the string "1"; the spec and the SDK send the integer 1."""
+
+
+@pytest.mark.slow
+def test_acplint_finds_nothing_wrong_with_initialization_sessions_and_schemas(project: Path, model_server,
+                                                                            tmp_path: Path):
+    import subprocess
+
+    report = tmp_path / "acplint.json"
+    subprocess.run([str(Path(sys.executable).parent / "acplint"), "--agent", PRIME_AGENT, "--agent-args",
+                    f"acp --model fake --base-url {model_server.base_url}", "--cwd", str(project), "--timeout", "60",
+                    "--output", "json", "--output-file", str(report),
+                    "--categories", "initialization", "session_lifecycle", "session_modes", "cancel",
+                    "schema_validation"], capture_output=True, timeout=600)
+    results = json.loads(report.read_text())["results"]
+    assert {r["category"] for r in results} >= {"initialization", "session_lifecycle", "schema_validation"}
+    failed = {r["name"]: r["message"] for r in results if r["status"] != "PASS" and r["name"] not in ACPLINT_QUIRKS}
+    assert failed == {}
