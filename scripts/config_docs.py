@@ -17,6 +17,7 @@ import typing
 from pathlib import Path
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
@@ -68,8 +69,16 @@ def models_in(annotation: object) -> list[type[BaseModel]]:
 
 
 def type_name(annotation: object) -> str:
+    """A field's type as its reader wants it: `int | None`, `dict[str, Price]`, no module paths."""
     text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
     return re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", text.replace("NoneType", "None"))
+
+
+def field_line(name: str, f: FieldInfo, docs: dict[str, str]) -> str:
+    """`- name (type, default): its docstring`."""
+    default = f.get_default(call_default_factory=True)
+    value = "unset" if default is None else f"`{json.dumps(default, default=str)}`"
+    return f"- `{name}` ({type_name(f.annotation)}, {value}){': ' + docs[name] if name in docs else ''}"
 
 
 def section(cls: type[BaseModel], key: str, prefix: str) -> list[str]:
@@ -78,10 +87,8 @@ def section(cls: type[BaseModel], key: str, prefix: str) -> list[str]:
     lines = [f"### {prefix}`[{key}]`", ""] + ([" ".join(inspect.cleandoc(doc).split()), ""] if doc else [])
     docs, nested = field_docs(cls), []
     for name, f in cls.model_fields.items():
-        default = f.get_default(call_default_factory=True)
-        value = "unset" if default is None else f"`{json.dumps(default, default=str)}`"
-        lines.append(f"- `{name}` ({type_name(f.annotation)}, {value}){': ' + docs[name] if name in docs else ''}")
-        table = "dict" in str(f.annotation)
+        lines.append(field_line(name, f, docs))
+        table = typing.get_origin(f.annotation) is dict
         nested += [(m, f"{key}.{name}" + (".NAME" if table else "")) for m in models_in(f.annotation)]
     for model, sub in nested:
         lines += [""] + section(model, sub, prefix)
@@ -94,8 +101,7 @@ def sections(root: type[BaseModel], prefix: str) -> list[str]:
     docs, lines = field_docs(root), []
     if plain:
         lines += [f"### {prefix}Top level", ""]
-        lines += [f"- `{n}` ({type_name(f.annotation)}, `{json.dumps(f.get_default(call_default_factory=True))}`): "
-                  f"{docs.get(n, '')}" for n, f in plain.items()] + [""]
+        lines += [field_line(n, f, docs) for n, f in plain.items()] + [""]
     for name, f in root.model_fields.items():
         if name not in plain:
             lines += section(models_in(f.annotation)[0], name, prefix) + [""]
@@ -103,6 +109,7 @@ def sections(root: type[BaseModel], prefix: str) -> list[str]:
 
 
 def render() -> str:
+    """The whole page: a session's settings, then an RL run's."""
     from agent.config import Config
     from rl.config import RunConfig
 
