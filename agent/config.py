@@ -168,6 +168,7 @@ class RefineConfig(_Section):
     gate_n: int | None = None
     """How many of its tasks the gate runs (the same selection as `prime-agent eval -n N --seed S`)."""
     gate_seed: int = 0
+    """Seed of the gate's task selection (as `prime-agent eval --seed S`)."""
 
 
 class HarnessConfig(_Section):
@@ -219,6 +220,7 @@ class McpServerConfig(_Section):
     command: str | None = None
     """The executable of a stdio server (looked up on PATH)."""
     args: list[str] = Field(default_factory=list)
+    """Arguments of a stdio server's command."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of a stdio server, over a minimal inherited one (HOME, PATH, SHELL, TERM, USER,
     LOGNAME): the host's other variables (its API keys) do not reach the server. Never reaches the kernel."""
@@ -282,7 +284,7 @@ SECRET_NAMES = ["*KEY*", "*SECRET*", "*TOKEN*", "*PASSWORD*", "*CREDENTIAL*"]
 
 
 class SandboxConfig(_Section):
-    """How the OS confines every kernel and what it starts (agent/kernel/sandbox.py; README, Sandbox)."""
+    """How the OS confines every kernel and what it starts (agent/kernel/sandbox.py; docs/sandbox.md)."""
 
     mode: SandboxMode = "workspace-write"
     """`workspace-write`: the workspace and a private /tmp writable, harness scopes, the session's

@@ -42,7 +42,9 @@ class SFTConfig(_Section):
     steps: int = 0
     """Warm-start steps on the environment's demonstrations before RL (0: none)."""
     batch_size: int = 64
+    """Demonstrations per warm-start step."""
     lr: float = 1e-3
+    """AdamW learning rate of the warm start."""
     noise: float = 0.0
     """Fraction of demonstrations replaced by the environment's plausible wrong answer: the warm start
     then knows the skill but does not always choose it, which is what RL is for."""
@@ -50,6 +52,7 @@ class SFTConfig(_Section):
 
 class LossConfig(_Section):
     name: Literal["ipo", "dppo", "icepop", "ppo", "cispo"] = "ipo"
+    """The loss (rl/losses.py); each field below applies to the losses it names, unset: their defaults."""
     eps: float | None = Field(None, gt=0)
     """ipo: keep a token iff |p - q| <= eps (default 0.3)."""
     delta_low: float | None = None
@@ -79,8 +82,11 @@ class TrainConfig(_Section):
     group_size: int = Field(8, ge=1)
     """Rollouts per task; advantages are relative to the group's mean reward."""
     lr: float = 3e-4
+    """AdamW learning rate of the RL steps."""
     weight_decay: float = 0.0
+    """AdamW weight decay of the RL steps."""
     max_grad_norm: float = 1.0
+    """Gradients are clipped to this total norm (`grad_norm` in metrics.jsonl is the norm before clipping)."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; the trainer scores tokens at the same temperature."""
     pack_length: int | None = Field(None, gt=1)
@@ -99,6 +105,7 @@ class TrainConfig(_Section):
     """Force off-policy sampling: the sampler gets each step's weights this many steps late (the
     off-policy stress study). Lag grows from 0 to this over the first steps, then stays."""
     seed: int = 0
+    """Seeds the initial weights, the warm start's noise, and each step's tasks and sampling."""
     sampler_dtype: Literal["float32", "bfloat16"] = "float32"
     """The built-in server's weights, for a Hugging Face model: bfloat16 samples at half the width, and its
     probabilities then differ from the fp32 trainer's (mismatch_kl per step; what IPO masks)."""
@@ -107,6 +114,7 @@ class TrainConfig(_Section):
     out: str = "outputs/rl/run"
     """Run directory: checkpoints, metrics.jsonl, reward.png."""
     checkpoint_every: int = Field(25, ge=1)
+    """Steps between checkpoints; the last step always writes one."""
     init_from: str | None = None
     """A checkpoint to start from (default: the run's SFT warm start if any, else fresh weights)."""
     request_timeout: float = 120.0

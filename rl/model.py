@@ -77,6 +77,7 @@ class PolicyConfig(BaseModel):
     max_seq: int = 256
     """Longest sequence (prompt plus completion) in tokens."""
     vocab_size: int = ByteTokenizer.vocab_size
+    """Token ids the embedding holds: the byte tokenizer's."""
     hf: str | None = None
     """A Hugging Face causal LM instead of the byte policy (rl/hf.py): a model name, a local model
     directory, or a config.json built with random weights. The fields above then do not apply."""

@@ -12,7 +12,7 @@ and a prefix cache (rl/engine.py), its chat template the tokenizer's own.
 
 It also stands in for vLLM as an external rollout server (`train.rollout_url`): the trainer POSTs
 {"path": DIR} to /v1/reload after each step. vLLM's replies name no policy version and it has no
-such reload route: the README's RL section says what to configure there.
+such reload route: docs/rl.md says what to configure there.
 """
 
 from __future__ import annotations

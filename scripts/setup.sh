@@ -7,7 +7,7 @@ if ! command -v bwrap > /dev/null && command -v apt-get > /dev/null; then
     sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
     $sudo apt-get install -y -qq bubblewrap > /dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq bubblewrap; }
 fi
-command -v bwrap > /dev/null || echo "setup: bubblewrap is not installed: kernels will run unsandboxed (see README, Sandbox)" >&2
+command -v bwrap > /dev/null || echo "setup: bubblewrap is not installed: kernels will run unsandboxed (see docs/sandbox.md)" >&2
 [ -x .venv/bin/python ] || python3 -m venv .venv
 extra=""
 [ "${1:-}" = "test" ] && extra="[test]"

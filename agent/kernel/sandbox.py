@@ -1,6 +1,6 @@
 """The OS sandbox around every kernel, and what it starts: namespaces, a per-session view, limits.
 
-Mechanism (measured and chosen in README's Sandbox section): **bubblewrap** starts the kernel in new
+Mechanism (measured and chosen in docs/sandbox.md): **bubblewrap** starts the kernel in new
 user, mount, PID, IPC and UTS namespaces (and network, with `sandbox.network = false`), every
 capability dropped, with the whole filesystem bound read-only and a fresh /proc that shows only the
 sandbox's own processes. That part is the same for every kernel, so the daemon's pool starts

@@ -1,7 +1,7 @@
 """Servers nobody here wrote, run for real on the local SmolLM2-135M-Instruct (`smollm2`): a turn of
 `prime-agent run` against each completes. The project's own policy server has its row in
 tests/e2e/test_smollm2.py; the recorded quirks of servers that cannot run here are replayed in
-tests/agent/test_quirks.py. README.md's table of servers says which is which."""
+tests/agent/test_quirks.py. docs/servers.md's table of servers says which is which."""
 
 from __future__ import annotations
 
