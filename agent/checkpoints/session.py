@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from agent import events as ev
-from agent.checkpoints.rewind import Part, Plan, file_changes, harness_heads, rewind_record, changes_since, write_json, apply
+from agent.checkpoints.rewind import (Part, Plan, apply, changes_since, file_changes, harness_heads, rewind_record,
+                                     through_links, write_json)
 from agent.checkpoints.store import WorkspaceStore
 from agent.checkpoints.turns import RewindError, Target, find, person_changes
 from agent.config import CheckpointConfig
@@ -163,6 +164,7 @@ class Checkpoints:
             plan.not_restored = [s for s in cp.skipped if s.path in current or (self.store.workspace / s.path).exists()]
             mine = person_changes(self.store, records, target.index, now.tree)
             plan.conflicts += sorted(f.path for f in plan.files if f.path in mine)
+            plan.conflicts += through_links(self.store.workspace, plan.files)
         if "harness" in parts:
             for scope, commit in cp.harness.items():
                 store = self.harness.stores.get(scope)  # type: ignore[call-overload]

@@ -257,3 +257,31 @@ async def test_a_kernel_that_cannot_write_snapshots_says_so_once_and_the_rest_re
         assert (project / "a.txt").read_text() == "1"
         assert record.kernel == {"status": "not restored", "why": "the checkpoint has no namespace snapshot"}
         assert "namespace was not restored" in record.notice
+
+
+HOOK = "#!/bin/sh\necho planted > planted.txt\n"
+
+
+@pytest.mark.parametrize("hide", [False, True], ids=["link", "ignored-link"])
+async def test_a_rewind_never_writes_through_a_linked_folder(project: Path, hide: bool):
+    hooks = project / ".git" / "hooks"  # read-only to the kernel; the host may write anywhere
+    hooks.mkdir()
+    swap = ("import os, shutil; shutil.rmtree('sub'); os.symlink('.git/hooks', 'sub')"
+            + ("; write('.gitignore', 'sub\\n')" if hide else ""))
+    script = [cells(f"write('sub/pre-commit', {HOOK!r}); os_ = __import__('os'); os_.chmod('sub/pre-commit', 0o755)"),
+              "one", cells(swap), "two"]
+    async with session(project, script) as s:
+        await s.prompt("first")
+        await s.prompt("second")
+        assert (project / "sub").is_symlink()
+        plan = await s.rewind(2, ["code"], dry_run=True)
+        if hide:  # the link stays, and the restore would go through it: the dry run says so
+            assert plan.conflicts == ["sub/pre-commit (sub is a link: a forced rewind makes it a real folder)"]
+            with pytest.raises(RewindError) as refused:
+                await s.rewind(2, ["code"])
+            assert refused.value.code == "conflict" and "sub is a link" in refused.value.message
+            assert (project / "sub").is_symlink() and not list(hooks.iterdir())
+        record = await s.rewind(2, ["code"], force=hide)
+        assert not list(hooks.iterdir())  # nothing written through the link
+        assert not (project / "sub").is_symlink() and (project / "sub" / "pre-commit").read_text() == HOOK
+        assert {f.path for f in record.files} >= {"sub/pre-commit"}
