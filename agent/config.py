@@ -145,6 +145,9 @@ class SubagentsConfig(_Section):
     """Children of one depth running at once across the sessions of the process."""
     max_children: int = 64
     """Children queued or running per session; past this `rlm` refuses."""
+    max_context_bytes: int = Field(1 << 30, ge=1)
+    """Largest `rlm(context=...)`, pickled: the host copies it to the child (never holding it whole
+    in memory); past this `rlm` refuses."""
 
 
 class RefineConfig(_Section):

@@ -214,7 +214,7 @@ class Session:
     async def _bridge_up(self, kernel_dir: Path) -> dict[str, str]:
         """The host bridge, in the kernel's own directory: the one way out of its sandbox."""
         await self.bridge.start(kernel_dir)
-        self.subagents.scratch = kernel_dir / "tmp"
+        self.subagents.kernel_dir = kernel_dir
         return {
             ENV_PATH: str(self.bridge.path),
             ENV_TOKEN: self.bridge.token,

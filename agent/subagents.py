@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import json
 import os
 import re
 import secrets
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent import events as ev
+from agent import safefs
 from agent.config import Config
 from agent.context import Inbox, Sinks
 from agent.layout import SessionLayout
@@ -91,13 +92,15 @@ class Subagents:
         """Per-process limits, one pool per depth: a child holding a slot while it waits for its own
         children never starves them (they draw from the next depth's pool)."""
         self.session_slots = asyncio.Semaphore(self.config.max_concurrent)
+        self._admitting = asyncio.Lock()
         self.children: dict[str, ChildInfo] = read_registry(layout)
         """A reused session directory: earlier children stay listed."""
         self.sessions: dict[str, Child] = {}
         self.tasks: dict[str, asyncio.Task] = {}
         self.closing = False
-        self.scratch: Path | None = None
-        """The kernel's temporary directory, where `rlm(context=...)` writes its pickles (set once it runs)."""
+        self.kernel_dir: Path | None = None
+        """The kernel's own directory (set once it runs): its TMPDIR is `tmp/` there, where
+        `rlm(context=...)` writes its pickles, in `contexts/`."""
 
     def handlers(self) -> dict[str, Any]:
         return {
@@ -112,45 +115,69 @@ class Subagents:
                     budget: dict[str, Any] | None = None) -> dict[str, Any]:
         """Admit a child now; it runs when a slot is free. `context_path` is a pickle the kernel
         wrote (loaded only in the child's kernel, never here); `context_about` describes it."""
-        if self.closing:
-            raise SubagentLimit("rlm refused: this session is closing")
-        if name is not None and not NAME.match(name):
-            raise SubagentLimit(f"rlm refused: name {name!r} must be 1-64 letters, digits, '-' or '_'")
-        if self.depth + 1 > self.config.max_depth:
-            raise SubagentLimit(f"rlm refused: this agent is at depth {self.depth}, and subagents.max_depth is "
-                                f"{self.config.max_depth}; do the work here instead")
-        live = [c for c in self.children.values() if c.status in ("queued", "running")]
-        if len(live) >= self.config.max_children:
-            raise SubagentLimit(f"rlm refused: {len(live)} children are already queued or running "
-                                f"(subagents.max_children = {self.config.max_children}); await some first")
-        child_id = secrets.token_hex(4)
-        name = name or f"child-{len(self.children) + 1}"
-        if any(c.name == name for c in self.children.values()):
-            raise SubagentLimit(f"rlm refused: a child named {name!r} already exists; names must be unique")
-        child_layout = self.layout.child(name)
-        child_model = self.model.variant(model) if model else self.model
-        note = render("subagent", name=name)
-        if context_path and context_about:
-            note += "\n\n" + render("subagent_context", about=context_about)
-        child = self.new_child(self._child_config(budget), child_model, name, child_layout, note)
-        if context_path:
-            source = Path(context_path).resolve()
-            if self.scratch is None or source.parent != (self.scratch / "contexts").resolve():
-                raise SubagentLimit(f"rlm refused: {context_path!r} is not a context this session's kernel wrote")
-            child_layout.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            target = child_layout.context
-            shutil.move(source, target)
-            child.preload(f"import pickle as _p\nwith open({str(target)!r}, 'rb') as _f:\n"
-                          "    context = _p.load(_f)\ndel _p, _f")
-        info = ChildInfo(id=child_id, name=name, dir=str(child_layout.dir), model=child_model.name, task=task,
-                         turn_id=self.sinks.turn_id())
-        self.children[child_id] = info
-        self.sessions[child_id] = child
-        self._save()
-        self.tasks[child_id] = asyncio.create_task(self._run(child_id, task))
-        self.sinks.emit(ev.SubagentSpawned(turn_id=self.sinks.turn_id(), id=child_id, name=name,
-                                           dir=str(child_layout.dir)))
-        return asdict(info)
+        async with self._admitting:  # one at a time: the checks hold while a context is copied
+            if self.closing:
+                raise SubagentLimit("rlm refused: this session is closing")
+            if name is not None and not NAME.match(name):
+                raise SubagentLimit(f"rlm refused: name {name!r} must be 1-64 letters, digits, '-' or '_'")
+            if self.depth + 1 > self.config.max_depth:
+                raise SubagentLimit(f"rlm refused: this agent is at depth {self.depth}, and subagents.max_depth is "
+                                    f"{self.config.max_depth}; do the work here instead")
+            live = [c for c in self.children.values() if c.status in ("queued", "running")]
+            if len(live) >= self.config.max_children:
+                raise SubagentLimit(f"rlm refused: {len(live)} children are already queued or running "
+                                    f"(subagents.max_children = {self.config.max_children}); await some first")
+            child_id = secrets.token_hex(4)
+            name = name or f"child-{len(self.children) + 1}"
+            if any(c.name == name for c in self.children.values()):
+                raise SubagentLimit(f"rlm refused: a child named {name!r} already exists; names must be unique")
+            child_layout = self.layout.child(name)
+            child_model = self.model.variant(model) if model else self.model
+            note = render("subagent", name=name)
+            if context_path and context_about:
+                note += "\n\n" + render("subagent_context", about=context_about)
+            child = self.new_child(self._child_config(budget), child_model, name, child_layout, note)
+            if context_path:
+                await self._take_context(Path(context_path), child_layout)
+                child.preload(f"import pickle as _p\nwith open({str(child_layout.context)!r}, 'rb') as _f:\n"
+                              "    context = _p.load(_f)\ndel _p, _f")
+            info = ChildInfo(id=child_id, name=name, dir=str(child_layout.dir), model=child_model.name, task=task,
+                             turn_id=self.sinks.turn_id())
+            self.children[child_id] = info
+            self.sessions[child_id] = child
+            self._save()
+            self.tasks[child_id] = asyncio.create_task(self._run(child_id, task))
+            self.sinks.emit(ev.SubagentSpawned(turn_id=self.sinks.turn_id(), id=child_id, name=name,
+                                               dir=str(child_layout.dir)))
+            return asdict(info)
+
+    async def _take_context(self, source: Path, child: SessionLayout) -> None:
+        """Copy the pickle the kernel wrote (`source`, in its $TMPDIR/contexts) to the child's
+        `context.pkl`, then remove the kernel's. Everything on the way is the kernel's to replace: it
+        is opened without following links, as a regular file within subagents.max_context_bytes,
+        off the event loop; the host never moves a file it did not create."""
+        cap = self.config.max_context_bytes
+        why = (f"a context is a regular file of at most subagents.max_context_bytes ({cap:,} bytes) that "
+               "this session's kernel wrote in its $TMPDIR/contexts")
+        root = self.kernel_dir
+        if root is None or source.parent != root / "tmp" / "contexts":
+            raise SubagentLimit(f"rlm refused: {str(source)!r} is not a context this session's kernel wrote ({why})")
+
+        def take() -> None:
+            child.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            child.context.unlink(missing_ok=True)
+            try:
+                safefs.copy_file(root, source, child.context, cap)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    child.dir.rmdir()
+                raise
+            safefs.unlink(root, source)
+
+        try:
+            await asyncio.to_thread(take)
+        except (safefs.UnsafePath, FileNotFoundError) as e:
+            raise SubagentLimit(f"rlm refused: {e} ({why})") from e
 
     def _child_config(self, budget: dict[str, Any] | None) -> Config:
         parent = self.session_config

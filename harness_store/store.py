@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import git
 
+from harness_store import safefs
 from harness_store.entries import (
     KINDS,
     MAX_DESCRIPTION_CHARS,
@@ -232,10 +233,18 @@ class HarnessStore:
                     out.append(entry)
         return out
 
+    def _read(self, rel: str) -> bytes | None:
+        """The scope's file `rel` (None when absent), never through a link: a kernel may have written
+        the scope's folder (UnsafePath for a link, a FIFO, a file over harness.max_skill_file_bytes)."""
+        try:
+            return safefs.read_bytes(self.root, Path(rel), self.limits.max_file_bytes)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
     def _cached(self, rel: str) -> Entry | None:
         path = self.root / rel
         try:
-            st = path.stat()
+            st = os.lstat(path)
         except OSError:
             return None
         key = (st.st_mtime_ns, st.st_size)
@@ -243,8 +252,11 @@ class HarnessStore:
         if hit is not None and hit[0] == key:
             return hit[1]
         try:
-            entry: Entry | None = parse(path.read_text(encoding="utf-8"), rel)
-        except (HarnessError, UnicodeDecodeError, OSError):
+            data = self._read(rel)
+            if data is None:
+                return None
+            entry: Entry | None = parse(data.decode("utf-8"), rel)
+        except (HarnessError, UnicodeDecodeError, OSError):  # a link or a FIFO too
             entry = self._committed(rel)  # a broken edit is not in force: the last committed version is
         self._parsed[rel] = (key, entry)
         return entry
@@ -265,9 +277,12 @@ class HarnessStore:
     def version_of(self, entry_id: str) -> str | None:
         """The current version of an entry's file (pass it as `Edit.base`), None if absent."""
         for kind in KINDS:
-            path = self.root / entry_path(kind, entry_id)
-            if path.is_file():
-                return version(path.read_bytes())
+            try:
+                data = self._read(entry_path(kind, entry_id))
+            except safefs.UnsafePath as e:
+                raise InvalidEntry(str(e)) from e
+            if data is not None:
+                return version(data)
         return None
 
     # --- changing ------------------------------------------------------------------------------
@@ -327,7 +342,10 @@ class HarnessStore:
             if e.kind is not None and e.kind != current_kind:
                 raise InvalidEntry(f"entry {e.id!r} is a {current_kind}, not a {e.kind}")
             kind = current_kind
-            text = (self.root / entry_path(kind, e.id)).read_text(encoding="utf-8")
+            try:
+                text = (self._read(entry_path(kind, e.id)) or b"").decode("utf-8")
+            except (safefs.UnsafePath, UnicodeDecodeError) as err:
+                raise InvalidEntry(f"entry {e.id!r}: {err}") from err
             if e.base is not None and version(text) != e.base:
                 raise Conflict(f"entry {e.id!r} changed since this edit was planned; re-read it and plan again")
             old = parse(text, entry_path(kind, e.id))
@@ -400,12 +418,12 @@ class HarnessStore:
         try:
             for rel, data in writes.items():
                 path = self.root / rel
-                if data is None:
-                    path.unlink(missing_ok=True)
+                if data is None:  # never through a link a kernel may have made in the scope's folder
+                    safefs.unlink(self.root, Path(rel))
                     _prune_empty(path.parent, self.root)
                 elif data is not STAGE:
-                    write_file(path, data if isinstance(data, Blob) else Blob(data.encode() if isinstance(data, str)
-                                                                              else data))
+                    blob = data if isinstance(data, Blob) else Blob(data.encode() if isinstance(data, str) else data)
+                    safefs.write_bytes(self.root, Path(rel), blob.data, 0o755 if blob.executable else 0o644)
             lines = [summary.strip().splitlines()[0] if summary.strip() else "harness change"]
             rest = "\n".join(summary.strip().splitlines()[1:]).strip()
             if rest:
@@ -492,7 +510,10 @@ class HarnessStore:
             for diff in parent.diff(target):
                 for rel in {diff.a_path, diff.b_path} - {None} - set(OWN_FILES):
                     after = _blob(target, rel)
-                    current = (self.root / rel).read_bytes() if (self.root / rel).is_file() else None
+                    try:
+                        current = self._read(rel)
+                    except safefs.UnsafePath as e:
+                        raise Conflict(f"{rel}: {e}") from e
                     if current != (after.data if after else None):
                         raise Conflict(f"{rel} changed again after {ref}; roll back the later change first, "
                                        "or restore a whole earlier state with --to")
@@ -562,9 +583,9 @@ class HarnessStore:
                     check_size(self.limits, rel, path.stat().st_size, 0)
                     writes[rel] = STAGE  # a skill's file: committed as the person wrote it
                 else:
-                    entry = parse(path.read_text(encoding="utf-8"), rel)
+                    entry = parse((self._read(rel) or b"").decode("utf-8"), rel)
                     writes[rel] = entry.model_copy(update={"source": source, "updated": now()}).render()
-            except (HarnessError, UnicodeDecodeError) as e:
+            except (HarnessError, UnicodeDecodeError, safefs.UnsafePath) as e:
                 problems.append(str(e))
         if not writes:
             return None, problems

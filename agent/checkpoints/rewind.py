@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent import events as ev
+from agent import safefs
 from agent.checkpoints.store import Snapshot, WorkspaceStore
 from agent.checkpoints.turns import Target
 from agent.harness import SessionHarness
@@ -63,6 +64,20 @@ def file_changes(store: WorkspaceStore, now: str, target: str, keep: set[str]) -
     kinds = {"A": "created", "D": "deleted"}
     return [FileChange(path=rel, change=kinds.get(status, "restored"))
             for status, rel, _, _ in store.changes(now, target) if rel not in keep]
+
+
+def through_links(workspace: Path, files: list[FileChange]) -> list[str]:
+    """The conflicts of files a rewind would write behind a link the workspace holds now (a cell
+    can make a folder a link to anywhere, `.git/hooks` say): a rewind never writes through one, and
+    only a forced one goes ahead, making the link a real folder. A link the rewind itself removes
+    first is none; a file to remove behind a link is left alone (it is not the workspace's)."""
+    deleted = {f.path for f in files if f.change == "deleted"}
+    out = []
+    for f in files:
+        link = safefs.through_link(workspace, Path(f.path)) if f.change != "deleted" else None
+        if link is not None and link not in deleted and os.path.islink(workspace / link):
+            out.append(f"{f.path} ({link} is a link: a forced rewind makes it a real folder)")
+    return out
 
 
 def apply(store: WorkspaceStore | None, harness: SessionHarness, plan: Plan, session_id: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import secrets
 import subprocess
 import time
@@ -13,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from agent import events as ev
-from agent.checkpoints.rewind import Part, Plan, file_changes, harness_heads, rewind_record, changes_since, write_json, apply
+from agent import safefs
+from agent.checkpoints.rewind import (Part, Plan, apply, changes_since, file_changes, harness_heads, rewind_record,
+                                     through_links, write_json)
 from agent.checkpoints.store import WorkspaceStore
 from agent.checkpoints.turns import RewindError, Target, find, person_changes
 from agent.config import CheckpointConfig
@@ -28,6 +31,8 @@ from harness_store.entries import HarnessError
 log = logging.getLogger(__name__)
 SNAPSHOT_WAIT = 30.0
 """Seconds a rewind waits for a namespace snapshot the kernel's child is still writing."""
+MANIFEST_BYTES = 16 * 1024 * 1024
+"""The largest namespace snapshot manifest a rewind reads (it names variables, not their values)."""
 
 
 class Checkpoints:
@@ -125,13 +130,19 @@ class Checkpoints:
             return {"status": "not restored", "why": f"the kernel is {self.kernel.state.value}"}
         manifest = self.kernel_dir / f"{name}.json"
         deadline = time.monotonic() + SNAPSHOT_WAIT
-        while name and not manifest.exists() and time.monotonic() < deadline:
+        while name and not os.path.lexists(manifest) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)  # the kernel's child may still be writing it
-        if name and not manifest.exists():
+        if name and not os.path.lexists(manifest):
             return {"status": "not restored", "why": "its snapshot was never written (the kernel's snapshot "
                     "child failed or was stopped)"}
-        if name and (failed := json.loads(manifest.read_text()).get("error")):
-            return {"status": "not restored", "why": f"its snapshot failed: {failed}"}
+        if name:  # the kernel writes this folder: the manifest may be a link, a FIFO, anything
+            try:
+                raw = await asyncio.to_thread(safefs.read_bytes, self.layout.dir, manifest, MANIFEST_BYTES)
+                failed = json.loads(raw).get("error")
+            except (OSError, ValueError, AttributeError) as e:
+                return {"status": "not restored", "why": f"its snapshot's manifest is not one the host reads ({e})"}
+            if failed:
+                return {"status": "not restored", "why": f"its snapshot failed: {failed}"}
         code = f"import agent.kernel.runtime.snapshot as _s; _s.restore(globals(), {str(self.kernel_dir)!r}, {name!r}); del _s"
         result = await self.kernel.execute(Cell(id="rewind", code=code, timeout=300))
         if result.error_name or result.kernel_events:
@@ -163,6 +174,7 @@ class Checkpoints:
             plan.not_restored = [s for s in cp.skipped if s.path in current or (self.store.workspace / s.path).exists()]
             mine = person_changes(self.store, records, target.index, now.tree)
             plan.conflicts += sorted(f.path for f in plan.files if f.path in mine)
+            plan.conflicts += through_links(self.store.workspace, plan.files)
         if "harness" in parts:
             for scope, commit in cp.harness.items():
                 store = self.harness.stores.get(scope)  # type: ignore[call-overload]

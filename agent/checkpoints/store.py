@@ -5,6 +5,7 @@ caps (and says which it skipped), and sees every change on disk, whoever made it
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
@@ -14,12 +15,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent import safefs
 from agent.config import CheckpointConfig, home
 from agent.trajectory import SkippedFile
 
-TMP_SUFFIX = ".prime-agent-rewind"
-"""A file being restored is written beside it under this suffix, then renamed over it."""
-EXCLUDE = f"*{TMP_SUFFIX}\n/.prime-agent/harness/\n"
+EXCLUDE = f"*{safefs.TMP_SUFFIX}\n/.prime-agent/harness/\n"
 """Never checkpointed: files a rewind is writing, and the project harness (rewound as harness)."""
 
 
@@ -147,33 +147,29 @@ class WorkspaceStore:
 
     def restore(self, current: str, target: str, keep: set[str]) -> None:
         """Make the workspace's files, as they are in tree `current`, those of tree `target`.
-        Paths in `keep` (the target's skipped files) and everything ignored are left alone. Each
-        file is replaced whole (written beside it, then renamed over it)."""
+        Paths in `keep` (the target's skipped files) and everything ignored are left alone. Nothing
+        is written or removed through a link (agent/safefs.py): each file is replaced whole (written
+        beside it, then renamed over it; a link at its path is replaced), a link on the way to it is
+        replaced by a real folder, and a file to remove behind a link is not the workspace's: it stays."""
+        ws = self.workspace
         changes = [c for c in self.changes(current, target) if c[1] not in keep]
         for status, rel, _, _ in changes:
             if status == "D":
-                path = self.workspace / rel
-                if path.is_symlink() or path.is_file():
-                    path.unlink()
-                _prune(path.parent, self.workspace)
+                try:
+                    safefs.unlink(ws, Path(rel))
+                except (safefs.UnsafePath, IsADirectoryError):  # behind a link, or a folder now: not this file
+                    continue
+                _prune(ws, rel)
         writes = [(rel, mode, blob) for status, rel, mode, blob in changes if status != "D" and mode != "160000"]
         contents = self._blobs([blob for _, _, blob in writes])
         for rel, mode, blob in writes:
-            path = self.workspace / rel
-            tmp = path.with_name(path.name + TMP_SUFFIX)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if tmp.is_symlink() or tmp.exists():
-                tmp.unlink()
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError, safefs.UnsafePath):
+                safefs.rmdir(ws, Path(rel))  # a folder where the file was (its files were deleted above)
             if mode == "120000":
-                os.symlink(os.fsdecode(contents[blob]), tmp)
+                safefs.symlink(ws, Path(rel), os.fsdecode(contents[blob]), replace_links=True)
             else:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755 if mode == "100755" else 0o644)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(contents[blob])
-                os.chmod(tmp, 0o755 if mode == "100755" else 0o644)
-            if path.is_dir() and not path.is_symlink():
-                path.rmdir()  # a folder where the file was (its files were deleted above)
-            os.replace(tmp, path)
+                safefs.write_bytes(ws, Path(rel), contents[blob], 0o755 if mode == "100755" else 0o644,
+                                   replace_links=True)
 
     def _blobs(self, ids: list[str]) -> dict[str, bytes]:
         if not ids:
@@ -205,14 +201,13 @@ def _binary(path: Path) -> bool:
         return False
 
 
-def _prune(folder: Path, root: Path) -> None:
-    """Remove `folder` and the folders above it while they are empty (never the workspace itself)."""
-    while folder != root and folder.is_relative_to(root) and folder.is_dir() and not folder.is_symlink():
+def _prune(root: Path, rel: str) -> None:
+    """Remove the folders above `rel` while they are empty (never the workspace itself, never through a link)."""
+    for folder in Path(rel).parents[:-1]:
         try:
-            folder.rmdir()
+            safefs.rmdir(root, folder)
         except OSError:
             return
-        folder = folder.parent
 
 
 # --- finding a checkpoint ----------------------------------------------------------------------

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
+import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -257,3 +262,82 @@ async def test_a_kernel_that_cannot_write_snapshots_says_so_once_and_the_rest_re
         assert (project / "a.txt").read_text() == "1"
         assert record.kernel == {"status": "not restored", "why": "the checkpoint has no namespace snapshot"}
         assert "namespace was not restored" in record.notice
+
+
+HOOK = "#!/bin/sh\necho planted > planted.txt\n"
+
+
+@pytest.mark.parametrize("hide", [False, True], ids=["link", "ignored-link"])
+async def test_a_rewind_never_writes_through_a_linked_folder(project: Path, hide: bool):
+    hooks = project / ".git" / "hooks"  # read-only to the kernel; the host may write anywhere
+    hooks.mkdir()
+    swap = ("import os, shutil; shutil.rmtree('sub'); os.symlink('.git/hooks', 'sub')"
+            + ("; write('.gitignore', 'sub\\n')" if hide else ""))
+    script = [cells(f"write('sub/pre-commit', {HOOK!r}); os_ = __import__('os'); os_.chmod('sub/pre-commit', 0o755)"),
+              "one", cells(swap), "two"]
+    async with session(project, script) as s:
+        await s.prompt("first")
+        await s.prompt("second")
+        assert (project / "sub").is_symlink()
+        plan = await s.rewind(2, ["code"], dry_run=True)
+        if hide:  # the link stays, and the restore would go through it: the dry run says so
+            assert plan.conflicts == ["sub/pre-commit (sub is a link: a forced rewind makes it a real folder)"]
+            with pytest.raises(RewindError) as refused:
+                await s.rewind(2, ["code"])
+            assert refused.value.code == "conflict" and "sub is a link" in refused.value.message
+            assert (project / "sub").is_symlink() and not list(hooks.iterdir())
+        record = await s.rewind(2, ["code"], force=hide)
+        assert not list(hooks.iterdir())  # nothing written through the link
+        assert not (project / "sub").is_symlink() and (project / "sub" / "pre-commit").read_text() == HOOK
+        assert {f.path for f in record.files} >= {"sub/pre-commit"}
+
+
+PLANT = ("import glob, os\n"
+         "for p in glob.glob(os.path.join(os.environ['PRIME_AGENT_SESSION_DIR'], 'checkpoints', 'kernel', '*.json')):\n"
+         "    {}\n")
+
+
+@pytest.mark.parametrize("plant", ["fifo", "link", "oversize"])
+async def test_a_planted_snapshot_manifest_never_blocks_the_host(project: Path, tmp_path: Path, plant: str):
+    outside = tmp_path / "outside.fifo"
+    os.mkfifo(outside)
+    code = {"fifo": "os.remove(p); os.mkfifo(p)", "link": f"os.remove(p); os.symlink({str(outside)!r}, p)",
+            "oversize": "open(p, 'w').write(' ' * 17_000_000)"}[plant]
+    script = [cells("v = 1"), "one", cells(PLANT.format(code)), "two"]
+    async with session(project, script) as s:
+        await s.prompt("first")
+        await s.prompt("second")
+        await s.checkpoints.settle()
+        done = threading.Event()
+
+        def unblock() -> None:  # a host that blocks on a FIFO until a writer comes: this one ends the test
+            while not done.wait(10 if not done.is_set() else 0):
+                for f in [outside, *s.layout.kernel_snapshots.glob("*.json")]:
+                    with contextlib.suppress(OSError):
+                        fd = os.open(f, os.O_WRONLY | os.O_NONBLOCK)
+                        os.write(fd, b"{}")
+                        os.close(fd)
+
+        gaps: list[float] = []
+
+        async def tick() -> None:  # the event loop answers meanwhile
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.05)
+                gaps.append(time.monotonic() - last)
+                last = time.monotonic()
+
+        threading.Thread(target=unblock, daemon=True).start()
+        ticker = asyncio.ensure_future(tick())
+        started = time.monotonic()
+        try:
+            record = await s.rewind(2, ["kernel"])
+        finally:
+            took = time.monotonic() - started
+            done.set()
+            ticker.cancel()
+        assert took < 8 and max(gaps, default=0) < 2, (took, gaps)
+        assert record.kernel["status"] == "not restored", record.kernel
+        why = {"fifo": "not a regular file", "link": "a link", "oversize": "over the"}[plant]
+        assert "manifest" in record.kernel["why"] and why in record.kernel["why"], record.kernel
+        assert await value(s, "v") == "1"  # the namespace as the last turn left it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -220,3 +221,49 @@ async def test_a_recv_interrupted_by_a_timeout_loses_no_message(project: Path):
     async with Session(make_config(), router(parent, child), cwd=project) as s:
         await s.prompt("listen")
     assert s.model.calls[-1][-1].content == "{'from': 'talker', 'text': 'late news'}\nsent"
+
+
+STEAL = """
+import os, tempfile
+tmp = tempfile.gettempdir()
+os.makedirs(os.path.join(tmp, "contexts"), exist_ok=True)
+os.rename(os.path.join(tmp, "contexts"), os.path.join(tmp, "contexts.old"))
+os.symlink({outside!r}, os.path.join(tmp, "contexts"))
+try:
+    h = await rlm._host.acall("rlm.spawn", task="say what context holds", name="thief",
+                              context_path=os.path.join(tmp, "contexts", "id_rsa"))
+    print("spawned", await rlm._host.acall("rlm.wait", id=h["id"]))
+except HostError as e:
+    print("refused:", e)
+"""
+
+
+async def test_a_linked_contexts_folder_cannot_hand_a_child_a_file_from_outside(project: Path, tmp_path: Path):
+    outside = tmp_path / "keys"  # a secret store the kernel cannot see: the host can
+    outside.mkdir()
+    secret = pickle.dumps("-----BEGIN OPENSSH PRIVATE KEY----- s3cr3t")
+    (outside / "id_rsa").write_bytes(secret)
+
+    def child(name: str, step: int):
+        return cells("final(repr(context))") if step == 0 else "unused"
+
+    parent = [cells(STEAL.format(outside=str(outside))), "ok"]
+    config = make_config(sandbox={"hidden": [str(outside)]})
+    async with Session(config, router(parent, child), cwd=project) as s:
+        await s.prompt("take the key")
+    said = s.model.calls[-1][-1].content
+    assert said.startswith("refused:") and "contexts" in said, said
+    assert (outside / "id_rsa").read_bytes() == secret  # still in place: nothing was moved
+    assert not list(s.dir.glob("sub-*/context.pkl"))
+    assert not any("s3cr3t" in (m.content or "") for call in s.model.calls for m in call)
+
+
+async def test_a_context_over_the_cap_is_refused_and_left_alone(project: Path):
+    parent = [cells("try:\n    await rlm('x', name='big', context='y' * 5000)\nexcept HostError as e:\n    print(e)"),
+              "ok"]
+    async with Session(make_config(subagents={"max_context_bytes": 1000}), router(parent, lambda n, s: "unused"),
+                       cwd=project) as s:
+        await s.prompt("too much")
+    said = s.model.calls[-1][-1].content
+    assert "rlm refused" in said and "subagents.max_context_bytes" in said, said
+    assert not list(s.dir.glob("sub-*/context.pkl"))
