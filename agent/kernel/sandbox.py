@@ -329,17 +329,20 @@ class View:
                    sessions, root, keep, writable, store_dirs)
 
     def placeholders(self) -> list[tuple[Path, bool]]:
-        """The protected paths absent now that the kernel could create (inside a writable workspace),
-        as (the first missing component, whether it is a directory): covered like the others once a
-        placeholder stands there (`hold_placeholder`), they cannot be created, nor replaced by a link."""
+        """Where the protected paths inside a writable workspace need a placeholder, as (path, whether
+        it is a directory): the first missing component of one absent now, and one there now, which
+        may be another kernel's placeholder to share (`hold_placeholder` tells). Covered like the
+        others once a placeholder stands there, they cannot be created, nor replaced by a link."""
         if self.mode != "workspace-write":
             return []
         w, out = self.workspace, {}
-        covered = [p for p in (*self.read_only, *self.hidden) if os.path.lexists(p)]
-        for p in (*self.read_only, *self.hidden):
-            if not (w in p.parents) or os.path.lexists(p) or any(c == p or c in p.parents for c in covered):
+        protected = (*self.read_only, *self.hidden)
+        there = [p for p in protected if os.path.lexists(p)]
+        for p in protected:
+            if w not in p.parents or any(c in p.parents for c in there):
                 continue
-            first = next(a for a in (*reversed(p.parents), p) if (w in a.parents) and not os.path.lexists(a))
+            first = next(a for a in (*reversed(p.parents), p) if w in a.parents and not os.path.lexists(a)) \
+                if p not in there else p
             out[first] = first != p or p not in self.hidden or p in self.store_dirs
         return list(out.items())
 
@@ -563,11 +566,14 @@ def registered_homes() -> list[tuple[Path, Path]]:
     return out
 
 
+def _placeholder_key(path: Path) -> tuple[Path, str]:
+    return user_base() / "placeholders", hashlib.sha256(str(path).encode()).hexdigest()[:24]
+
+
 @contextlib.contextmanager
 def _placeholder_lock(path: Path) -> Iterator[tuple[Path, str]]:
-    registry = user_base() / "placeholders"
+    registry, key = _placeholder_key(path)
     registry.mkdir(mode=0o700, exist_ok=True)
-    key = hashlib.sha256(str(path).encode()).hexdigest()[:24]
     fd = os.open(registry / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -583,14 +589,21 @@ def hold_placeholder(path: Path, directory: bool, owner: str) -> bool:
     Placeholders are counted (`<key>-<owner>` in the registry) because removing one on the host
     would lift the cover of every other kernel mounted on it (Linux detaches mounts from a removed
     directory in every namespace): the last user removes it (`release_placeholder`)."""
+    registry, key = _placeholder_key(path)
+    if os.path.lexists(path) and not (registry / f"{key}.made").is_file():
+        return False  # a person's: no lock needed to know it (a placeholder is marked before it is made)
     with _placeholder_lock(path) as (registry, key):
         made = registry / f"{key}.made"
         if not os.path.lexists(path):
-            if directory:
-                path.mkdir(mode=0o755)
-            else:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
             made.write_text(str(path))
+            try:
+                if directory:
+                    path.mkdir(mode=0o755)
+                else:
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+            except OSError:
+                made.unlink(missing_ok=True)
+                raise
         elif not made.is_file():
             return False
         (registry / f"{key}-{owner}").touch()
@@ -749,8 +762,11 @@ class Box:
         """The placeholders `view` needs, held; then its mounts."""
         owner = f"{host_tag()}-{self.token}"
         for path, directory in view.placeholders():
-            if path not in self.placeholders and hold_placeholder(path, directory, owner):
-                self.placeholders.append(path)
+            try:
+                if path not in self.placeholders and hold_placeholder(path, directory, owner):
+                    self.placeholders.append(path)
+            except OSError as e:
+                raise SandboxError(f"the kernel's sandbox could not cover {path}: {e.strerror or e}") from None
         return view.mounts(stage)
 
     def hits(self) -> list[str]:
