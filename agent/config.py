@@ -282,8 +282,12 @@ class CheckpointConfig(_Section):
 
 
 SandboxMode = Literal["read-only", "workspace-write", "full-access"]
-SECRET_STORES = ["~/.ssh", "~/.aws", "~/.config/gcloud", "~/.netrc", "~/.docker/config.json", "~/.git-credentials"]
-SECRET_NAMES = ["*KEY*", "*SECRET*", "*TOKEN*", "*PASSWORD*", "*CREDENTIAL*"]
+SECRET_STORES = ["~/.ssh/", "~/.aws/", "~/.config/gcloud/", "~/.netrc", "~/.docker/config.json", "~/.git-credentials"]
+"""A trailing `/`: a directory (what an absent store is covered by, sandbox.hidden)."""
+SECRET_NAMES = ["*KEY*", "*SECRET*", "*TOKEN*", "*PASS*", "*PWD*", "*CREDENTIAL*", "*AUTH*", "*DSN*", "*JWT*",
+                "*COOKIE*", "*SESSION*", "PAT", "PAT_*", "*_PAT", "*_PAT_*"]
+"""`PAT` (a personal access token) as a word of the name only, so that PATH, PYTHONPATH and the
+like pass. `*PWD*` drops the host's PWD too, which names the host's directory, not the kernel's."""
 
 
 class SandboxConfig(_Section):
@@ -298,12 +302,20 @@ class SandboxConfig(_Section):
     required: bool = False
     """Refuse to start a session where the OS cannot sandbox it, instead of saying so and going on."""
     hidden: list[str] = Field(default_factory=lambda: list(SECRET_STORES))
-    """Secret stores the kernel cannot read (`~` is the user's home); the daemon's `run/` and other
-    sessions' directories are hidden whatever this says."""
+    """Secret stores the kernel cannot read (`~` is the user's home). One absent when the kernel starts
+    but inside the workspace is covered by an empty placeholder (a directory where the entry ends in
+    `/`, else a file) the kernel cannot replace, removed when the session ends. Whatever this says,
+    $PRIME_AGENT_HOME is hidden but for the session's own records and the harness scopes, and so
+    are every other prime-agent home and kernel directory of this user."""
     env_deny: list[str] = Field(default_factory=lambda: list(SECRET_NAMES))
-    """Environment variables kept out of the kernel: names or shell patterns, case-insensitive."""
+    """Environment variables kept out of the kernel: names or shell patterns, case-insensitive. A
+    value holding a URL with a password (`scheme://user:pass@host`) is kept out whatever its name."""
     env_allow: list[str] = Field(default_factory=list)
-    """Names (or patterns) passed to the kernel although `env_deny` matches them."""
+    """Names (or patterns) passed to the kernel although `env_deny` (or a URL with a password) would drop them."""
+    seccomp: bool = True
+    """A seccomp filter in the sandbox refuses the system calls a kernel never needs (ptrace, keyctl,
+    bpf, mount, new user namespaces, perf events, kernel modules, reboot...: agent/kernel/sandbox.py);
+    False leaves only the namespaces, dropped capabilities and no_new_privs."""
     memory_mb: int | None = Field(None, ge=64)
     """Memory a kernel and everything it starts may use; None: half of the machine's RAM."""
     max_processes: int = Field(512, ge=16)
@@ -347,12 +359,23 @@ def home() -> Path:
 
 
 def project_root(cwd: Path) -> Path:
-    """The nearest ancestor of `cwd` holding `.prime-agent/` or `.git`, else `cwd` itself."""
+    """The nearest ancestor of `cwd` holding `.prime-agent/` or `.git`, else `cwd` itself. An empty
+    directory marks nothing (git too ignores an empty `.git`): the sandbox puts such placeholders
+    where these are absent while a kernel runs, so that it cannot create them."""
     cwd = cwd.resolve()
     for d in (cwd, *cwd.parents):
-        if (d / ".prime-agent").is_dir() or (d / ".git").exists():
+        if _marks(d / ".prime-agent", dir_only=True) or _marks(d / ".git"):
             return d
     return cwd
+
+
+def _marks(path: Path, dir_only: bool = False) -> bool:
+    try:
+        if path.is_dir():
+            return next(path.iterdir(), None) is not None
+    except OSError:
+        return True  # there, but not ours to list
+    return not dir_only and path.exists()
 
 
 def load_config(cwd: Path, overrides: dict[str, Any] | None = None, source: str = "command line") -> Config:

@@ -4,7 +4,8 @@
 
 Measures: kernel start to ready (with bootstrap); the sandbox's cost (agent/kernel/sandbox.py): a session's
 kernel start and a cell's round trip in `workspace-write` against `full-access` (no sandbox), the two
-interleaved so the machine's drift falls on both alike, and the time the session's view takes to
+interleaved so the machine's drift falls on both alike (and against `workspace-write` without its seccomp
+filter, `sandbox.seccomp = false`: the filter's own cost), and the time the session's view takes to
 apply (nsenter and mount, what a pooled kernel pays when a session takes it); kernel shutdown (a shutdown request, then the
 kernel's own exit); a trivial cell's round trip through the runtime (p50/p99); a host-bridge call
 from inside a cell (p50/p99); a cell printing 1 MB;
@@ -115,17 +116,20 @@ async def runtime_figures(n_cells: int, n_starts: int) -> dict[str, float]:
 
 
 async def sandbox_figures(n_starts: int, n_cells: int) -> dict[str, float]:
-    """Session start (kernel start to ready, bootstrap included) and cell round trip, sandboxed and not."""
-    starts: dict[str, list[float]] = {"workspace-write": [], "full-access": []}
-    cells: dict[str, list[float]] = {"workspace-write": [], "full-access": []}
+    """Session start (kernel start to ready, bootstrap included) and cell round trip, sandboxed (with
+    and without the seccomp filter) and not, the three interleaved."""
+    configs = {"workspace-write": SandboxConfig(), "no-seccomp": SandboxConfig(seccomp=False),
+               "full-access": SandboxConfig(mode="full-access")}
+    starts: dict[str, list[float]] = {mode: [] for mode in configs}
+    cells: dict[str, list[float]] = {mode: [] for mode in configs}
     views: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PRIME_AGENT_HOME"] = str(Path(tmp) / "home")
         work = Path(tmp) / "work"
         work.mkdir()
         for i in range(n_starts):
-            for mode in starts if i % 2 else reversed(starts):
-                s = Session(Config(sandbox=SandboxConfig(mode=mode)), ScriptedModel([]), cwd=work)
+            for mode in list(starts)[i % 3:] + list(starts)[:i % 3]:
+                s = Session(Config(sandbox=configs[mode]), ScriptedModel([]), cwd=work)
                 t = time.perf_counter()
                 await s.start()
                 starts[mode].append(time.perf_counter() - t)
@@ -147,6 +151,9 @@ async def sandbox_figures(n_starts: int, n_cells: int) -> dict[str, float]:
         "sandbox_view_ms": statistics.median(views) * 1e3,
         "cell_sandboxed_p50_ms": cell["workspace-write"] * 1e3, "cell_unsandboxed_p50_ms": cell["full-access"] * 1e3,
         "sandbox_cell_overhead_ms": (cell["workspace-write"] - cell["full-access"]) * 1e3,
+        "start_no_seccomp_s": med["no-seccomp"], "cell_no_seccomp_p50_ms": cell["no-seccomp"] * 1e3,
+        "seccomp_start_overhead_ms": (med["workspace-write"] - med["no-seccomp"]) * 1e3,
+        "seccomp_cell_overhead_ms": (cell["workspace-write"] - cell["no-seccomp"]) * 1e3,
     }
 
 
@@ -226,6 +233,10 @@ TARGETS = {
     "cell_sandboxed_p50_ms": ("cell round trip p50, sandboxed (ms)", None),
     "cell_unsandboxed_p50_ms": ("cell round trip p50, full-access (ms)", None),
     "sandbox_cell_overhead_ms": ("sandbox's cost on a cell p50 (ms)", 0.5),
+    "start_no_seccomp_s": ("session kernel start, sandboxed without seccomp (s)", None),
+    "cell_no_seccomp_p50_ms": ("cell round trip p50, sandboxed without seccomp (ms)", None),
+    "seccomp_start_overhead_ms": ("seccomp filter's cost on a kernel start (ms)", None),
+    "seccomp_cell_overhead_ms": ("seccomp filter's cost on a cell p50 (ms)", None),
     "cell_p50_ms": ("runtime cell round trip p50 (ms)", 5.0),
     "cell_p99_ms": ("runtime cell round trip p99 (ms)", None),
     "raw_jupyter_client_p50_ms": ("bare jupyter_client round trip p50 (ms)", None),
@@ -243,12 +254,14 @@ def main() -> None:
     ap.add_argument("--cells", type=int, default=60, help="extra cells in the long run")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each `prime-agent run` size")
     ap.add_argument("--starts", type=int, default=12, help="session starts of each sandbox mode")
+    ap.add_argument("--only-sandbox", action="store_true", help="the sandbox's figures alone")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "kernel.json"))
     args = ap.parse_args()
 
-    figures = asyncio.run(runtime_figures(n_cells=500, n_starts=5))
+    figures = {} if args.only_sandbox else asyncio.run(runtime_figures(n_cells=500, n_starts=5))
     figures.update(asyncio.run(sandbox_figures(n_starts=args.starts, n_cells=200)))
-    figures.update(system_figures(args.cells, args.repeats))
+    if not args.only_sandbox:
+        figures.update(system_figures(args.cells, args.repeats))
 
     print(f"{'measure':<42} {'value':>10} {'target':>8}")
     for key, value in figures.items():

@@ -20,17 +20,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
 import fnmatch
 import functools
+import hashlib
+import json
 import logging
 import os
+import re
 import secrets
 import shlex
 import shutil
+import stat as stat_module
+import struct
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,14 +79,71 @@ _BASE = ["--die-with-parent", "--new-session", "--unshare-user", "--unshare-pid"
 # --- the environment ----------------------------------------------------------------------------
 
 
+CREDENTIAL_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*:[^\s/@]*@")
+"""A URL with a password in it (`postgres://user:pass@host/db`), anywhere in a value."""
+
+
 def kernel_env(environ: dict[str, str] | os._Environ, config: SandboxConfig) -> dict[str, str]:
-    """The environment a kernel starts with: names matching `env_deny` (secret-looking ones) dropped
-    unless `env_allow` names them. Patterns are shell globs, matched case-insensitively."""
+    """The environment a kernel starts with: names matching `env_deny` (secret-looking ones) and
+    values holding a URL with a password dropped, unless `env_allow` names them. Patterns are shell
+    globs, matched case-insensitively."""
 
     def matches(name: str, patterns: list[str]) -> bool:
         return any(fnmatch.fnmatchcase(name.upper(), p.upper()) for p in patterns)
 
-    return {k: v for k, v in environ.items() if not matches(k, config.env_deny) or matches(k, config.env_allow)}
+    return {k: v for k, v in environ.items()
+            if not (matches(k, config.env_deny) or CREDENTIAL_URL.search(v)) or matches(k, config.env_allow)}
+
+
+# --- the seccomp filter ---------------------------------------------------------------------------
+
+CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+DENIED = {  # name: (x86_64, aarch64); the new mount API (open_tree ... mount_setattr) has one number everywhere
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "keyctl": (250, 219),
+    "add_key": (248, 217), "request_key": (249, 218), "bpf": (321, 280), "userfaultfd": (323, 282),
+    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "unshare": (272, 97), "setns": (308, 268),
+    "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430), "fsconfig": (431, 431),
+    "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442), "perf_event_open": (298, 241),
+    "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106), "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294), "reboot": (169, 142), "swapon": (167, 224), "swapoff": (168, 225),
+    "open_by_handle_at": (304, 265),
+}
+"""Refused with EPERM: what a kernel never needs and an escape would (another process's memory, the
+kernel keyring, eBPF, page-fault races, mounts, new or other namespaces, kernel modules)."""
+CLONE, CLONE3 = {"x86_64": 56, "aarch64": 220}, 435
+X32_BIT = 0x40000000
+"""x86_64's x32 ABI: the same calls under other numbers; refused whole."""
+_LD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
+
+
+def seccomp_program(machine: str | None = None) -> bytes | None:
+    """The classic-BPF seccomp filter bubblewrap installs (`--seccomp FD`) for this machine's
+    architecture (None where it has none: another architecture than x86_64 and aarch64).
+
+    It checks the architecture first (a call made through another ABI, i386's `int 0x80`, fails
+    with ENOSYS), refuses the calls in DENIED and `clone` with CLONE_NEWUSER with EPERM, and
+    `clone3` with ENOSYS: its flags are in memory a filter cannot read, and glibc falls back to
+    `clone` on ENOSYS (as Docker's and Flatpak's filters do)."""
+    machine = machine or os.uname().machine
+    if machine not in AUDIT_ARCH:
+        return None
+    col = 0 if machine == "x86_64" else 1
+    prog: list[tuple[int, int | str, int | str, int]] = [  # (code, jump if true, jump if false, k); str: a label
+        (_LD, 0, 0, 4), (_JEQ, 1, 0, AUDIT_ARCH[machine]), (_RET, 0, 0, _ERRNO | errno.ENOSYS), (_LD, 0, 0, 0)]
+    if machine == "x86_64":
+        prog.append((_JGE, "enosys", 0, X32_BIT))
+    prog += [(_JEQ, "eperm", 0, nrs[col]) for nrs in DENIED.values()]
+    prog += [(_JEQ, "clone", 0, CLONE[machine]), (_JEQ, "enosys", 0, CLONE3), (_RET, 0, 0, _ALLOW)]
+    labels = {"clone": len(prog), "eperm": len(prog) + 3, "enosys": len(prog) + 4}
+    prog += [(_LD, 0, 0, 16), (_JSET, "eperm", 0, CLONE_NEWUSER), (_RET, 0, 0, _ALLOW),  # args[0]'s low word: flags
+             (_RET, 0, 0, _ERRNO | errno.EPERM), (_RET, 0, 0, _ERRNO | errno.ENOSYS)]
+
+    def jump(at: int, to: int | str) -> int:
+        return labels[to] - at - 1 if isinstance(to, str) else to
+
+    return b"".join(struct.pack("<HBBI", code, jump(i, jt), jump(i, jf), k) for i, (code, jt, jf, k) in enumerate(prog))
 
 
 # --- limits ---------------------------------------------------------------------------------------
@@ -229,34 +293,63 @@ class View:
     session_dir: Path | None
     """Its own records (None: a kernel of no session's, such as the refiner's scratch kernel)."""
     read_only: tuple[Path, ...]
-    """Inside the workspace, bound back read-only: $PRIME_AGENT_HOME, harness scopes, `.git/`, the records."""
+    """Inside the workspace, bound back read-only: $PRIME_AGENT_HOME, harness scopes, `.git/`,
+    `.prime-agent/`, the records; each one absent at the start gets a placeholder (`placeholders`)."""
     hidden: tuple[Path, ...]
-    """Covered: the daemon's run/ and the secret stores."""
+    """Covered: the secret stores, every other home of this user and its kernels' directories."""
     sessions: Path
     """The directory of sessions (or of a parent's children) covered, all but this session's own."""
+    home: Path
+    """$PRIME_AGENT_HOME, covered (its config.toml holds keys, checkpoints/ copies of hidden files,
+    run/ the daemon's token) but for `keep`."""
+    keep: tuple[Path, ...] = ()
+    """The harness scopes: shown (read-only) through the home's cover."""
     writable: tuple[Path, ...] = ()
     """Inside the session's read-only records, bound back writable: the kernel's own namespace
     snapshots (`checkpoints/kernel/`, written by the kernel for `rewind`)."""
+    store_dirs: tuple[Path, ...] = ()
+    """The secret stores known to be directories (their entry ends in `/`): a placeholder of one is a directory."""
 
     @classmethod
     def of(cls, config: SandboxConfig, workspace: Path, session_dir: Path | None, harness_roots: list[Path],
            project: Path) -> View:
         root, workspace, project = home().resolve(), workspace.resolve(), project.resolve()
         session_dir = session_dir.resolve() if session_dir is not None else None
-        islands = [root, *(r.resolve() for r in harness_roots), project / ".prime-agent", project / ".git",
-                   workspace / ".prime-agent", workspace / ".git", *([session_dir] if session_dir else [])]
+        keep = tuple(dict.fromkeys(r.resolve() for r in harness_roots))
+        islands = [root, *keep, project / ".prime-agent", project / ".git", workspace / ".prime-agent",
+                   workspace / ".git", *([session_dir] if session_dir else [])]
         sessions = root / "sessions"
         if session_dir is not None and sessions not in session_dir.parents:
             sessions = session_dir.parent
-        hidden = [root / "run", *(Path(p).expanduser().resolve() for p in config.hidden)]  # a link: its target
+        stores = [Path(p).expanduser().resolve() for p in config.hidden]  # a link: its target
+        store_dirs = tuple(path for path, p in zip(stores, config.hidden) if p.endswith("/"))
+        hidden = [*stores, *_others(root, [workspace, project, root, *([session_dir] if session_dir else [])])]
         writable = (SessionLayout(session_dir).kernel_snapshots,) if session_dir is not None else ()
         return cls(config.mode, workspace, session_dir, tuple(dict.fromkeys(islands)), tuple(dict.fromkeys(hidden)),
-                   sessions, writable)
+                   sessions, root, keep, writable, store_dirs)
+
+    def placeholders(self) -> list[tuple[Path, bool]]:
+        """Where the protected paths inside a writable workspace need a placeholder, as (path, whether
+        it is a directory): the first missing component of one absent now, and one there now, which
+        may be another kernel's placeholder to share (`hold_placeholder` tells). Covered like the
+        others once a placeholder stands there, they cannot be created, nor replaced by a link."""
+        if self.mode != "workspace-write":
+            return []
+        w, out = self.workspace, {}
+        protected = (*self.read_only, *self.hidden)
+        there = [p for p in protected if os.path.lexists(p)]
+        for p in protected:
+            if w not in p.parents or any(c in p.parents for c in there):
+                continue
+            first = next(a for a in (*reversed(p.parents), p) if w in a.parents and not os.path.lexists(a)) \
+                if p not in there else p
+            out[first] = first != p or p not in self.hidden or p in self.store_dirs
+        return list(out.items())
 
     def mounts(self, stage: Path) -> list[Mount]:
         """The mounts (made in the kernel's namespaces) that make this view; order matters: each
         later one lies on top of the earlier ones. `stage`: an empty directory the sandbox shows,
-        where the session's own directory waits while the others are covered."""
+        where what shows through a cover waits while the cover is made."""
         ops: list[Mount] = []
         w = self.workspace
         if self.mode == "workspace-write":
@@ -264,12 +357,17 @@ class View:
             for p in self.read_only:
                 if (p == w or w in p.parents) and p.exists():
                     ops += [("bind", str(p), str(p)), ("remount", str(p), "ro")]
-        s = self.session_dir
-        if s is None and self.sessions.is_dir():
-            ops.append(("tmpfs", str(self.sessions), "ro"))
-        elif s is not None and self.sessions in s.parents and s.is_dir():
-            ops += [("bind", str(s), str(stage)), ("remount", str(stage), "ro"), ("tmpfs", str(self.sessions), "rw"),
-                    ("move", str(stage), str(s)), ("remount", str(self.sessions), "ro")]
+        s, root = self.session_dir, self.home
+        if root not in self.sessions.parents:  # covered with the home otherwise
+            if s is None and self.sessions.is_dir():
+                ops.append(("tmpfs", str(self.sessions), "ro"))
+            elif s is not None and self.sessions in s.parents and s.is_dir():
+                ops += _cover(self.sessions, [s], stage / "s")
+        if root.is_dir():
+            shown = [p for p in (*([s] if s else []), *self.keep) if root in p.parents and p.is_dir()]
+            shown = [p for p in shown if not any(q in p.parents for q in shown)]
+            ops += _cover(root, shown, stage / "h", rw=w if w == root or root in w.parents else None)
+        if s is not None:
             for p in self.writable:
                 if p.is_dir():
                     ops += [("bind", str(p), str(p)), ("remount", str(p), "rw")]
@@ -281,11 +379,42 @@ class View:
         return ops
 
 
+def _cover(target: Path, shown: list[Path], stage: Path, rw: Path | None = None) -> list[Mount]:
+    """`target` covered by an empty read-only tmpfs through which `shown` (paths under it) show,
+    read-only, and the workspace `rw` if it lies under `target`, as it was."""
+    shown = [*shown, *([rw] if rw is not None else [])]
+    if not shown:
+        return [("tmpfs", str(target), "ro")]
+    ops: list[Mount] = [("mkdir", str(stage), "")]
+    for i, p in enumerate(shown):
+        ops += [("mkdir", f"{stage}/{i}", ""), ("bind", str(p), f"{stage}/{i}")]
+        if p != rw:
+            ops.append(("remount", f"{stage}/{i}", "ro"))
+    ops.append(("tmpfs", str(target), "rw"))
+    ops += [("move", f"{stage}/{i}", str(p)) for i, p in enumerate(shown)]
+    return [*ops, ("remount", str(target), "ro")]
+
+
+def _others(root: Path, needed: list[Path]) -> list[Path]:
+    """What of the other homes of this user (and the kernels' directories of every home) a kernel
+    under `root` must not see: a home whole, or where it holds what the kernel needs (`needed`: its
+    workspace...), its run/, config.toml, checkpoints/ and sessions/."""
+    own_tmp, out = private_root(), []
+    for other, tmp in registered_homes():
+        if other != root:
+            if any(other == n or other in n.parents for n in needed):
+                out += [other / "run", other / "config.toml", other / "checkpoints", other / "sessions"]
+            else:
+                out.append(other)
+        out.append(tmp)
+    out.append(user_base())
+    return [p for p in out if p != own_tmp and not any(p == n or p in n.parents for n in (*needed, own_tmp))]
+
+
 Mount = tuple[str, str, str]
 """(bind, source, target) | (remount, target, ro|rw) | (tmpfs, target, ro|rw) | (move, source, target)
-| (file, source, target): a bind of one file."""
+| (file, source, target): a bind of one file | (mkdir, path, ""): a mount point in a cover being made."""
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC = 1, 32, 4096, 8192, 16384
-CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 
 
 def _mount_all(user_ns: int, mount_ns: int, ops: list[Mount]) -> str:
@@ -315,6 +444,8 @@ def _mount_all(user_ns: int, mount_ns: int, ops: list[Mount]) -> str:
             elif op == "move":
                 os.makedirs(b, exist_ok=True)
                 check(libc.mount(a.encode(), b.encode(), None, MS_MOVE, None), f"move {a} to {b}")
+            elif op == "mkdir":
+                os.makedirs(a, exist_ok=True)
     except OSError as e:
         return str(e.strerror or e)
     return ""
@@ -365,22 +496,136 @@ class Launch:
     network: bool
     limits: Limits
     env: tuple[tuple[str, str], ...]
+    seccomp: bool = False
+    """Confined with the seccomp filter too (`seccomp_program`)."""
 
     @classmethod
     def of(cls, config: SandboxConfig, environ: dict[str, str] | os._Environ | None = None) -> Launch:
         confined = config.mode != "full-access" and unavailable() is None
         env = kernel_env(os.environ if environ is None else environ, config)
-        return cls(confined, config.network, Limits.of(config), tuple(sorted(env.items())))
+        seccomp = confined and config.seccomp and seccomp_program() is not None
+        return cls(confined, config.network, Limits.of(config), tuple(sorted(env.items())), seccomp)
 
 
 def private_root() -> Path:
     """A short private directory for kernels' sockets and temporary files (socket paths are short)."""
-    base = Path(tempfile.gettempdir()) / f"prime-agent-{os.getuid()}"
+    return _private(Path(tempfile.gettempdir()) / f"prime-agent-{os.getuid()}")
+
+
+def user_base() -> Path:
+    """`/tmp/prime-agent-<uid>` whatever TMPDIR says: where every host of this user, whatever its
+    home, registers its home (`register_home`) and its placeholders (`hold_placeholder`)."""
+    return _private(Path("/tmp") / f"prime-agent-{os.getuid()}")
+
+
+def _private(base: Path) -> Path:
     base.mkdir(mode=0o700, exist_ok=True)
     st = base.lstat()
     if st.st_uid != os.getuid() or st.st_mode & 0o077 or base.is_symlink():
         raise PermissionError(f"{base} is not a private directory of this user; remove it")
     return base
+
+
+# --- what every host of this user shares ------------------------------------------------------------
+
+
+def register_home() -> None:
+    """Enter $PRIME_AGENT_HOME and this process's kernels' directory in the user's registry of homes:
+    every sandbox started after it hides them from its kernel (a kernel under one home must not
+    reach another's daemon token, keys or checkpoints). A daemon registers at its start, any other
+    host with its first kernel; an entry whose home is gone is dropped by the next reader."""
+    _register(str(home().resolve()), str(private_root()))
+
+
+@functools.cache
+def _register(root: str, tmp: str) -> None:
+    with contextlib.suppress(OSError):  # a registry that cannot be written (a read-only /tmp) hides less, says nothing
+        registry = user_base() / "homes"
+        registry.mkdir(mode=0o700, exist_ok=True)
+        entry = registry / hashlib.sha256(f"{root}\0{tmp}".encode()).hexdigest()[:16]
+        if not entry.is_file():
+            part = registry / f".{entry.name}.{secrets.token_hex(4)}"
+            part.write_text(json.dumps({"home": root, "tmp": tmp}))
+            part.replace(entry)
+
+
+def registered_homes() -> list[tuple[Path, Path]]:
+    """Every (home, kernels' directory) some host of this user registered, but those whose home is gone."""
+    out = []
+    with contextlib.suppress(OSError):
+        for entry in (user_base() / "homes").glob("[!.]*"):
+            try:
+                data = json.loads(entry.read_text())
+                root, tmp = Path(data["home"]), Path(data["tmp"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if root.is_dir():
+                out.append((root, tmp))
+            else:
+                entry.unlink(missing_ok=True)
+    return out
+
+
+def _placeholder_key(path: Path) -> tuple[Path, str]:
+    return user_base() / "placeholders", hashlib.sha256(str(path).encode()).hexdigest()[:24]
+
+
+@contextlib.contextmanager
+def _placeholder_lock(path: Path) -> Iterator[tuple[Path, str]]:
+    registry, key = _placeholder_key(path)
+    registry.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(registry / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield registry, key
+    finally:
+        os.close(fd)
+
+
+def hold_placeholder(path: Path, directory: bool, owner: str) -> bool:
+    """Make the absent `path` an empty placeholder (a directory, or a file), or join the users of the
+    one a host of this user made there before; False where `path` is a person's (nothing is held).
+
+    Placeholders are counted (`<key>-<owner>` in the registry) because removing one on the host
+    would lift the cover of every other kernel mounted on it (Linux detaches mounts from a removed
+    directory in every namespace): the last user removes it (`release_placeholder`)."""
+    registry, key = _placeholder_key(path)
+    if os.path.lexists(path) and not (registry / f"{key}.made").is_file():
+        return False  # a person's: no lock needed to know it (a placeholder is marked before it is made)
+    with _placeholder_lock(path) as (registry, key):
+        made = registry / f"{key}.made"
+        if not os.path.lexists(path):
+            made.write_text(str(path))
+            try:
+                if directory:
+                    path.mkdir(mode=0o755)
+                else:
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+            except OSError:
+                made.unlink(missing_ok=True)
+                raise
+        elif not made.is_file():
+            return False
+        (registry / f"{key}-{owner}").touch()
+        return True
+
+
+def release_placeholder(path: Path, owner: str) -> None:
+    """`owner` is done with the placeholder at `path`: the last user (of a live host) removes it
+    where it is still empty, and it is gone from the host as if never made."""
+    with _placeholder_lock(path) as (registry, key):
+        (registry / f"{key}-{owner}").unlink(missing_ok=True)
+        for user in registry.glob(f"{key}-*"):
+            if not made_by_a_gone_host(user.name):
+                return
+            user.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            st = path.lstat()
+            if stat_module.S_ISDIR(st.st_mode):
+                path.rmdir()  # fails where the host has put something in it since
+            elif stat_module.S_ISREG(st.st_mode) and st.st_size == 0:
+                path.unlink()
+        (registry / f"{key}.made").unlink(missing_ok=True)
 
 
 @functools.cache
@@ -408,6 +653,7 @@ class Box:
     def __init__(self, launch: Launch):
         self.launch = launch
         self.token = secrets.token_hex(4)
+        register_home()
         _collect_dirs()
         self.dir = private_root() / f"k-{host_tag()}-{self.token}"
         self.tmp = self.dir / "tmp"
@@ -415,6 +661,10 @@ class Box:
             d.mkdir(mode=0o700)
             os.chmod(d, 0o700)
         self.groups: LimitGroups | None = None
+        self.placeholders: list[Path] = []
+        """The placeholders this box holds (`hold_placeholder`), released when it closes."""
+        self._seccomp: int | None = None
+        """The read end of a pipe holding the seccomp filter, for bubblewrap's `--seccomp FD`."""
         self._lifeline: tuple[int, int] | None = None
         """The pipe whose write end only this process holds: the kernel exits when it closes
         (agent/kernel/runtime/lifeline.py), even if this process is killed outright."""
@@ -428,13 +678,34 @@ class Box:
                 **lifeline}
 
     def pass_fds(self) -> tuple[int, ...]:
-        return (self._lifeline[0],) if self._lifeline else ()
+        return (*((self._lifeline[0],) if self._lifeline else ()), *((self._seccomp,) if self._seccomp else ()))
 
     def launched(self) -> None:
-        """The kernel process has its end of the lifeline: this process keeps only the other."""
+        """The kernel process has its end of the lifeline (and bubblewrap its filter): this process
+        keeps only the other end."""
         if self._lifeline and self._lifeline[0] >= 0:
             os.close(self._lifeline[0])
             self._lifeline = (-1, self._lifeline[1])
+        self._close_filter()
+
+    def _close_filter(self) -> None:
+        if self._seccomp is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._seccomp)
+            self._seccomp = None
+
+    def _filter(self) -> list[str]:
+        """bubblewrap's arguments that install the seccomp filter, read from a pipe made for this launch."""
+        program = seccomp_program() if self.launch.seccomp else None
+        if program is None:
+            return []
+        r, w = os.pipe()  # the filter (a few hundred bytes) fits in the pipe's buffer
+        try:
+            os.write(w, program)
+        finally:
+            os.close(w)
+        self._seccomp = r
+        return ["--seccomp", str(r)]
 
     def _cut_lifeline(self) -> None:
         for fd in self._lifeline or ():
@@ -442,6 +713,7 @@ class Box:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._lifeline = None
+        self._close_filter()
 
     def command(self, argv: list[str], tree_cgroup: Path | None) -> list[str]:
         """`argv` (the kernel) wrapped: joined to its limit cgroups, rlimits set, then bubblewrap."""
@@ -469,7 +741,7 @@ class Box:
             "--tmpfs", str(root), "--bind", str(self.dir), str(self.dir), "--chdir", str(self.dir),
             # ipykernel's parent poller would take bubblewrap's PID 1 for a dead host, and "1" turns
             # it off; the lifeline does its work.
-            "--setenv", "JPY_PARENT_PID", "1",
+            "--setenv", "JPY_PARENT_PID", "1", *self._filter(),
         ]
         return [*prefix, *box, "--", *argv]
 
@@ -479,13 +751,23 @@ class Box:
         if not self.launch.confined:
             return
         target = await _sandboxed_child(pid)
-        stage = self.dir / ".session"
-        stage.mkdir(exist_ok=True)
+        stage = self.dir / ".stage"
         try:
-            await apply_mounts(target, view.mounts(stage))
+            ops = await asyncio.get_running_loop().run_in_executor(None, self._prepare, view, stage)
+            await apply_mounts(target, ops)
         finally:
-            with contextlib.suppress(OSError):
-                stage.rmdir()
+            shutil.rmtree(stage, ignore_errors=True)
+
+    def _prepare(self, view: View, stage: Path) -> list[Mount]:
+        """The placeholders `view` needs, held; then its mounts."""
+        owner = f"{host_tag()}-{self.token}"
+        for path, directory in view.placeholders():
+            try:
+                if path not in self.placeholders and hold_placeholder(path, directory, owner):
+                    self.placeholders.append(path)
+            except OSError as e:
+                raise SandboxError(f"the kernel's sandbox could not cover {path}: {e.strerror or e}") from None
+        return view.mounts(stage)
 
     def hits(self) -> list[str]:
         return self.groups.hits() if self.groups is not None else []
@@ -509,6 +791,10 @@ class Box:
         UNCONFINED.discard(self)
         if self.groups is not None:
             self.groups.remove()
+        for path in self.placeholders:
+            with contextlib.suppress(OSError):
+                release_placeholder(path, f"{host_tag()}-{self.token}")
+        self.placeholders = []
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -571,4 +857,4 @@ def describe(launch: Launch, mode: SandboxMode) -> str:
         return "full-access: NO SANDBOX (the agent's code runs with your rights)"
     if not launch.confined:
         return f"UNSANDBOXED: {unavailable()}"
-    return f"{mode}{'' if launch.network else ', no network'}"
+    return f"{mode}{'' if launch.network else ', no network'}{'' if launch.seccomp else ', no seccomp filter'}"

@@ -343,3 +343,150 @@ def _alive(pid: int) -> bool:
         return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return False
+
+
+async def test_a_fresh_project_cannot_gain_a_prime_agent_dir_or_a_git_repository(tmp_path: Path, prime_home: Path):
+    """With no `.prime-agent/` and no `.git` at the start, a cell can create neither (a config or a
+    harness entry in force next session, a `core.fsmonitor` the host's git would run), ordinary
+    writes and `pip install --target` still work, and no placeholder is left on the host."""
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    whl = wheel(tmp_path)
+    attacks = {
+        "harness": "os.makedirs('.prime-agent/harness/prompt')",
+        "config": "open('.prime-agent/config.toml', 'w').write('[sandbox]\\nmode = \"full-access\"\\n')",
+        "mkdir-git": "os.makedirs('.git/hooks')",
+        "git-config": "open('.git/config', 'w').write('[core]\\nfsmonitor = touch /tmp/pwned\\n')",
+        "replace": "os.rename('.git', 'g') or os.symlink('.', '.git')",
+    }
+    code = "import os\n" + TRY + "".join(f"attempt({k!r}, lambda: {v})\n" for k, v in attacks.items())
+    async with Session(make_config(), ScriptedModel([]), cwd=fresh) as s:
+        got = outcomes((await run(s, code)).stdout)
+        init = await run(s, "%%bash\ngit init -q . ; echo rc=$?; mkdir .prime-agent/x; echo rc=$?")
+        ok = await run(s, "import subprocess, sys\nwrite('src/a.py', 'A = 1')\n"
+                       f"r = subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-index', '--target', "
+                       f"'libs', {str(whl)!r}], capture_output=True, text=True)\nprint(r.returncode, r.stderr[-300:])")
+    assert set(got) == set(attacks) and all(v != "ok" for v in got.values()), got
+    assert "rc=0" not in init.stdout, init
+    assert ok.stdout.startswith("0 "), ok
+    assert sorted(p.name for p in fresh.iterdir()) == ["libs", "src"]  # no .git, no .prime-agent, no placeholder
+    assert (fresh / "libs" / "pa_demo.py").is_file()
+
+
+async def test_placeholders_are_shared_by_kernels_in_one_workspace_and_gone_after_the_last(tmp_path: Path):
+    """Two sessions in one fresh workspace: the first to close leaves the other's cover in place
+    (removing the placeholder on the host would lift it), the last removes it."""
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    probe = TRY + "import os\nattempt('git', lambda: os.makedirs('.git/hooks'))"
+    first = Session(make_config(), ScriptedModel([]), cwd=fresh)
+    await first.start()
+    try:
+        async with Session(make_config(), ScriptedModel([]), cwd=fresh) as second:
+            assert (fresh / ".git").is_dir()  # the placeholder, while kernels run
+            await first.close()
+            assert outcomes((await run(second, probe)).stdout)["git"] != "ok"
+    finally:
+        await first.close()
+    assert not (fresh / ".git").exists() and not (fresh / ".prime-agent").exists()
+
+
+async def test_no_kernel_reads_the_homes_keys_checkpoints_or_another_homes_daemon(tmp_path: Path, prime_home: Path,
+                                                                                monkeypatch):
+    """Home A runs a daemon (its run/ with a token and a socket, a config with an api_key, a
+    checkpoint store); a kernel under home B reaches none of it, nor B's own config and checkpoints,
+    yet reads its harness scopes and writes its namespace snapshots."""
+    from daemon import paths
+
+    home_a = tmp_path / "home-a"
+    monkeypatch.setenv("PRIME_AGENT_HOME", str(home_a))
+    token_a = paths.token()  # what a daemon does at its start: run/ made, the home registered
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(paths.socket_file()))
+    server.listen()
+    monkeypatch.setenv("PRIME_AGENT_HOME", str(prime_home))
+    for home in (home_a, prime_home):
+        home.mkdir(exist_ok=True)
+        (home / "config.toml").write_text('[model]\napi_key = "sk-in-config"\n')
+        (home / "checkpoints" / "ws-1").mkdir(parents=True)
+        (home / "checkpoints" / "ws-1" / "id_rsa").write_text("PRIVATE KEY COPY")
+    project = tmp_path / "project"
+    project.mkdir()
+    user_skill = prime_home / "harness" / "skill" / "s1"
+    user_skill.mkdir(parents=True)
+    (user_skill / "SKILL.md").write_text("---\nid: s1\nkind: skill\n---\nA skill.\n")
+    reads = {
+        "a-token": f"open({str(home_a / 'run' / 'token')!r}).read()",
+        "a-socket": f"socket.socket(socket.AF_UNIX).connect({str(paths.socket_file())!r})",
+        "a-config": f"open({str(home_a / 'config.toml')!r}).read()",
+        "a-checkpoint": f"open({str(home_a / 'checkpoints/ws-1/id_rsa')!r}).read()",
+        "b-config": f"open({str(prime_home / 'config.toml')!r}).read()",
+        "b-checkpoint": f"open({str(prime_home / 'checkpoints/ws-1/id_rsa')!r}).read()",
+        "b-run": f"os.listdir({str(prime_home / 'run')!r}) and 1/0",
+    }
+    code = "import os, socket\n" + TRY + "".join(f"attempt({k!r}, lambda: {v})\n" for k, v in reads.items())
+    try:
+        async with Session(make_config(), ScriptedModel([]), cwd=project) as s:
+            got = outcomes((await run(s, code)).stdout)
+            skill = await run(s, f"print(open({str(user_skill / 'SKILL.md')!r}).read().split()[-1])")
+            snap = await run(s, f"open(os.path.join({str(s.layout.kernel_snapshots)!r}, 'probe'), 'w').write('x')")
+            whole = await run(s, "import subprocess\nprint(subprocess.run(['grep', '-rl', "
+                              f"'-e', 'sk-in-config', '-e', 'PRIVATE KEY COPY', '-e', {token_a!r}, "
+                              f"{str(tmp_path)!r}, '/tmp'], capture_output=True, text=True).stdout)")
+    finally:
+        server.close()
+    assert set(got) == set(reads) and all(v != "ok" for v in got.values()), got
+    assert skill.stdout == "skill.\n", skill
+    assert snap.error_name is None, snap
+    assert whole.stdout.strip() == "", whole  # nowhere on the machine the kernel can read
+
+
+async def test_secret_looking_variables_and_urls_with_passwords_do_not_reach_a_kernel(project: Path, monkeypatch):
+    secrets_ = {"DATABASE_URL": "postgres://app:hunter2@db:5432/x", "MYSQL_PWD": "pw-1", "GH_PAT": "pat-2",
+                "SENTRY_DSN": "https://abc@o1.ingest.sentry.io/1", "NPM_AUTH": "auth-3", "CI_JOB_JWT": "jwt-4",
+                "HTTPS_PROXY": "http://me:pw-5@proxy:3128", "SESSION_COOKIE": "c-6", "PATCH_PASS": "p-7"}
+    kept = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", "/x"), "LANG": "C.UTF-8",
+            "TERM": "xterm", "VIRTUAL_ENV": "/venv", "PATCH_LEVEL": "3", "SERVICE_URL": "https://host:8443/api"}
+    for name, value in {**secrets_, **kept}.items():
+        monkeypatch.setenv(name, value)
+    async with Session(make_config(), ScriptedModel([]), cwd=project) as s:
+        r = await run(s, "import json\nprint(json.dumps([v.decode() for v in open('/proc/self/environ', "
+                      "'rb').read().split(b'\\0') if v]))")  # as the kernel was started, whatever it changed since
+    env = dict(v.split("=", 1) for v in json.loads(r.stdout))
+    assert not set(secrets_) & set(env), set(secrets_) & set(env)
+    assert all(env.get(k) == v for k, v in kept.items()), {k: env.get(k) for k in kept}
+    assert env.get("HOME") == os.environ["HOME"]
+    assert not any(v in r.stdout for v in ("hunter2", "pw-1", "pat-2", "pw-5"))
+
+
+SYSCALL = {"x86_64": {"keyctl": 250, "bpf": 321, "clone3": 435}, "aarch64": {"keyctl": 219, "bpf": 280, "clone3": 435}}
+
+
+@pytest.mark.skipif(os.uname().machine not in SYSCALL, reason="the seccomp filter covers x86_64 and aarch64")
+async def test_a_kernel_cannot_trace_use_keyrings_bpf_new_user_namespaces_or_mount_yet_works(project: Path):
+    nr = SYSCALL[os.uname().machine]
+    calls = {
+        "ptrace": "libc.ptrace(0, 0, 0, 0)",  # PTRACE_TRACEME
+        "keyctl": f"libc.syscall({nr['keyctl']}, 0, -3, 0)",  # KEYCTL_GET_KEYRING_ID, the session keyring
+        "bpf": f"libc.syscall({nr['bpf']}, 0, 0, 0)",
+        "unshare": "libc.unshare(0x10000000)",  # CLONE_NEWUSER
+        "mount": "libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)",
+        "clone3": f"libc.syscall({nr['clone3']}, 0, 0)",
+    }
+    code = ("import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            + "".join(f"print({k!r}, 'ok' if {v} >= 0 else errno.errorcode[ctypes.get_errno()])\n"
+                      for k, v in calls.items())
+            + "print('status', *[l.split()[1] for l in open('/proc/self/status') if l.startswith(('NoNewPrivs', 'Seccomp:'))])")
+    work = ("import subprocess, threading, multiprocessing, sys\n"
+            "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n"
+            "with multiprocessing.get_context('fork').Pool(2) as p: print(p.map(abs, [-1, -2]))\n"
+            "with multiprocessing.get_context('spawn').Pool(1) as p: print(p.map(abs, [-3]))\n"
+            "print(subprocess.run([sys.executable, '-m', 'pip', '--version'], capture_output=True, text=True).returncode)")
+    async with Session(make_config(), ScriptedModel([]), cwd=project) as s:
+        got = outcomes((await run(s, code)).stdout)
+        ok = await run(s, work)
+        shell = await run(s, "%%bash\nsleep 0.1 & wait; echo shell $((6 * 7))")
+    assert got == {"ptrace": "EPERM", "keyctl": "EPERM", "bpf": "EPERM", "unshare": "EPERM", "mount": "EPERM",
+                   "clone3": "ENOSYS", "status": "1 2"}, got
+    assert ok.stdout == "thread\n[1, 2]\n[3]\n0\n", ok
+    assert shell.stdout == "shell 42\n", shell
