@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from agent.config import Config, ConfigError, load_config, parse_override
 from agent.types import Budget
+from tests.conftest import trust
 
 
 def test_sources_apply_in_order(prime_home: Path, project: Path, monkeypatch: pytest.MonkeyPatch):
@@ -20,6 +21,7 @@ def test_sources_apply_in_order(prime_home: Path, project: Path, monkeypatch: py
     )
     (project / ".prime-agent").mkdir()
     (project / ".prime-agent" / "config.toml").write_text('[model]\nname = "project-model"\ntemperature = 0.2\n')
+    trust(project, ".prime-agent/config.toml")
     sub = project / "src"
     sub.mkdir()
     assert load_config(sub).model.name == "project-model"  # the project root is found from below
@@ -130,13 +132,16 @@ def test_mcp_servers_come_from_mcp_json_and_config_toml(project: Path, prime_hom
         "docs": {"type": "http", "url": "https://x/mcp", "headers": {"Authorization": "Bearer ${D}"}}}}))
     (project / ".prime-agent").mkdir()
     (project / ".prime-agent" / "config.toml").write_text('[mcp.servers.gh]\npolicy = "ask"\n')
+    trust(project, ".mcp.json", ".prime-agent/config.toml")
     servers = load_config(project).mcp.servers
     assert (servers["gh"].type, servers["gh"].command, servers["gh"].env, servers["gh"].policy) == (
         "stdio", "npx", {"T": "${GH_TOKEN}"}, "ask")  # expanded only when the server starts
     assert (servers["docs"].type, servers["docs"].headers) == ("http", {"Authorization": "Bearer ${D}"})
     (project / ".mcp.json").write_text('{"mcpServers": {"bad": {"type": "http"}}}')
+    trust(project, ".mcp.json")
     with pytest.raises(ConfigError, match=r"\.mcp\.json: field mcp\.servers\.bad: .*needs a `url`"):
         load_config(project)
     (project / ".mcp.json").write_text('{"mcpServers": [1]')
+    trust(project, ".mcp.json")
     with pytest.raises(ConfigError, match=r"\.mcp\.json: not valid JSON"):
         load_config(project)

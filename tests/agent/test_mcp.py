@@ -24,6 +24,7 @@ from agent.mcp import McpServers, ServerInfo, ToolInfo, cached_tools, prompt_sec
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import McpCallRecord, SessionRecord, read_records
+from tests.conftest import trust
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -111,6 +112,7 @@ command = "{EVERYTHING}"
 args = ["stdio"]
 timeout = 1.5
 """)
+    trust(root, ".mcp.json", ".prime-agent/config.toml")
 
 
 class Driver:
@@ -358,7 +360,7 @@ async def test_a_prompt_section_within_its_budget_is_deterministic():
     section = prompt_section(servers, 700)
     assert len(section) <= 700
     lines = section.splitlines()
-    assert lines[2] == '- a (http, each call needs approval): tools not listed yet (`mcp.list("a")` starts it)'
+    assert lines[2] == "- a (http, each call needs approval): tools not listed yet (its first approved call starts it)"
     assert lines[3] == "- b (stdio)" and lines[4] == "  - tool00: does thing 0"
     assert any(line.startswith("  - ... ") and 'mcp.list("b")' in line for line in lines)
     assert prompt_section([], 700) == ""

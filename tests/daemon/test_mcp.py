@@ -14,6 +14,7 @@ import pytest
 
 from daemon.client import Client, DaemonError, SyncClient, daemon_pid
 from tests.agent.test_mcp import EVERYTHING, TIME, alive, descendants
+from tests.conftest import trust
 from tests.daemon.test_orphans import PRIME_AGENT, dead_within
 
 
@@ -25,6 +26,7 @@ def mcp_project(project: Path, policy: str = "allow") -> Path:
     (project / ".prime-agent").mkdir(exist_ok=True)
     (project / ".prime-agent" / "config.toml").write_text(
         f'[mcp.servers.time]\ncommand = "{TIME}"\npolicy = "{policy}"\n')
+    trust(project, ".mcp.json", ".prime-agent/config.toml")
     return project
 
 
