@@ -444,7 +444,7 @@ def tighten(person: SandboxConfig, project: dict[str, Any], source: str) -> tupl
     refused: list[str] = []
 
     def refuse(field: str, why: str) -> None:
-        refused.append(f"{source}: sandbox.{field} ignored: {why}; {LOOSENS} ({FROM_THE_PERSON})")
+        refused.append(f"{source}: sandbox.{field}: {why}; {LOOSENS} ({FROM_THE_PERSON})")
 
     ram_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**21  # the default limit: half the RAM
     for field in project:
@@ -460,24 +460,25 @@ def tighten(person: SandboxConfig, project: dict[str, Any], source: str) -> tupl
         elif field in ("hidden", "env_deny"):
             kept[field] = mine + [p for p in theirs if p not in mine]
             if dropped := [p for p in mine if p not in theirs]:
-                refuse(field, f"it would no longer cover {', '.join(map(repr, dropped))} (still covered)")
+                refuse(field, f"{', '.join(map(repr, dropped))} left out, and still covered")
             continue
         elif field == "env_allow":
             kept[field] = [p for p in theirs if p in mine]
             if added := [p for p in theirs if p not in mine]:
-                refuse(field, f"it would let {', '.join(map(repr, added))} into the kernel")
+                refuse(field, f"{', '.join(map(repr, added))} ignored: it would let them into the kernel")
             continue
         elif field == "memory_mb":
-            ok = theirs is not None and theirs <= (mine if mine is not None else ram_mb)
+            ok = theirs == mine or (theirs is not None and theirs <= (mine if mine is not None else ram_mb))
         elif field in ("max_processes", "max_open_files", "approval_timeout"):
             ok = theirs <= mine
         else:
-            refuse(field, "it has no rule for what tightens it")
+            refuse(field, "ignored: it has no rule for what tightens it")
             continue
         if ok:
             kept[field] = theirs
         else:
-            refuse(field, f"{theirs!r} where yours is {mine!r}")
+            yours = f"{mine!r}" if mine is not None else f"None: half the RAM, {ram_mb:,} MB"
+            refuse(field, f"{theirs!r} ignored, yours ({yours}) stays")
     return kept, refused
 
 

@@ -30,12 +30,12 @@ from typing import Any, Literal
 from agent import safefs
 
 PROJECT_FILES = {
-    ".prime-agent/config.toml": "settings (a project's may only tighten the sandbox)",
-    ".mcp.json": "MCP servers: commands the host starts with your rights",
+    ".prime-agent/config.toml": "project settings",
+    ".mcp.json": "MCP servers the host starts",
 }
 """Every project file a person trusts before the host acts on it, with what it does (the
 instruction files of `project_instructions` come on top). A new kind of file is one line here."""
-INSTRUCTIONS = "instructions the model reads"
+INSTRUCTIONS = "instructions for the model"
 MAX_BYTES = 256 << 10
 """The largest project file the host reads."""
 SCHEMA = 1

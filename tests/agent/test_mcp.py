@@ -412,3 +412,29 @@ async def test_a_subagents_call_under_policy_ask_is_decided_in_its_parents_sessi
     decided = [(e.kind, e.decision, e.by) for e in events if isinstance(e, ev.ApprovalDecided)]
     assert decided == [("mcp", "approve", "user")]
     assert result.answer.startswith("parent saw: ") and "UTC" in result.answer, result
+
+
+async def test_a_server_under_ask_starts_only_once_a_person_approved_a_call(root: Path, tmp_path_factory):
+    """Under `ask` nothing of the server runs before a person decided: not for the kernel's listing,
+    not to check the tool, not while the request waits; a denied call starts nothing."""
+    marker = tmp_path_factory.mktemp("ask") / "started"
+    config = Config.model_validate({"mcp": {"servers": {"clock": {
+        "command": "sh", "args": ["-c", f"echo started > {marker}; exec {TIME}"], "policy": "ask"}}}})
+    code = ("print(mcp.list())\nfor _ in range(2):\n    try:\n"
+            "        print(await mcp.clock.get_current_time(timezone='UTC'))\n"
+            "    except McpError as e:\n        print('McpError:', e)")
+    asked, decisions = [], iter(["deny", "approve"])
+
+    async def decide(request):
+        asked.append((request.summary, marker.exists()))
+        return next(decisions)
+
+    events: list = []
+    async with Session(config, ScriptedModel([cells(code), "done"]), cwd=root, on_event=events.append) as s:
+        s.approvals.ask = decide
+        await s.prompt("what time is it?")
+    out = [e for e in events if isinstance(e, ev.CellFinished)][0].result.stdout
+    assert out.startswith("clock (stdio, stopped, policy ask)\n"), out
+    assert asked == [("clock.get_current_time(timezone='UTC')", False)] * 2  # asked twice, started by neither ask
+    assert "McpError: the call clock.get_current_time was not approved" in out and "'timezone': 'UTC'" in out
+    assert marker.read_text() == "started\n"  # the approved call started it
