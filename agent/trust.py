@@ -113,11 +113,9 @@ class TrustStore:
         parts = Path(path).parts
         if not parts or Path(path).is_absolute() or ".." in parts:
             return ProjectFile(path, what(path), "unsafe", why="not a path inside the project")
-        try:
+        try:  # absent, at the cost of one stat (and a name the file system refuses is an error)
             os.lstat(root / path)
-        except FileNotFoundError:
-            return None
-        except NotADirectoryError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         try:
             content = safefs.read_bytes(root, Path(path), MAX_BYTES)
