@@ -2,7 +2,11 @@
 
 Order, later wins: defaults < $PRIME_AGENT_HOME/config.toml < <project>/.mcp.json (its MCP servers,
 Claude Code's format) < <project>/.prime-agent/config.toml < environment (OPENAI_BASE_URL,
-OPENAI_API_KEY, PRIME_AGENT_MODEL) < command-line overrides.
+OPENAI_API_KEY, PRIME_AGENT_MODEL) < command-line overrides (or a request's).
+
+The project's two files count only once a person trusted their exact content (agent/trust.py), and
+even then a project may only tighten the sandbox (`tighten`): what loosens it comes from the person
+(the user's config.toml, a flag, the API). What was left out is in `Config.ignored`.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from agent.trust import TrustError, TrustStore
 from agent.types import Budget, Usage
 from harness_store.entries import SkillLimits
 
@@ -216,7 +221,8 @@ class McpServerConfig(_Section):
     """One MCP server: a command to run (stdio) or a URL (streamable HTTP, or the older SSE).
     `${VAR}` and `${VAR:-default}` in `command`, `args`, `env`, `url` and `headers` are expanded
     from the host's environment when the server starts, never earlier (nothing expanded is
-    written to a session's records)."""
+    written to a session's records). Every server comes from trusted config (the user's, a
+    project file a person trusted, a flag or a request): an untrusted .mcp.json is never read."""
 
     type: Literal["stdio", "http", "sse"] | None = None
     """The transport; None: `stdio` with a `command`, `http` with a `url`."""
@@ -343,7 +349,16 @@ class Config(_Section):
     checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     project_instructions: list[str] = Field(default_factory=lambda: ["AGENTS.md", "CLAUDE.md"])
-    """Files in the project root whose text follows the base prompt."""
+    """Files in the project root whose text follows the base prompt, each once a person trusted it
+    (`prime-agent trust`); never read through a link."""
+
+    _ignored: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def ignored(self) -> list[str]:
+        """What `load_config` left out of the project, a line each: files nobody trusted (as they are
+        now), and settings a project file may not make. Named at the session's start."""
+        return self._ignored
 
 
 ENV_VARS = {
@@ -384,25 +399,119 @@ def load_config(cwd: Path, overrides: dict[str, Any] | None = None, source: str 
     `source` names the overrides in messages (the command line's, or a request's)."""
     merged: dict[str, Any] = {}
     root = project_root(cwd)
+    user = home() / "config.toml"
+    store = TrustStore(home())
+    ignored: list[str] = []
     try:
-        files = [home() / "config.toml", root / MCP_JSON, root / ".prime-agent" / "config.toml"]
-        files = [path for path in files if path.is_file()]
+        if user.is_file():
+            _add(merged, _read_toml(user), str(user))
+        person = SandboxConfig.model_validate(merged.get("sandbox", {}))
+        for name in (MCP_JSON, PROJECT_CONFIG):  # each checked over what came before it (a policy for a server .mcp.json names)
+            if name == PROJECT_CONFIG and (root / ".prime-agent").resolve() == home().resolve():
+                continue  # the project is the home's parent: its .prime-agent/config.toml is the user's
+            file = store.check(root, name)
+            if file is None:
+                continue
+            if file.status != "trusted":
+                ignored.append(file.line())
+                continue
+            path = root / name
+            data = read_mcp_json(path, file.content) if name == MCP_JSON else _read_toml(path, file.content)
+            if isinstance(data.get("sandbox"), dict):
+                _parse({"sandbox": data["sandbox"]}, str(path))
+                data["sandbox"], refused = tighten(person, data["sandbox"], name)
+                ignored += refused
+            _add(merged, data, str(path))
+        env: dict[str, Any] = {}
+        for var, (section, key) in ENV_VARS.items():
+            if os.environ.get(var):
+                env.setdefault(section, {})[key] = os.environ[var]
+        merge(merged, env)
+        if overrides:
+            merge(merged, _validated(overrides, source))
+        config = _parse(merged, "configuration")
+        for name in config.project_instructions:
+            file = store.check(root, name)
+            if file is not None and file.status != "trusted":
+                ignored.append(file.line())
     except OSError as e:
         raise ConfigError(f"{shorten(e.filename or cwd)}: {e.strerror}") from None
-    for path in files:  # each checked over what came before it (a policy for a server .mcp.json names)
-        data = read_mcp_json(path) if path.name == MCP_JSON else _read_toml(path)
-        check_values(data, str(path))
-        candidate = copy.deepcopy(merged)
-        merge(candidate, data)
-        merged = _validated(candidate, str(path))
-    env: dict[str, Any] = {}
-    for var, (section, key) in ENV_VARS.items():
-        if os.environ.get(var):
-            env.setdefault(section, {})[key] = os.environ[var]
-    merge(merged, env)
-    if overrides:
-        merge(merged, _validated(overrides, source))
-    return _parse(merged, "configuration")
+    except TrustError as e:
+        raise ConfigError(str(e)) from None
+    config._ignored = ignored
+    return config
+
+
+def _add(merged: dict[str, Any], data: dict[str, Any], source: str) -> None:
+    """Merge one file's `data` into `merged`, when what results is a valid configuration."""
+    check_values(data, source)
+    candidate = copy.deepcopy(merged)
+    merge(candidate, data)
+    _parse(candidate, source)
+    merged.clear()
+    merged.update(candidate)
+
+
+SANDBOX_ORDER = {"read-only": 0, "workspace-write": 1, "full-access": 2}
+"""Sandbox modes from the tightest."""
+LOOSENS = "a project file may only tighten the sandbox"
+FROM_THE_PERSON = "set it in $PRIME_AGENT_HOME/config.toml, with a flag (--sandbox, -c) or in the API's request"
+
+
+def tighten(person: SandboxConfig, project: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]:
+    """What of a project file's `[sandbox]` applies over the person's sandbox (defaults and the user's
+    config.toml): only what confines the kernel more. Each field's rule:
+
+        mode                  only as strict or stricter: read-only < workspace-write < full-access
+        network               only false;  required: only true;  approval: only "never"
+        hidden, env_deny      added to the person's: a project hides more, never less
+        env_allow             only names the person's env_allow has: a project lets fewer in
+        memory_mb, max_processes, max_open_files, approval_timeout: only lower
+
+    A field without a rule here (one added later) is refused until it has one. `project` is valid
+    (checked by the caller, naming its file); returns the table to apply and a line for each
+    setting ignored."""
+    wanted = SandboxConfig.model_validate({**person.model_dump(), **project})
+    kept: dict[str, Any] = {}
+    refused: list[str] = []
+
+    def refuse(field: str, why: str) -> None:
+        refused.append(f"{source}: sandbox.{field}: {why}; {LOOSENS} ({FROM_THE_PERSON})")
+
+    ram_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**21  # the default limit: half the RAM
+    for field in project:
+        mine, theirs = getattr(person, field), getattr(wanted, field)
+        if field == "mode":
+            ok = SANDBOX_ORDER[theirs] <= SANDBOX_ORDER[mine]
+        elif field == "network":
+            ok = theirs is False or theirs == mine
+        elif field == "required":
+            ok = theirs is True or theirs == mine
+        elif field == "approval":
+            ok = theirs == "never" or theirs == mine
+        elif field in ("hidden", "env_deny"):
+            kept[field] = mine + [p for p in theirs if p not in mine]
+            if dropped := [p for p in mine if p not in theirs]:
+                refuse(field, f"{', '.join(map(repr, dropped))} left out, and still covered")
+            continue
+        elif field == "env_allow":
+            kept[field] = [p for p in theirs if p in mine]
+            if added := [p for p in theirs if p not in mine]:
+                refuse(field, f"{', '.join(map(repr, added))} ignored: it would let them into the kernel")
+            continue
+        elif field == "memory_mb":
+            ok = theirs == mine or (theirs is not None and theirs <= (mine if mine is not None else ram_mb))
+        elif field in ("max_processes", "max_open_files", "approval_timeout"):
+            ok = theirs <= mine
+        else:
+            refuse(field, "ignored: it has no rule for what tightens it")
+            continue
+        if ok:
+            kept[field] = theirs
+        else:
+            yours = f"{mine!r}" if mine is not None else f"None: half the RAM, {ram_mb:,} MB"
+            refuse(field, f"{theirs!r} ignored, yours ({yours}) stays")
+    return kept, refused
 
 
 def parse_override(text: str) -> dict[str, Any]:
@@ -426,14 +535,16 @@ def parse_override(text: str) -> dict[str, Any]:
 
 
 MCP_JSON = ".mcp.json"
+PROJECT_CONFIG = ".prime-agent/config.toml"
 MCP_JSON_KEYS = ("type", "command", "args", "env", "cwd", "url", "headers")
 """What a server of .mcp.json may say; other tools' own keys in the file are left to them."""
 
 
-def read_mcp_json(path: Path) -> dict[str, Any]:
-    """A project's .mcp.json (`{"mcpServers": {name: {...}}}`) as config: `{"mcp": {"servers": ...}}`."""
+def read_mcp_json(path: Path, content: bytes | None = None) -> dict[str, Any]:
+    """A project's .mcp.json (`{"mcpServers": {name: {...}}}`) as config: `{"mcp": {"servers": ...}}`;
+    `content` is the file's as already read (and trusted)."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes() if content is None else content)
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot be read: {getattr(e, 'strerror', None) or e}") from None
     except (ValueError, RecursionError) as e:
@@ -445,9 +556,9 @@ def read_mcp_json(path: Path) -> dict[str, Any]:
     return {"mcp": {"servers": known}} if known else {}
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _read_toml(path: Path, content: bytes | None = None) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads((path.read_bytes() if content is None else content).decode())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     except RecursionError:

@@ -41,6 +41,9 @@ class SessionStarted(_Event):
     model: str
     sandbox: str = ""
     """The sandbox in force, in words (`workspace-write`, `full-access: NO SANDBOX ...`)."""
+    ignored: list[str] = Field(default_factory=list)
+    """The project's files not in force until a person trusts them (`prime-agent trust`), and its
+    settings refused (a project may only tighten the sandbox): a line each (`Config.ignored`)."""
 
 
 class SessionResumed(_Event):
@@ -50,6 +53,8 @@ class SessionResumed(_Event):
     reason: Text
     turns: int
     sandbox: str = ""
+    ignored: list[str] = Field(default_factory=list)
+    """As SessionStarted's."""
 
 
 class Rewound(_Event):

@@ -336,6 +336,14 @@ async def _list_tools(client: Any) -> list[ToolInfo]:
             return tools
 
 
+def _find(server: str, tool: str, tools: list[ToolInfo]) -> ToolInfo:
+    found = next((t for t in tools if t.name == tool), None)
+    if found is None:
+        names = ", ".join(sorted(t.name for t in tools)) or "none"
+        raise McpError(f"MCP server {server!r} has no tool {tool!r}; its tools: {names}")
+    return found
+
+
 def _client_info() -> Any:
     from mcp.types import Implementation
 
@@ -403,11 +411,14 @@ class McpServers:
         """The tool's listing, starting its server; an unknown one is an error naming what exists."""
         s = self.server(server)
         await s.client()
-        found = next((t for t in s.tools or [] if t.name == tool), None)
-        if found is None:
-            names = ", ".join(sorted(t.name for t in s.tools or [])) or "none"
-            raise McpError(f"MCP server {server!r} has no tool {tool!r}; its tools: {names}")
-        return found
+        return _find(server, tool, s.tools or [])
+
+    def known_tool(self, server: str, tool: str) -> None:
+        """Refuse a tool the server's listing lacks, starting nothing: the live listing, else the last
+        one cached; a server never listed refuses nothing (its start will tell)."""
+        tools = self.server(server).info().tools
+        if tools is not None:
+            _find(server, tool, tools)
 
     async def call(self, server: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """Call a tool; its result as JSON (`structured`, `content`), or McpError with the server's message."""
@@ -424,11 +435,16 @@ class McpServers:
         result = await self.server(server).request(f"{server}: reading {uri}", lambda c: c.read_resource(uri))
         return [resource_item(r) for r in result.contents]
 
-    async def list(self, server: str | None = None) -> list[ServerInfo]:
-        """Every server (or one) with its tools, starting those not started; a failure is in its `error`."""
+    async def list(self, server: str | None = None, *, by_person: bool = True) -> list[ServerInfo]:
+        """Every server (or one) with its tools, starting those not started; a failure is in its `error`.
+        A person's listing (the command line, the app) starts every server; the kernel's
+        (`by_person=False`) only those under policy `allow`: one under `ask` starts at its first call
+        a person approved, one under `deny` never."""
         chosen = [self.server(server)] if server is not None else list(self.servers.values())
 
         async def started(s: Server) -> None:
+            if not by_person and s.config.policy != "allow":
+                return
             with contextlib.suppress(McpError):
                 await s.client()
 
@@ -459,6 +475,8 @@ def prompt_section(servers: list[ServerInfo], budget: int) -> str:
         head = f"- {s.name} ({s.transport}{', each call needs approval' if s.policy == 'ask' else ''})"
         if s.policy == "deny":
             head += ": calls are denied by policy"
+        elif s.tools is None and s.policy == "ask":
+            head += ": tools not listed yet (its first approved call starts it)"
         elif s.tools is None:
             head += f': tools not listed yet (`mcp.list("{s.name}")` starts it)'
         tools = [] if s.policy == "deny" else sorted(s.tools or [], key=lambda t: t.name)

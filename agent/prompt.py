@@ -12,7 +12,8 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
-from agent.config import Config, project_root
+from agent.config import Config, home, project_root
+from agent.trust import TrustError, TrustStore
 
 
 def _template(name: str) -> str:
@@ -35,11 +36,7 @@ def system_prompt(config: Config, cwd: Path, harness: str = "", instructions: st
     """Base prompt, project instructions, the session's own instructions (a subagent's role), its
     MCP servers (agent.mcp.prompt_section), harness: what changes least comes first."""
     parts = [base_prompt(cwd, config.model.action_format, config.model.base_prompt).strip()]
-    root = project_root(cwd)
-    for name in config.project_instructions:
-        path = root / name
-        if path.is_file():
-            parts.append(f"# Project instructions ({name})\n\n{path.read_text(errors='replace').strip()}")
+    parts += [f"# Project instructions ({name})\n\n{text.strip()}" for name, text in project_instructions(config, cwd)]
     if instructions:
         parts.append(instructions.strip())
     if mcp:
@@ -47,3 +44,18 @@ def system_prompt(config: Config, cwd: Path, harness: str = "", instructions: st
     if harness:
         parts.append(harness.strip())
     return "\n\n".join(parts) + "\n"
+
+
+def project_instructions(config: Config, cwd: Path) -> list[tuple[str, str]]:
+    """Each instruction file of the project (`project_instructions`) a person trusted as it is now,
+    with its text: read once, never through a link (agent/trust.py); the others are left out, and
+    named at the session's start (`Config.ignored`)."""
+    root, store, out = project_root(cwd), TrustStore(home()), []
+    for name in config.project_instructions:
+        try:
+            content = store.trusted(root, name)
+        except (OSError, TrustError):  # unreadable: not in force (load_config named why)
+            continue
+        if content is not None:
+            out.append((name, content.decode("utf-8", errors="replace")))
+    return out

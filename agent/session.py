@@ -184,6 +184,11 @@ class Session:
             raise
 
     @property
+    def ignored(self) -> list[str]:
+        """The project's files and settings not in force (untrusted, or loosening the sandbox), a line each."""
+        return self.config.ignored
+
+    @property
     def sandbox(self) -> str:
         """The sandbox in force, in words (the status bar's, `prime-agent run`'s)."""
         return describe(self.kernel.launch, self.config.sandbox.mode)
@@ -206,10 +211,11 @@ class Session:
                 self.layout.kernel_snapshots.mkdir(parents=True, exist_ok=True)
         await self.kernel.start(self.kernel_pool, ready=self._bridge_up)
         if self._resumed is not None:
-            self.emit(ev.SessionResumed(reason=self._resumed, turns=self.turns, sandbox=self.sandbox))
+            self.emit(ev.SessionResumed(reason=self._resumed, turns=self.turns, sandbox=self.sandbox,
+                                        ignored=self.ignored))
         else:
             self.emit(ev.SessionStarted(dir=str(self.dir), cwd=str(self.cwd), model=self.model.name,
-                                        sandbox=self.sandbox))
+                                        sandbox=self.sandbox, ignored=self.ignored))
 
     async def _bridge_up(self, kernel_dir: Path) -> dict[str, str]:
         """The host bridge, in the kernel's own directory: the one way out of its sandbox."""
@@ -609,7 +615,7 @@ class Session:
 
     async def _mcp_list(self, server: str | None = None) -> dict:
         try:
-            return {"result": [s.model_dump() for s in await self.mcp.list(server)]}
+            return {"result": [s.model_dump() for s in await self.mcp.list(server, by_person=False)]}
         except McpError as e:
             return {"error": str(e)}
 
@@ -630,13 +636,15 @@ class Session:
                 outcome = "denied"
                 raise McpError(f"calls to MCP server {server!r} are denied by its policy "
                                f'(mcp.servers.{server}.policy = "deny")')
-            if not tool.startswith("read:"):
-                await self.mcp.tool(server, tool)  # an unknown tool fails before anyone is asked
-            if policy == "ask":
+            if policy == "ask":  # nothing starts before a person approved: a tool is checked as last listed
+                if not tool.startswith("read:"):
+                    self.mcp.known_tool(server, tool)
                 denied = await self.approvals.mcp(server, tool, arguments, _arguments(arguments))
                 if denied:
                     outcome = "denied"
                     raise McpError(f"the call {server}.{tool} was not approved: {denied}")
+            elif not tool.startswith("read:"):
+                await self.mcp.tool(server, tool)  # an unknown tool fails before anything runs
             result = await run()
             outcome = "ok"
             return {"result": result}

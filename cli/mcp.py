@@ -2,7 +2,8 @@
 
 `add` and `remove` edit `[mcp.servers.NAME]` in the user's or the project's config.toml (comments
 and layout kept); `remove` also takes a server out of the project's .mcp.json. `list` starts each
-server to show its state and tools (and caches the listing the system prompt names)."""
+server to show its state and tools (and caches the listing the system prompt names). A project file
+edited here stays trusted when it was (agent/trust.py); servers of files nobody trusted are not listed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from agent import safefs
 from agent.config import MCP_JSON, ConfigError, McpServerConfig, home, load_config, project_root
+from agent.trust import TrustError, TrustStore
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
@@ -41,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         return {"list": _list, "add": _add, "remove": _remove}[args.action](args)
-    except ConfigError as e:
+    except (ConfigError, TrustError) as e:
         print(f"prime-agent mcp {args.action}: {e}", file=sys.stderr)
         return 1
 
@@ -54,6 +57,8 @@ def _list(args: argparse.Namespace) -> int:
     from agent.mcp import McpServers
 
     config = load_config(args.project)
+    for line in config.ignored:
+        print(f"project: {line}", file=sys.stderr)
     if not config.mcp.servers:
         print("no MCP servers configured (prime-agent mcp add NAME -- COMMAND ARGS..., or the project's .mcp.json)")
         return 0
@@ -92,30 +97,33 @@ def _add(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ConfigError(f"server {args.name!r}: {e}") from None
     path = _config_file(args)
-    doc = _read(path)
+    doc = _read(path, args.project)
     servers = doc.setdefault("mcp", tomlkit.table(is_super_table=True)).setdefault("servers", tomlkit.table(True))
     replaced = args.name in servers
     servers[args.name] = entry
-    _write(path, doc, args.project)
+    _write(path, tomlkit.dumps(doc), args.project)
     print(f"{'replaced' if replaced else 'added'} MCP server {args.name!r} in {path}")
     return 0
 
 
 def _remove(args: argparse.Namespace) -> int:
+    import tomlkit
+
     path = _config_file(args)
-    doc = _read(path)
+    doc = _read(path, args.project)
     servers = doc.get("mcp", {}).get("servers", {})
     removed = []
     if args.name in servers:
         del servers[args.name]
-        _write(path, doc, args.project)
+        _write(path, tomlkit.dumps(doc), args.project)
         removed.append(str(path))
     mcp_json = project_root(args.project) / MCP_JSON
-    if args.scope == "project" and mcp_json.is_file():
-        data = json.loads(mcp_json.read_text())
+    text = _current(mcp_json, args.project) if args.scope == "project" else None
+    if text is not None:
+        data = json.loads(text)
         if args.name in data.get("mcpServers", {}):
             del data["mcpServers"][args.name]
-            mcp_json.write_text(json.dumps(data, indent=2) + "\n")
+            _write(mcp_json, json.dumps(data, indent=2) + "\n", args.project)
             removed.append(str(mcp_json))
     if not removed:
         known = ", ".join(load_config(args.project).mcp.servers) or "none"
@@ -131,24 +139,60 @@ def _pair(text: str, sep: str, option: str) -> tuple[str, str]:
     return key.strip(), value.strip() if sep == ":" else value
 
 
-def _read(path: Path):
+def _read(path: Path, project: Path):
     import tomlkit
 
     try:
-        return tomlkit.parse(path.read_text()) if path.is_file() else tomlkit.document()
+        text = _current(path, project)
+        return tomlkit.parse(text) if text is not None else tomlkit.document()
     except (OSError, tomlkit.exceptions.ParseError) as e:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _write(path: Path, doc, project: Path) -> None:
-    """Write the file, and keep it only if the whole configuration still loads."""
-    import tomlkit
+def _project_path(path: Path, project: Path) -> tuple[Path, str] | None:
+    """(the project's root, the path under it) for a project file; None for the user's config."""
+    root = project_root(project)
+    return (root, str(path.relative_to(root))) if root in path.parents else None
 
-    old = path.read_text() if path.is_file() else None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(tomlkit.dumps(doc))
+
+def _current(path: Path, project: Path) -> str | None:
+    """The file's text, None when absent; a project file is read without following a link."""
+    at = _project_path(path, project)
+    if at is None:
+        return path.read_text() if path.is_file() else None
+    file = TrustStore(home()).check(*at)
+    if file is not None and file.content is None:
+        raise ConfigError(f"{path}: {file.why}; it is not edited")
+    return None if file is None else file.content.decode(errors="replace")
+
+
+def _put(path: Path, project: Path, text: str | None) -> None:
+    at = _project_path(path, project)
+    if at is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text) if text is not None else path.unlink()
+    elif text is not None:
+        safefs.write_bytes(at[0], Path(at[1]), text.encode())
+    else:
+        safefs.unlink(at[0], Path(at[1]))
+
+
+def _write(path: Path, text: str, project: Path) -> None:
+    """Write the file, and keep it only if the whole configuration still loads. A project file is
+    the person's edit: trusted as written where what it replaced was trusted (or it is new), so it
+    takes effect; content nobody trusted stays so, this edit with it, until `prime-agent trust`."""
+    store, at, old = TrustStore(home()), _project_path(path, project), _current(path, project)
+    trusted = at is None or old is None or store.trusted(*at) is not None
+    _put(path, project, text)
+    if at is not None and trusted:
+        store.trust(at[0], store.check(*at))
     try:
         load_config(project)
     except ConfigError:
-        path.write_text(old) if old is not None else path.unlink()
+        _put(path, project, old)
+        if at is not None and trusted:
+            store.trust(at[0], store.check(*at)) if old is not None else store.revoke(at[0], [at[1]])
         raise
+    if not trusted:
+        print(f"{path} holds content nobody trusted, so it is ignored until you review it: prime-agent trust",
+              file=sys.stderr)

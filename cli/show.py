@@ -47,9 +47,12 @@ class Printer:
             c.print()
             self.streaming = False
         match e:
-            case ev.SessionStarted() | ev.SessionResumed() if e.sandbox and e.sandbox != "workspace-write":
-                loud = not e.sandbox.startswith(("read-only", "workspace-write"))
-                c.print(Text(f"sandbox: {e.sandbox}", style="bold red" if loud else "dim"))
+            case ev.SessionStarted() | ev.SessionResumed():
+                if e.sandbox and e.sandbox != "workspace-write":
+                    loud = not e.sandbox.startswith(("read-only", "workspace-write"))
+                    c.print(Text(f"sandbox: {e.sandbox}", style="bold red" if loud else "dim"))
+                for line in e.ignored:
+                    c.print(Text(f"project: {line}", style="bold yellow"))
             case ev.CellStarted():
                 self.lines = 0
                 c.print(Syntax(e.code, "python", theme="ansi_dark", line_numbers=False, background_color="default"))

@@ -106,6 +106,7 @@ class ManagedSession:
             dir=str(self.layout.dir), updated=m.updated or m.created,
             harness_version=self.session.harness_version if self.session else None,
             sandbox=self.session.sandbox if self.session else None,
+            ignored=self.session.ignored if self.session else [],
             goal=m.goal.summary() if m.goal else None,
         )
 

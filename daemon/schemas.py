@@ -48,6 +48,9 @@ class SessionInfo(BaseModel):
     harness_version: str | None = Field(None, description="Each harness scope's commit in force (live sessions).")
     sandbox: str | None = Field(None, description="The sandbox in force, in words (live sessions); "
                                 "`full-access: NO SANDBOX ...` or `UNSANDBOXED: why` where none confines it.")
+    ignored: list[str] = Field(default_factory=list, description="The project's files not in force until a person "
+                               "trusts them (`prime-agent trust`), and its settings refused (a project may only "
+                               "tighten the sandbox), a line each (live sessions).")
     goal: str | None = Field(None, description="The session's goal (running, or the last to end) in a line: "
                              "`running · continuation 2 of 10 · 1,200 tokens`; GET .../goal has all of it.")
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import ENV_VARS, Config
+from agent.config import ENV_VARS, Config, home
+from agent.trust import TrustStore
 
 
 @pytest.fixture(autouse=True)
@@ -46,3 +47,12 @@ def make_config(**sections: dict) -> Config:
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
     return Config.model_validate(data)
+
+
+def trust(root: Path, *paths: str) -> None:
+    """Trust the project's files as they are now, as a person does with `prime-agent trust`."""
+    store = TrustStore(home())
+    for path in paths:
+        file = store.check(root, path)
+        assert file is not None and file.content is not None, f"{path}: nothing to trust"
+        store.trust(root, file)

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from agent.config import Config, ConfigError, load_config, parse_override
 from agent.types import Budget
+from tests.conftest import trust
 
 
 def test_sources_apply_in_order(prime_home: Path, project: Path, monkeypatch: pytest.MonkeyPatch):
@@ -20,6 +21,7 @@ def test_sources_apply_in_order(prime_home: Path, project: Path, monkeypatch: py
     )
     (project / ".prime-agent").mkdir()
     (project / ".prime-agent" / "config.toml").write_text('[model]\nname = "project-model"\ntemperature = 0.2\n')
+    trust(project, ".prime-agent/config.toml")
     sub = project / "src"
     sub.mkdir()
     assert load_config(sub).model.name == "project-model"  # the project root is found from below
@@ -130,13 +132,73 @@ def test_mcp_servers_come_from_mcp_json_and_config_toml(project: Path, prime_hom
         "docs": {"type": "http", "url": "https://x/mcp", "headers": {"Authorization": "Bearer ${D}"}}}}))
     (project / ".prime-agent").mkdir()
     (project / ".prime-agent" / "config.toml").write_text('[mcp.servers.gh]\npolicy = "ask"\n')
+    trust(project, ".mcp.json", ".prime-agent/config.toml")
     servers = load_config(project).mcp.servers
     assert (servers["gh"].type, servers["gh"].command, servers["gh"].env, servers["gh"].policy) == (
         "stdio", "npx", {"T": "${GH_TOKEN}"}, "ask")  # expanded only when the server starts
     assert (servers["docs"].type, servers["docs"].headers) == ("http", {"Authorization": "Bearer ${D}"})
     (project / ".mcp.json").write_text('{"mcpServers": {"bad": {"type": "http"}}}')
+    trust(project, ".mcp.json")
     with pytest.raises(ConfigError, match=r"\.mcp\.json: field mcp\.servers\.bad: .*needs a `url`"):
         load_config(project)
     (project / ".mcp.json").write_text('{"mcpServers": [1]')
+    trust(project, ".mcp.json")
     with pytest.raises(ConfigError, match=r"\.mcp\.json: not valid JSON"):
         load_config(project)
+
+
+def test_project_files_count_only_as_a_person_trusted_them(prime_home: Path, project: Path):
+    (project / ".prime-agent").mkdir()
+    config = project / ".prime-agent" / "config.toml"
+    config.write_text('[model]\nname = "from-the-project"\n')
+    (project / ".mcp.json").symlink_to(prime_home / "config.toml")  # a link: never read, whatever it points to
+    loaded = load_config(project)
+    assert loaded.model.name is None and loaded.mcp.servers == {}
+    assert loaded.ignored == [
+        ".mcp.json (MCP servers the host starts) is ignored: a symbolic link, or reached through one; the host "
+        "never reads it",
+        ".prime-agent/config.toml (project settings) is new and ignored until you trust it: prime-agent trust"]
+    trust(project, ".prime-agent/config.toml")
+    assert load_config(project).model.name == "from-the-project"
+    config.write_text('[model]\nname = "changed"\n')
+    loaded = load_config(project)
+    assert loaded.model.name is None and "changed since you trusted it" in loaded.ignored[-1]
+    config.write_text('[model]\nname = "from-the-project"\n')  # the content trusted, again: in force again
+    assert load_config(project).model.name == "from-the-project"
+
+
+def test_a_project_file_only_tightens_the_sandbox_field_by_field(prime_home: Path, project: Path):
+    prime_home.mkdir()
+    (prime_home / "config.toml").write_text(
+        '[sandbox]\nnetwork = false\nenv_allow = ["A", "B"]\nmax_processes = 200\napproval = "never"\nmemory_mb = 1000\n')
+    (project / ".prime-agent").mkdir()
+    (project / ".prime-agent" / "config.toml").write_text(
+        '[sandbox]\nmode = "full-access"\nnetwork = true\nrequired = true\nhidden = ["~/.vault"]\n'
+        'env_deny = ["*DB*"]\nenv_allow = ["B", "C"]\nmemory_mb = 500\nmax_processes = 300\nmax_open_files = 100\n'
+        'approval = "on-request"\napproval_timeout = 10\n')
+    trust(project, ".prime-agent/config.toml")
+    loaded = load_config(project)
+    s = loaded.sandbox
+    assert (s.mode, s.network, s.required, s.approval, s.approval_timeout) == ("workspace-write", False, True, "never", 10)
+    assert s.hidden[-1] == "~/.vault" and "~/.ssh" in s.hidden  # added to, never taken from
+    assert s.env_deny[-1] == "*DB*" and "*KEY*" in s.env_deny
+    assert (s.env_allow, s.memory_mb, s.max_processes, s.max_open_files) == (["B"], 500, 200, 100)
+    refused = [line.split(": ", 2)[1] for line in loaded.ignored]
+    assert refused == ["sandbox.mode", "sandbox.network", "sandbox.hidden", "sandbox.env_deny", "sandbox.env_allow",
+                       "sandbox.max_processes", "sandbox.approval"], loaded.ignored
+    assert loaded.ignored[0] == (
+        ".prime-agent/config.toml: sandbox.mode: 'full-access' ignored, yours ('workspace-write') stays; a project file "
+        "may only tighten the sandbox (set it in $PRIME_AGENT_HOME/config.toml, with a flag (--sandbox, -c) or in the "
+        "API's request)")
+    # The person loosens it: a flag (or a request) is theirs.
+    assert load_config(project, parse_override('sandbox.mode="full-access"')).sandbox.mode == "full-access"
+
+
+def test_every_sandbox_field_has_a_tightening_rule():
+    """A field added to SandboxConfig is refused from project files until `tighten` says what tightens it."""
+    from agent.config import SandboxConfig, tighten
+
+    person = SandboxConfig()
+    for field in SandboxConfig.model_fields:
+        kept, refused = tighten(person, {field: getattr(person, field)}, "p")
+        assert refused == [] and field in kept, field

@@ -15,7 +15,7 @@ from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import CellRecord, CompactionRecord, TurnFinished, read_records
 from agent.types import Completion, Message, ToolCall
-from tests.conftest import make_config
+from tests.conftest import make_config, trust
 
 
 def session(project: Path, outputs: list, events: list[Event] | None = None, action_format="tools", **sections) -> Session:
@@ -184,6 +184,7 @@ async def test_compaction_folds_older_turns_and_keeps_the_kernel(project: Path):
 
 async def test_project_instructions_follow_the_base_prompt(project: Path):
     (project / "AGENTS.md").write_text("Always run `make check`.")
+    trust(project, "AGENTS.md")
     async with session(project, ["ok"]) as s:
         await s.prompt("hi")
     system = s.model.calls[0][0].content

@@ -24,6 +24,7 @@ from agent.mcp import McpServers, ServerInfo, ToolInfo, cached_tools, prompt_sec
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import McpCallRecord, SessionRecord, read_records
+from tests.conftest import trust
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -111,6 +112,7 @@ command = "{EVERYTHING}"
 args = ["stdio"]
 timeout = 1.5
 """)
+    trust(root, ".mcp.json", ".prime-agent/config.toml")
 
 
 class Driver:
@@ -358,7 +360,7 @@ async def test_a_prompt_section_within_its_budget_is_deterministic():
     section = prompt_section(servers, 700)
     assert len(section) <= 700
     lines = section.splitlines()
-    assert lines[2] == '- a (http, each call needs approval): tools not listed yet (`mcp.list("a")` starts it)'
+    assert lines[2] == "- a (http, each call needs approval): tools not listed yet (its first approved call starts it)"
     assert lines[3] == "- b (stdio)" and lines[4] == "  - tool00: does thing 0"
     assert any(line.startswith("  - ... ") and 'mcp.list("b")' in line for line in lines)
     assert prompt_section([], 700) == ""
@@ -410,3 +412,29 @@ async def test_a_subagents_call_under_policy_ask_is_decided_in_its_parents_sessi
     decided = [(e.kind, e.decision, e.by) for e in events if isinstance(e, ev.ApprovalDecided)]
     assert decided == [("mcp", "approve", "user")]
     assert result.answer.startswith("parent saw: ") and "UTC" in result.answer, result
+
+
+async def test_a_server_under_ask_starts_only_once_a_person_approved_a_call(root: Path, tmp_path_factory):
+    """Under `ask` nothing of the server runs before a person decided: not for the kernel's listing,
+    not to check the tool, not while the request waits; a denied call starts nothing."""
+    marker = tmp_path_factory.mktemp("ask") / "started"
+    config = Config.model_validate({"mcp": {"servers": {"clock": {
+        "command": "sh", "args": ["-c", f"echo started > {marker}; exec {TIME}"], "policy": "ask"}}}})
+    code = ("print(mcp.list())\nfor _ in range(2):\n    try:\n"
+            "        print(await mcp.clock.get_current_time(timezone='UTC'))\n"
+            "    except McpError as e:\n        print('McpError:', e)")
+    asked, decisions = [], iter(["deny", "approve"])
+
+    async def decide(request):
+        asked.append((request.summary, marker.exists()))
+        return next(decisions)
+
+    events: list = []
+    async with Session(config, ScriptedModel([cells(code), "done"]), cwd=root, on_event=events.append) as s:
+        s.approvals.ask = decide
+        await s.prompt("what time is it?")
+    out = [e for e in events if isinstance(e, ev.CellFinished)][0].result.stdout
+    assert out.startswith("clock (stdio, stopped, policy ask)\n"), out
+    assert asked == [("clock.get_current_time(timezone='UTC')", False)] * 2  # asked twice, started by neither ask
+    assert "McpError: the call clock.get_current_time was not approved" in out and "'timezone': 'UTC'" in out
+    assert marker.read_text() == "started\n"  # the approved call started it

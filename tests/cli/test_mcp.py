@@ -9,6 +9,7 @@ from pathlib import Path
 
 from agent.config import load_config
 from tests.agent.test_mcp import EVERYTHING, TIME
+from tests.conftest import trust
 
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
 
@@ -22,6 +23,7 @@ def test_add_list_and_remove_servers(project: Path, prime_home: Path):
     config.parent.mkdir()
     config.write_text("# my settings\n[kernel]\ncell_timeout = 100.0\n")
     (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"everything": {"command": EVERYTHING, "args": ["stdio"]}}}))
+    trust(project, ".prime-agent/config.toml", ".mcp.json")
     done = mcp("add", "time", "--policy", "ask", "--env", "TZ_HINT=${HOME}", "--", TIME, "--local-timezone", "UTC",
                cwd=project)
     assert done.returncode == 0, done.stderr

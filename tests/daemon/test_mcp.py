@@ -14,6 +14,7 @@ import pytest
 
 from daemon.client import Client, DaemonError, SyncClient, daemon_pid
 from tests.agent.test_mcp import EVERYTHING, TIME, alive, descendants
+from tests.conftest import trust
 from tests.daemon.test_orphans import PRIME_AGENT, dead_within
 
 
@@ -25,6 +26,7 @@ def mcp_project(project: Path, policy: str = "allow") -> Path:
     (project / ".prime-agent").mkdir(exist_ok=True)
     (project / ".prime-agent" / "config.toml").write_text(
         f'[mcp.servers.time]\ncommand = "{TIME}"\npolicy = "{policy}"\n')
+    trust(project, ".mcp.json", ".prime-agent/config.toml")
     return project
 
 
@@ -57,6 +59,25 @@ async def test_an_ask_call_waits_for_a_decision_over_the_api(daemon: Client, pro
     assert err.value.status == 422
     listed = {m["name"]: m for m in await daemon.mcp(s.id)}
     assert listed["time"]["state"] == "ready" and "get_current_time" in [t["name"] for t in listed["time"]["tools"]]
+
+
+async def test_an_untrusted_mcp_json_is_named_in_session_info_and_starts_nothing(daemon: Client, project: Path,
+                                                                                 model_server, tmp_path: Path):
+    marker = tmp_path / "started"
+    (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"planted": {
+        "command": "sh", "args": ["-c", f"echo started > {marker}; exec {TIME}"]}}}))
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    info = await daemon.session(s.id)
+    assert info.ignored == [".mcp.json (MCP servers the host starts) is new and ignored until you trust it: "
+                            "prime-agent trust"]
+    assert await daemon.mcp(s.id, start=True) == [] and not marker.exists()  # not even when a person lists them
+    accepted = await daemon.send(s.id, "run: await mcp.call('planted', 'get_current_time', timezone='UTC')")
+    async for e in daemon.events(s.id):
+        if e.type == "session.started":
+            assert e.ignored == info.ignored
+        if e.type == "turn.finished" and e.turn_id == accepted.turn_id:
+            break
+    assert "no MCP server 'planted'" in e.answer and not marker.exists()
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import pytest
 
 from agent.testing.openai_server import OpenAIServer, Reply
 from agent.trajectory import CellRecord, TurnFinished, read_records
+from tests.conftest import trust
 
 pytestmark = pytest.mark.slow
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
@@ -88,6 +89,7 @@ def test_without_a_model_it_says_how_to_configure_one(project: Path):
 def test_a_bad_config_file_is_named(project: Path):
     (project / ".prime-agent").mkdir()
     (project / ".prime-agent" / "config.toml").write_text("[budget]\nmax_steps = 'lots'\n")
+    trust(project, ".prime-agent/config.toml")
     with OpenAIServer([]) as server:
         r = run("run", "hello", cwd=project, server=server)
     assert r.returncode == 2

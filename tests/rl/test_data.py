@@ -19,6 +19,7 @@ from agent.types import Message, Usage
 from rl.data import IngestCounts, ingest, load_rubric, rate, samples
 from rl.model import ByteTokenizer, PolicyConfig
 from rl.serve import BackgroundServer, engine_from
+from tests.conftest import trust
 
 TOK = ByteTokenizer()
 
@@ -112,6 +113,7 @@ async def test_a_daemon_session_against_the_policy_server_becomes_exact_samples(
     (project / ".prime-agent" / "config.toml").write_text(
         '[model]\naction_format = "text"\nrecord_logprobs = true\nmax_completion_tokens = 24\nstream = false\n'
         "[refine]\nauto_every = 0\n")
+    trust(project, ".prime-agent/config.toml")
     engine = engine_from(None, PolicyConfig(d_model=32, n_layer=1, n_head=2, max_seq=8192), seed=1)
     with BackgroundServer(engine) as url:
         async with running_daemon() as client:
@@ -177,6 +179,7 @@ async def test_samples_of_a_truncating_server_reproduce_its_logprobs(project: Pa
     (project / ".prime-agent" / "config.toml").write_text(
         '[model]\naction_format = "text"\nrecord_logprobs = true\nmax_completion_tokens = 16\nstream = false\n'
         "temperature = 1.0\n[refine]\nauto_every = 0\n")
+    trust(project, ".prime-agent/config.toml")
     engine = engine_from(None, PolicyConfig(d_model=32, n_layer=1, n_head=2, max_seq=256), seed=2, truncate=True)
     with BackgroundServer(engine) as url:
         async with running_daemon() as client:

@@ -10,6 +10,7 @@ from pathlib import Path
 from textual.widgets import DataTable
 
 from daemon.client import Client
+from tests.conftest import trust
 from tests.daemon.conftest import running_daemon
 from tests.tui.snapshots import assert_snapshot
 from tui.app import COMMANDS, NewSession, PrimeApp
@@ -108,6 +109,7 @@ async def test_an_mcp_call_shows_under_its_cell_and_mcp_lists_the_servers(daemon
                                                                           model_server):
     time_server = str(Path(sys.executable).parent / "mcp-server-time")
     (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"time": {"command": time_server}}}))
+    trust(project, ".mcp.json")
     app = app_for(daemon, project, model_server)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)

@@ -172,7 +172,8 @@ def _describe(e: Event) -> str:
             return f"model: {e.from_model} keeps failing ({e.reason}); switched to {e.to_model}"
         case ev.SessionStarted():
             return f"session {e.session_id} started in {e.cwd} ({e.model})" + (
-                f"; sandbox: {e.sandbox}" if e.sandbox and e.sandbox != "workspace-write" else "")
+                f"; sandbox: {e.sandbox}" if e.sandbox and e.sandbox != "workspace-write" else "") + "".join(
+                f"\nproject: {line}" for line in e.ignored)
         case ev.SessionResumed():
             return f"session resumed ({e.reason}): a new kernel; variables from before are gone"
         case ev.Note():

@@ -74,7 +74,8 @@ class Mcp:
         return parts[0] if len(parts) == 1 else parts
 
     def list(self, server: str | None = None) -> Listing:
-        """Every server (or one) with its tools and their input schemas; starts those not started."""
+        """Every server (or one) with its tools and their input schemas; starts those not started
+        (but one under policy `ask`, which starts at its first approved call)."""
         return Listing(_checked(self._host.call("mcp.list", server=server)))
 
     def __getattr__(self, name: str) -> ServerTools:
@@ -107,28 +108,35 @@ class ServerTools:
         self._server = server
         self._tools: dict[str, object] | None = None
 
-    def _functions(self) -> dict[str, object]:
+    def _functions(self) -> dict[str, object] | None:
+        """The server's tools; None while they are not listed (a server under policy `ask` starts
+        at its first approved call, not to be listed)."""
         if self._tools is None:
             listing = _checked(self._mcp._host.call("mcp.list", server=self._server))[0]
             if listing.get("error") and listing.get("tools") is None:
                 raise McpError(listing["error"])
-            self._tools = {_identifier(t["name"]): _function(self._mcp, self._server, t) for t in listing["tools"] or []}
+            if listing.get("tools") is None:
+                return None
+            self._tools = {_identifier(t["name"]): _function(self._mcp, self._server, t) for t in listing["tools"]}
         return self._tools
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
         tools = self._functions()
+        if tools is None:  # not listed: the call itself is checked, once approved and the server started
+            return _function(self._mcp, self._server, {"name": name, "description": "(not listed yet)"})
         if name not in tools:
             raise AttributeError(f"MCP server {self._server!r} has no tool {name!r}; its tools: "
                                  f"{', '.join(sorted(tools)) or 'none'}")
         return tools[name]
 
     def __dir__(self) -> list[str]:
-        return [*super().__dir__(), *self._functions()]
+        return [*super().__dir__(), *(self._functions() or {})]
 
     def __repr__(self) -> str:
-        return f"<MCP server {self._server}: {', '.join(self._functions()) or 'no tools'}>"
+        tools = self._functions()
+        return f"<MCP server {self._server}: {'tools not listed yet' if tools is None else ', '.join(tools) or 'no tools'}>"
 
 
 def _function(mcp: Mcp, server: str, tool: dict):
