@@ -3,10 +3,12 @@ API, as the app and any client make it."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
 
+from agent.approvals import covers, prefix_of
 from agent.layout import SessionLayout
 from agent.kernel.sandbox import unavailable
 from agent.testing.openai_server import OpenAIServer, Reply
@@ -198,3 +200,20 @@ async def test_a_git_repository_the_agent_made_is_named_and_no_rule_runs_git_in_
         assert "core.fsmonitor" in requested.notes[0]
         assert next(e for e in events if e.type == "approval.decided").by == "user"
     assert not pwned.exists()
+
+
+@pytest.mark.parametrize(("command", "rule"), [
+    ("python3 -m pytest -q tests", "python3 -m pytest"), ("python3 evil.py", "python3 evil.py"), ("python3", None),
+    ("python3 -c 'import os'", None), ("bash -c 'id'", None), ("npm run build", "npm run build"),
+    ("uv run python -m pytest", "uv run python -m pytest"), ("npx prettier --write .", "npx prettier"),
+    ("git push --force", "git push"), ("git -c core.fsmonitor=x status", None), ("env", None),
+    ("sudo apt install x", None), ("timeout 10 python3 x.py", None), ("docker exec box sh -c id", None),
+    ("touch a; rm -rf b", None), ("ls -la", "ls"), ("FOO=1 make test", "FOO=1 make test"),
+])
+def test_what_always_covers(command: str, rule: str | None):
+    """What the card offers for `always`; and a rule covers later commands no wider than itself."""
+    assert prefix_of(command) == rule
+    if rule is not None:
+        assert covers(shlex.split(rule), command)
+    assert not covers(["python3"], "python3 evil.py") and not covers(["npm"], "npm run evil")
+    assert covers(["git", "push"], "git push --force")  # decided: arguments after the subcommand are covered
