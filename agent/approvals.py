@@ -3,31 +3,38 @@
 
 The kernel asks with `await request_permission(command, reason)`, or calls a tool of such a server;
 the request is an event (`approval.requested`) and a record in the trajectory, and waits for a
-decision: `approve` (this once), `always` (for the rest of the session: every command that starts
-with the same words and chains no other command; every call of the same MCP tool, or with the
-server as the prefix, of any of its tools), `deny`. The daemon decides through
-POST /v1/sessions/{id}/approvals/{request_id}, `prime-agent run` at the terminal (`ask`);
-`sandbox.approval = "never"` denies at once, and so does a session nobody can answer. An approved
-command runs in the workspace with the user's rights, outside the sandbox; its output goes back to
-the cell that asked. A denied MCP call reaches the model as McpError. A subagent's requests go to
-its parent's approvals (up to the session a person decides in), named in their reason.
+decision: `approve` (this once), `always` (for the rest of the session: see `rule_of`; every call
+of the same MCP tool, or with the server as the prefix, of any of its tools), `deny`. The daemon
+decides through POST /v1/sessions/{id}/approvals/{request_id}, `prime-agent run` at the terminal
+(`ask`); `sandbox.approval = "never"` denies at once, and so does a session nobody can answer. An
+approved command runs in the workspace with the user's rights, outside the sandbox, but with the
+kernel's environment (secret-looking variables dropped, `sandbox.env_deny`) unless the person asked
+for their full one (`full_env`, that decision only); its output goes back to the cell that asked.
+A `.git` at the workspace's or the project's root that was absent when the session began (the
+agent made it: git run there runs its config's commands and hooks) is named on every request, and
+no rule approves a command while one is there. A denied MCP call reaches the model as McpError. A
+subagent's requests go to its parent's approvals (up to the session a person decides in), named in
+their reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import os
+import re
 import secrets
 import shlex
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from agent import events as ev
-from agent.config import SandboxConfig
+from agent.config import SandboxConfig, project_root
 from agent.context import Sinks
+from agent.kernel.sandbox import kernel_env
 from agent.trajectory import ApprovalRecord
 
 Kind = ev.ApprovalKind
@@ -40,6 +47,105 @@ CHAINS = set(";&|`$()<>\n\\")
 """Characters with which one command line runs others: such a line is never approved by a rule."""
 
 
+INTERPRETERS = ("python*", "pypy*", "ipython*", "sh", "bash", "zsh", "fish", "dash", "ksh", "mksh", "csh", "tcsh",
+                "node", "nodejs", "bun", "ruby", "irb", "perl", "php", "lua*", "tclsh", "rscript", "osascript",
+                "pwsh", "powershell", "awk", "gawk", "mawk", "nawk", "sed", "julia", "java", "groovy", "elixir")
+"""Programs whose next word is the program they run (a script, `-m module`; `-c code` and any other
+option: no rule). Shell globs, matched on the command's base name."""
+LAUNCHERS = ("env", "xargs", "sudo", "doas", "su", "runuser", "pkexec", "exec", "nohup", "timeout", "nice", "ionice",
+             "chrt", "taskset", "stdbuf", "unbuffer", "time", "command", "builtin", "eval", "source", ".", "setsid",
+             "setpriv", "flock", "chroot", "unshare", "nsenter", "firejail", "bwrap", "strace", "ltrace", "gdb",
+             "valgrind", "perf", "watch", "script", "parallel", "find", "ssh", "busybox", "tmux", "screen",
+             "systemd-run", "dbus-run-session", "caffeinate")
+"""Programs that run another command named somewhere in their arguments: no rule covers them."""
+RUNNERS = ("npx", "uvx", "bunx", "pnpx")
+"""Programs whose next word is a program they fetch or find and run: the rule names that program too."""
+RUN_WORDS = {"run", "run-script", "exec", "x", "dlx", "eval"}
+"""Subcommands that run a program or script named next (`npm run build`, `uv run pytest`): the rule names it."""
+SUBCOMMANDS = {"git", "docker", "podman", "kubectl", "helm", "npm", "pnpm", "yarn", "bun", "deno", "cargo", "go",
+               "rustup", "pip", "pip3", "uv", "poetry", "pdm", "hatch", "rye", "conda", "mamba", "gh", "glab",
+               "systemctl", "apt", "apt-get", "dnf", "yum", "brew", "nix", "terraform", "aws", "gcloud", "az",
+               "dotnet", "pipx"}
+"""Programs whose first word is a subcommand: an option before it (`git -c core.fsmonitor=... status`)
+leaves no rule, as the rule would stop before the subcommand."""
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def _is(word: str, names: tuple[str, ...]) -> bool:
+    base = os.path.basename(word).lower()
+    return any(fnmatch.fnmatchcase(base, n) for n in names)
+
+
+def _what_runs(words: list[str]) -> list[str] | None:
+    """The words naming what `words` (a program and its arguments) runs, or None where no rule can say."""
+    if not words:
+        return None
+    program, args = words[0], words[1:]
+    name = os.path.basename(program)
+    if _is(program, LAUNCHERS):
+        return None
+    if _is(program, INTERPRETERS):
+        if args[:1] == ["-m"] and name.lower().startswith(("python", "pypy")):
+            module = _what_runs(args[1:])
+            return [program, "-m", *module] if module else None
+        return [program, args[0]] if args and not args[0].startswith("-") else None
+    if _is(program, RUNNERS):  # npx prettier
+        head, rest = [program], args
+    elif args and args[0] in RUN_WORDS:  # npm run build, uv run pytest
+        head, rest = [program, args[0]], args[1:]
+    elif args and args[0][:1].isalpha():  # git push
+        return [program, args[0]]
+    else:  # ls -la; but never git without its subcommand
+        return None if name in SUBCOMMANDS else [program]
+    if not rest or rest[0].startswith("-"):
+        return None
+    runs = _what_runs(rest)
+    return head + runs if runs else None
+
+
+def rule_of(words: list[str]) -> list[str] | None:
+    """What `always` approves for a command (as words): the program and what it runs, its subcommand
+    when it has one (`git push`), the script or module an interpreter runs (`python3 -m pytest`, never
+    `python3`), the script a package manager runs (`npm run build`). A later command is approved by
+    the rule when it starts with these words and its own rule is no longer (`git push --force` is a
+    `git push`; `python3 evil.py` is not a `python3 -m pytest`). None: `always` is not offered (a
+    launcher such as `sudo`, `env` or `xargs`; an interpreter given code or options; an option
+    before a subcommand). Leading `NAME=value` assignments belong to the rule."""
+    i = 0
+    while i < len(words) and ASSIGNMENT.match(words[i]):
+        i += 1
+    runs = _what_runs(words[i:])
+    if runs is None or _is(runs[-1], INTERPRETERS + LAUNCHERS + RUNNERS):
+        return None  # a rule never ends in a program that runs whatever follows it
+    return words[:i] + runs
+
+
+def _words(command: str) -> list[str] | None:
+    try:
+        return shlex.split(command)
+    except ValueError:
+        return None
+
+
+def prefix_of(command: str) -> str | None:
+    """The words `always` approves for `command`, as the request shows them (None: not offered)."""
+    if CHAINS & set(command):
+        return None
+    words = _words(command)
+    rule = rule_of(words) if words else None
+    return shlex.join(rule) if rule else None
+
+
+def covers(rule: list[str], command: str) -> bool:
+    """Whether an `always` rule approves `command`: one command (no chain), starting with the rule's
+    words, whose own rule the rule reaches."""
+    if CHAINS & set(command):
+        return False
+    words = _words(command)
+    own = rule_of(words) if words else None
+    return own is not None and words[: len(rule)] == rule and len(own) <= len(rule)
+
+
 @dataclass
 class Request:
     id: str
@@ -47,19 +153,13 @@ class Request:
     summary: str
     """The command line, or the MCP call as `server.tool(arguments)`."""
     reason: str
-    prefix: str
-    """What `always` approves: the command's first words, or `server.tool`."""
+    prefix: str | None
+    """What `always` approves: the command's first words (None: `always` is not offered), or `server.tool`."""
     decided: asyncio.Future[tuple[Decision, str]]
-
-
-def prefix_of(command: str) -> str:
-    """The words `always` approves: the program, and its subcommand when it has one (`git push`)."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
-    keep = words[:2] if len(words) > 1 and words[1][:1].isalpha() else words[:1]
-    return " ".join(keep)
+    notes: list[str] = field(default_factory=list)
+    """What the person should know before deciding (a `.git` the agent made)."""
+    full_env: bool = False
+    """The person asked to run it with their full environment, secrets included."""
 
 
 class Approvals:
@@ -81,24 +181,28 @@ class Approvals:
         self.can_ask = False
         """Someone decides pending requests through `decide` (the daemon sets it: its API does). With
         neither this nor `ask`, a request is denied at once, saying why."""
+        self.repositories = tuple(dict.fromkeys([cwd / ".git", project_root(cwd) / ".git"]))
+        """Where git run in the workspace finds its repository: the workspace's root and the project's."""
+        self.git_at_start = {str(p) for p in self.repositories if os.path.lexists(p)}
+        """Those of them there when the session began (a resumed session's come from its record)."""
 
     def handlers(self) -> dict[str, Any]:
         return {"permission.request": self.request}
 
-    def decide(self, request_id: str, decision: Decision, prefix: str | None = None) -> Request:
+    def decide(self, request_id: str, decision: Decision, prefix: str | None = None, full_env: bool = False) -> Request:
         """A person's decision (KeyError: no such request waits; ValueError: a prefix that does not
-        fit). `prefix` narrows or widens what `always` approves (default: the request's)."""
+        fit, or `always` where it is not offered). `prefix` narrows what `always` approves (default:
+        the request's; an MCP request's may widen to its server); `full_env`: run this command with
+        the person's whole environment, secrets included (this once; a rule's commands never are)."""
         req = self.pending.get(request_id)
         if req is None or req.decided.done():
             raise KeyError(f"no approval request {request_id!r} waits for a decision in this session")
         if prefix is not None:
-            prefix = prefix.strip()
-            if not prefix:
-                raise ValueError("prefix must name at least the program")
-            server = req.prefix.split(".", 1)[0]
-            if req.kind == "mcp" and prefix not in (req.prefix, server):
-                raise ValueError(f"an MCP request's prefix is its tool ({req.prefix!r}) or its server ({server!r})")
-            req.prefix = prefix
+            req.prefix = _fitted(req, prefix.strip())
+        if decision == "always" and req.prefix is None:
+            raise ValueError(f"`always` is not offered for `{req.summary}`: no rule could say what it covers (a "
+                             "launcher, an interpreter given code or options, or a chain of commands); approve it once")
+        req.full_env = full_env and req.kind == "command"
         req.decided.set_result((decision, "user"))
         return req
 
@@ -112,14 +216,17 @@ class Approvals:
         if len(command) > MAX_COMMAND:
             raise ValueError(f"the command is {len(command):,} characters; at most {MAX_COMMAND:,}")
         req = self._new("command", command, str(reason)[:2000], prefix_of(command))
+        req.notes = self._notes()
         decision, by = await self._wait(req, {})
-        if decision == "always":
-            self.rules.append(req.prefix.split())
+        if decision == "always" and req.prefix is None:  # a front end's own `ask` answered so
+            decision = "approve"
+        if decision == "always" and by == "user":
+            self.rules.append(shlex.split(req.prefix or ""))
         if decision == "deny":
             self._decided(req, decision, by)
             return {"approved": False, "reason": self._why(by)}
-        result = await self._run(command)
-        self._decided(req, decision, by, result["exit_code"])
+        result = await self._run(command, req.full_env)
+        self._decided(req, decision, by, result["exit_code"], req.full_env)
         return {"approved": True, "by": by, **result}
 
     async def mcp(self, server: str, tool: str, arguments: dict[str, Any], shown: str,
@@ -136,7 +243,13 @@ class Approvals:
         self._decided(req, decision, by)
         return self._why(by) if decision == "deny" else None
 
-    def _new(self, kind: Kind, summary: str, reason: str, prefix: str) -> Request:
+    def _notes(self) -> list[str]:
+        """What a command's request tells the person: each repository the agent made this session."""
+        return [f"{p} was made in this session (it was not there when the session began): "
+                "git run here runs the commands its config names (core.fsmonitor, hooks, filters) as you"
+                for p in self.repositories if os.path.lexists(p) and str(p) not in self.git_at_start]
+
+    def _new(self, kind: Kind, summary: str, reason: str, prefix: str | None) -> Request:
         return Request(f"a-{secrets.token_hex(4)}", kind, summary, reason, prefix,
                        asyncio.get_running_loop().create_future())
 
@@ -145,7 +258,7 @@ class Approvals:
         self._record(req, "requested")
         self.sinks.emit(ev.ApprovalRequested(turn_id=self.sinks.turn_id(), request_id=req.id, kind=req.kind,
                                              summary=req.summary, reason=req.reason, prefix=req.prefix,
-                                             cell_id=self.cell_id(), **mcp))
+                                             notes=req.notes, cell_id=self.cell_id(), **mcp))
         self.pending[req.id] = req
         try:
             return await self._decision(req)
@@ -158,7 +271,7 @@ class Approvals:
     async def _decision(self, req: Request) -> tuple[Decision, str]:
         if self.config.approval == "never" or (self.ask is None and not self.can_ask):
             return "deny", "policy"
-        if self._ruled(req):
+        if not req.notes and self._ruled(req):  # what a note says, a person reads first
             return "always", "rule"
         if self.ask is not None:
             return await self.ask(req), "user"
@@ -178,19 +291,16 @@ class Approvals:
 
     def _ruled(self, req: Request) -> bool:
         if req.kind == "mcp":
-            return req.prefix in self.tools or req.prefix.split(".", 1)[0] in self.tools
-        if CHAINS & set(req.summary):
-            return False
-        try:
-            words = shlex.split(req.summary)
-        except ValueError:
-            return False
-        return any(words[: len(rule)] == rule for rule in self.rules)
+            tool = req.prefix or ""
+            return tool in self.tools or tool.split(".", 1)[0] in self.tools
+        return any(covers(rule, req.summary) for rule in self.rules)
 
-    async def _run(self, command: str) -> dict[str, Any]:
-        """Outside the sandbox, in the workspace, as the user: the command's exit code and output."""
+    async def _run(self, command: str, full_env: bool) -> dict[str, Any]:
+        """Outside the sandbox, in the workspace, as the user, with the kernel's environment (or, when
+        the person asked, the whole of this process's): the command's exit code and output."""
+        env = dict(os.environ) if full_env else kernel_env(os.environ, self.config)
         proc = await asyncio.create_subprocess_shell(
-            command, cwd=self.cwd, env=dict(os.environ), stdin=asyncio.subprocess.DEVNULL,
+            command, cwd=self.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
         )
         try:
@@ -202,15 +312,39 @@ class Approvals:
             raise
         return {"exit_code": proc.returncode, "stdout": _text(out), "stderr": _text(err)}
 
-    def _record(self, req: Request, status: str, by: str | None = None, exit_code: int | None = None) -> None:
+    def _record(self, req: Request, status: str, by: str | None = None, exit_code: int | None = None,
+                full_env: bool = False) -> None:
         self.sinks.record(ApprovalRecord(turn_id=self.sinks.turn_id(), request_id=req.id, request_kind=req.kind,
                                          summary=req.summary, status=status, by=by, reason=req.reason,
-                                         exit_code=exit_code))
+                                         exit_code=exit_code, full_env=full_env))
 
-    def _decided(self, req: Request, decision: Decision, by: str, exit_code: int | None = None) -> None:
-        self._record(req, decision, by, exit_code)
+    def _decided(self, req: Request, decision: Decision, by: str, exit_code: int | None = None,
+                 full_env: bool = False) -> None:
+        self._record(req, decision, by, exit_code, full_env)
         self.sinks.emit(ev.ApprovalDecided(turn_id=self.sinks.turn_id(), request_id=req.id, kind=req.kind,
-                                           decision=decision, by=by, exit_code=exit_code))  # type: ignore[arg-type]
+                                           decision=decision, by=by, exit_code=exit_code,  # type: ignore[arg-type]
+                                           full_env=full_env))
+
+
+def _fitted(req: Request, prefix: str) -> str:
+    """The prefix a person gave for `always`, checked: an MCP request's is its tool or its server; a
+    command's starts the command and reaches at least the request's own rule (it may only narrow)."""
+    if req.kind == "mcp":
+        tool = req.summary.split("(", 1)[0]
+        server = tool.split(".", 1)[0]
+        if prefix not in (tool, server):
+            raise ValueError(f"an MCP request's prefix is its tool ({tool!r}) or its server ({server!r})")
+        return prefix
+    words, command = _words(prefix), _words(req.summary) or []
+    if not words:
+        raise ValueError("prefix must name at least the program")
+    if command[: len(words)] != words:
+        raise ValueError(f"the prefix must be how the command starts: {shlex.join(words)!r} does not start "
+                         f"{req.summary!r}")
+    if req.prefix is None or len(words) < len(_words(req.prefix) or []):
+        raise ValueError(f"`always` covers at least {req.prefix!r}: a shorter prefix would approve other programs "
+                         "than this one" if req.prefix else f"`always` is not offered for {req.summary!r}")
+    return shlex.join(words)
 
 
 def _text(data: bytes) -> str:

@@ -332,9 +332,12 @@ class ApprovalRequested(_Event):
     """The command line, or the MCP call as `server.tool(arguments)` (shortened)."""
     reason: Text = ""
     """Why the kernel asks (a command's request)."""
-    prefix: str
-    """What `always` approves for the rest of the session: commands that start with these words, or
-    every call of this MCP tool (`server.tool`)."""
+    prefix: str | None
+    """What `always` approves for the rest of the session: commands that start with these words (and
+    run no other program: agent/approvals.py `rule_of`), or every call of this MCP tool (`server.tool`).
+    None: `always` is not offered (a launcher, an interpreter given code, a chain): approve once or deny."""
+    notes: list[Text] = Field(default_factory=list)
+    """What the person must know before deciding: a `.git` the agent made since the session began."""
     server: str | None = None
     tool: str | None = None
     arguments: dict[str, Any] = Field(default_factory=dict)
@@ -353,6 +356,8 @@ class ApprovalDecided(_Event):
     the cell that asked was interrupted."""
     exit_code: int | None = None
     """A command's, once it ran outside the sandbox."""
+    full_env: bool = False
+    """It ran with the person's whole environment (they asked); else with the kernel's, secrets dropped."""
 
 
 # --- subagents -----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ turn never sees a half-applied harness; the new view is in force from the next m
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from agent import events as ev
 from agent.kernel.bridge import BridgeServer
-from agent.config import Config, KernelConfig
+from agent.config import Config, KernelConfig, SandboxConfig
 from agent.context import Context, Sinks, transcript
 from agent.harness import SessionHarness
 from agent.kernel import Kernel
@@ -42,9 +43,11 @@ def model_caller(model: Model | None, config: Config, on_usage=None):
     return complete
 
 
-async def check_skill(skill_id: str, body: str, files: dict[str, str], timeout: float = 60) -> str | None:
+async def check_skill(skill_id: str, body: str, files: dict[str, str], *, sandbox: SandboxConfig,
+                      timeout: float = 60) -> str | None:
     """Compile and import a skill's package and run the first ```python example of its SKILL.md, in a
-    scratch kernel; the reason it failed, or None."""
+    scratch kernel confined as `sandbox` says (the session's: its mode, network, hidden paths, limits
+    and environment); the reason it failed, or None."""
     with tempfile.TemporaryDirectory(prefix="pa-skill-") as tmp:
         root = Path(tmp) / skill_id
         for rel, text in files.items():
@@ -54,8 +57,8 @@ async def check_skill(skill_id: str, body: str, files: dict[str, str], timeout: 
         packages = sorted({Path(rel).parts[0].removesuffix(".py") for rel in files if rel.endswith(".py")})
         example = re.search(r"```python\n(.*?)```", body, re.DOTALL)
         steps = [
-            ("compile", f"import py_compile, pathlib\nfor f in sorted(pathlib.Path({str(root)!r}).rglob('*.py')):\n"
-                        "    py_compile.compile(str(f), doraise=True)"),
+            ("compile", f"import pathlib\nfor f in sorted(pathlib.Path({str(root)!r}).rglob('*.py')):\n"
+                        "    compile(f.read_bytes(), str(f), 'exec')"),  # writes nothing: read-only sandboxes too
             ("import", f"import sys, importlib\nsys.path.insert(0, {str(root)!r})\n"
                        + "".join(f"importlib.import_module({p!r})\n" for p in packages)),
         ]
@@ -67,7 +70,7 @@ async def check_skill(skill_id: str, body: str, files: dict[str, str], timeout: 
             await bridge.start(kernel_dir)
             return {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
 
-        kernel = Kernel(root, KernelConfig(cell_timeout=timeout, interrupt_grace=1.0))  # sandboxed, in `root`
+        kernel = Kernel(root, KernelConfig(cell_timeout=timeout, interrupt_grace=1.0), sandbox=sandbox)  # in `root`
         try:
             await kernel.start(ready=ready)
             for what, code in steps:
@@ -96,7 +99,8 @@ class SessionRefiner:
         self.harness, self.context, self.session_id, self.sinks, self.turns = harness, context, session_id, sinks, turns
         self.refiner = Refiner(
             harness.stores, model_caller(model, config, self._charge),
-            mode=self.config.mode, default_scope=self.config.default_scope, check_skill=check_skill, gate=None,
+            mode=self.config.mode, default_scope=self.config.default_scope, gate=None,
+            check_skill=functools.partial(check_skill, sandbox=config.sandbox),
         )
         self.generation = 0
         """Bumped by interrupts, rollbacks and resets: plans from before are stale."""

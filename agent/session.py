@@ -240,6 +240,7 @@ class Session:
                 harness_version=self.harness_version,
                 parent=self._parent_id,
                 config=_recorded(self.config),
+                repositories=sorted(self.approvals.git_at_start),
             )
         )
         self.context.append(Message(role="system", content=self._system_prompt()), None)
@@ -260,6 +261,9 @@ class Session:
             None,
         )
         self._told = told(self.harness.view)
+        started = next((r for r in records if isinstance(r, SessionRecord)), None)
+        if started is not None and started.repositories is not None:  # not what is there now: the agent's may be
+            self.approvals.git_at_start = set(started.repositories)
         # What changed while the session was away is not known entry by entry: the prompt starts afresh.
         self._rebuild = (self.harness.view.version() or None) != (self.harness_version or None)
         for r in records:

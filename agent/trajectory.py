@@ -37,6 +37,9 @@ class SessionRecord(_Record):
     parent: str | None = None
     """The parent session's id, for a subagent."""
     config: dict[str, Any] = Field(default_factory=dict)
+    repositories: list[str] | None = None
+    """The workspace's and the project's `.git` there when the session began (approvals name one made
+    since); None in records from before it was kept."""
 
 
 class TurnStarted(_Record):
@@ -167,6 +170,8 @@ class ApprovalRecord(_Record):
     by: str | None = None
     reason: str = ""
     exit_code: int | None = None
+    full_env: bool = False
+    """The command ran with the person's whole environment, as they asked."""
 
 
 class CompactionRecord(_Record):

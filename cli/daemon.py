@@ -1,4 +1,4 @@
-"""`prime-agent daemon start [--foreground] [--tcp HOST:PORT] | stop | status [--json]`."""
+"""`prime-agent daemon start [--foreground] [--tcp HOST:PORT [--allow-remote-unsandboxed]] | stop | status [--json]`."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     start = actions.add_parser("start", help="start it (in the background, unless --foreground)")
     start.add_argument("--foreground", action="store_true", help="run in this terminal; Ctrl-C or SIGTERM stops it")
     start.add_argument("--tcp", metavar="HOST:PORT", help="also listen on TCP; requests need the bearer token")
+    start.add_argument("--allow-remote-unsandboxed", action="store_true",
+                       help="with --tcp: clients there may create sessions less confined than the configuration "
+                       "says (full-access, network on, other MCP servers) and approve commands to run outside the "
+                       "sandbox; without it only clients of the Unix socket may")
     start.add_argument("--no-schedules", action="store_true",
                        help="pause every schedule before the daemon starts (prime-agent schedule resume ID)")
     actions.add_parser("stop", help="stop it: running turns are interrupted and recorded first")
@@ -39,6 +43,8 @@ def _start(args: argparse.Namespace) -> int:
     try:
         if args.tcp:
             parse_tcp(args.tcp)
+        elif args.allow_remote_unsandboxed:
+            raise ValueError("--allow-remote-unsandboxed goes with --tcp HOST:PORT")
     except ValueError as e:
         print(f"prime-agent: {e}", file=sys.stderr)
         return 2
@@ -58,14 +64,14 @@ def _start(args: argparse.Namespace) -> int:
             logging.getLogger(name).setLevel(logging.WARNING)
         try:
             asyncio.run(serve(args.tcp, on_ready=lambda r: print(f"daemon ready: {json.dumps(r)}", flush=True),
-                              gate_factory=session_gate))
+                              gate_factory=session_gate, remote_unsandboxed=args.allow_remote_unsandboxed))
         except AlreadyRunning as e:
             print(f"prime-agent: {e}", file=sys.stderr)
             return 1
         return 0
     async def start() -> Status:
         async with Client() as client:
-            await client.start_daemon(tcp=args.tcp)
+            await client.start_daemon(tcp=args.tcp, remote_unsandboxed=args.allow_remote_unsandboxed)
             return await client.status()
 
     try:
@@ -76,6 +82,8 @@ def _start(args: argparse.Namespace) -> int:
     line = f"daemon running: pid {status.pid}, socket {status.socket}"
     if status.tcp:
         line += f", tcp {status.tcp} (bearer token in {run_dir() / 'token'})"
+        if status.remote_unsandboxed:
+            line += "; clients over TCP may loosen sandboxes (--allow-remote-unsandboxed)"
     print(line)
     return 0
 
@@ -114,7 +122,7 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     hours, rest = divmod(int(status.uptime), 3600)
     print(f"pid        {status.pid}\nversion    {status.version}\nsocket     {status.socket}\n"
-          f"tcp        {status.tcp or '-'}\nuptime     {hours}h{rest // 60:02d}m{rest % 60:02d}s\n"
+          f"tcp        {status.tcp or '-'}{' (may loosen sandboxes)' if status.remote_unsandboxed else ''}\nuptime     {hours}h{rest // 60:02d}m{rest % 60:02d}s\n"
           f"sessions   {status.sessions} ({status.live_sessions} live, {status.running_turns} running)\n"
           f"pool       {status.pool_ready} kernels ready\n"
           f"disk       {status.disk_free_mb:,.0f} MB free" + (f"; a write failed at {status.write_error}"

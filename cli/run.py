@@ -187,14 +187,22 @@ async def ask_at_terminal(req: Request) -> Decision:
     what = ("run this outside the sandbox, with your rights" if req.kind == "command"
             else "call this tool of an MCP server")
 
+    always = f"[a] always for `{req.prefix} ...` in this session, " if req.prefix else ""
+    full = "[f] once with your full environment (secrets too), " if req.kind == "command" else ""
+
     def ask() -> Decision:
         with open("/dev/tty", "r+") as tty:
             tty.write(f"\nThe agent asks to {what}:\n  {req.summary}\n"
                       + (f"  because: {req.reason}\n" if req.reason else "")
-                      + f"Go ahead? [y] once, [a] always for `{req.prefix}` in this session, [N] no: ")
+                      + "".join(f"  WARNING: {note}\n" for note in req.notes)
+                      + f"Go ahead? [y] once, {always}{full}[N] no: ")
             tty.flush()
             answer = tty.readline().strip().lower()
-        return {"y": "approve", "yes": "approve", "a": "always", "always": "always"}.get(answer, "deny")
+        req.full_env = bool(full) and answer == "f"
+        answers: dict[str, Decision] = {"y": "approve", "yes": "approve", "f": "approve"}
+        if always:
+            answers["a"] = "always"
+        return answers.get(answer, "deny")
 
     try:
         return await asyncio.to_thread(ask)

@@ -70,7 +70,7 @@ REPLAY_CHUNK = 1000
 """Events per write when replaying the journal."""
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 404, 409, 413, 422, 429, 503)
+    code: {"model": ErrorBody} for code in (400, 403, 404, 409, 413, 422, 429, 503)
 }
 STATUS = {
     "bad_config": 400, "bad_cwd": 400, "no_model": 400, "bad_scope": 400, "harness": 400, "bad_project": 400,
@@ -79,12 +79,16 @@ STATUS = {
     "no_checkpoint": 409,
     "rewind_conflict": 409, "bad_rewind": 400, "rewind_failed": 409, "too_many_sessions": 429, "stopping": 503,
     "write_failed": 503, "disk_full": 507,
-    "goal_running": 409, "no_goal": 404, "too_many_goals": 429,
+    "goal_running": 409, "no_goal": 404, "too_many_goals": 429, "remote_loosening": 403,
 }
 """The HTTP status of each reason the daemon refuses a request (daemon.errors.Refused)."""
 
 
-def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = None) -> FastAPI:
+def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = None,
+               remote_unsandboxed: bool = False) -> FastAPI:
+    """The API over `manager`. Requests over TCP (marked by `TokenAuth`) may not loosen a sandbox,
+    nor approve a command or call outside it, unless `remote_unsandboxed` (the daemon's
+    --allow-remote-unsandboxed): whoever holds the token may be a kernel that read it."""
     app = FastAPI(title="Prime Agent daemon", version=VERSION, responses=ERRORS,
                   description="Sessions that outlive their terminal: create, prompt, steer, interrupt, stream events.")
     started = time.monotonic()
@@ -114,7 +118,8 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
     @app.get("/v1/status")
     async def status() -> Status:
         return Status(
-            pid=os.getpid(), version=VERSION, socket=socket, tcp=tcp, uptime=time.monotonic() - started,
+            pid=os.getpid(), version=VERSION, socket=socket, tcp=tcp, remote_unsandboxed=bool(tcp) and remote_unsandboxed,
+            uptime=time.monotonic() - started,
             sessions=len(manager.sessions), live_sessions=manager.live(),
             running_turns=manager.running_turns(),
             pool_ready=manager.pool.ready, disk_free_mb=shutil.disk_usage(manager.root).free / 2**20,
@@ -123,9 +128,15 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
 
     # --- sessions ------------------------------------------------------------------------------
 
+    def confined(request: Request) -> bool:
+        """Whether this client is held to the sandbox the configuration says."""
+        return bool(request.scope.get(REMOTE)) and not remote_unsandboxed
+
     @app.post("/v1/sessions", status_code=201)
-    async def create_session(req: CreateSession) -> SessionInfo:
-        return (await manager.create(req)).info()
+    async def create_session(req: CreateSession, request: Request) -> SessionInfo:
+        """A new session; over TCP, no less confined than the configuration says (else 403), unless the
+        daemon was started with --allow-remote-unsandboxed."""
+        return (await manager.create(req, may_loosen=not confined(request))).info()
 
     @app.get("/v1/sessions")
     async def list_sessions() -> list[SessionInfo]:
@@ -378,20 +389,27 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         return McpServers(config.mcp, Path(managed.meta.cwd), managed.layout.dir).infos()
 
     @app.post("/v1/sessions/{session_id}/approvals/{request_id}", responses=ERRORS)
-    async def decide_approval(session_id: str, request_id: str, req: DecideApproval) -> ApprovalDecision:
+    async def decide_approval(session_id: str, request_id: str, req: DecideApproval,
+                              request: Request) -> ApprovalDecision:
         """Decide a request that waits (an `approval.requested` event: a command to run outside the
         sandbox, or an MCP call under policy "ask"): `approve` runs it once, `always` also approves
-        later ones starting with `prefix` (default: the request's), `deny` refuses and the model is told."""
+        later ones starting with `prefix` (default: the request's), `deny` refuses and the model is told.
+        Over TCP only `deny` (403 otherwise), unless the daemon was started with --allow-remote-unsandboxed."""
         session = manager.get(session_id).session
         if session is None:
             raise Refused("not_found", f"no approval request {request_id!r} waits: session {session_id} is dormant")
+        if req.decision != "deny" and confined(request):
+            raise Refused("remote_loosening", "over TCP a request to act outside the sandbox can only be denied: "
+                          "decide it over the daemon's Unix socket (the app, `prime-agent attach`), or start the "
+                          "daemon with --allow-remote-unsandboxed")
         try:
-            decided = session.approvals.decide(request_id, req.decision, req.prefix)
+            decided = session.approvals.decide(request_id, req.decision, req.prefix, req.full_env)
         except KeyError as e:
             raise Refused("not_found", str(e.args[0])) from None
         except ValueError as e:
             raise Refused("bad_request", str(e)) from None
-        return ApprovalDecision(request_id=request_id, decision=req.decision, prefix=decided.prefix)
+        return ApprovalDecision(request_id=request_id, decision=req.decision, prefix=decided.prefix,
+                                full_env=decided.full_env)
 
     @app.get("/v1/sessions/{session_id}/subagents/{child_id}/transcript")
     async def child_transcript(session_id: str, child_id: str) -> dict[str, Any]:
@@ -543,8 +561,13 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 _CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 401: "unauthorized"}
 
 
+REMOTE = "prime_agent.tcp"
+"""Set in the ASGI scope of a request that came over TCP (by `TokenAuth`)."""
+
+
 class TokenAuth:
-    """ASGI middleware for the TCP listener: every request needs `Authorization: Bearer TOKEN`."""
+    """ASGI middleware for the TCP listener: every request needs `Authorization: Bearer TOKEN`, and is
+    marked as remote (`REMOTE`): such a client may not loosen a sandbox (create_app)."""
 
     def __init__(self, app, token: str):
         self.app, self.token = app, token.encode()
@@ -558,7 +581,7 @@ class TokenAuth:
                                   f"the token is in {home() / 'run' / 'token'}")
                 response.headers["WWW-Authenticate"] = "Bearer"
                 return await response(scope, receive, send)
-        await self.app(scope, receive, send)
+        await self.app({**scope, REMOTE: True}, receive, send)
 
 
 class BodyLimit:

@@ -83,9 +83,9 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def start_daemon(self, tcp: str | None = None, timeout: float = 30.0) -> None:
-        """Start the daemon in the background and wait until it answers."""
-        process = spawn(tcp)
+    async def start_daemon(self, tcp: str | None = None, timeout: float = 30.0, remote_unsandboxed: bool = False) -> None:
+        """Start the daemon in the background and wait until it answers (`remote_unsandboxed`: see `spawn`)."""
+        process = spawn(tcp, remote_unsandboxed)
         # Reap it when it exits, so a daemon stopped while this client lives leaves no zombie
         # (which would look alive to a pid check).
         threading.Thread(target=process.wait, daemon=True, name="reap-daemon").start()
@@ -154,9 +154,11 @@ class Client:
         """The session's MCP servers, their state and tools (`start`: start those not started, to list them)."""
         return await self._call("GET", f"/v1/sessions/{session_id}/mcp", params=_params(start=start or None))
 
-    async def approve(self, session_id: str, request_id: str, decision: str, prefix: str | None = None) -> dict[str, Any]:
-        """Decide a waiting request (`approval.requested`: a command, or an MCP call): approve, always or deny."""
-        body = {"decision": decision, **({"prefix": prefix} if prefix else {})}
+    async def approve(self, session_id: str, request_id: str, decision: str, prefix: str | None = None,
+                      full_env: bool = False) -> dict[str, Any]:
+        """Decide a waiting request (`approval.requested`: a command, or an MCP call): approve, always or
+        deny; `full_env`: the command runs with the person's whole environment, secrets included."""
+        body = {"decision": decision, **({"prefix": prefix} if prefix else {}), **({"full_env": True} if full_env else {})}
         return await self._call("POST", f"/v1/sessions/{session_id}/approvals/{request_id}", json=body)
 
     async def child_transcript(self, session_id: str, child_id: str) -> dict[str, Any]:
@@ -350,11 +352,13 @@ async def connect(autostart: bool = True) -> Client:
     return client
 
 
-def spawn(tcp: str | None = None) -> subprocess.Popen:
+def spawn(tcp: str | None = None, remote_unsandboxed: bool = False) -> subprocess.Popen:
     """Start the daemon in the background, detached from this terminal; its log is `run/daemon.log`.
     It runs as `prime-agent daemon start --foreground`: the command line is what hands the daemon
-    the parts of the layers above it (the regression gate)."""
-    argv = [sys.executable, "-m", "cli", "daemon", "start", "--foreground", *(["--tcp", tcp] if tcp else [])]
+    the parts of the layers above it (the regression gate). `remote_unsandboxed`: with `tcp`, its
+    clients there may loosen a sandbox (--allow-remote-unsandboxed)."""
+    argv = [sys.executable, "-m", "cli", "daemon", "start", "--foreground", *(["--tcp", tcp] if tcp else []),
+            *(["--allow-remote-unsandboxed"] if tcp and remote_unsandboxed else [])]
     with open(log_file(), "ab") as log:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd="/")
 

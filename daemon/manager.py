@@ -119,10 +119,16 @@ class SessionManager:
             raise Refused("not_found", f"no session {session_id!r}")
         return managed
 
-    async def create(self, req: CreateSession) -> ManagedSession:
+    async def create(self, req: CreateSession, may_loosen: bool = True) -> ManagedSession:
+        """A new session, awake. `may_loosen`: False for a client that may not give it a looser
+        sandbox than the configuration's (over TCP, unless the daemon was started to allow it)."""
         if self.stopping:
             raise Refused("stopping", "the daemon is stopping")
         cwd, overrides, config = validate(req)
+        if not may_loosen and (looser := loosened(config, cwd)):
+            raise Refused("remote_loosening", f"over TCP a session cannot be less confined than the configuration "
+                          f"says ({'; '.join(looser)}): create it over the daemon's Unix socket, or start the "
+                          "daemon with --allow-remote-unsandboxed")
         session_id = new_session_id()
         layout = SessionLayout.of(session_id, self.root)
         layout.dir.mkdir(mode=0o700, parents=True)
@@ -227,6 +233,45 @@ def _validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:
         raise Refused("no_model", "no model configured: pass `model` and `base_url`, or set them in the daemon's "
                       "environment (PRIME_AGENT_MODEL, OPENAI_BASE_URL, OPENAI_API_KEY) or config.toml")
     return cwd, overrides, config
+
+
+MODES = {"read-only": 0, "workspace-write": 1, "full-access": 2}
+POLICIES = {"deny": 0, "ask": 1, "allow": 2}
+
+
+def loosened(config: Config, cwd: Path) -> list[str]:
+    """How `config` (a request's, for a session in `cwd`) confines less than the configuration alone
+    would, or lets the host run more: each way, in words (none: it only tightens or keeps)."""
+    try:
+        base = load_config(cwd)
+    except ConfigError as e:
+        raise Refused("bad_config", str(e)) from None
+    s, b = config.sandbox, base.sandbox
+    why = [f"sandbox.mode {s.mode} (configured: {b.mode})"] if MODES[s.mode] > MODES[b.mode] else []
+    why += ["sandbox.network on (configured: off)"] if s.network and not b.network else []
+    why += ["sandbox.required off (configured: on)"] if b.required and not s.required else []
+    why += [f"sandbox.approval {s.approval} (configured: never)"] if b.approval == "never" != s.approval else []
+    for name in ("hidden", "env_deny"):
+        if dropped := [x for x in getattr(b, name) if x not in getattr(s, name)]:
+            why.append(f"sandbox.{name} without {', '.join(map(repr, dropped[:3]))}")
+    if added := [x for x in s.env_allow if x not in b.env_allow]:
+        why.append(f"sandbox.env_allow with {', '.join(map(repr, added[:3]))}")
+    if b.memory_mb is not None and (s.memory_mb is None or s.memory_mb > b.memory_mb):
+        why.append(f"sandbox.memory_mb {s.memory_mb or 'unlimited'} (configured: {b.memory_mb})")
+    for name in ("max_processes", "max_open_files"):
+        if getattr(s, name) > getattr(b, name):
+            why.append(f"sandbox.{name} {getattr(s, name)} (configured: {getattr(b, name)})")
+    for name, server in config.mcp.servers.items():  # a server runs on the host, outside any sandbox
+        known = base.mcp.servers.get(name)
+        if known is None or known.model_dump(exclude={"policy"}) != server.model_dump(exclude={"policy"}):
+            why.append(f"mcp.servers.{name} (not the configured server: it would run on the host)")
+        elif POLICIES[server.policy] > POLICIES[known.policy]:
+            why.append(f"mcp.servers.{name}.policy {server.policy} (configured: {known.policy})")
+    if config.refine.gate_taskset != base.refine.gate_taskset:
+        why.append("refine.gate_taskset (a task set the daemon would load)")
+    if config.project_instructions != base.project_instructions:
+        why.append("project_instructions (files the host would read into the prompt)")
+    return why
 
 
 _SAVED_OVERRIDES = TypeAdapter(dict[str, Any])

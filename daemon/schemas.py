@@ -70,17 +70,22 @@ class Decide(_Body):
 class DecideApproval(_Body):
     decision: Literal["approve", "always", "deny"] = Field(
         description="approve: run the command (or the MCP call) once; always: and every later command of this "
-        "session that starts with `prefix` (an MCP request: every call of `server.tool`, or with `prefix` = "
-        "the server, of any of its tools); deny: refuse (the model is told).")
+        "session that starts with `prefix` and runs no other program (an MCP request: every call of "
+        "`server.tool`, or with `prefix` = the server, of any of its tools); deny: refuse (the model is told). "
+        "`always` is refused (400) where the request's `prefix` is null.")
     prefix: str | None = Field(None, min_length=1, max_length=1000,
-                               description="With `always`: the words an approved command starts with, or the MCP "
-                               "server (or `server.tool`) every call of which is approved.")
+                               description="With `always`: the words an approved command starts with, at least the "
+                               "request's `prefix` (it may only narrow), or the MCP server (or `server.tool`) every "
+                               "call of which is approved.")
+    full_env: bool = Field(False, description="Run the command with the person's whole environment, secrets "
+                           "included (this once); by default it gets the kernel's, secret-looking variables dropped.")
 
 
 class ApprovalDecision(BaseModel):
     request_id: str
     decision: Literal["approve", "always", "deny"]
-    prefix: str
+    prefix: str | None
+    full_env: bool = False
 
 
 class SendMessage(_Body):
@@ -177,6 +182,8 @@ class Status(BaseModel):
     version: str
     socket: str
     tcp: str | None
+    remote_unsandboxed: bool = Field(False, description="Clients over TCP may loosen a sandbox and approve what "
+                                     "runs outside one (the daemon was started with --allow-remote-unsandboxed).")
     uptime: float
     sessions: int = Field(description="Sessions listed (not deleted).")
     live_sessions: int = Field(description="Sessions with a kernel.")

@@ -56,9 +56,11 @@ def parse_tcp(text: str) -> tuple[str, int]:
 
 async def serve(tcp: str | None = None, config: Config | None = None, stop: asyncio.Event | None = None,
                 on_ready: Callable[[dict], None] | None = None, handle_signals: bool = True,
-                gate_factory: GateFactory | None = None) -> None:
+                gate_factory: GateFactory | None = None, remote_unsandboxed: bool = False) -> None:
     """Run the daemon until `stop` is set or a signal arrives. `on_ready` gets where it listens;
-    `gate_factory` gives each session its regression gate (see daemon.manager.GateFactory)."""
+    `gate_factory` gives each session its regression gate (see daemon.manager.GateFactory);
+    `remote_unsandboxed`: clients over TCP may loosen a sandbox and approve what runs outside one
+    (--allow-remote-unsandboxed; by default only a client of the Unix socket may)."""
     lock_path = lock_file()
     lock = _lock(lock_path)
     # The files this daemon made, as (st_dev, st_ino): watched while it runs, removed at exit only
@@ -81,7 +83,7 @@ async def serve(tcp: str | None = None, config: Config | None = None, stop: asyn
             tcp_sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
             sockets.append(tcp_sock)
             tcp_address = f"{host}:{tcp_sock.getsockname()[1]}"
-        app = create_app(manager, socket=str(path), tcp=tcp_address)
+        app = create_app(manager, socket=str(path), tcp=tcp_address, remote_unsandboxed=remote_unsandboxed)
         limit = config.daemon.max_body_bytes
         servers = [_server(BodyLimit(app, limit))]
         if tcp:
@@ -100,7 +102,8 @@ async def serve(tcp: str | None = None, config: Config | None = None, stop: asyn
         pid_path.write_text(str(os.getpid()))  # written last: its presence means the daemon is up
         ours[pid_path] = _identity(os.stat(pid_path))
         watchdog = asyncio.create_task(_watch({p: ours[p] for p in (lock_path, path)}, stop))
-        ready = {"pid": os.getpid(), "socket": str(path), "tcp": tcp_address}
+        ready = {"pid": os.getpid(), "socket": str(path), "tcp": tcp_address,
+                 "remote_unsandboxed": bool(tcp) and remote_unsandboxed}
         log.info("daemon ready: %s", ready)
         if on_ready:
             on_ready(ready)

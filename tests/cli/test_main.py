@@ -45,3 +45,9 @@ def test_a_flag_is_parsed_by_the_module_that_declares_it():
     assert (args.command, args.session, args.score, args.note) == ("rate", "last", 0.5, "ok")
     args = build_parser("rl").parse_args(["rl", "train", "c.toml", "--train.lr", "1e-3"])
     assert (args.action, args.config, args.overrides) == ("train", "c.toml", ["--train.lr", "1e-3"])
+
+
+def test_remote_unsandboxed_needs_tcp(prime_home: Path):
+    r = subprocess.run([sys.executable, "-m", "cli", "daemon", "start", "--allow-remote-unsandboxed"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--allow-remote-unsandboxed goes with --tcp" in r.stderr

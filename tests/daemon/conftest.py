@@ -71,8 +71,8 @@ async def daemon(prime_home: Path) -> AsyncIterator[Client]:
 class running_daemon:
     """`async with running_daemon(**daemon_config) as client`: serve, and stop (draining) at exit."""
 
-    def __init__(self, tcp: str | None = None, **daemon: Any):
-        self.tcp = tcp
+    def __init__(self, tcp: str | None = None, remote_unsandboxed: bool = False, **daemon: Any):
+        self.tcp, self.remote_unsandboxed = tcp, remote_unsandboxed
         self.config = make_config(daemon={"pool_size": 1, **daemon})
         self.stop = asyncio.Event()
         self.ready: dict = {}
@@ -84,7 +84,8 @@ class running_daemon:
             self.ready = info
             started.set()
 
-        self.task = asyncio.create_task(serve(self.tcp, self.config, self.stop, on_ready, handle_signals=False))
+        self.task = asyncio.create_task(serve(self.tcp, self.config, self.stop, on_ready, handle_signals=False,
+                                               remote_unsandboxed=self.remote_unsandboxed))
         waiter = asyncio.create_task(started.wait())
         await asyncio.wait([self.task, waiter], return_when=asyncio.FIRST_COMPLETED)
         if self.task.done():

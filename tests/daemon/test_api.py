@@ -287,3 +287,85 @@ async def test_the_api_shows_usage_and_cost_per_turn_and_per_session(daemon: Cli
     assert finished.spend["turn"] == finished.usage
     info = await daemon.session(s.id)
     assert info.usage == finished.usage
+
+
+def loosen_over_tcp(url: str, token: str, body: dict) -> str:
+    """A cell's code: POST `body` to the daemon's TCP listener with the token (as an attacker who read
+    it would), printing the status and the reply."""
+    return ("import json, urllib.request, urllib.error\n"
+            f"req = urllib.request.Request({url + '/v1/sessions'!r}, data=json.dumps({body!r}).encode(),\n"
+            f"    headers={{'Authorization': 'Bearer {token}', 'Content-Type': 'application/json'}})\n"
+            "try:\n"
+            "    r = urllib.request.urlopen(req, timeout=30)\n"
+            "    print(r.status, r.read().decode())\n"
+            "except urllib.error.HTTPError as e:\n"
+            "    print(e.code, e.read().decode())\n")
+
+
+async def test_over_tcp_no_client_can_loosen_a_sandbox_unless_the_daemon_allows_it(project: Path, prime_home: Path,
+                                                                                   model_server):
+    """Finding 5: with the token, a cell found the daemon's TCP port and created a session with no sandbox."""
+    prime_home.mkdir(exist_ok=True)
+    (prime_home / "config.toml").write_text("[sandbox]\nnetwork = false\n")
+    fake = {"cwd": str(project), "model": "fake", "base_url": model_server.base_url}
+    async with running_daemon(tcp="127.0.0.1:0") as client:
+        url = f"http://{(await client.status()).tcp}"
+        token = (prime_home / "run" / "token").read_text().strip()
+        s = await client.create_session(project, model="fake", base_url=model_server.base_url,
+                                        config={"sandbox": {"network": True}})  # the kernel must reach the port
+        attacks = [{"sandbox": "full-access"}, {"config": {"sandbox": {"network": True}}},
+                   {"config": {"sandbox": {"hidden": []}}},
+                   {"config": {"mcp": {"servers": {"x": {"command": "sh", "args": ["-c", "touch pwned"]}}}}}]
+        after = 0
+        for attack in attacks:
+            accepted = await client.send(s.id, "run: " + loosen_over_tcp(url, token, {**fake, **attack}))
+            events = await collect(client, s.id, accepted.turn_id, after)
+            after = events[-1].seq
+            status, _, body = events[-1].answer.removeprefix("ran: ").partition(" ")
+            assert status == "403", (attack, events[-1].answer)
+            error = json.loads(body)["error"]
+            assert error["code"] == "remote_loosening" and "--allow-remote-unsandboxed" in error["message"]
+        assert [x.id for x in await client.sessions()] == [s.id]  # nothing was made
+        assert "sandbox.mode full-access (configured: workspace-write)" in json.loads(
+            (await _post(url, token, {**fake, "sandbox": "full-access"})).text)["error"]["message"]
+
+        async with Client(url=url, token=token) as tcp:  # what only tightens is fine over TCP too
+            tight = await tcp.create_session(project, model="fake", base_url=model_server.base_url, sandbox="read-only")
+            assert tight.sandbox.startswith("read-only"), tight.sandbox
+        loose = await client.create_session(project, model="fake", base_url=model_server.base_url,
+                                            sandbox="full-access")  # over the Unix socket: the person's client
+        assert loose.sandbox.startswith("full-access"), loose.sandbox
+
+    async with running_daemon(tcp="127.0.0.1:0", remote_unsandboxed=True) as client:
+        status = await client.status()
+        assert status.remote_unsandboxed
+        async with Client(url=f"http://{status.tcp}", token=token) as tcp:
+            loose = await tcp.create_session(project, model="fake", base_url=model_server.base_url,
+                                             sandbox="full-access")
+            assert loose.sandbox.startswith("full-access"), loose.sandbox
+
+
+async def _post(url: str, token: str, body: dict) -> httpx2.Response:
+    async with httpx2.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}) as h:
+        return await h.post("/v1/sessions", json=body)
+
+
+async def test_over_tcp_a_request_to_run_outside_the_sandbox_can_only_be_denied(project: Path, prime_home: Path,
+                                                                                model_server):
+    """With the token, a cell could approve its own request to run a command outside the sandbox."""
+    async with running_daemon(tcp="127.0.0.1:0") as client:
+        url = f"http://{(await client.status()).tcp}"
+        token = (prime_home / "run" / "token").read_text().strip()
+        s = await client.create_session(project, model="fake", base_url=model_server.base_url)
+        accepted = await client.send(s.id, "run: print(await request_permission('touch pwned'))")
+        async with Client(url=url, token=token) as tcp:
+            async for e in client.events(s.id):
+                if e.type == "approval.requested":
+                    for decision in ("approve", "always"):
+                        with pytest.raises(DaemonError) as refused:
+                            await tcp.approve(s.id, e.request_id, decision)
+                        assert refused.value.status == 403 and "only be denied" in refused.value.message
+                    await tcp.approve(s.id, e.request_id, "deny")
+                if e.type == "turn.finished" and e.turn_id == accepted.turn_id:
+                    break
+        assert "the user denied it" in e.answer and not (project / "pwned").exists()

@@ -1,6 +1,6 @@
-"""A request for the user's decision: a command to run outside the sandbox (what, why) or an MCP
-call under policy ask, and three keys to decide it (y: once, a: always for its prefix in this
-session, n: deny)."""
+"""A request for the user's decision: a command to run outside the sandbox (what, why, and what the
+person must know first: a `.git` the agent made) or an MCP call under policy ask, and three keys to
+decide it (y: once, a: always for its prefix in this session, where one is offered, n: deny)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ class ApprovalCard(Static):
         card: ApprovalCard
         decision: str
 
-    def __init__(self, request_id: str, kind: str, summary: str, reason: str, prefix: str):
+    def __init__(self, request_id: str, kind: str, summary: str, reason: str, prefix: str | None,
+                 notes: list[str] | None = None):
         super().__init__()
         self.request_id, self.kind, self.summary, self.reason, self.prefix = request_id, kind, summary, reason, prefix
+        self.notes = notes or []
         self.status = "waiting"
         self._show()
 
@@ -39,7 +41,10 @@ class ApprovalCard(Static):
         self._show()
 
     def action_decide(self, decision: str) -> None:
-        if self.status == "waiting":
+        if decision == "always" and self.prefix is None:
+            self.notify("`always` is not offered for this command: approve it once (y) or deny it (n)",
+                        severity="warning")
+        elif self.status == "waiting":
             self.post_message(self.Decided(self, decision))
         else:
             self.notify(f"this request is already decided ({self.status})", severity="warning")
@@ -52,6 +57,9 @@ class ApprovalCard(Static):
         ]
         if self.reason:
             parts.append(Text(self.reason, style="dim"))
+        parts += [Text(f"warning: {note}", style="bold red") for note in self.notes]
         if self.status == "waiting":
-            parts.append(Text(f"y: once · a: always `{self.prefix}` in this session · n: deny", style="dim"))
+            always = (f"a: always `{self.prefix}{' …' if self.kind == 'command' else ''}` in this session"
+                      if self.prefix else "no always for this command")
+            parts.append(Text(f"y: once · {always} · n: deny", style="dim"))
         self.update(Group(*parts))

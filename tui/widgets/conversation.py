@@ -126,7 +126,8 @@ class Conversation(VerticalScroll):
                 card = self.cards[e.id] = RefinementCard(e.id, status, e.summary, e.diff, e.scopes, e.reason)
                 return card
             case ev.ApprovalRequested():
-                card = self.approvals[e.request_id] = ApprovalCard(e.request_id, e.kind, e.summary, e.reason, e.prefix)
+                card = self.approvals[e.request_id] = ApprovalCard(e.request_id, e.kind, e.summary, e.reason, e.prefix,
+                                                                     e.notes)
                 return card
             case ev.ApprovalDecided():
                 if card := self.approvals.get(e.request_id):
