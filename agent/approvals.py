@@ -7,7 +7,8 @@ decision: `approve` (this once), `always` (for the rest of the session: every co
 with the same words and chains no other command; every call of the same MCP tool, or with the
 server as the prefix, of any of its tools), `deny`. The daemon decides through
 POST /v1/sessions/{id}/approvals/{request_id}, `prime-agent run` at the terminal (`ask`);
-`sandbox.approval = "never"` denies at once, and so does a session nobody can answer. An approved
+`sandbox.approval = "never"` denies at once, and so does a session nobody can answer; an `ask` that
+cannot reach its person (`NoTerminal`) denies too, recorded as nobody's decision. An approved
 command runs in the workspace with the user's rights, outside the sandbox; its output goes back to
 the cell that asked. A denied MCP call reaches the model as McpError. A subagent's requests go to
 its parent's approvals (up to the session a person decides in), named in their reason.
@@ -33,7 +34,8 @@ from agent.trajectory import ApprovalRecord
 Kind = ev.ApprovalKind
 Decision = Literal["approve", "always", "deny"]
 Ask = Callable[["Request"], Awaitable[Decision]]
-"""A front end's own way of asking (the terminal's, for `prime-agent run`)."""
+"""A front end's own way of asking (the terminal's, for `prime-agent run`); raises NoTerminal when
+there is nobody to put the question to."""
 MAX_COMMAND = 10_000
 OUTPUT_LIMIT = 64 * 1024
 CHAINS = set(";&|`$()<>\n\\")
@@ -50,6 +52,13 @@ class Request:
     prefix: str
     """What `always` approves: the command's first words, or `server.tool`."""
     decided: asyncio.Future[tuple[Decision, str]]
+    unasked: str = ""
+    """Why nobody could be asked (`NoTerminal`'s message), when that was so."""
+
+
+class NoTerminal(Exception):
+    """An `ask` could not put the question to anyone (the terminal would not open): the request is
+    denied, recorded as `by: "no-terminal"` (no person decided), and the model is told why."""
 
 
 def prefix_of(command: str) -> str:
@@ -117,7 +126,7 @@ class Approvals:
             self.rules.append(req.prefix.split())
         if decision == "deny":
             self._decided(req, decision, by)
-            return {"approved": False, "reason": self._why(by)}
+            return {"approved": False, "reason": self._why(by, req)}
         result = await self._run(command)
         self._decided(req, decision, by, result["exit_code"])
         return {"approved": True, "by": by, **result}
@@ -134,7 +143,7 @@ class Approvals:
         if decision == "always":
             self.tools.add(req.prefix)
         self._decided(req, decision, by)
-        return self._why(by) if decision == "deny" else None
+        return self._why(by, req) if decision == "deny" else None
 
     def _new(self, kind: Kind, summary: str, reason: str, prefix: str) -> Request:
         return Request(f"a-{secrets.token_hex(4)}", kind, summary, reason, prefix,
@@ -161,19 +170,25 @@ class Approvals:
         if self._ruled(req):
             return "always", "rule"
         if self.ask is not None:
-            return await self.ask(req), "user"
+            try:
+                return await self.ask(req), "user"
+            except NoTerminal as e:
+                req.unasked = str(e)
+                return "deny", "no-terminal"
         try:
             return await asyncio.wait_for(asyncio.shield(req.decided), self.config.approval_timeout)
         except TimeoutError:
             return "deny", "timeout"
 
-    def _why(self, by: str) -> str:
+    def _why(self, by: str, req: Request) -> str:
         if by == "policy":
             if self.config.approval == "never":
                 return 'approvals are off here (sandbox.approval = "never")'
             return "nobody can approve it in this session (run it in the daemon, or at a terminal)"
         if by == "timeout":
             return f"nobody decided within {self.config.approval_timeout:g}s"
+        if by == "no-terminal":
+            return f"nobody could be asked: {req.unasked}"
         return "the user denied it"
 
     def _ruled(self, req: Request) -> bool:

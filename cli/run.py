@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from agent.approvals import Decision, Request
+from agent.approvals import Decision, NoTerminal, Request
 from agent.config import Config, ConfigError, load_config, merge, parse_override
 from cli.follow import EXIT_CODES, follow, on_ctrl_c, report
 from cli.show import Printer, print_json
@@ -183,23 +183,28 @@ async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answe
 
 async def ask_at_terminal(req: Request) -> Decision:
     """Ask the person at the terminal: may the agent run its command outside the sandbox, or call
-    the MCP tool (a server under policy `ask`)?"""
+    the MCP tool (a server under policy `ask`)? A terminal that cannot be opened or read is said on
+    stderr and raised as NoTerminal: denied, and recorded as no person's decision."""
     what = ("run this outside the sandbox, with your rights" if req.kind == "command"
             else "call this tool of an MCP server")
+    question = (f"\nThe agent asks to {what}:\n  {req.summary}\n"
+                + (f"  because: {req.reason}\n" if req.reason else "")
+                + f"Go ahead? [y] once, [a] always for `{req.prefix}` in this session, [N] no: ")
 
-    def ask() -> Decision:
-        with open("/dev/tty", "r+") as tty:
-            tty.write(f"\nThe agent asks to {what}:\n  {req.summary}\n"
-                      + (f"  because: {req.reason}\n" if req.reason else "")
-                      + f"Go ahead? [y] once, [a] always for `{req.prefix}` in this session, [N] no: ")
-            tty.flush()
-            answer = tty.readline().strip().lower()
-        return {"y": "approve", "yes": "approve", "a": "always", "always": "always"}.get(answer, "deny")
+    def ask() -> str:
+        # Unbuffered bytes: a text-mode "r+" on a terminal is not seekable, which Python refuses.
+        with open("/dev/tty", "rb+", buffering=0) as tty:
+            tty.write(question.encode())
+            return tty.readline().decode(errors="replace").strip().lower()
 
     try:
-        return await asyncio.to_thread(ask)
-    except OSError:  # no terminal after all
-        return "deny"
+        answer = await asyncio.to_thread(ask)
+    except OSError as e:
+        why = f"the terminal could not be used to ask ({e.strerror or e})"
+        print(f"prime-agent: the agent asked to {what} ({req.summary}), but {why}: denied, and no person "
+              "decided; run it at a terminal, or in the daemon (--daemon) to decide in the app", file=sys.stderr)
+        raise NoTerminal(why) from None
+    return {"y": "approve", "yes": "approve", "a": "always", "always": "always"}.get(answer, "deny")
 
 
 async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, show, print_answer: bool,
