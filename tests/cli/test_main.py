@@ -45,3 +45,13 @@ def test_a_flag_is_parsed_by_the_module_that_declares_it():
     assert (args.command, args.session, args.score, args.note) == ("rate", "last", 0.5, "ok")
     args = build_parser("rl").parse_args(["rl", "train", "c.toml", "--train.lr", "1e-3"])
     assert (args.action, args.config, args.overrides) == ("train", "c.toml", ["--train.lr", "1e-3"])
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--bogus"], "prime-agent: error: unknown option --bogus: a command comes first"),
+    (["run", "--bogus", "task"], "prime-agent run: error: unrecognized arguments: --bogus"),
+    (["daemon", "start", "--nope"], "prime-agent daemon start: error: unrecognized arguments: --nope"),
+])
+def test_an_argument_error_names_the_problem_and_the_command(argv, said):
+    done = subprocess.run([PRIME_AGENT, *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and said in done.stderr and "required" not in done.stderr
