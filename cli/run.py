@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agent.approvals import Decision, NoTerminal, Request
 from agent.config import Config, ConfigError, load_config, merge, parse_override
-from cli.follow import EXIT_CODES, follow, on_ctrl_c, report
+from cli.follow import EXIT_CODES, PrintAnswer, follow, on_ctrl_c, report
 from cli.show import Printer, print_json
 
 EXIT_CONFIG = 2
@@ -82,7 +82,9 @@ def main(args: argparse.Namespace) -> int:
     if not cwd.is_dir():
         print(f"prime-agent: --cwd {cwd} is not a directory", file=sys.stderr)
         return EXIT_CONFIG
-    show = print_json if args.json else Printer().show
+    printer = Printer()
+    show = print_json if args.json else printer.show
+    print_answer: PrintAnswer = (lambda answer: False) if args.json else printer.unseen
     if args.daemon:
         if args.session_dir or any(not o.startswith("budget.") for o in args.config):
             print("prime-agent: with --daemon, the daemon keeps the session and reads config.toml itself; "
@@ -91,18 +93,18 @@ def main(args: argparse.Namespace) -> int:
         from daemon.client import DaemonError
 
         try:
-            return asyncio.run(run_via_daemon(config, cwd, task, show, print_answer=not args.json, goal=goal))
+            return asyncio.run(run_via_daemon(config, cwd, task, show, print_answer=print_answer, goal=goal))
         except DaemonError as e:
             print(f"prime-agent: {e.message}", file=sys.stderr)
             return EXIT_CONFIG if e.status in (400, 409, 422) else 1
     session_dir = Path(args.session_dir) if args.session_dir else None
-    return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=not args.json, goal=goal))
+    return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=print_answer, goal=goal))
 
 
 GOAL_EXIT_CODES = {"achieved": 0, "error": 3, "exhausted": 4, "stopped": 130}
 
 
-async def follow_goal(client, session_id: str, show, print_answer: bool) -> int:
+async def follow_goal(client, session_id: str, show, print_answer: PrintAnswer) -> int:
     """Show a daemon session's events until its goal finishes; its exit code."""
     from agent.events import GoalFinished, TurnFinished
 
@@ -112,7 +114,7 @@ async def follow_goal(client, session_id: str, show, print_answer: bool) -> int:
         if isinstance(event, TurnFinished):
             answer = event.answer
         elif isinstance(event, GoalFinished):
-            if event.state == "achieved" and print_answer and answer:
+            if event.state == "achieved" and answer and print_answer(answer):
                 print(answer)
             elif event.state != "achieved":
                 print(f"prime-agent: goal {event.state}: {event.reason}", file=sys.stderr)
@@ -161,7 +163,8 @@ def _config(args: argparse.Namespace, cwd: Path) -> Config:
     return load_config(cwd, overrides)
 
 
-async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answer: bool, goal=None) -> int:
+async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answer: PrintAnswer,
+                         goal=None) -> int:
     """`prime-agent run --daemon`: the same run, in a daemon session that outlives this process (a goal
     too: it goes on in the daemon when this command is stopped or detaches)."""
     from daemon.client import connect
@@ -207,7 +210,7 @@ async def ask_at_terminal(req: Request) -> Decision:
     return {"y": "approve", "yes": "approve", "a": "always", "always": "always"}.get(answer, "deny")
 
 
-async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, show, print_answer: bool,
+async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, show, print_answer: PrintAnswer,
                goal=None) -> int:
     from agent.model import OpenAIModel
     from agent.session import Session
@@ -242,13 +245,13 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
         loop.remove_signal_handler(signal.SIGINT)
     if goal is not None:
         answer = session.last_result.answer if session.last_result else None
-        if state.state == "achieved" and print_answer and answer:
+        if state.state == "achieved" and answer and print_answer(answer):
             print(answer)
         elif state.state != "achieved":
             print(f"prime-agent: goal {state.state}: {state.reason}", file=sys.stderr)
         print(f"[goal {state.summary()}]", file=sys.stderr)
         code = GOAL_EXIT_CODES[state.state]
     else:
-        code = report(result.outcome, result.answer, result.error, print_answer)
+        code = report(result.outcome, result.answer, result.error, print_answer(result.answer))
     print(f"[session {session.id}: {session.dir}; spent {session.usage.describe()}]", file=sys.stderr)
     return code

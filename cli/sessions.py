@@ -70,7 +70,8 @@ async def _send(args: argparse.Namespace) -> int:
         if not args.wait:
             print(accepted.turn_id + (" (queued)" if accepted.queued else ""))
             return 0
-        return await follow(client, args.session, accepted.turn_id, last, Printer().show, print_answer=True)
+        printer = Printer()
+        return await follow(client, args.session, accepted.turn_id, last, printer.show, printer.unseen)
 
 
 async def _attach(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -246,7 +247,7 @@ def _read_until(fd: int, seen: bytearray, marker: bytes, count: int, timeout: fl
 def test_approvals_are_asked_at_the_terminal_and_recorded_as_the_persons(project: Path, prime_home: Path):
     script = [Reply(code=[ASK.format(command="echo hi")]), Reply(code=[ASK.format(command="echo hi")]),
               Reply(code=[ASK.format(command="echo hi")]), Reply(code=[DENIED.format(command="echo bye")]),
-              Reply(content="done")]
+              Reply(content="all three asked")]
     master, slave = os.openpty()
     with OpenAIServer(script) as server:
         env = dict(os.environ, OPENAI_BASE_URL=server.base_url, PRIME_AGENT_MODEL="fake-model")
@@ -263,8 +264,9 @@ def test_approvals_are_asked_at_the_terminal_and_recorded_as_the_persons(project
             p.kill()
             os.close(master)
             os.close(slave)
-    out = seen.decode(errors="replace")
+    out = re.sub(r"\x1b\[[0-9;]*m", "", seen.decode(errors="replace"))  # without the colours
     assert out.count("Go ahead?") == 3 and "echo bye" in out
+    assert out.count("all three asked") == 1  # streamed to the terminal, so not printed again on stdout
     assert _approvals(prime_home) == [("echo hi", "approve", "user"), ("echo hi", "always", "user"),
                                       ("echo hi", "always", "rule"), ("echo bye", "deny", "user")]
     records = read_records(session_dir(prime_home) / "trajectory.jsonl")
