@@ -168,8 +168,9 @@ async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answe
     """`prime-agent run --daemon`: the same run, in a daemon session that outlives this process (a goal
     too: it goes on in the daemon when this command is stopped or detaches)."""
     from daemon.client import connect
+    from daemon.schemas import ModelKey
 
-    async with await connect() as client:
+    async with await connect(key=ModelKey.of(config.model)) as client:  # the daemon may have no key, or another
         s = await client.create_session(cwd, model=config.model.name, base_url=config.model.base_url,
                                         budget=config.budget.model_dump(), sandbox=config.sandbox.mode)
         if goal is not None:
