@@ -6,7 +6,8 @@ the request is an event (`approval.requested`) and a record in the trajectory, a
 decision: `approve` (this once), `always` (for the rest of the session: see `rule_of`; every call
 of the same MCP tool, or with the server as the prefix, of any of its tools), `deny`. The daemon
 decides through POST /v1/sessions/{id}/approvals/{request_id}, `prime-agent run` at the terminal
-(`ask`); `sandbox.approval = "never"` denies at once, and so does a session nobody can answer. An
+(`ask`); `sandbox.approval = "never"` denies at once, and so does a session nobody can answer; an
+`ask` that cannot reach its person (`NoTerminal`) denies too, recorded as nobody's decision. An
 approved command runs in the workspace with the user's rights, outside the sandbox, but with the
 kernel's environment (secret-looking variables dropped, `sandbox.env_deny`) unless the person asked
 for their full one (`full_env`, that decision only); its output goes back to the cell that asked.
@@ -40,7 +41,8 @@ from agent.trajectory import ApprovalRecord
 Kind = ev.ApprovalKind
 Decision = Literal["approve", "always", "deny"]
 Ask = Callable[["Request"], Awaitable[Decision]]
-"""A front end's own way of asking (the terminal's, for `prime-agent run`)."""
+"""A front end's own way of asking (the terminal's, for `prime-agent run`); raises NoTerminal when
+there is nobody to put the question to."""
 MAX_COMMAND = 10_000
 OUTPUT_LIMIT = 64 * 1024
 CHAINS = set(";&|`$()<>\n\\")
@@ -160,6 +162,13 @@ class Request:
     """What the person should know before deciding (a `.git` the agent made)."""
     full_env: bool = False
     """The person asked to run it with their full environment, secrets included."""
+    unasked: str = ""
+    """Why nobody could be asked (`NoTerminal`'s message), when that was so."""
+
+
+class NoTerminal(Exception):
+    """An `ask` could not put the question to anyone (the terminal would not open): the request is
+    denied, recorded as `by: "no-terminal"` (no person decided), and the model is told why."""
 
 
 class Approvals:
@@ -224,7 +233,7 @@ class Approvals:
             self.rules.append(shlex.split(req.prefix or ""))
         if decision == "deny":
             self._decided(req, decision, by)
-            return {"approved": False, "reason": self._why(by)}
+            return {"approved": False, "reason": self._why(by, req)}
         result = await self._run(command, req.full_env)
         self._decided(req, decision, by, result["exit_code"], req.full_env)
         return {"approved": True, "by": by, **result}
@@ -241,7 +250,7 @@ class Approvals:
         if decision == "always":
             self.tools.add(req.prefix)
         self._decided(req, decision, by)
-        return self._why(by) if decision == "deny" else None
+        return self._why(by, req) if decision == "deny" else None
 
     def _notes(self) -> list[str]:
         """What a command's request tells the person: each repository the agent made this session."""
@@ -274,19 +283,25 @@ class Approvals:
         if not req.notes and self._ruled(req):  # what a note says, a person reads first
             return "always", "rule"
         if self.ask is not None:
-            return await self.ask(req), "user"
+            try:
+                return await self.ask(req), "user"
+            except NoTerminal as e:
+                req.unasked = str(e)
+                return "deny", "no-terminal"
         try:
             return await asyncio.wait_for(asyncio.shield(req.decided), self.config.approval_timeout)
         except TimeoutError:
             return "deny", "timeout"
 
-    def _why(self, by: str) -> str:
+    def _why(self, by: str, req: Request) -> str:
         if by == "policy":
             if self.config.approval == "never":
                 return 'approvals are off here (sandbox.approval = "never")'
             return "nobody can approve it in this session (run it in the daemon, or at a terminal)"
         if by == "timeout":
             return f"nobody decided within {self.config.approval_timeout:g}s"
+        if by == "no-terminal":
+            return f"nobody could be asked: {req.unasked}"
         return "the user denied it"
 
     def _ruled(self, req: Request) -> bool:

@@ -350,10 +350,10 @@ class ApprovalDecided(_Event):
     request_id: str
     kind: ApprovalKind = "command"
     decision: Literal["approve", "always", "deny"]
-    by: Literal["user", "rule", "policy", "timeout", "cancelled"]
+    by: Literal["user", "rule", "policy", "timeout", "cancelled", "no-terminal"]
     """user: a person decided; rule: an earlier `always`; policy: `sandbox.approval = "never"`, or nobody
     can answer here (outside the daemon and a terminal); timeout: nobody decided in time; cancelled:
-    the cell that asked was interrupted."""
+    the cell that asked was interrupted; no-terminal: the terminal to ask at could not be opened."""
     exit_code: int | None = None
     """A command's, once it ran outside the sandbox."""
     full_env: bool = False

@@ -132,17 +132,21 @@ QUOTA_ERRORS = re.compile(r"insufficient.quota|exceeded your current quota|quota
 
 
 class OpenAIModel:
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, key_hint: str = ""):
+        """`key_hint`: what to do when the server refuses the key (HTTP 401), where the key comes from;
+        by default, to set OPENAI_API_KEY or model.api_key."""
         if not config.name:
             raise ModelError("no model name configured (set PRIME_AGENT_MODEL or --model)")
         self.config = config
+        self.key_hint = key_hint or ("check the API key (OPENAI_API_KEY, or model.api_key)" if config.api_key
+                                     else "no API key was sent: set OPENAI_API_KEY (or model.api_key)")
         self.name = config.name
         """The model in use: `config.name`, or the `fallback` model it switched to."""
         self.action_format = config.action_format
         self._client: Any = None
 
     def variant(self, name: str) -> OpenAIModel:
-        return OpenAIModel(self.config.model_copy(update={"name": name}))
+        return OpenAIModel(self.config.model_copy(update={"name": name}), self.key_hint)
 
     def prepare(self) -> None:
         """Import the client library and build the client (~0.5 s); safe to run in a thread."""
@@ -279,7 +283,8 @@ class OpenAIModel:
                 return _Retryable(f"HTTP {status}: {message}", wait=retry_after(headers))
             if status in (400, 413) and CONTEXT_ERRORS.search(message):
                 return ContextOverflow(f"the context is too long for the model: {message}")
-            return ModelError(f"the server refused the request: HTTP {status}: {message}")
+            hint = f"; {self.key_hint}" if status == 401 else ""
+            return ModelError(f"the server refused the request: HTTP {status}: {message}{hint}")
         if isinstance(e, oa.APIError):  # an error event inside a stream that had begun well
             return _Retryable(f"the server reported an error mid-stream: {_brief(e.message)}")
         if isinstance(e, (oa.APIResponseValidationError, ValueError, KeyError, TypeError, AttributeError)):

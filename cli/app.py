@@ -13,6 +13,7 @@ from pathlib import Path
 
 from agent.config import ConfigError, load_config
 from daemon.client import DaemonError, connect
+from daemon.schemas import ModelKey
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> int:
 async def _run(config, cwd: Path, args: argparse.Namespace) -> str | None:
     from tui.app import NewSession, PrimeApp
 
-    client = await connect()
+    client = await connect(key=ModelKey.of(config.model))  # given with each session it creates or prompts
     try:
         session_id = args.resume or None
         if args.cont:

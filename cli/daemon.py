@@ -121,8 +121,15 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps({"running": True, **status.model_dump()}, indent=2))
         return 0
     hours, rest = divmod(int(status.uptime), 3600)
+    env = [f"{k}={v}" for k, v in status.model_env.items() if k != "OPENAI_API_KEY"]
+    env.append("OPENAI_API_KEY set" if "OPENAI_API_KEY" in status.model_env else "no OPENAI_API_KEY")
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status.started))
     print(f"pid        {status.pid}\nversion    {status.version}\nsocket     {status.socket}\n"
-          f"tcp        {status.tcp or '-'}{' (may loosen sandboxes)' if status.remote_unsandboxed else ''}\nuptime     {hours}h{rest // 60:02d}m{rest % 60:02d}s\n"
+          f"tcp        {status.tcp or '-'}{' (may loosen sandboxes)' if status.remote_unsandboxed else ''}\n"
+          f"started    {started} (up {hours}h{rest // 60:02d}m{rest % 60:02d}s)\n"
+          f"model      from its own environment at start ({', '.join(env)}) and config.toml;\n"
+          f"           a session's key from the client that creates or prompts it, in memory only "
+          f"({status.client_keys} session(s) have one)\n"
           f"sessions   {status.sessions} ({status.live_sessions} live, {status.running_turns} running)\n"
           f"pool       {status.pool_ready} kernels ready\n"
           f"disk       {status.disk_free_mb:,.0f} MB free" + (f"; a write failed at {status.write_error}"

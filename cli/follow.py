@@ -14,6 +14,8 @@ from agent.events import TurnFinished
 if TYPE_CHECKING:
     from daemon.client import Client
 
+PrintAnswer = Callable[[str | None], bool]
+"""Whether a turn's answer is to be printed on stdout (no, with --json; nor when the terminal shows it already)."""
 EXIT_CODES = {"completed": 0, "error": 3, "budget_exhausted": 4, "timed_out": 5, "interrupted": 130}
 
 
@@ -41,7 +43,8 @@ def on_ctrl_c(interrupt: Callable[[], Awaitable[object]], then: str,
     loop.add_signal_handler(signal.SIGINT, on_sigint)
 
 
-async def follow(client: Client, session_id: str, turn_id: str, after: int | None, show, print_answer: bool) -> int:
+async def follow(client: Client, session_id: str, turn_id: str, after: int | None, show,
+                 print_answer: PrintAnswer) -> int:
     """Show events until `turn_id` finishes. Ctrl-C interrupts the turn; a second one detaches."""
     loop = asyncio.get_running_loop()
     on_ctrl_c(lambda: client.interrupt(session_id, turn_id=turn_id), "detach")
@@ -56,7 +59,7 @@ async def follow(client: Client, session_id: str, turn_id: str, after: int | Non
         return EXIT_CODES["interrupted"]
     finally:
         loop.remove_signal_handler(signal.SIGINT)
-    return report(finished.outcome, finished.answer, finished.error, print_answer)
+    return report(finished.outcome, finished.answer, finished.error, print_answer(finished.answer))
 
 
 def report(outcome: str, answer: str | None, error: str | None, print_answer: bool) -> int:

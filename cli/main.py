@@ -71,6 +71,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost parser that `args` went through (`prime-agent daemon start`'s, not the top's)."""
+    while subs := [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]:
+        chosen = getattr(args, subs[0].dest, None)
+        if chosen not in subs[0].choices:
+            break
+        parser = subs[0].choices[chosen]
+    return parser
+
+
 class _Version(argparse.Action):
     def __init__(self, option_strings, dest, **kw):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
@@ -104,7 +114,15 @@ def _main(argv: list[str]) -> int:
     if command == "mcp" and "--" in argv:  # `mcp add NAME [options] -- COMMAND ARGS...`: taken as they are
         at = argv.index("--")
         argv, trailing = argv[:at], argv[at + 1:]
-    args = build_parser(command).parse_args(argv)
+    parser = build_parser(command)
+    if command is None:  # options alone, none of them the app's: say which, not that a command is missing
+        unknown = next((a for a in argv if a not in ("-h", "--help", "--version")), None)
+        if unknown is not None:
+            parser.error(f"unknown option {unknown}: a command comes first (prime-agent --help lists them); "
+                         f"the app takes {', '.join(APP_FLAGS)}")
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command they were given to, with its usage
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if trailing:
         args.argv = trailing
     return importlib.import_module(COMMANDS[args.command].module).main(args)

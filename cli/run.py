@@ -14,9 +14,9 @@ import signal
 import sys
 from pathlib import Path
 
-from agent.approvals import Decision, Request
+from agent.approvals import Decision, NoTerminal, Request
 from agent.config import Config, ConfigError, load_config, merge, parse_override
-from cli.follow import EXIT_CODES, follow, on_ctrl_c, report
+from cli.follow import EXIT_CODES, PrintAnswer, follow, on_ctrl_c, report
 from cli.show import Printer, print_json
 
 EXIT_CONFIG = 2
@@ -82,7 +82,9 @@ def main(args: argparse.Namespace) -> int:
     if not cwd.is_dir():
         print(f"prime-agent: --cwd {cwd} is not a directory", file=sys.stderr)
         return EXIT_CONFIG
-    show = print_json if args.json else Printer().show
+    printer = Printer()
+    show = print_json if args.json else printer.show
+    print_answer: PrintAnswer = (lambda answer: False) if args.json else printer.unseen
     if args.daemon:
         if args.session_dir or any(not o.startswith("budget.") for o in args.config):
             print("prime-agent: with --daemon, the daemon keeps the session and reads config.toml itself; "
@@ -91,18 +93,18 @@ def main(args: argparse.Namespace) -> int:
         from daemon.client import DaemonError
 
         try:
-            return asyncio.run(run_via_daemon(config, cwd, task, show, print_answer=not args.json, goal=goal))
+            return asyncio.run(run_via_daemon(config, cwd, task, show, print_answer=print_answer, goal=goal))
         except DaemonError as e:
             print(f"prime-agent: {e.message}", file=sys.stderr)
             return EXIT_CONFIG if e.status in (400, 409, 422) else 1
     session_dir = Path(args.session_dir) if args.session_dir else None
-    return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=not args.json, goal=goal))
+    return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=print_answer, goal=goal))
 
 
 GOAL_EXIT_CODES = {"achieved": 0, "error": 3, "exhausted": 4, "stopped": 130}
 
 
-async def follow_goal(client, session_id: str, show, print_answer: bool) -> int:
+async def follow_goal(client, session_id: str, show, print_answer: PrintAnswer) -> int:
     """Show a daemon session's events until its goal finishes; its exit code."""
     from agent.events import GoalFinished, TurnFinished
 
@@ -112,7 +114,7 @@ async def follow_goal(client, session_id: str, show, print_answer: bool) -> int:
         if isinstance(event, TurnFinished):
             answer = event.answer
         elif isinstance(event, GoalFinished):
-            if event.state == "achieved" and print_answer and answer:
+            if event.state == "achieved" and answer and print_answer(answer):
                 print(answer)
             elif event.state != "achieved":
                 print(f"prime-agent: goal {event.state}: {event.reason}", file=sys.stderr)
@@ -161,12 +163,14 @@ def _config(args: argparse.Namespace, cwd: Path) -> Config:
     return load_config(cwd, overrides)
 
 
-async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answer: bool, goal=None) -> int:
+async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answer: PrintAnswer,
+                         goal=None) -> int:
     """`prime-agent run --daemon`: the same run, in a daemon session that outlives this process (a goal
     too: it goes on in the daemon when this command is stopped or detaches)."""
     from daemon.client import connect
+    from daemon.schemas import ModelKey
 
-    async with await connect() as client:
+    async with await connect(key=ModelKey.of(config.model)) as client:  # the daemon may have no key, or another
         s = await client.create_session(cwd, model=config.model.name, base_url=config.model.base_url,
                                         budget=config.budget.model_dump(), sandbox=config.sandbox.mode)
         if goal is not None:
@@ -183,34 +187,38 @@ async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answe
 
 async def ask_at_terminal(req: Request) -> Decision:
     """Ask the person at the terminal: may the agent run its command outside the sandbox, or call
-    the MCP tool (a server under policy `ask`)?"""
+    the MCP tool (a server under policy `ask`)? A terminal that cannot be opened or read is said on
+    stderr and raised as NoTerminal: denied, and recorded as no person's decision."""
     what = ("run this outside the sandbox, with your rights" if req.kind == "command"
             else "call this tool of an MCP server")
-
     always = f"[a] always for `{req.prefix} ...` in this session, " if req.prefix else ""
     full = "[f] once with your full environment (secrets too), " if req.kind == "command" else ""
+    question = (f"\nThe agent asks to {what}:\n  {req.summary}\n"
+                + (f"  because: {req.reason}\n" if req.reason else "")
+                + "".join(f"  WARNING: {note}\n" for note in req.notes)
+                + f"Go ahead? [y] once, {always}{full}[N] no: ")
 
-    def ask() -> Decision:
-        with open("/dev/tty", "r+") as tty:
-            tty.write(f"\nThe agent asks to {what}:\n  {req.summary}\n"
-                      + (f"  because: {req.reason}\n" if req.reason else "")
-                      + "".join(f"  WARNING: {note}\n" for note in req.notes)
-                      + f"Go ahead? [y] once, {always}{full}[N] no: ")
-            tty.flush()
-            answer = tty.readline().strip().lower()
-        req.full_env = bool(full) and answer == "f"
-        answers: dict[str, Decision] = {"y": "approve", "yes": "approve", "f": "approve"}
-        if always:
-            answers["a"] = "always"
-        return answers.get(answer, "deny")
+    def ask() -> str:
+        # Unbuffered bytes: a text-mode "r+" on a terminal is not seekable, which Python refuses.
+        with open("/dev/tty", "rb+", buffering=0) as tty:
+            tty.write(question.encode())
+            return tty.readline().decode(errors="replace").strip().lower()
 
     try:
-        return await asyncio.to_thread(ask)
-    except OSError:  # no terminal after all
-        return "deny"
+        answer = await asyncio.to_thread(ask)
+    except OSError as e:
+        why = f"the terminal could not be used to ask ({e.strerror or e})"
+        print(f"prime-agent: the agent asked to {what} ({req.summary}), but {why}: denied, and no person "
+              "decided; run it at a terminal, or in the daemon (--daemon) to decide in the app", file=sys.stderr)
+        raise NoTerminal(why) from None
+    req.full_env = bool(full) and answer == "f"
+    answers: dict[str, Decision] = {"y": "approve", "yes": "approve", "f": "approve"}
+    if always:
+        answers.update(a="always", always="always")
+    return answers.get(answer, "deny")
 
 
-async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, show, print_answer: bool,
+async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, show, print_answer: PrintAnswer,
                goal=None) -> int:
     from agent.model import OpenAIModel
     from agent.session import Session
@@ -245,13 +253,13 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
         loop.remove_signal_handler(signal.SIGINT)
     if goal is not None:
         answer = session.last_result.answer if session.last_result else None
-        if state.state == "achieved" and print_answer and answer:
+        if state.state == "achieved" and answer and print_answer(answer):
             print(answer)
         elif state.state != "achieved":
             print(f"prime-agent: goal {state.state}: {state.reason}", file=sys.stderr)
         print(f"[goal {state.summary()}]", file=sys.stderr)
         code = GOAL_EXIT_CODES[state.state]
     else:
-        code = report(result.outcome, result.answer, result.error, print_answer)
+        code = report(result.outcome, result.answer, result.error, print_answer(result.answer))
     print(f"[session {session.id}: {session.dir}; spent {session.usage.describe()}]", file=sys.stderr)
     return code

@@ -12,10 +12,11 @@ import json
 import signal
 import sys
 import time
+from pathlib import Path
 
 from cli.follow import follow
 from cli.show import Printer, print_json
-from daemon.client import DaemonError, connect
+from daemon.client import DaemonError, connect, own_key
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
@@ -64,13 +65,14 @@ async def _sessions(args: argparse.Namespace) -> int:
 
 async def _send(args: argparse.Namespace) -> int:
     text = sys.stdin.read() if args.text == "-" else args.text
-    async with await connect() as client:
+    async with await connect(key=own_key(Path.cwd())) as client:  # a daemon without the key takes this shell's
         last = (await client.session(args.session)).last_seq
         accepted = await client.send(args.session, text, args.mode)
         if not args.wait:
             print(accepted.turn_id + (" (queued)" if accepted.queued else ""))
             return 0
-        return await follow(client, args.session, accepted.turn_id, last, Printer().show, print_answer=True)
+        printer = Printer()
+        return await follow(client, args.session, accepted.turn_id, last, printer.show, printer.unseen)
 
 
 async def _attach(args: argparse.Namespace) -> int:

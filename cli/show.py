@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 
 from agent import events as ev
@@ -23,6 +25,8 @@ class Printer:
 
         self.console = Console(stderr=True, highlight=False)
         self.streaming = False
+        self.said = ""
+        """The model's latest run of streamed text (its answer, when it answered in text)."""
         self.lines = 0
         """Output lines of the running cell so far (past MAX_LINES they are counted, not shown)."""
 
@@ -34,13 +38,22 @@ class Printer:
             if self.lines <= self.MAX_LINES:
                 self.console.print(Text(line, style=style))
 
+    def unseen(self, answer: str | None) -> bool:
+        """Whether `answer` is still to be printed on stdout: not when it was just streamed to the
+        terminal stdout writes to as well (a person would read it twice)."""
+        return not (answer and answer.strip() == self.said.strip() and _same_terminal())
+
     def show(self, e: Event) -> None:
         from rich.syntax import Syntax
         from rich.text import Text
 
         c = self.console
         if isinstance(e, ev.ModelDelta):
+            if not self.streaming:
+                self.said = ""
             self.streaming = True
+            if not e.reasoning:
+                self.said += e.text
             c.print(Text(e.text, style="dim italic" if e.reasoning else "dim"), end="")
             return
         if self.streaming:
@@ -96,3 +109,12 @@ class Printer:
                 c.print(Text(f"goal: continuation {e.continuation}" + (f" ({left} left)" if left else ""), style="bold"))
             case ev.GoalFinished():
                 c.print(Text(f"goal {e.state}: {e.reason}", style="bold green" if e.state == "achieved" else "bold red"))
+
+
+def _same_terminal() -> bool:
+    """stdout and stderr are one terminal."""
+    try:
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISCHR(out.st_mode) and sys.stdout.isatty() and out.st_rdev == err.st_rdev

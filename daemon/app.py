@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from agent.checkpoints import PARTS, Plan, RewindError, WorkspaceStore, turn_list
-from agent.config import ConfigError, home, project_root, shorten
+from agent.config import ENV_VARS, ConfigError, home, project_root, shorten
 from agent.events import EVENTS
 from agent.goals import GoalSpec, GoalState
 from agent.harness import SessionHarness, scope_roots
@@ -48,6 +48,7 @@ from daemon.schemas import (
     Interrupted,
     KernelInfo,
     MessageAccepted,
+    ModelKey,
     RefineRequest,
     RefineStarted,
     RewindRequest,
@@ -91,7 +92,8 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
     --allow-remote-unsandboxed): whoever holds the token may be a kernel that read it."""
     app = FastAPI(title="Prime Agent daemon", version=VERSION, responses=ERRORS,
                   description="Sessions that outlive their terminal: create, prompt, steer, interrupt, stream events.")
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
+    model_env = {var: "set" if var == "OPENAI_API_KEY" else os.environ[var] for var in ENV_VARS if os.environ.get(var)}
 
     @app.exception_handler(Refused)
     async def refused(request: Request, e: Refused) -> JSONResponse:
@@ -119,7 +121,8 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
     async def status() -> Status:
         return Status(
             pid=os.getpid(), version=VERSION, socket=socket, tcp=tcp, remote_unsandboxed=bool(tcp) and remote_unsandboxed,
-            uptime=time.monotonic() - started,
+            uptime=time.monotonic() - started, started=started_at, model_env=model_env,
+            client_keys=sum(1 for s in manager.sessions.values() if s.key),
             sessions=len(manager.sessions), live_sessions=manager.live(),
             running_turns=manager.running_turns(),
             pool_ready=manager.pool.ready, disk_free_mb=shutil.disk_usage(manager.root).free / 2**20,
@@ -136,6 +139,7 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
     async def create_session(req: CreateSession, request: Request) -> SessionInfo:
         """A new session; over TCP, no less confined than the configuration says (else 403), unless the
         daemon was started with --allow-remote-unsandboxed."""
+        _unix_only(req.key, request)
         return (await manager.create(req, may_loosen=not confined(request))).info()
 
     @app.get("/v1/sessions")
@@ -168,10 +172,11 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         return managed.info()
 
     @app.post("/v1/sessions/{session_id}/messages", status_code=202)
-    async def send_message(session_id: str, req: SendMessage) -> MessageAccepted:
+    async def send_message(session_id: str, req: SendMessage, request: Request) -> MessageAccepted:
+        _unix_only(req.key, request)
         if manager.stopping:
             raise Refused("stopping", "the daemon is stopping")
-        return manager.get(session_id).send(req.text, req.mode)
+        return manager.get(session_id).send(req.text, req.mode, req.key)
 
     @app.post("/v1/sessions/{session_id}/interrupt")
     async def interrupt(session_id: str, req: Annotated[Interrupt | None, Body()] = None) -> Interrupted:
@@ -548,6 +553,13 @@ _BAD_PATH = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR}
 def _change(c) -> dict[str, Any]:
     return {"commit": c.commit, "refinement_id": c.refinement_id, "trigger": c.trigger, "summary": c.summary,
             "date": c.date.isoformat(), "entries": c.entries}
+
+
+def _unix_only(key: ModelKey | None, request: Request) -> None:
+    """A model key travels over the Unix socket only (a file only its user can open)."""
+    if key is not None and request.scope.get(REMOTE):
+        raise Refused("bad_request", "a model key is accepted over the daemon's Unix socket only, not over TCP: "
+                      "set the key in the daemon's environment (OPENAI_API_KEY) or config.toml instead")
 
 
 def _frame(seq: int, line: str) -> str:

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import httpx2
 from pydantic import BaseModel
 
+from agent.config import ConfigError, load_config
 from agent.events import Event, TurnFinished, parse_event
 from agent.goals import GoalState
 from daemon.paths import lock_file, log_file, pid_file, socket_file
@@ -39,6 +40,7 @@ from daemon.schemas import (
     Interrupted,
     KernelInfo,
     MessageAccepted,
+    ModelKey,
     RefineStarted,
     RewindResult,
     RolledBack,
@@ -64,10 +66,13 @@ class DaemonUnavailable(DaemonError):
 
 class Client:
     def __init__(self, url: str | None = None, token: str | None = None, socket: Path | None = None,
-                 timeout: float = 60.0, autostart: bool = False):
+                 timeout: float = 60.0, autostart: bool = False, key: ModelKey | None = None):
         """Over the Unix socket (default), or `url` (TCP) with `token`. With `autostart`, a request or
-        event stream that finds no daemon on the socket starts one and tries again."""
+        event stream that finds no daemon on the socket starts one and tries again. `key`: the model
+        API key this client gives the sessions it creates and prompts (over the Unix socket only:
+        never sent over TCP), so a daemon started without one, or with another, uses the caller's."""
         self.socket = socket or socket_file()
+        self.key = key if url is None else None
         self.autostart = autostart and url is None
         transport = None if url else httpx2.AsyncHTTPTransport(uds=str(self.socket))
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -125,7 +130,7 @@ class Client:
                              title: str | None = None, budget: dict[str, Any] | None = None,
                              config: dict[str, Any] | None = None, sandbox: str | None = None) -> SessionInfo:
         body = {"cwd": str(Path(cwd).resolve()), "model": model, "base_url": base_url, "title": title, "budget": budget,
-                "config": config, "sandbox": sandbox}
+                "config": config, "sandbox": sandbox, "key": self.key.wire() if self.key else None}
         return await self._typed(SessionInfo, "POST", "/v1/sessions",
                                  json={k: v for k, v in body.items() if v is not None})
 
@@ -177,8 +182,8 @@ class Client:
         await self._call("DELETE", f"/v1/sessions/{session_id}")
 
     async def send(self, session_id: str, text: str, mode: str = "prompt") -> MessageAccepted:
-        return await self._typed(MessageAccepted, "POST", f"/v1/sessions/{session_id}/messages",
-                                 json={"text": text, "mode": mode})
+        body = {"text": text, "mode": mode, **({"key": self.key.wire()} if self.key else {})}
+        return await self._typed(MessageAccepted, "POST", f"/v1/sessions/{session_id}/messages", json=body)
 
     async def interrupt(self, session_id: str, drop_queued: bool = False, turn_id: str | None = None) -> Interrupted:
         """Stop the running turn; with `turn_id`, only that turn (dropped if it is still queued)."""
@@ -340,16 +345,24 @@ def _error(status: int, body: bytes) -> DaemonError:
 # --- starting the daemon ---------------------------------------------------------------------
 
 
-async def connect(autostart: bool = True) -> Client:
+async def connect(autostart: bool = True, key: ModelKey | None = None) -> Client:
     """A client of this home's daemon; with `autostart`, start the daemon when it is not running
-    (now, and whenever the client later finds it gone)."""
-    client = Client(autostart=autostart)
+    (now, and whenever the client later finds it gone). `key`: see Client."""
+    client = Client(autostart=autostart, key=key)
     try:
         await client.status()
     except DaemonUnavailable:
         await client.close()
         raise
     return client
+
+
+def own_key(cwd: Path) -> ModelKey | None:
+    """The model key this process's own settings hold for `cwd` (OPENAI_API_KEY, config.toml), if any."""
+    try:
+        return ModelKey.of(load_config(cwd).model)
+    except ConfigError:
+        return None
 
 
 def spawn(tcp: str | None = None, remote_unsandboxed: bool = False) -> subprocess.Popen:

@@ -32,12 +32,15 @@ from daemon.fanout import Fanout, Subscriber
 from daemon.goals import DaemonGoal
 from daemon.journal import EventJournal
 from daemon.meta import SessionMeta
-from daemon.schemas import Interrupted, MessageAccepted, SessionInfo
+from daemon.schemas import Interrupted, MessageAccepted, ModelKey, SessionInfo
 from daemon.turns import TurnQueue
 
 log = logging.getLogger(__name__)
 RESTARTED = "The daemon restarted"
 SLEPT = "The session was idle and its kernel was stopped to free memory"
+NO_KEY = ("the daemon has no API key for this session: export OPENAI_API_KEY in your shell and send the prompt "
+          "again (the daemon takes the key from the client that creates the session or sends it a prompt, and "
+          "keeps it in memory only: after a daemon restart, a prompt from a shell that has the key brings it back)")
 
 
 class Daemon(Protocol):
@@ -68,6 +71,10 @@ class ManagedSession:
         self.turn_slots = manager.turn_slots
         self.session: Session | None = None
         self.model: OpenAIModel | None = None
+        self.key: ModelKey | None = None
+        """The model API key a client gave for this session: in this process's memory only."""
+        self._rekey = False
+        """A client gave another key while the session was live: its model is rebuilt before the next turn."""
         self._retired: list[OpenAIModel] = []
         """Models switched away from, closed with the session (background work may still use them)."""
         self._waking = asyncio.Lock()
@@ -166,7 +173,9 @@ class ManagedSession:
 
     # --- turns -------------------------------------------------------------------------------
 
-    def send(self, text: str, mode: str) -> MessageAccepted:
+    def send(self, text: str, mode: str, key: ModelKey | None = None) -> MessageAccepted:
+        """Queue a prompt (or steer the running turn); `key`: the sending client's model key."""
+        self.use_key(key)
         return self.queue.send(text, mode)
 
     async def interrupt(self, drop_queued: bool, turn_id: str | None = None) -> Interrupted:
@@ -177,13 +186,49 @@ class ManagedSession:
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    def config(self) -> Config:
-        return load_config(Path(self.meta.cwd), self.meta.overrides)
+    def config(self, overrides: dict | None = None) -> Config:
+        """The session's configuration (from `overrides`, default its own), with its client's key."""
+        config = load_config(Path(self.meta.cwd), self.meta.overrides if overrides is None else overrides)
+        if self.key is not None:
+            config.model.api_key = self.key.api_key.get_secret_value()
+        return config
+
+    def use_key(self, key: ModelKey | None) -> None:
+        """Take a client's key, if it is meant for this session's endpoint (another's is ignored, so a
+        key never goes where its owner did not send it); a live session uses it from its next turn."""
+        if key is None or key == self.key or not key.fits(self.meta.base_url):
+            return
+        self.key, self._rekey = key, self.session is not None
+
+    def _model(self, config: Config) -> OpenAIModel:
+        if self.key is not None:
+            hint = "the API key is the one the client that last sent a prompt gave (its OPENAI_API_KEY): check it"
+        elif config.model.api_key:
+            hint = ("the API key is the daemon's own (its environment when it started, or config.toml); "
+                    "a key exported in your shell since reaches the session with the next prompt sent from there")
+        else:
+            hint = NO_KEY
+        return OpenAIModel(config.model, key_hint=hint)
+
+    def _use_model(self, config: Config) -> None:
+        """Switch the live session to a model built from `config` (the old one is closed with the session:
+        a refinement or a child may still be using it)."""
+        assert self.session is not None
+        if self.model is not None:
+            self._retired.append(self.model)
+        self.model = self._model(config)
+        self.session.use_model(self.model, config)
+        self._rekey = False
 
     async def wake(self) -> Session:
         """The live agent session: resumed from its trajectory, on a new kernel, if it was dormant."""
         async with self._waking:
             if self.session is not None:
+                if self._rekey and self.session.turn is None:
+                    try:
+                        self._use_model(self.config())
+                    except ConfigError as e:
+                        raise Refused("config_broken", str(e)) from None
                 return self.session
             if self.closed:
                 raise Refused("not_found", f"session {self.id} was deleted")
@@ -202,7 +247,7 @@ class ManagedSession:
                 raise Refused("config_broken", str(e)) from None
             damaged: list[str] = []
             records = read_records(self.layout.trajectory, damaged) if self.layout.trajectory.is_file() else []
-            model = OpenAIModel(config.model)
+            model = self._model(config)
             session = Session(
                 config, model, cwd=cwd, session_dir=self.layout.dir, session_id=self.id, on_event=self._on_event,
                 subagent_slots=self.manager.subagent_slots, kernel_pool=self.manager.pool,
@@ -213,7 +258,7 @@ class ManagedSession:
                 session.use_gate(self.manager.gate_factory(session))
             # Live from here: the session numbers every event (the daemon's own too), and counts
             # against max_sessions before the first await.
-            self.session, self.model = session, model
+            self.session, self.model, self._rekey = session, model, False
             self.last_active = time.monotonic()
             try:
                 if any(isinstance(r, SessionRecord) for r in records):
@@ -326,14 +371,11 @@ class ManagedSession:
                 raise Refused("turn_running", "the model can change between turns; interrupt or wait")
             overrides = {**self.meta.overrides, "model": {**self.meta.overrides.get("model", {}), "name": model}}
             try:
-                config = load_config(Path(self.meta.cwd), overrides)
+                config = self.config(overrides)
             except ConfigError as e:
                 raise Refused("bad_config", str(e)) from None
             if self.session is not None:
-                if self.model is not None:  # a refinement or a child may still be using it: closed with the session
-                    self._retired.append(self.model)
-                self.model = OpenAIModel(config.model)
-                self.session.use_model(self.model, config)
+                self._use_model(config)
             self.meta.overrides, self.meta.model = overrides, model
         self.save()
 

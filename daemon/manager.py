@@ -136,6 +136,7 @@ class SessionManager:
                            base_url=config.model.base_url, title=req.title, overrides=overrides, created=time.time())
         meta.save(layout)
         managed = ManagedSession(self, meta, layout)
+        managed.use_key(req.key)
         self.sessions[session_id] = managed
         try:
             await managed.wake()
@@ -229,9 +230,11 @@ def _validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:
         config = load_config(cwd, as_saved(overrides), source="config")
     except ConfigError as e:
         raise Refused("bad_config", str(e)) from None
+    if req.key is not None and req.key.fits(config.model.base_url):
+        config.model.api_key = req.key.api_key.get_secret_value()
     if not config.model.configured:
-        raise Refused("no_model", "no model configured: pass `model` and `base_url`, or set them in the daemon's "
-                      "environment (PRIME_AGENT_MODEL, OPENAI_BASE_URL, OPENAI_API_KEY) or config.toml")
+        raise Refused("no_model", "no model configured: pass `model` and `base_url` (and `key`), or set them in "
+                      "the daemon's environment (PRIME_AGENT_MODEL, OPENAI_BASE_URL, OPENAI_API_KEY) or config.toml")
     return cwd, overrides, config
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from agent.config import ModelConfig
 from agent.types import Budget, Usage
 
 SessionState = Literal["idle", "queued", "running", "dormant"]
@@ -15,6 +16,33 @@ SessionState = Literal["idle", "queued", "running", "dormant"]
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class ModelKey(_Body):
+    """A model API key a client gives for its session (what its own OPENAI_API_KEY or config says),
+    with the endpoint it is meant for: the daemon uses it only for a session whose endpoint that is.
+    Accepted over the Unix socket only; kept in the daemon's memory for that session and never
+    written or logged, so a restarted daemon has it again only once a client sends it."""
+
+    api_key: SecretStr = Field(min_length=1, max_length=10_000)
+    base_url: str | None = Field(None, description="The endpoint the key is for; None: OpenAI's API.")
+
+    @classmethod
+    def of(cls, model: ModelConfig) -> ModelKey | None:
+        """The key a client's own model settings hold, if any."""
+        return cls(api_key=SecretStr(model.api_key), base_url=model.base_url) if model.api_key else None
+
+    def fits(self, base_url: str | None) -> bool:
+        """Meant for `base_url` (trailing slashes aside)."""
+        return (self.base_url or "").rstrip("/") == (base_url or "").rstrip("/")
+
+    def wire(self) -> dict[str, Any]:
+        """As a request body carries it (the secret in the clear: for the Unix socket only)."""
+        return {"api_key": self.api_key.get_secret_value(), "base_url": self.base_url}
+
+
+KEY_FIELD = Field(None, description="The model API key for this session, from the client (see ModelKey); "
+                  "refused over TCP.")
 
 
 class CreateSession(_Body):
@@ -29,6 +57,7 @@ class CreateSession(_Body):
         None, description="Config overrides for this session, nested as in config.toml, e.g. "
         '{"model": {"action_format": "text", "temperature": 0.2}} (not [daemon], which is the daemon\'s own). '
         "`model`, `base_url` and `budget` above take precedence.")
+    key: ModelKey | None = KEY_FIELD
 
 
 class SessionInfo(BaseModel):
@@ -95,6 +124,7 @@ class SendMessage(_Body):
         description="prompt/follow_up: a new turn, queued behind a running one. steer: reaches the running "
         "turn at its next model call (with no turn running, it starts one).",
     )
+    key: ModelKey | None = KEY_FIELD
 
 
 class MessageAccepted(BaseModel):
@@ -185,6 +215,11 @@ class Status(BaseModel):
     remote_unsandboxed: bool = Field(False, description="Clients over TCP may loosen a sandbox and approve what "
                                      "runs outside one (the daemon was started with --allow-remote-unsandboxed).")
     uptime: float
+    started: float = Field(description="When the daemon started (seconds since the epoch).")
+    model_env: dict[str, str] = Field(description="The model settings in the daemon's environment when it "
+                                      "started (PRIME_AGENT_MODEL, OPENAI_BASE_URL; OPENAI_API_KEY as `set`), "
+                                      "beneath config.toml's and each session's own.")
+    client_keys: int = Field(description="Sessions using a model API key their client gave (kept in memory only).")
     sessions: int = Field(description="Sessions listed (not deleted).")
     live_sessions: int = Field(description="Sessions with a kernel.")
     running_turns: int

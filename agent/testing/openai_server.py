@@ -74,8 +74,10 @@ Script = list[Reply] | Callable[[dict[str, Any]], Reply]
 
 
 class OpenAIServer:
-    def __init__(self, script: Script, host: str = "127.0.0.1"):
+    def __init__(self, script: Script, host: str = "127.0.0.1", api_key: str | None = None):
+        """`api_key`: answer 401, as OpenAI does, any request without `Authorization: Bearer API_KEY`."""
         self._script = script
+        self.api_key = api_key
         self._lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
         self.stopping = threading.Event()
@@ -133,6 +135,9 @@ class _Handler(BaseHTTPRequestHandler):
         if problem:  # as OpenAI does: a request the real API would refuse fails here too
             return self._json(400, {"error": {"message": problem, "type": "invalid_request_error"}})
         server: OpenAIServer = self.server.owner  # type: ignore[attr-defined]
+        if server.api_key is not None and self.headers.get("Authorization") != f"Bearer {server.api_key}":
+            return self._json(401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
+                                              "code": "invalid_api_key"}})
         reply = server.next_reply(request)
         if reply.hang:
             server.stopping.wait(120)

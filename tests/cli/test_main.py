@@ -51,3 +51,13 @@ def test_remote_unsandboxed_needs_tcp(prime_home: Path):
     r = subprocess.run([sys.executable, "-m", "cli", "daemon", "start", "--allow-remote-unsandboxed"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--allow-remote-unsandboxed goes with --tcp" in r.stderr
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--bogus"], "prime-agent: error: unknown option --bogus: a command comes first"),
+    (["run", "--bogus", "task"], "prime-agent run: error: unrecognized arguments: --bogus"),
+    (["daemon", "start", "--nope"], "prime-agent daemon start: error: unrecognized arguments: --nope"),
+])
+def test_an_argument_error_names_the_problem_and_the_command(argv, said):
+    done = subprocess.run([PRIME_AGENT, *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and said in done.stderr and "required" not in done.stderr

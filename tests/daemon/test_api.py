@@ -6,14 +6,18 @@ import asyncio
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx2
 import pytest
 
+from agent.testing.openai_server import OpenAIServer
 from daemon.client import Client, DaemonError
 from daemon.paths import socket_file
-from tests.daemon.conftest import collect, running_daemon
+from daemon.schemas import ModelKey
+from tests.daemon.conftest import agent_script, collect, running_daemon
 
 
 async def test_a_session_runs_a_turn_and_streams_its_events(daemon: Client, project: Path, model_server, prime_home):
@@ -369,3 +373,68 @@ async def test_over_tcp_a_request_to_run_outside_the_sandbox_can_only_be_denied(
                 if e.type == "turn.finished" and e.turn_id == accepted.turn_id:
                     break
         assert "the user denied it" in e.answer and not (project / "pwned").exists()
+
+
+KEY = "sk-test-4f2b9c1e8d7a6b5c"
+PRINT_ENV = "run: import os\nprint('KEY' if any('4f2b9c1e' in v for v in os.environ.values()) else 'no key', len(os.environ))"
+
+
+def _cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "prime-agent"), *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=120, env={**os.environ, **env})
+
+
+def _files_holding(root: Path, secret: bytes) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and secret in p.read_bytes()]
+
+
+@pytest.mark.slow
+def test_a_daemon_started_without_a_key_uses_the_clients_and_writes_it_nowhere(prime_home: Path, project: Path):
+    assert _cli("daemon", "start", cwd=project).returncode == 0  # no key in its environment (nor in this one)
+    with OpenAIServer(agent_script, api_key=KEY) as server:
+        model = {"OPENAI_BASE_URL": server.base_url, "PRIME_AGENT_MODEL": "fake"}
+        without = _cli("run", "--daemon", "hello", cwd=project, **model)
+        assert without.returncode == 3 and "HTTP 401" in without.stderr
+        assert "export OPENAI_API_KEY in your shell and send the prompt again" in without.stderr
+        r = _cli("run", "--daemon", PRINT_ENV, cwd=project, **model, OPENAI_API_KEY=KEY)  # exported since
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("ran: no key ")  # the kernel's environment has no key
+        assert server.requests and server.requests[-1]["messages"][-1]["role"] == "tool"
+        status = _cli("daemon", "status", cwd=project)
+        assert "no OPENAI_API_KEY" in status.stdout and "(1 session(s) have one)" in status.stdout, status
+        assert "started    " in status.stdout
+    assert _cli("daemon", "stop", cwd=project).returncode == 0
+    sessions = list((prime_home / "sessions").iterdir())
+    assert len(sessions) == 2 and all((s / "events.jsonl").is_file() and (s / "session.json").is_file()
+                                      for s in sessions)
+    assert (prime_home / "run" / "daemon.log").is_file()
+    assert _files_holding(prime_home, KEY.encode()) == [] and _files_holding(project, KEY.encode()) == []
+
+
+async def test_a_key_is_taken_over_the_unix_socket_only_and_for_its_own_endpoint(project: Path, prime_home: Path):
+    with OpenAIServer(agent_script, api_key=KEY) as server:
+        async with running_daemon(tcp="127.0.0.1:0") as client:
+            url = f"http://{(await client.status()).tcp}"
+            token = (prime_home / "run" / "token").read_text().strip()
+            body = {"cwd": str(project), "model": "fake", "base_url": server.base_url,
+                    "key": {"api_key": KEY, "base_url": server.base_url}}
+            async with httpx2.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}) as h:
+                r = await h.post("/v1/sessions", json=body)
+            assert r.status_code == 400 and "Unix socket only" in r.json()["error"]["message"]
+            elsewhere = Client(key=ModelKey(api_key=KEY, base_url="https://api.openai.com/v1"))
+            s = await elsewhere.create_session(project, model="fake", base_url=server.base_url)
+            accepted = await elsewhere.send(s.id, "hello")  # a key meant for another endpoint is not sent here
+            finished = (await collect(client, s.id, accepted.turn_id))[-1]
+            assert finished.outcome == "error" and "HTTP 401" in finished.error
+            keyed = Client(key=ModelKey(api_key=KEY, base_url=server.base_url + "/"))
+            accepted = await keyed.send(s.id, "hello again")  # a prompt from a client with the key: it is used
+            finished = (await collect(client, s.id, accepted.turn_id))[-1]
+            assert (finished.outcome, finished.answer) == ("completed", "echo: hello again")
+            assert (await client.status()).client_keys == 1
+            await elsewhere.close()
+            await keyed.close()
+        async with running_daemon() as client:  # restarted: the key is gone with the old process
+            accepted = await client.send(s.id, "after the restart")
+            finished = (await collect(client, s.id, accepted.turn_id))[-1]
+            assert finished.outcome == "error" and "after a daemon restart" in finished.error
+    assert _files_holding(prime_home, KEY.encode()) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -217,3 +218,73 @@ def test_run_until_exits_with_the_budget_code_when_the_goal_is_exhausted(project
 def test_goal_flags_without_a_goal_are_refused(project: Path):
     r = run("run", "--max-continuations", "2", "hi", cwd=project)
     assert r.returncode == 2 and "--until CMD or --autonomous" in r.stderr
+
+
+ASK = 'print(await request_permission("{command}", "why"))'
+DENIED = 'try:\n    await request_permission("{command}", "why")\nexcept PermissionError as e:\n    print("refused:", e)'
+AT_A_TERMINAL = ("import os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\nfor i in (0, 1, 2):\n    os.dup2(fd, i)\n"
+                 "os.execv(sys.argv[2], sys.argv[2:])")
+"""Run a command with the pty `argv[1]` as its controlling terminal (opened by a session leader) and
+as its standard streams, as a shell in a terminal window would."""
+
+
+def _approvals(home: Path) -> list[tuple[str, str, str | None]]:
+    from agent.trajectory import ApprovalRecord
+
+    records = read_records(session_dir(home) / "trajectory.jsonl")
+    return [(r.summary, r.status, r.by) for r in records if isinstance(r, ApprovalRecord) and r.status != "requested"]
+
+
+def _read_until(fd: int, seen: bytearray, marker: bytes, count: int, timeout: float = 60) -> None:
+    """Read the pty's output into `seen` until `marker` is in it `count` times."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    while seen.count(marker) < count:
+        assert time.monotonic() < deadline, f"no {marker!r} #{count} in: {seen.decode(errors='replace')[-2000:]}"
+        if select.select([fd], [], [], 0.1)[0]:
+            seen += os.read(fd, 65536)
+
+
+def test_approvals_are_asked_at_the_terminal_and_recorded_as_the_persons(project: Path, prime_home: Path):
+    script = [Reply(code=[ASK.format(command="echo hi")]), Reply(code=[ASK.format(command="echo hi")]),
+              Reply(code=[ASK.format(command="echo hi")]), Reply(code=[DENIED.format(command="echo bye")]),
+              Reply(content="all three asked")]
+    master, slave = os.openpty()
+    with OpenAIServer(script) as server:
+        env = dict(os.environ, OPENAI_BASE_URL=server.base_url, PRIME_AGENT_MODEL="fake-model")
+        p = subprocess.Popen([sys.executable, "-c", AT_A_TERMINAL, os.ttyname(slave), PRIME_AGENT, "run",
+                              "--approval", "on-request", "ask thrice"], cwd=project, env=env, start_new_session=True)
+        seen = bytearray()  # the slave stays open here too, so reading the master never fails with EIO
+        try:
+            for n, answer in enumerate([b"y", b"a", b"n"], 1):  # the third `echo hi` is not asked: `a` covers it
+                _read_until(master, seen, b"Go ahead?", n)
+                os.write(master, answer + b"\n")
+            _read_until(master, seen, b"[session ", 1)
+            assert p.wait(timeout=60) == 0, seen.decode(errors="replace")
+        finally:
+            p.kill()
+            os.close(master)
+            os.close(slave)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", seen.decode(errors="replace"))  # without the colours
+    assert out.count("Go ahead?") == 3 and "echo bye" in out
+    assert out.count("all three asked") == 1  # streamed to the terminal, so not printed again on stdout
+    assert _approvals(prime_home) == [("echo hi", "approve", "user"), ("echo hi", "always", "user"),
+                                      ("echo hi", "always", "rule"), ("echo bye", "deny", "user")]
+    records = read_records(session_dir(prime_home) / "trajectory.jsonl")
+    outputs = [r.result.stdout for r in records if isinstance(r, CellRecord)]
+    assert [o.splitlines()[0] for o in outputs[:3]] == ["hi"] * 3
+    assert outputs[3] == "refused: not run outside the sandbox: the user denied it\n"
+
+
+def test_without_a_terminal_a_request_is_denied_as_nobodys_decision_and_said(project: Path, prime_home: Path):
+    script = [Reply(code=[DENIED.format(command="echo hi")]), Reply(content="done")]
+    with OpenAIServer(script) as server:  # a new session: no controlling terminal to open
+        p = prime_agent("run", "--approval", "on-request", "ask", cwd=project, server=server, start_new_session=True)
+        out, err = p.communicate(timeout=90)
+    assert p.returncode == 0, err
+    assert "the terminal could not be used to ask" in err and "no person decided" in err
+    assert _approvals(prime_home) == [("echo hi", "deny", "no-terminal")]
+    records = read_records(session_dir(prime_home) / "trajectory.jsonl")
+    (cell,) = [r for r in records if isinstance(r, CellRecord)]
+    assert cell.result.stdout.startswith("refused: not run outside the sandbox: nobody could be asked: the terminal")
