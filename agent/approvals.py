@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent import events as ev
-from agent.config import SandboxConfig, project_root
+from agent.config import SandboxConfig, marks, project_root
 from agent.context import Sinks
 from agent.kernel.sandbox import kernel_env
 from agent.trajectory import ApprovalRecord
@@ -256,7 +256,7 @@ class Approvals:
         """What a command's request tells the person: each repository the agent made this session."""
         return [f"{p} was made in this session (it was not there when the session began): "
                 "git run here runs the commands its config names (core.fsmonitor, hooks, filters) as you"
-                for p in self.repositories if os.path.lexists(p) and str(p) not in self.git_at_start]
+                for p in self.repositories if (os.path.islink(p) or marks(p)) and str(p) not in self.git_at_start]
 
     def _new(self, kind: Kind, summary: str, reason: str, prefix: str | None) -> Request:
         return Request(f"a-{secrets.token_hex(4)}", kind, summary, reason, prefix,

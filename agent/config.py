@@ -379,12 +379,14 @@ def project_root(cwd: Path) -> Path:
     where these are absent while a kernel runs, so that it cannot create them."""
     cwd = cwd.resolve()
     for d in (cwd, *cwd.parents):
-        if _marks(d / ".prime-agent", dir_only=True) or _marks(d / ".git"):
+        if marks(d / ".prime-agent", dir_only=True) or marks(d / ".git"):
             return d
     return cwd
 
 
-def _marks(path: Path, dir_only: bool = False) -> bool:
+def marks(path: Path, dir_only: bool = False) -> bool:
+    """Whether `.git` or `.prime-agent` at `path` is one: not absent, not an empty folder (the
+    sandbox's placeholder)."""
     try:
         if path.is_dir():
             return next(path.iterdir(), None) is not None

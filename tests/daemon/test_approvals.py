@@ -193,7 +193,7 @@ async def test_a_git_repository_the_agent_made_is_named_and_no_rule_runs_git_in_
              "    print('could not plant:', e)\n"
              "print(await request_permission('git status'))")
     events = await turn(daemon, s.id, plant, "deny", events[-1].seq)
-    if (workspace / ".git").exists():  # the sandbox let the cell make it: the request must say so
+    if (workspace / ".git" / "config").exists():  # the sandbox let the cell make it: the request must say so
         requested = next((e for e in events if e.type == "approval.requested"), None)
         assert requested is not None, "an earlier `always` ran git in the agent's repository unasked"
         assert len(requested.notes) == 1 and str(workspace / ".git") in requested.notes[0], requested.notes
