@@ -22,7 +22,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from atif import Agent, FinalMetrics, Metrics, Observation, ObservationResult, Step, SubagentTrajectoryRef, ToolCall
+from atif import (
+    Agent,
+    ContentPart,
+    FinalMetrics,
+    Metrics,
+    Observation,
+    ObservationResult,
+    Step,
+    SubagentTrajectoryRef,
+    ToolCall,
+)
 from atif import Trajectory as Document
 
 from agent.layout import SessionLayout
@@ -197,7 +207,8 @@ def to_atif(trajectory: Path, agent_version: str) -> Document:
     return Document(
         schema_version=SCHEMA_VERSION, session_id=session.session_id if session else None,
         agent=Agent(name="prime-agent", version=agent_version, model_name=session.model if session else None,
-                    tool_definitions=_tools(session), extra={"action_format": session.action_format} if session else None),
+                    tool_definitions=_tools(session),
+                    extra={"action_format": session.action_format} if session else None),
         steps=b.steps,
         final_metrics=FinalMetrics(
             total_prompt_tokens=sum(m.prompt_tokens or 0 for m in metrics),
@@ -237,19 +248,26 @@ def from_atif(doc: Document) -> list[Record]:
     for step in doc.steps:
         extra = step.extra or {}
         turn = extra.get("turn_id") if isinstance(extra.get("turn_id"), str) else None
-        text = step.message if isinstance(step.message, str) else "".join(
-            p.text or "" for p in step.message if p.type == "text")
+        text = _text(step.message)
         if step.source == "system" and extra.get("event") in ("compaction", "rewind"):
             messages = [Message.model_validate(m) for m in extra.get("context") or []]
             out.append(CompactionRecord(turn_id=turn or "", summary=text, messages=messages, usage=Usage()))
         elif step.source == "system" and extra.get("event") == "system_prompt":
-            out.append(SystemPromptRecord(turn_id=turn or "", content=text, harness_version=extra.get("harness_version")))
+            out.append(SystemPromptRecord(turn_id=turn or "", content=text,
+                                          harness_version=extra.get("harness_version")))
         elif step.source != "agent":
             role = "tool" if extra.get("role") == "tool" else step.source
             out.append(MessageRecord(turn_id=turn, message=Message(role=role, content=text)))
         else:
             out.extend(_agent_step(step, text, turn))
     return out
+
+
+def _text(content: str | list[ContentPart] | None) -> str:
+    """A message's or a result's text (the text parts of a multimodal one)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(p.text or "" for p in content if p.type == "text")
 
 
 def _agent_step(step: Step, text: str, turn: str | None) -> list[Record]:
@@ -268,7 +286,7 @@ def _agent_step(step: Step, text: str, turn: str | None) -> list[Record]:
         role="assistant", content=text, tool_calls=calls, reasoning=step.reasoning_content,
         token_ids=m.completion_token_ids, logprobs=m.logprobs)))
     results = [r for r in (step.observation.results if step.observation else []) if r.content is not None]
-    contents = [r.content if isinstance(r.content, str) else "".join(p.text or "" for p in r.content) for r in results]
+    contents = [_text(r.content) for r in results]
     if fenced and results:
         out.append(MessageRecord(turn_id=turn, message=Message(role="user", content="\n\n".join(
             CELL_OUTPUT.format(n=n, text=c) for n, c in enumerate(contents, 1)))))

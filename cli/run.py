@@ -96,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
     if args.output_format != "text":
         from cli.stream_json import StreamJson
 
-        show = StreamJson(config.model.name, config.sandbox.mode, only_result=args.output_format == "json").show
+        show = StreamJson(config.model.name or "", config.sandbox.mode, only_result=args.output_format == "json").show
     quiet = args.json or args.output_format != "text"
     if args.daemon:
         if args.session_dir or any(not o.startswith("budget.") for o in args.config):

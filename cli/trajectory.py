@@ -46,7 +46,8 @@ def main(args: argparse.Namespace) -> int:
             lines = [json.dumps(doc.to_json_dict(), ensure_ascii=False) + "\n"]
             what = f"{len(doc.steps)} steps and {len(doc.subagent_trajectories or [])} subagent(s)"
         else:
-            lines = [json.dumps(example, ensure_ascii=False) + "\n" for example in export_openai_chat(read_records(path))]
+            examples = export_openai_chat(read_records(path))
+            lines = [json.dumps(example, ensure_ascii=False) + "\n" for example in examples]
             what = f"{len(lines)} conversation(s)"
     except (FileNotFoundError, TrajectoryError) as e:
         print(f"prime-agent: {e}", file=sys.stderr)
