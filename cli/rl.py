@@ -19,7 +19,10 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
         a.add_argument("config", help="a TOML run config, e.g. examples/reverse_text/config.toml")
         a.add_argument("overrides", nargs=argparse.REMAINDER, help="--section.field VALUE ...")
     ingest = actions.add_parser("ingest", help="turn session trajectories into token-level training samples")
-    ingest.add_argument("sessions", nargs="*", metavar="SESSION", help="session ids or directories ('last' works)")
+    ingest.add_argument("sessions", nargs="*", metavar="SESSION",
+                        help="session ids or directories ('last' works); with --format atif, ATIF JSON files")
+    ingest.add_argument("--format", choices=["session", "atif"], default="session",
+                        help="atif: trajectories in ATIF v1.8 (another agent's, or `trajectory export --format atif`)")
     ingest.add_argument("--all", action="store_true", help="every session under $PRIME_AGENT_HOME/sessions")
     ingest.add_argument("--rubric", metavar="FILE.py:FUNC", help="reward unrated sessions with FUNC(records) -> float")
     ingest.add_argument("-o", "--output", default="samples.jsonl", help="JSONL file to write (default samples.jsonl)")
@@ -87,11 +90,19 @@ def ingest(args: argparse.Namespace) -> int:
     from rl.data import load_rubric, write
 
     try:
-        dirs = ([s.dir for s in session_layouts()] if args.all
-                else [_session_dir(s) for s in args.sessions])
-        if not dirs:
-            raise ValueError("name sessions to ingest, or pass --all")
-        samples, counts = run(dirs, load_rubric(args.rubric) if args.rubric else None)
+        rubric = load_rubric(args.rubric) if args.rubric else None
+        if args.format == "atif":
+            from rl.atif import ingest_atif
+
+            if args.all or not args.sessions:
+                raise ValueError("name the ATIF files to ingest (--all is for sessions)")
+            samples, counts = ingest_atif([Path(p) for p in args.sessions], rubric)
+        else:
+            dirs = ([s.dir for s in session_layouts()] if args.all
+                    else [_session_dir(s) for s in args.sessions])
+            if not dirs:
+                raise ValueError("name sessions to ingest, or pass --all")
+            samples, counts = run(dirs, rubric)
     except (FileNotFoundError, ValueError, TrajectoryError) as e:
         print(f"prime-agent: {e}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from agent.approvals import Decision, NoTerminal, Request
@@ -34,13 +35,18 @@ For a model without tool calling, add: -c model.action_format='"text"'"""
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
-    p.add_argument("task", help="the task; '-' reads it from standard input")
+    p.add_argument("task", nargs="?", help="the task; '-' reads it from standard input")
     p.add_argument("--cwd", help="project directory (default: the current directory)")
     p.add_argument("--model", help="model name (PRIME_AGENT_MODEL)")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
     p.add_argument("--max-turns", type=int, metavar="N", help="model calls allowed in the turn (budget.max_steps)")
     p.add_argument("--session-dir", help="where to keep the session (default: $PRIME_AGENT_HOME/sessions/<id>)")
     p.add_argument("--json", action="store_true", help="print one JSON event per line instead of text")
+    p.add_argument("--output-format", choices=["text", "json", "stream-json"], default="text",
+                   help="Claude Code's headless formats: json, the turn's result object; stream-json, its messages "
+                        "one a line (see docs/interop.md)")
+    p.add_argument("--input-format", choices=["text", "stream-json"], default="text",
+                   help="stream-json: prompts from stdin, one user message a line, each a turn of the session")
     p.add_argument("--daemon", action="store_true",
                    help="run in a daemon session, which outlives this command (the daemon starts if needed)")
     p.add_argument("--sandbox", choices=["read-only", "workspace-write", "full-access"],
@@ -65,7 +71,11 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cwd = Path(args.cwd or ".").resolve()
-    task = sys.stdin.read() if args.task == "-" else args.task
+    problem = stream_json_usage(args)
+    if problem:
+        print(f"prime-agent: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+    task = sys.stdin.read() if args.task == "-" else args.task or ""
     try:
         goal = goal_spec(args, task)
     except ValueError as e:
@@ -84,7 +94,12 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     printer = Printer()
     show = print_json if args.json else printer.show
-    print_answer: PrintAnswer = (lambda answer: False) if args.json else printer.unseen
+    if args.output_format != "text":
+        from cli.stream_json import StreamJson
+
+        show = StreamJson(config.model.name or "", config.sandbox.mode, only_result=args.output_format == "json").show
+    quiet = args.json or args.output_format != "text"
+    print_answer: PrintAnswer = (lambda answer: False) if quiet else printer.unseen
     if args.daemon:
         if args.session_dir or any(not o.startswith("budget.") for o in args.config):
             print("prime-agent: with --daemon, the daemon keeps the session and reads config.toml itself; "
@@ -98,7 +113,23 @@ def main(args: argparse.Namespace) -> int:
             print(f"prime-agent: {e.message}", file=sys.stderr)
             return EXIT_CONFIG if e.status in (400, 409, 422) else 1
     session_dir = Path(args.session_dir) if args.session_dir else None
+    if args.input_format == "stream-json":
+        from cli.stream_json import stdin_prompts
+
+        task = stdin_prompts()
     return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=print_answer, goal=goal))
+
+
+def stream_json_usage(args: argparse.Namespace) -> str | None:
+    """What is wrong with the combination of task, --json and the stream-json flags, if anything."""
+    streamed = args.input_format == "stream-json"
+    if (args.task is None) != streamed:
+        return "give a task, or --input-format stream-json (prompts on standard input), not both"
+    if args.json and args.output_format != "text":
+        return "--json (our events) and --output-format (Claude Code's messages) exclude each other"
+    if streamed and (args.daemon or args.until is not None or args.autonomous):
+        return "--input-format stream-json runs its turns in this process, one a prompt: not with --daemon or a goal"
+    return None
 
 
 GOAL_EXIT_CODES = {"achieved": 0, "error": 3, "exhausted": 4, "stopped": 130}
@@ -218,8 +249,9 @@ async def ask_at_terminal(req: Request) -> Decision:
     return answers.get(answer, "deny")
 
 
-async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, show, print_answer: PrintAnswer,
-               goal=None) -> int:
+async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], session_dir: Path | None, show,
+               print_answer: PrintAnswer, goal=None) -> int:
+    """One session: the task (or each prompt of a stream, a turn each), or a goal."""
     from agent.model import OpenAIModel
     from agent.session import Session
 
@@ -239,8 +271,12 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
             from agent.goals import GoalState
 
             state = await session.pursue(GoalState.new(goal))
-        else:
+        elif isinstance(task, str):
             result = await session.prompt(task)
+        else:
+            result = None
+            async for prompt in task:
+                result = await session.prompt(prompt)
     except asyncio.CancelledError:
         print("prime-agent: stopped", file=sys.stderr)
         return EXIT_CODES["interrupted"]
@@ -259,6 +295,9 @@ async def _run(config: Config, cwd: Path, task: str, session_dir: Path | None, s
             print(f"prime-agent: goal {state.state}: {state.reason}", file=sys.stderr)
         print(f"[goal {state.summary()}]", file=sys.stderr)
         code = GOAL_EXIT_CODES[state.state]
+    elif result is None:
+        print("prime-agent: no prompt came on standard input", file=sys.stderr)
+        code = EXIT_CONFIG
     else:
         code = report(result.outcome, result.answer, result.error, print_answer(result.answer))
     print(f"[session {session.id}: {session.dir}; spent {session.usage.describe()}]", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""`prime-agent trajectory export SESSION`: a session's conversations as OpenAI-chat JSONL (for SFT)."""
+"""`prime-agent trajectory export SESSION`: a session's conversations as OpenAI-chat JSONL (for SFT),
+or the whole session as one ATIF v1.8 document (`--format atif`, agent/atif.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     export = actions.add_parser("export", help="export a session's conversations for fine-tuning")
     export.add_argument("session", help="session id, session directory, trajectory file, or 'last'")
-    export.add_argument("--format", choices=["openai-chat"], default="openai-chat")
+    export.add_argument("--format", choices=["openai-chat", "atif"], default="openai-chat",
+                        help="openai-chat: JSONL, a conversation a line; atif: one ATIF v1.8 JSON document "
+                             "(steps, cells as tool calls, token ids and logprobs, subagents embedded)")
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
 
 
@@ -34,14 +37,24 @@ def find_trajectory(ref: str) -> Path:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        records = read_records(find_trajectory(args.session))
+        path = find_trajectory(args.session)
+        if args.format == "atif":
+            from agent.atif import to_atif
+            from cli import version
+
+            doc = to_atif(path, version())
+            lines = [json.dumps(doc.to_json_dict(), ensure_ascii=False) + "\n"]
+            what = f"{len(doc.steps)} steps and {len(doc.subagent_trajectories or [])} subagent(s)"
+        else:
+            examples = export_openai_chat(read_records(path))
+            lines = [json.dumps(example, ensure_ascii=False) + "\n" for example in examples]
+            what = f"{len(lines)} conversation(s)"
     except (FileNotFoundError, TrajectoryError) as e:
         print(f"prime-agent: {e}", file=sys.stderr)
         return 2
-    lines = [json.dumps(example, ensure_ascii=False) + "\n" for example in export_openai_chat(records)]
     if args.output:
         Path(args.output).write_text("".join(lines))
-        print(f"wrote {len(lines)} conversation(s) to {args.output}", file=sys.stderr)
+        print(f"wrote {what} to {args.output}", file=sys.stderr)
     else:
         sys.stdout.writelines(lines)
     return 0

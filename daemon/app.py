@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from agent.atif import to_atif
 from agent.checkpoints import PARTS, Plan, RewindError, WorkspaceStore, turn_list
 from agent.config import ENV_VARS, ConfigError, home, project_root, shorten
 from agent.events import EVENTS
@@ -34,7 +35,7 @@ from agent.layout import SessionLayout
 from agent.mcp import McpServers, ServerInfo
 from agent.model import ModelError
 from agent.subagents import read_registry
-from agent.trajectory import read_records
+from agent.trajectory import TrajectoryError, read_records
 from daemon.errors import Refused
 from daemon.manager import SessionManager
 from daemon.schedules import NewSchedule, Schedule
@@ -291,6 +292,20 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         """The session's whole trajectory: every record, in order (see agent/trajectory.py)."""
         managed = manager.get(session_id)
         return {"session": managed.info().model_dump(), "records": await _records(managed.layout)}
+
+    @app.get("/v1/sessions/{session_id}/trajectory")
+    async def trajectory(session_id: str,
+                         format: Annotated[str, Query(pattern="^atif$", description="atif: an ATIF v1.8 document")]
+                         = "atif") -> dict[str, Any]:
+        """The session's trajectory as an ATIF v1.8 document (agent/atif.py), its subagents embedded."""
+        path = manager.get(session_id).layout.trajectory
+        if not path.is_file():
+            raise Refused("not_found", f"session {session_id} has no trajectory yet")
+        try:
+            doc = await asyncio.to_thread(to_atif, path, VERSION)
+        except TrajectoryError as e:
+            raise Refused("bad_request", str(e)) from None
+        return doc.to_json_dict()
 
     @app.get("/v1/sessions/{session_id}/subagents")
     async def subagents(session_id: str) -> list[dict[str, Any]]:

@@ -223,6 +223,10 @@ class Client:
     async def transcript(self, session_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/v1/sessions/{session_id}/transcript")
 
+    async def trajectory(self, session_id: str, format: str = "atif") -> dict[str, Any]:
+        """The session's trajectory as an ATIF v1.8 document."""
+        return await self._call("GET", f"/v1/sessions/{session_id}/trajectory", params={"format": format})
+
     async def subagents(self, session_id: str) -> list[dict[str, Any]]:
         return await self._call("GET", f"/v1/sessions/{session_id}/subagents")
 
