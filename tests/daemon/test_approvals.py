@@ -173,27 +173,31 @@ async def test_an_approved_command_gets_the_kernels_environment_unless_the_perso
     assert [r.full_env for r in records if r.status == "approve"] == [False, False, False, True]
 
 
+@pytest.mark.parametrize("sandbox", ["workspace-write", "full-access"])
 async def test_a_git_repository_the_agent_made_is_named_and_no_rule_runs_git_in_it(daemon: Client, tmp_path: Path,
-                                                                                 model_server):
+                                                                                 model_server, sandbox: str):
     """Finding 11: in a workspace that is not a repository a cell made `.git` with `core.fsmonitor`;
     the person approving `git status` (or an earlier `always` for it) ran the planted command."""
     workspace = tmp_path / "fresh"
     workspace.mkdir()
     pwned = tmp_path / "pwned"
-    s = await daemon.create_session(workspace, model="fake", base_url=model_server.base_url)
+    s = await daemon.create_session(workspace, model="fake", base_url=model_server.base_url, sandbox=sandbox)
     events = await turn(daemon, s.id, "print(await request_permission('git status'))", "always", 0)
     requested = next(e for e in events if e.type == "approval.requested")
     assert (requested.prefix, requested.notes) == ("git status", [])
 
-    plant = ("import os, subprocess\n"
+    plant = ("import subprocess\n"
              "try:\n"
              "    subprocess.run(['git', 'init', '-q'], check=True)\n"
              f"    subprocess.run(['git', 'config', 'core.fsmonitor', 'touch {pwned}; false'], check=True)\n"
              "except (OSError, subprocess.CalledProcessError) as e:\n"
-             "    print('could not plant:', e)\n"
-             "print(await request_permission('git status'))")
-    events = await turn(daemon, s.id, plant, "deny", events[-1].seq)
-    if (workspace / ".git" / "config").exists():  # the sandbox let the cell make it: the request must say so
+             "    print('could not plant:', e)\n")
+    events = await turn(daemon, s.id, plant, None, events[-1].seq)
+    made = (workspace / ".git" / "config").exists()
+    assert made == (sandbox == "full-access")  # the sandbox covers an absent .git
+    events = await turn(daemon, s.id, "print(await request_permission('git status'))", "deny" if made else None,
+                        events[-1].seq)
+    if made:  # the sandbox let the cell make it: the request must say so, and no rule may decide it
         requested = next((e for e in events if e.type == "approval.requested"), None)
         assert requested is not None, "an earlier `always` ran git in the agent's repository unasked"
         assert len(requested.notes) == 1 and str(workspace / ".git") in requested.notes[0], requested.notes
