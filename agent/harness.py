@@ -72,10 +72,6 @@ class SessionHarness:
         self.view = HarnessView(list(self.stores.values()))
         self.session_id = session_id
 
-    def close(self) -> None:
-        for store in self.stores.values():
-            store.close()
-
     def skill_dirs(self) -> list[str]:
         """Where skill packages live, narrowest scope first (so it wins an import)."""
         return [str(s.root / "skill") for s in reversed(list(self.stores.values()))]

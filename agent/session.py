@@ -286,7 +286,6 @@ class Session:
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
-        self.harness.close()
         await self.kernel.shutdown()
         await self.mcp.close()
         await self.bridge.close()

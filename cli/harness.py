@@ -69,8 +69,6 @@ def main(args: argparse.Namespace) -> int:
         return ACTIONS[args.action](harness, args)
     except HarnessError as e:
         return _fail(str(e))
-    finally:
-        harness.close()
 
 
 def _list(harness: SessionHarness, args: argparse.Namespace) -> int:

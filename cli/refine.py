@@ -123,7 +123,6 @@ async def _here(path: Path, records: list, meta: SessionRecord, args: argparse.N
             await refiner.task
     finally:
         writer.close()
-        harness.close()
         if model:
             await model.close()
     if tokens := sum(u.total_tokens for u in spent):

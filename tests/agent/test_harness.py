@@ -47,7 +47,6 @@ async def test_the_agent_edits_its_harness_and_the_next_turn_sees_it(project: Pa
     records = read_records(s.dir / "trajectory.jsonl")
     assert not any(isinstance(r, SystemPromptRecord) for r in records)
     assert records[0].harness_version == ""  # the harness was empty when the session began
-    store.close()
 
 
 async def test_harness_refusals_reach_the_model_as_errors(project: Path):
@@ -64,7 +63,6 @@ async def test_skill_packages_import_in_the_kernel(project: Path, prime_home: Pa
     user.apply([Edit("create", "greeter", kind="skill", title="Greeter", description="Greets people",
                      body="Call `greet.hello(name)`.", files={"greet/__init__.py": "def hello(n):\n    return f'hi {n}'\n"})],
                summary="add greeter", trigger="test", source="user")
-    user.close()
     script = [
         cells("import greet; print(greet.hello('ada'))"),
         cells("harness.create('skill', 'adder', 'Call `adding.add`.', description='Adds', "
@@ -99,14 +97,12 @@ async def test_a_persons_edit_during_a_session_reaches_the_next_turn(project: Pa
     edited = next(e for e in events if e.type == "harness.edited")
     assert (edited.scope, edited.entries, edited.problems) == ("user", ["style"], [])
     assert user.get("style").source == "user"
-    user.close()
 
 
 async def test_a_skills_script_opens_its_own_font_by_the_skills_path(project: Path, prime_home: Path, tmp_path: Path):
     published = publish(tmp_path / "published", cap=1 << 20)
     user = HarnessStore(prime_home / "harness", "user")
     import_skills(user, skill_folders(published), summary="import", session=None)
-    user.close()
     script = [
         cells("import hashlib\np = harness.skill_path('canvas-kit')\n"
               "print(hashlib.sha256(open(f'{p}/canvas-fonts/Arsenal-Regular.ttf', 'rb').read()).hexdigest())",

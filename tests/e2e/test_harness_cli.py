@@ -65,7 +65,6 @@ def test_import_list_show_log_diff_rollback(project: Path, prime_home: Path, ski
     to = cli("rollback", "--to", log[-1]["commit"], "--json", cwd=project)
     assert json.loads(to.stdout)["trailers"]["Restores"] == log[-1]["commit"]
     assert json.loads(cli("list", "--json", cwd=project).stdout) == []
-    store.close()
 
 
 def test_errors_are_clear_and_change_nothing(project: Path, prime_home: Path, tmp_path: Path):

@@ -16,9 +16,7 @@ from harness_store.watch import HarnessWatcher
 @pytest.fixture
 def scopes(tmp_path: Path):
     stores = [HarnessStore(tmp_path / name, name) for name in ("user", "project", "session")]
-    yield stores
-    for s in stores:
-        s.close()
+    return stores
 
 
 def add(store: HarnessStore, entry_id: str, kind: str = "memory", body: str = "", **kw) -> None:
