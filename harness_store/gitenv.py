@@ -97,9 +97,12 @@ def fingerprint(root: Path) -> tuple:
     for rel in (".git", ".git/config", ".git/hooks", ".git/commondir"):
         try:
             st = os.lstat(root / rel)
-            out.append((st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
         except OSError:
             out.append(None)
+            continue
+        # `.git` itself by identity alone: every commit changes its times (a lock file comes and goes)
+        out.append((st.st_mode, st.st_ino) if rel == ".git" else
+                   (st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     return tuple(out)
 
 

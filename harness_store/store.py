@@ -148,7 +148,11 @@ class HarnessStore:
 
     def exists(self) -> bool:
         """Whether the scope has its repository (something was written to it), or something in its place."""
-        return os.path.lexists(self.root / ".git")
+        try:
+            os.lstat(self.root / ".git")
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return True  # another error (a path too long to read under) is the caller's to see
 
     def problem(self) -> str | None:
         """Why git is not run in this scope (a repository the host did not make), or None."""
