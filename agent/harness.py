@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent.layout import SessionLayout
 from harness_store.entries import KINDS, Kind, SkillLimits
+from harness_store.refiner import ProposedEdit
 from harness_store.store import Edit, HarnessStore, Scope
 from harness_store.view import HarnessView
 
@@ -20,6 +22,8 @@ NOTICE_ENTRY_CHARS = 2000
 """Characters of one changed entry a harness notice carries (the rest is one `harness.show(id)` away)."""
 NOTICE_CHARS = 12_000
 """Characters of changed entries one notice carries in all."""
+Propose = Callable[[ProposedEdit, str], Awaitable[str]]
+"""A cell's edit of a wider scope than its session's, and its summary -> what the cell is told."""
 NOUNS = {"prompt": "prompt note", "memory": "memory", "skill": "skill", "subagent": "subagent"}
 
 
@@ -71,10 +75,8 @@ class SessionHarness:
                                                   for scope, root in roots.items()}
         self.view = HarnessView(list(self.stores.values()))
         self.session_id = session_id
-
-    def close(self) -> None:
-        for store in self.stores.values():
-            store.close()
+        self.propose: Propose | None = None
+        """Where a cell's edit of the user or project scope goes (the session's refiner, `SessionRefiner.propose`)."""
 
     def skill_dirs(self) -> list[str]:
         """Where skill packages live, narrowest scope first (so it wins an import)."""
@@ -98,9 +100,9 @@ class SessionHarness:
             "harness.list": threaded(self.list),
             "harness.show": threaded(self.show),
             "harness.skill_path": threaded(self.skill_path),
-            "harness.create": threaded(self.create),
-            "harness.update": threaded(self.update),
-            "harness.delete": threaded(self.delete),
+            "harness.create": self.create,
+            "harness.update": self.update,
+            "harness.delete": self.delete,
         }
 
     # --- the kernel API ------------------------------------------------------------------------
@@ -124,23 +126,34 @@ class SessionHarness:
             raise ValueError(f"{id!r} is a {v.entry.kind}, not a skill")
         return str(self.store(v.scope).root / "skill" / id)
 
-    def create(self, kind: Kind, id: str, content: str, title: str | None = None, description: str | None = None,
-               scope: str = "session", metadata: dict | None = None, files: dict[str, str] | None = None) -> str:
-        edit = Edit("create", id, kind=kind, title=title or id, description=description, body=content,
-                    metadata=metadata, files=files)
-        return self._apply(scope, edit, f"agent: add {kind} {id}")
+    async def create(self, kind: Kind, id: str, content: str, title: str | None = None,
+                     description: str | None = None, scope: str = "session", metadata: dict | None = None,
+                     files: dict[str, str] | None = None) -> str:
+        edit = ProposedEdit(action="create", kind=kind, id=id, title=title or id, description=description,
+                            content=content, metadata=metadata, files=files)
+        return await self._apply(scope, edit, f"agent: add {kind} {id}")
 
-    def update(self, id: str, content: str | None = None, title: str | None = None, description: str | None = None,
-               scope: str | None = None, metadata: dict | None = None, files: dict[str, str] | None = None) -> str:
-        scope = scope or self.view.get(id).scope
-        edit = Edit("update", id, title=title, description=description, body=content, metadata=metadata, files=files)
-        return self._apply(scope, edit, f"agent: update {id}")
+    async def update(self, id: str, content: str | None = None, title: str | None = None,
+                     description: str | None = None, scope: str | None = None, metadata: dict | None = None,
+                     files: dict[str, str] | None = None) -> str:
+        scope = scope or (await asyncio.to_thread(self.view.get, id)).scope
+        edit = ProposedEdit(action="update", id=id, title=title, description=description, content=content,
+                            metadata=metadata, files=files)
+        return await self._apply(scope, edit, f"agent: update {id}")
 
-    def delete(self, id: str, scope: str | None = None) -> str:
-        scope = scope or self.view.get(id).scope
-        return self._apply(scope, Edit("delete", id), f"agent: delete {id}")
+    async def delete(self, id: str, scope: str | None = None) -> str:
+        scope = scope or (await asyncio.to_thread(self.view.get, id)).scope
+        return await self._apply(scope, ProposedEdit(action="delete", id=id), f"agent: delete {id}")
 
-    def _apply(self, scope: str, edit: Edit, summary: str) -> str:
-        change = self.store(scope).apply([edit], summary=summary, trigger="agent", source="agent",
+    async def _apply(self, scope: str, edit: ProposedEdit, summary: str) -> str:
+        """The session's own scope takes the edit at once; a wider one only as a proposal a person accepts."""
+        store = self.store(scope)
+        if scope != "session":
+            if self.propose is None:
+                raise PermissionError(f"the agent writes only its session's harness scope, not the {scope} scope")
+            return await self.propose(edit.model_copy(update={"scope": scope}), summary)
+        e = Edit(edit.action, edit.id or "", kind=edit.kind, title=edit.title, description=edit.description,
+                 body=edit.content, metadata=edit.metadata, files=edit.files)
+        change = await asyncio.to_thread(store.apply, [e], summary=summary, trigger="agent", source="agent",
                                          session=self.session_id)
         return f"{summary} ({scope} scope, change {change.refinement_id}); in the prompt from the next turn"

@@ -25,7 +25,9 @@ from agent.model import Model, ModelError
 from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
 from agent.trajectory import RefinementRecord
 from agent.types import Cell, Completion, Message
-from harness_store.refiner import Outcome, Plan, RefinementFailed, Refiner, Verdict
+from harness_store.entries import InvalidEntry
+from harness_store.refiner import Outcome, Plan, Proposal, ProposedEdit, RefinementFailed, Refiner, Verdict, render_edits
+from harness_store.store import ForeignRepository, new_refinement_id
 
 
 def model_caller(model: Model | None, config: Config, on_usage=None):
@@ -207,6 +209,25 @@ class SessionRefiner:
         self._finish(self.refiner.commit(outcome, session=self.session_id, generation=self.generation))
 
     # --- review mode ----------------------------------------------------------------------------
+
+    async def propose(self, edit: ProposedEdit, summary: str) -> str:
+        """A cell's edit of a scope wider than its session's: judged by the refiner's rules now (a
+        refusal raises, with the rule's reason), then it waits, as a review-mode refinement does, for
+        a person to accept it (the app's card, `prime-agent harness review`); once accepted its
+        entry says `source: agent`."""
+        assert edit.scope is not None and edit.id is not None
+        store = self.refiner.stores[edit.scope]
+        if (why := store.problem()) is not None:
+            raise ForeignRepository(why)
+        plan = Plan(new_refinement_id("a"), "agent", Proposal(summary=summary, edits=[edit]),
+                    {f"{edit.scope}:{edit.id}": store.version_of(edit.id)}, self.generation, source="agent")
+        ok, refused = await self.refiner.validate(plan)
+        if refused:
+            raise InvalidEntry(f"refused by the refiner's rules: {refused[0][1]}")
+        outcome = Outcome(plan, "pending", [pe for pe, _, _ in ok], diff=render_edits(ok), edits=ok)
+        self._finish(outcome)
+        return (f"proposed {summary} ({edit.scope} scope) as {plan.id}: not in force until a person accepts it "
+                f"(`prime-agent harness review`, or the app's card)")
 
     async def decide(self, refinement_id: str, approve: bool) -> Outcome:
         """Approve (it applies at the next turn boundary, now if idle) or reject a pending refinement."""

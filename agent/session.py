@@ -132,6 +132,8 @@ class Session:
         """A checkpoint at every turn boundary (a subagent's files are in its parent's), for `rewind`."""
         self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
                                       turns=lambda: self.turns)
+        self.harness.propose = parent.harness.propose if parent else self.refiner.propose
+        """A cell's edit of the user or project scope waits for a person in the top session (a child's too)."""
         slots = subagent_slots if subagent_slots is not None else (parent.subagents.process_slots if parent else {})
         self.subagents = Subagents(
             config, model, self.layout, self.id, self.depth, slots, sinks, self._child, self.inbox,
@@ -296,7 +298,6 @@ class Session:
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
-        self.harness.close()
         await self.kernel.shutdown()
         await self.mcp.close()
         await self.bridge.close()

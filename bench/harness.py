@@ -62,8 +62,6 @@ def measure(n: int, repeats: int) -> dict[str, float]:
             t = time.perf_counter()
             fresh.render()
             cold.append(time.perf_counter() - t)
-            fresh.stores[0].close()
-        store.close()
     return {"commit_ms": p50(commit), "rollback_ms": p50(rollback), "view_warm_ms": p50(warm), "view_cold_ms": p50(cold)}
 
 

@@ -150,7 +150,6 @@ async def run(args: argparse.Namespace) -> dict:
         finally:
             await kernel.shutdown()
             await bridge.close()
-            harness.close()
         kernel_disk = sum(p.stat().st_size for p in layout.kernel_snapshots.rglob("*") if p.is_file())
         assert all(isinstance(r, CheckpointRecord) for r in records)
 

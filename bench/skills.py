@@ -82,7 +82,6 @@ def measure(repeats: int) -> tuple[dict[str, float], tuple[int, int]]:
                 if name == "rollback_import":  # the later re-import touched canvas-design: undo it first
                     store.rollback(store.log(1)[0].refinement_id)
                 runs.setdefault(name, []).append(timed(step))
-            store.close()
     return {k: statistics.median(v) * 1e3 for k, v in runs.items()}, shape
 
 

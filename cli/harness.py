@@ -1,4 +1,4 @@
-"""`prime-agent harness list|show|log|diff|rollback|import|export`: the versioned harness from the shell."""
+"""`prime-agent harness list|show|log|diff|rollback|import|export|review`: the versioned harness from the shell."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 
 from agent.config import ConfigError, home, load_config, project_root
 from agent.harness import SessionHarness, scope_roots
-from agent.layout import SessionLayout, sessions_dir
+from agent.layout import SessionLayout, session_layouts, sessions_dir
 from daemon.client import Client, DaemonError, daemon_pid
 from daemon.schemas import RolledBack
 from harness_store.entries import HarnessError
+from harness_store.refiner import Plan
 from harness_store.skills import SkillRow, export_skills, import_skills, skill_folders
 from harness_store.store import Change, size_text
 
@@ -51,6 +52,12 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("ids", nargs="*", metavar="ID", help="only these skills (default: every skill in force)")
     p.add_argument("--force", action="store_true", help="replace a skill folder already in DIR that differs")
     p.add_argument("--dry-run", action="store_true", help="show what would be written; write nothing")
+    p = action("review", "changes waiting for a person (the agent's to the user or project scope, the refiner's "
+                         "in review mode): list them, show one, accept or reject it", None)
+    p.add_argument("id", nargs="?", help="the proposal to show (or decide)")
+    decision = p.add_mutually_exclusive_group()
+    decision.add_argument("--accept", action="store_true", help="accept it: in force from the session's next turn")
+    decision.add_argument("--reject", action="store_true", help="reject it")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -69,8 +76,6 @@ def main(args: argparse.Namespace) -> int:
         return ACTIONS[args.action](harness, args)
     except HarnessError as e:
         return _fail(str(e))
-    finally:
-        harness.close()
 
 
 def _list(harness: SessionHarness, args: argparse.Namespace) -> int:
@@ -183,6 +188,47 @@ def _export(harness: SessionHarness, args: argparse.Namespace) -> int:
     return 0 if any(r.status != "refused" for r in rows) else _fail("no skill could be exported")
 
 
+def _review(harness: SessionHarness, args: argparse.Namespace) -> int:
+    """Pending proposals from every session's `refinements/`; a decision goes through the refine
+    command's own path (the daemon when it hosts the session), where the refiner's rules apply again."""
+    waiting = [(layout.dir.name, Plan.from_json(path.read_text())) for layout in session_layouts()
+               for path in sorted(layout.refinements.glob("*.json"))]
+    if args.id is None:
+        if args.accept or args.reject:
+            return _fail("say which proposal: prime-agent harness review ID --accept")
+        if args.json:
+            return _json([{"id": plan.id, "session": sid, "source": plan.source, "summary": plan.proposal.summary,
+                           "scopes": sorted({e.scope or "session" for e in plan.proposal.edits})} for sid, plan in waiting])
+        for sid, plan in waiting:
+            scopes = ",".join(sorted({e.scope or "session" for e in plan.proposal.edits}))
+            print(f"{plan.id:<28}  {plan.source:<6}  {scopes:<12}  {plan.proposal.summary}  (session {sid})")
+        if not waiting:
+            print("(nothing waits for review)", file=sys.stderr)
+        return 0
+    found = [(sid, plan) for sid, plan in waiting if plan.id == args.id]
+    if not found:
+        return _fail(f"no proposal {args.id!r} waits for review (`prime-agent harness review` lists them)")
+    sid, plan = found[0]
+    if args.accept or args.reject:
+        from cli.refine import decide
+
+        return decide(sid, plan.id, approve=args.accept)
+    if args.json:
+        return _json({"id": plan.id, "session": sid, "source": plan.source, **plan.proposal.model_dump()})
+    print(f"# {plan.id}: {plan.proposal.summary} (by the {plan.source}, session {sid})")
+    for e in plan.proposal.edits:
+        print(f"{e.action} {e.kind or ''} {e.id} ({e.scope or 'session'} scope)".replace("  ", " "))
+        for name, value in (("title", e.title), ("description", e.description)):
+            if value:
+                print(f"  {name}: {value}")
+        for line in (e.content or "").splitlines():
+            print(f"+ {line}")
+        for rel in sorted(e.files or {}):
+            print(f"  file {rel} ({len((e.files or {})[rel]):,} characters)")
+    print(f"accept with: prime-agent harness review {plan.id} --accept   (or --reject)")
+    return 0
+
+
 def _table(rows: list[SkillRow], dry_run: bool) -> None:
     width = max(len("skill"), *(len(r.id) for r in rows))
     print(f"{'skill':<{width}}  {'files':>5}  {'size':>9}  {'would be' if dry_run else 'result'}")
@@ -223,4 +269,4 @@ def _fail(message: str) -> int:
 
 
 ACTIONS = {"list": _list, "show": _show, "log": _log, "diff": _diff, "rollback": _rollback, "import": _import,
-           "export": _export}
+           "export": _export, "review": _review}

@@ -46,6 +46,12 @@ def main(args: argparse.Namespace) -> int:
         return 2 if e.status in (400, 404, 409) else 1
 
 
+def decide(session: str, refinement_id: str, approve: bool) -> int:
+    """Approve or reject a refinement waiting for review (`prime-agent harness review ID --accept` too)."""
+    return main(argparse.Namespace(what="approve" if approve else "reject", id=refinement_id, session=session,
+                                   instructions=None, mode=None))
+
+
 async def _main(args: argparse.Namespace) -> int:
     deciding = args.what in ("approve", "reject")
     ref = args.session if deciding else args.what
@@ -123,7 +129,6 @@ async def _here(path: Path, records: list, meta: SessionRecord, args: argparse.N
             await refiner.task
     finally:
         writer.close()
-        harness.close()
         if model:
             await model.close()
     if tokens := sum(u.total_tokens for u in spent):

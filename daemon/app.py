@@ -443,8 +443,7 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
 
     @contextlib.contextmanager
     def harness_for(session_id: str | None, project: str | None) -> Iterator[SessionHarness]:
-        """The harness a session sees (its own, when live), or the user's and a project's; one
-        opened here is closed on leaving. A project path the file system refuses (too long, a
+        """The harness a session sees (its own, when live), or the user's and a project's. A project path the file system refuses (too long, a
         loop) is the request's problem (400), whether found checking it or reading under it."""
         if session_id is not None:
             managed = manager.get(session_id)
@@ -466,8 +465,6 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
             if e.errno not in _BAD_PATH:
                 raise
             raise Refused("bad_project", f"{shorten(str(e.filename or project or cwd))!r}: {e.strerror}") from None
-        finally:
-            harness.close()
 
     @app.get("/v1/harness")
     async def harness_view(session: str | None = None, project: str | None = None) -> list[dict[str, Any]]:

@@ -344,10 +344,7 @@ class ManagedSession:
         """A rewind the crash cut midway is finished, so the session is in the new state, not a mix."""
         cwd = Path(self.meta.cwd)
         harness = SessionHarness(scope_roots(home(), project_root(cwd), self.layout.dir), self.id)
-        try:
-            done = finish_rewind(self.layout, cwd, harness, self.config().checkpoints, self.id)
-        finally:
-            harness.close()
+        done = finish_rewind(self.layout, cwd, harness, self.config().checkpoints, self.id)
         if done is not None:
             self.emit(rewound(done))
 

@@ -67,8 +67,6 @@ async def passes(config: Config, model: Model, harness: SessionHarness, taskset:
         if plan is not None:
             copy = Refiner({sc: HarnessStore(r, sc) for sc, r in roots.items()}, _no_planning)
             outcome = await copy.apply(plan, generation=plan.generation)
-            for store in copy.stores.values():
-                store.close()
             if outcome.status != "applied":
                 raise RefinementFailed(f"the change could not be applied to the gate's copy: {outcome.reason}")
         passed = unjudged = 0

@@ -18,11 +18,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness_store.entries import HarnessError, Kind, check_id, safe_relative
+from harness_store.entries import HarnessError, Kind, Source, check_id, safe_relative
 from harness_store.store import Change, Edit, HarnessStore, Scope
 
 Complete = Callable[[list[dict[str, str]]], Awaitable[str]]
@@ -41,6 +41,7 @@ class ProposedEdit(BaseModel):
     scope: Scope | None = None
     reason: str = ""
     files: dict[str, str] | None = None
+    metadata: dict[str, Any] | None = None
 
 
 class Proposal(BaseModel):
@@ -83,17 +84,19 @@ class Plan:
     """The session's generation when planning began; a plan from an older one is stale."""
     evidence: str = ""
     created: float = field(default_factory=time.time)
+    source: Source = "refine"
+    """Who wrote the edits: the refiner, or the agent (a cell's edit of a wider scope than its session's)."""
 
     def to_json(self) -> str:
         return json.dumps({"id": self.id, "trigger": self.trigger, "proposal": self.proposal.model_dump(),
                            "versions": self.versions, "generation": self.generation, "evidence": self.evidence,
-                           "created": self.created}, indent=1)
+                           "created": self.created, "source": self.source}, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
         d = json.loads(text)
         return cls(d["id"], d["trigger"], Proposal.model_validate(d["proposal"]), d["versions"], d["generation"],
-                   d["evidence"], d["created"])
+                   d["evidence"], d["created"], d.get("source", "refine"))
 
 
 @dataclass
@@ -265,7 +268,7 @@ class Refiner:
         for path in pe.files or {}:
             safe_relative(path)
         edit = Edit(pe.action, pe.id, kind=pe.kind if pe.action == "create" else None, title=pe.title,
-                    description=pe.description, body=pe.content, files=pe.files, base=planned)
+                    description=pe.description, body=pe.content, metadata=pe.metadata, files=pe.files, base=planned)
         store.dry_run(edit)  # schema, size caps, kind rules: everything apply() would refuse
         return scope, edit
 
@@ -309,9 +312,11 @@ class Refiner:
         try:
             for scope, edits in by_scope.items():
                 store = self.stores[scope]
+                summary = (plan.proposal.summary if plan.source == "agent"
+                           else f"refine: {plan.proposal.summary}\n\n{plan.proposal.rationale}")
                 outcome.change = store.apply(
-                    edits, summary=f"refine: {plan.proposal.summary}\n\n{plan.proposal.rationale}", trigger=plan.trigger,
-                    source="refine", refinement_id=plan.id, session=session, evidence=plan.evidence)
+                    edits, summary=summary, trigger=plan.trigger, source=plan.source, refinement_id=plan.id,
+                    session=session, evidence=plan.evidence)
                 diffs.append(store.diff(outcome.change.commit + "~1", outcome.change.commit))
         except HarnessError as e:  # e.g. a person edited the entry after validation: nothing of this scope landed
             return Outcome(plan, "rejected", refused=[(pe, str(e)) for pe in outcome.applied], reason=str(e))

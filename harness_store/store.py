@@ -8,6 +8,10 @@ rollbacks are new commits.
 A scope's repository (its folder, too) is created by the first write, never by a read: listing,
 showing, a log, a diff or the version of a scope that nothing has been written to yet finds it
 empty and leaves the disk as it was (a project is not littered by looking at its harness).
+
+Git runs inert (harness_store.gitenv), and only in a repository that looks as the host made it:
+a scope whose repository has hooks, config keys the host never writes, or a `.git` pointing
+elsewhere is refused (`problem()` says why) and git never runs there.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,8 +27,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
-
-import git
 
 from harness_store import safefs
 from harness_store.entries import (
@@ -46,6 +47,7 @@ from harness_store.entries import (
     safe_relative,
     version,
 )
+from harness_store.gitenv import fingerprint, foreign, parse_batch, run_git
 
 Scope = Literal["user", "project", "session"]
 GIT_IDENTITY = ("-c", "user.name=prime-agent", "-c", "user.email=prime-agent@localhost", "-c", "commit.gpgsign=false")
@@ -86,6 +88,10 @@ class NotFound(HarnessError):
     pass
 
 
+class ForeignRepository(HarnessError):
+    """A scope's repository is not one the host made: git is not run in it."""
+
+
 @dataclass
 class Edit:
     """One create, update or delete of one entry."""
@@ -124,8 +130,9 @@ class HarnessStore:
         self.scope = scope
         self.limits = limits or SkillLimits()
         self._parsed: dict[str, tuple[tuple[int, int], Entry | None]] = {}
-        self._repo: git.Repo | None = None
         self._thread_lock = threading.RLock()
+        self._vetted: tuple | None = None
+        """The repository's `fingerprint` when `foreign()` last found nothing wrong with it."""
         self._depth = 0
         self._fd = -1
         self.edits_by: Callable[[], Source] = lambda: "user"
@@ -133,43 +140,44 @@ class HarnessStore:
 
     # --- repository ----------------------------------------------------------------------------
 
-    @property
-    def repo(self) -> git.Repo:
+    def ensure(self) -> None:
         """The scope's repository, created (with a first commit) if it has none: for writes only."""
-        if self._repo is None:
-            if not (self.root / ".git").is_dir():
-                self._init()
-            self._repo = git.Repo(self.root)
+        if not self.exists():
+            self._init()
         if not (self.root / ".gitattributes").is_file():
             self._add_attributes()
-        return self._repo
 
     def exists(self) -> bool:
-        """Whether the scope has its repository (something was written to it)."""
-        return (self.root / ".git").is_dir()
+        """Whether the scope has its repository (something was written to it), or something in its place."""
+        try:
+            os.lstat(self.root / ".git")
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return True  # another error (a path too long to read under) is the caller's to see
 
-    def _existing(self) -> git.Repo | None:
-        """The scope's repository for a read: None (and nothing created) if it has none yet."""
-        if self._repo is None and self.exists():
-            self._repo = git.Repo(self.root)
-        return self._repo
-
-    def close(self) -> None:
-        """Stop the git helper processes gitpython keeps for reading objects."""
-        if self._repo is not None:
-            self._repo.close()
-            self._repo = None
+    def problem(self) -> str | None:
+        """Why git is not run in this scope (a repository the host did not make), or None."""
+        seen = fingerprint(self.root)
+        if seen == self._vetted:
+            return None
+        why = foreign(self.root)
+        if why is None:
+            self._vetted = seen
+            return None
+        return (f"the {self.scope} scope is refused: {why}. It was made or changed outside prime-agent "
+                f"(perhaps by a cell); move {self.root} aside and the next write starts it afresh")
 
     def _init(self) -> None:
         with self._lock():
-            if (self.root / ".git").is_dir():
+            if self.exists():
                 return
-            repo = git.Repo.init(self.root)
+            done = run_git(["init", "-q", str(self.root)], self.root)
+            if done.returncode != 0:
+                raise HarnessError(f"git init failed in {self.root}: {done.stderr.decode(errors='replace').strip()}")
             (self.root / ".gitignore").write_text(GITIGNORE)
             (self.root / ".gitattributes").write_text(GITATTRIBUTES)
             self._land({".gitignore": STAGE, ".gitattributes": STAGE}, f"harness: create the {self.scope} scope",
                        {"Trigger": "init"}, [])
-            repo.close()
 
     def _add_attributes(self) -> None:
         """A scope made before skills kept binary files gets its .gitattributes in a commit of its own."""
@@ -195,15 +203,21 @@ class HarnessStore:
                     fcntl.flock(self._fd, fcntl.LOCK_UN)
                     os.close(self._fd)
 
-    def _git(self, *args: str) -> str:
-        """Run git in the scope (plain subprocess: gitpython's wrapper costs ~1 ms a call); only
-        in its own repository, never in one around it (a project's, for the project scope)."""
+    def _run(self, *args: str, input: bytes | None = None, check: bool = True) -> bytes:
+        """Run git, inert (harness_store.gitenv), in the scope's own repository, never in one around
+        it (a project's, for the project scope), and only in one the host made."""
         if not self.exists():
             raise HarnessError(f"the {self.scope} scope has no repository yet ({self.root})")
-        done = subprocess.run(["git", *args], cwd=self.root, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise HarnessError(f"git {args[-1] if args else ''} failed in {self.root}: {done.stderr.strip()}")
-        return done.stdout
+        if (why := self.problem()) is not None:
+            raise ForeignRepository(why)
+        done = run_git(list(args), self.root, input=input)
+        if check and done.returncode != 0:
+            raise HarnessError(f"git {args[0] if args else ''} failed in {self.root}: "
+                               f"{done.stderr.decode(errors='replace').strip()}")
+        return done.stdout if done.returncode == 0 else b""
+
+    def _git(self, *args: str) -> str:
+        return self._run(*args).decode("utf-8", errors="replace")
 
     def _dirty_paths(self) -> set[str]:
         """Paths whose working-tree state differs from HEAD (changed, new or deleted)."""
@@ -211,9 +225,11 @@ class HarnessStore:
         return {item[3:] for item in out.split("\0") if len(item) > 3}
 
     def head(self) -> str | None:
-        """The commit the scope is at (its harness version); None before anything was written to it."""
-        repo = self._existing()
-        return repo.head.commit.hexsha if repo is not None else None
+        """The commit the scope is at (its harness version); None before anything was written to it,
+        and for a refused repository (`problem()` says why)."""
+        if not self.exists() or self.problem() is not None:
+            return None
+        return self._git("rev-parse", "--verify", "-q", "HEAD").strip() or None
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -304,7 +320,7 @@ class HarnessStore:
         if not self.exists():
             self._planned(edits, source)  # a refused first change creates no scope, not even its folder
         with self._lock():
-            self.repo  # noqa: B018 - the scope's repository exists from here on
+            self.ensure()
             self._commit_user_edits()  # a person's unsaved-to-git edit lands in history before ours
             writes, touched = self._planned(edits, source)
             rid = refinement_id or new_refinement_id()
@@ -392,15 +408,20 @@ class HarnessStore:
     def skill_files(self, entry_id: str) -> dict[str, Blob]:
         """The committed files of a skill's folder besides its SKILL.md, by path within the folder."""
         folder = f"skill/{check_id(entry_id)}"
-        repo = self._existing()
-        try:
-            tree = repo.head.commit.tree / folder if repo is not None else None
-        except KeyError:
-            tree = None
-        if tree is None:
+        if self.head() is None:
             return {}
-        return {item.path[len(folder) + 1:]: Blob(item.data_stream.read(), bool(item.mode & 0o111))
-                for item in tree.traverse() if item.type == "blob" and item.path != f"{folder}/SKILL.md"}
+        return {rel[len(folder) + 1:]: blob for rel, blob in self._blobs("HEAD", [folder]).items()
+                if rel != f"{folder}/SKILL.md"}
+
+    def _blobs(self, commit: str, paths: list[str]) -> dict[str, Blob]:
+        """The files at `paths` (files, or folders: every file under them) in `commit`."""
+        listed = [item.split(b"\t", 1) for item in self._run("ls-tree", "-r", "-z", commit, "--", *paths).split(b"\0")
+                  if item]
+        files = [(os.fsdecode(rel), meta.split(b" ")) for meta, rel in listed]
+        files = [(rel, mode, sha.decode()) for rel, (mode, kind, sha) in files if kind == b"blob"]
+        data = parse_batch(self._run("cat-file", "--batch", input="".join(f"{sha}\n" for *_, sha in files).encode())
+                           ) if files else {}
+        return {rel: Blob(data[sha], mode == b"100755") for rel, mode, sha in files}
 
     def _files_under(self, folder: str) -> list[str]:
         """The committed files of a skill folder (never a person's untracked files or caches)."""
@@ -410,11 +431,8 @@ class HarnessStore:
 
     def _land(self, writes: dict[str, Write], summary: str, trailers: dict[str, str | None],
               entries: list[str]) -> Change:
-        """Write the files and commit exactly them, or, if anything fails, put them back as at HEAD.
-
-        Commits go through the git command, not gitpython's index: gitpython rewrites its index in
-        Python (~30 ms a commit at 1,000 entries); git does it in ~1 ms.
-        """
+        """Write the files and commit exactly them, or, if anything fails, put them back as at HEAD."""
+        summary = _printable(summary)
         try:
             for rel, data in writes.items():
                 path = self.root / rel
@@ -437,18 +455,18 @@ class HarnessStore:
         except BaseException:
             self._restore(list(writes))
             raise
-        commit = self.repo.head.commit
+        commit, date = self._git("log", "-1", "--format=%H%x1f%cI", "HEAD").strip().split("\x1f")
         return Change(
-            commit=commit.hexsha, refinement_id=kept.get("Refinement-Id", ""), trigger=kept.get("Trigger", ""),
-            summary=lines[0], date=commit.committed_datetime, entries=entries, trailers=kept,
+            commit=commit, refinement_id=kept.get("Refinement-Id", ""), trigger=kept.get("Trigger", ""),
+            summary=lines[0], date=datetime.fromisoformat(date), entries=entries, trailers=kept,
         )
 
     def _restore(self, paths: list[str]) -> None:
         """Undo a failed change: tracked paths back to HEAD, new files removed, nothing staged."""
         tracked = {p for p in self._git("ls-files", "-z", "--", *paths).split("\0") if p} if paths else set()
-        subprocess.run(["git", "reset", "-q", "--", *paths], cwd=self.root, capture_output=True)
+        self._run("reset", "-q", "--", *paths, check=False)
         if tracked:
-            subprocess.run(["git", "checkout", "-q", "HEAD", "--", *tracked], cwd=self.root, capture_output=True)
+            self._run("checkout", "-q", "HEAD", "--", *tracked, check=False)
         for rel in set(paths) - tracked:
             (self.root / rel).unlink(missing_ok=True)
 
@@ -456,93 +474,103 @@ class HarnessStore:
 
     def log(self, limit: int | None = None) -> list[Change]:
         """Changes, newest first (none before anything was written to the scope)."""
-        out: list[Change] = []
-        repo = self._existing()
-        if repo is None:
-            return out
+        if self.head() is None:
+            return []
         with self._lock():
-            commits = list(repo.iter_commits(max_count=limit))
-            stats = [c.stats.files for c in commits]
-        for c, files in zip(commits, stats):
-            trailers = _trailers(c.message)
-            entries = sorted({loc[1] for p in files if (loc := locate(str(p)))})
-            out.append(Change(
-                commit=c.hexsha, refinement_id=trailers.get("Refinement-Id", ""), trigger=trailers.get("Trigger", ""),
-                summary=c.summary, date=c.committed_datetime.astimezone(timezone.utc), entries=entries, trailers=trailers,
+            out = self._git("log", *([f"-n{limit}"] if limit else []), "--format=%x1e%H%x1f%cI%x1f%B%x1f",
+                            "--name-only", "-z")
+        changes = []
+        for chunk in filter(None, out.split("\x1e")):
+            sha, date, rest = chunk.split("\x1f", 2)
+            message, names = rest.rsplit("\x1f", 1)
+            trailers = _trailers(message)
+            entries = sorted({loc[1] for p in names.split("\0") if (loc := locate(p.strip("\n")))})
+            changes.append(Change(
+                commit=sha, refinement_id=trailers.get("Refinement-Id", ""), trigger=trailers.get("Trigger", ""),
+                summary=message.split("\n", 1)[0], date=datetime.fromisoformat(date).astimezone(timezone.utc),
+                entries=entries, trailers=trailers,
             ))
-        return out
+        return changes
 
-    def resolve(self, ref: str) -> git.Commit:
+    def resolve(self, ref: str) -> str:
         """A commit from a refinement id, a commit id (or prefix), or a git revision such as HEAD~2."""
-        repo = self._existing()
-        if repo is None:
+        if self.head() is None:
             raise NotFound(f"no change {ref!r} in the {self.scope} scope: it has no history yet")
-        for c in repo.iter_commits():
-            if _trailers(c.message).get("Refinement-Id") == ref:
-                return c
-        try:
-            return repo.commit(ref)
-        except (git.BadName, ValueError):
-            raise NotFound(f"no change {ref!r} in the {self.scope} scope (give a refinement id or a commit)") from None
+        for chunk in filter(None, self._git("log", "--format=%H%x1f%B%x1e").split("\x1e")):
+            sha, _, message = chunk.strip("\n").partition("\x1f")
+            if _trailers(message).get("Refinement-Id") == ref:
+                return sha
+        sha = "" if ref.startswith("-") else self._run("rev-parse", "--verify", "-q", f"{ref}^{{commit}}",
+                                                       check=False).decode().strip()
+        if not sha:
+            raise NotFound(f"no change {ref!r} in the {self.scope} scope (give a refinement id or a commit)")
+        return sha
+
+    def _commit(self, sha: str) -> tuple[list[str], str]:
+        """A commit's parents and message."""
+        parents, _, message = self._git("log", "-1", "--format=%P%x1f%B", sha).partition("\x1f")
+        return parents.split(), message
+
+    def _changed(self, a: str, b: str) -> list[str]:
+        """The files that differ between commits `a` and `b`."""
+        return [p for p in self._git("diff-tree", "-r", "-z", "--no-renames", "--name-only", a, b).split("\0") if p]
 
     def diff(self, a: str | None = None, b: str | None = None) -> str:
         """Unified diff from `a` to `b` (default: the last change alone; '' before any change)."""
-        repo = self._existing()
-        if repo is None:
+        if self.head() is None:
             if a is not None:
                 self.resolve(a)  # raises NotFound
             return ""
         with self._lock():
             if a is None:
-                head = repo.head.commit
-                return self._git("diff", head.parents[0].hexsha if head.parents else EMPTY_TREE, head.hexsha)
-            return self._git("diff", self.resolve(a).hexsha, self.resolve(b).hexsha if b else "HEAD")
+                parents, _ = self._commit("HEAD")
+                return self._git("diff", parents[0] if parents else EMPTY_TREE, "HEAD")
+            return self._git("diff", self.resolve(a), self.resolve(b) if b else "HEAD")
 
     def rollback(self, ref: str, *, session: str | None = None) -> Change:
         """Undo exactly the files one change touched (a new commit); later changes elsewhere stay."""
         self.resolve(ref)  # a scope with no history has nothing to undo, and is not created for it
         with self._lock():
             target = self.resolve(ref)
-            if not target.parents:
+            parents, message = self._commit(target)
+            if not parents:
                 raise InvalidEntry("the first commit of a scope cannot be rolled back")
-            parent = target.parents[0]
+            touched = [rel for rel in self._changed(parents[0], target) if rel not in OWN_FILES]
+            after, before = self._blobs(target, touched), self._blobs(parents[0], touched)
             writes: dict[str, Write] = {}
-            for diff in parent.diff(target):
-                for rel in {diff.a_path, diff.b_path} - {None} - set(OWN_FILES):
-                    after = _blob(target, rel)
-                    try:
-                        current = self._read(rel)
-                    except safefs.UnsafePath as e:
-                        raise Conflict(f"{rel}: {e}") from e
-                    if current != (after.data if after else None):
-                        raise Conflict(f"{rel} changed again after {ref}; roll back the later change first, "
-                                       "or restore a whole earlier state with --to")
-                    writes[rel] = _blob(parent, rel)
+            for rel in touched:
+                try:
+                    current = self._read(rel)
+                except safefs.UnsafePath as e:
+                    raise Conflict(f"{rel}: {e}") from e
+                if current != (after[rel].data if rel in after else None):
+                    raise Conflict(f"{rel} changed again after {ref}; roll back the later change first, "
+                                   "or restore a whole earlier state with --to")
+                writes[rel] = before.get(rel)
             _check_layout(writes)
-            rid = _trailers(target.message).get("Refinement-Id", target.hexsha[:12])
+            rid = _trailers(message).get("Refinement-Id", target[:12])
             entries = sorted({loc[1] for rel in writes if (loc := locate(rel))})
-            return self._land(writes, f"rollback: {target.summary}", {
+            return self._land(writes, f"rollback: {message.split(chr(10), 1)[0]}", {
                 "Refinement-Id": new_refinement_id("rb"), "Trigger": "rollback", "Session": session, "Reverts": rid,
             }, entries)
 
     def rollback_to(self, ref: str, *, session: str | None = None) -> Change:
         """Restore the whole scope as it was at `ref` (a new commit)."""
         self.resolve(ref)  # a scope with no history has nothing to restore, and is not created for it
-        repo = self.repo
+        self.ensure()
         with self._lock():
             target = self.resolve(ref)
-            head = repo.head.commit
-            writes: dict[str, Write] = {}
-            for diff in target.diff(head):
-                for rel in {diff.a_path, diff.b_path} - {None} - set(OWN_FILES):
-                    writes[rel] = _blob(target, rel)
-            if not writes:
+            touched = [rel for rel in self._changed(target, "HEAD") if rel not in OWN_FILES]
+            if not touched:
                 raise InvalidEntry(f"the {self.scope} scope is already as it was at {ref}")
+            then = self._blobs(target, touched)
+            writes: dict[str, Write] = {rel: then.get(rel) for rel in touched}
             _check_layout(writes)
             entries = sorted({loc[1] for rel in writes if (loc := locate(rel))})
-            return self._land(writes, f"rollback to {ref}: {target.summary}", {
+            _, message = self._commit(target)
+            return self._land(writes, f"rollback to {ref}: {message.split(chr(10), 1)[0]}", {
                 "Refinement-Id": new_refinement_id("rb"), "Trigger": "rollback", "Session": session,
-                "Restores": target.hexsha,
+                "Restores": target,
             }, entries)
 
     # --- a person's own edits --------------------------------------------------------------------
@@ -558,7 +586,7 @@ class HarnessStore:
         if not self.exists() and not (self.root.is_dir() and any(p.is_file() for p in self.root.rglob("*"))):
             return None, []
         with self._lock():
-            self.repo  # noqa: B018 - the scope's repository exists from here on
+            self.ensure()
             return self._commit_user_edits()
 
     def _commit_user_edits(self) -> tuple[Change | None, list[str]]:
@@ -610,12 +638,9 @@ def _trailers(message: str) -> dict[str, str]:
     return out
 
 
-def _blob(commit: git.Commit, rel: str) -> Blob | None:
-    try:
-        item = commit.tree / rel
-    except KeyError:
-        return None
-    return Blob(item.data_stream.read(), bool(item.mode & 0o111))
+def _printable(text: str) -> str:
+    """A commit message without control characters (they would break `log()`'s parsing)."""
+    return "".join(c for c in text if c in "\n\t" or c >= " ")
 
 
 def write_file(path: Path, blob: Blob) -> None:

@@ -22,6 +22,8 @@ DEFAULT_BUDGET: dict[Kind, int] = {"prompt": 8000, "skill": 16000, "subagent": 2
 """Characters per kind in the prompt view."""
 FULL_TEXT_KINDS = ("prompt", "memory")
 """Kinds shown in full while their budget lasts; skills show their description, subagents a summary line."""
+AGENT_MARK = " (by the agent)"
+"""After an entry's title in the prompt when the agent wrote it (not a person, not the refiner)."""
 SKILLS_NOTE = ("Before you use a skill, read its instructions with `harness.show(id)` (a long one in parts: "
                "`read(f\"{harness.skill_path(id)}/SKILL.md\", start, end)`); its scripts, references and assets are "
                "in the folder `harness.skill_path(id)`.")
@@ -87,12 +89,13 @@ class HarnessView:
         used, shown = 0, 0
         for v in group:
             e = v.entry
+            label = f"{e.title} [{e.id}]" + (AGENT_MARK if e.source == "agent" else "")
             if kind in FULL_TEXT_KINDS and used + len(e.body) + len(e.title) < budget * 0.75:
-                block = f"### {e.title} [{e.id}]\n{e.body.strip()}"
+                block = f"### {label}\n{e.body.strip()}"
             elif kind == "skill" and used + min(len(e.description), MAX_DESCRIPTION_CHARS) < budget * 0.75:
-                block = f"- {e.title} [{e.id}]: " + " ".join(e.description[:MAX_DESCRIPTION_CHARS].split())
+                block = f"- {label}: " + " ".join(e.description[:MAX_DESCRIPTION_CHARS].split())
             else:
-                block = f"- {e.title} [{e.id}]" + (f": {e.summary}" if e.summary else "")
+                block = f"- {label}" + (f": {e.summary}" if e.summary else "")
             if used + len(block) > budget:
                 break
             lines.append(block)

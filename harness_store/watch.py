@@ -46,7 +46,9 @@ class HarnessWatcher:
 
     def start(self) -> None:
         for store in self.stores:
-            store.repo  # the folder and its repository must exist to be watched
+            if store.problem() is not None:  # git is not run in a refused scope: nothing to commit there
+                continue
+            store.ensure()  # the folder and its repository must exist to be watched
             self._observer.schedule(_Handler(self, store), str(store.root), recursive=True)
         self._observer.start()
 

@@ -11,13 +11,13 @@ import os
 import secrets
 import shutil
 import stat
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent import safefs
 from agent.config import CheckpointConfig, home
 from agent.trajectory import SkippedFile
+from harness_store.gitenv import parse_batch, run_git
 
 EXCLUDE = f"*{safefs.TMP_SUFFIX}\n/.prime-agent/harness/\n"
 """Never checkpointed: files a rewind is writing, and the project harness (rewound as harness)."""
@@ -42,17 +42,15 @@ class WorkspaceStore:
         key = hashlib.sha256(str(self.workspace).encode()).hexdigest()[:16]
         self.git_dir = (root or home() / "checkpoints") / f"{self.workspace.name or 'root'}-{key}"
         self.index = self.git_dir / "indexes" / session_id
-        self._env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-        self._env.update(GIT_INDEX_FILE=str(self.index), GIT_CONFIG_NOSYSTEM="1")
         self._ready = False
         self._tree: str | None = None
         """The tree of this session's index as last written (unchanged while nothing changed)."""
 
     def _git(self, *args: str, input: bytes | None = None) -> bytes:
-        done = subprocess.run(
-            ["git", f"--git-dir={self.git_dir}", f"--work-tree={self.workspace}", "-c", "core.autocrlf=false",
-             "-c", "core.fsmonitor=false", "-c", "core.quotepath=false", *args],
-            input=input, capture_output=True, env=self._env, cwd=self.workspace)
+        """Git in the store, inert (harness_store.gitenv): the workspace's attributes name no filter
+        any config defines, and no hook, fsmonitor or global config runs."""
+        done = run_git([f"--git-dir={self.git_dir}", f"--work-tree={self.workspace}", "-c", "core.autocrlf=false",
+                        "-c", "core.quotepath=false", *args], self.workspace, input, GIT_INDEX_FILE=str(self.index))
         if done.returncode != 0:
             raise OSError(f"git {args[0]} in the checkpoint store {self.git_dir}: "
                           f"{done.stderr.decode(errors='replace').strip()}")
@@ -64,9 +62,11 @@ class WorkspaceStore:
         if not (self.git_dir / "HEAD").is_file():
             self.git_dir.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.git_dir.with_name(f"{self.git_dir.name}.{secrets.token_hex(4)}.tmp")
-            subprocess.run(["git", "init", "-q", "--bare", str(tmp)], check=True, capture_output=True, env=self._env)
-            subprocess.run(["git", f"--git-dir={tmp}", "config", "core.bare", "false"], check=True, env=self._env)
-            subprocess.run(["git", f"--git-dir={tmp}", "config", "gc.auto", "0"], check=True, env=self._env)
+            for args in (["init", "-q", "--bare", str(tmp)], [f"--git-dir={tmp}", "config", "core.bare", "false"],
+                         [f"--git-dir={tmp}", "config", "gc.auto", "0"]):
+                done = run_git(args, self.git_dir.parent)
+                if done.returncode != 0:
+                    raise OSError(f"git {' '.join(args)}: {done.stderr.decode(errors='replace').strip()}")
             (tmp / "info").mkdir(exist_ok=True)
             (tmp / "info" / "exclude").write_text(EXCLUDE)
             (tmp / "workspace").write_text(str(self.workspace) + "\n")
@@ -174,15 +174,7 @@ class WorkspaceStore:
     def _blobs(self, ids: list[str]) -> dict[str, bytes]:
         if not ids:
             return {}
-        out = self._git("cat-file", "--batch", input=("\n".join(ids) + "\n").encode())
-        blobs, at = {}, 0
-        while at < len(out):
-            end = out.index(b"\n", at)
-            sha, _, size = out[at:end].decode().split(" ")
-            at = end + 1
-            blobs[sha] = out[at:at + int(size)]
-            at += int(size) + 1
-        return blobs
+        return parse_batch(self._git("cat-file", "--batch", input=("\n".join(ids) + "\n").encode()))
 
     def disk_bytes(self) -> int:
         """What the store takes on disk (for bench/rewind.py)."""

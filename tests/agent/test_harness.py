@@ -6,10 +6,13 @@ import asyncio
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from agent.events import Event
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import SystemPromptRecord, read_records
+from harness_store.entries import HarnessError
 from harness_store.skills import import_skills, skill_folders
 from harness_store.store import Edit, HarnessStore
 from tests.conftest import make_config
@@ -47,7 +50,6 @@ async def test_the_agent_edits_its_harness_and_the_next_turn_sees_it(project: Pa
     records = read_records(s.dir / "trajectory.jsonl")
     assert not any(isinstance(r, SystemPromptRecord) for r in records)
     assert records[0].harness_version == ""  # the harness was empty when the session began
-    store.close()
 
 
 async def test_harness_refusals_reach_the_model_as_errors(project: Path):
@@ -64,7 +66,6 @@ async def test_skill_packages_import_in_the_kernel(project: Path, prime_home: Pa
     user.apply([Edit("create", "greeter", kind="skill", title="Greeter", description="Greets people",
                      body="Call `greet.hello(name)`.", files={"greet/__init__.py": "def hello(n):\n    return f'hi {n}'\n"})],
                summary="add greeter", trigger="test", source="user")
-    user.close()
     script = [
         cells("import greet; print(greet.hello('ada'))"),
         cells("harness.create('skill', 'adder', 'Call `adding.add`.', description='Adds', "
@@ -99,14 +100,12 @@ async def test_a_persons_edit_during_a_session_reaches_the_next_turn(project: Pa
     edited = next(e for e in events if e.type == "harness.edited")
     assert (edited.scope, edited.entries, edited.problems) == ("user", ["style"], [])
     assert user.get("style").source == "user"
-    user.close()
 
 
 async def test_a_skills_script_opens_its_own_font_by_the_skills_path(project: Path, prime_home: Path, tmp_path: Path):
     published = publish(tmp_path / "published", cap=1 << 20)
     user = HarnessStore(prime_home / "harness", "user")
     import_skills(user, skill_folders(published), summary="import", session=None)
-    user.close()
     script = [
         cells("import hashlib\np = harness.skill_path('canvas-kit')\n"
               "print(hashlib.sha256(open(f'{p}/canvas-fonts/Arsenal-Regular.ttf', 'rb').read()).hexdigest())",
@@ -125,3 +124,54 @@ async def test_a_skills_script_opens_its_own_font_by_the_skills_path(project: Pa
     by_path, imported, run, built, missing = (m.content for m in s.model.calls[1][-5:])
     assert (by_path, imported, run, built) == (digest, digest, digest, "built")
     assert "NotFound: no harness entry 'nope' in any scope" in missing
+
+
+async def test_a_cells_edit_of_the_user_scope_waits_for_a_person_and_the_rules_refuse_a_secret(project: Path,
+                                                                                               prime_home: Path):
+    script = [
+        cells("print(harness.create('memory', 'uses-uv', 'This project installs with uv.', scope='user'))",
+              "harness.create('memory', 'key', 'api_key = sk-abcdefghijklmnopqrstuvwxyz0123', scope='project')"),
+        "proposed",
+    ]
+    events: list[Event] = []
+    async with Session(make_config(), ScriptedModel(script), cwd=project, on_event=events.append) as s:
+        await s.prompt("remember it for every project")
+    told, refused = s.model.calls[1][-2].content, s.model.calls[1][-1].content
+    assert "not in force until a person accepts it" in told and "prime-agent harness review" in told
+    assert "refused by the refiner's rules: policy: looks like a secret" in refused
+    (pending,) = [e for e in events if e.type == "refinement.pending"]
+    assert pending.scopes == ["user"] and "This project installs with uv." in pending.diff
+    assert not (prime_home / "harness").exists() and not (project / ".prime-agent").exists()
+    async with Session(make_config(), ScriptedModel(["hi"]), cwd=project) as fresh:
+        await fresh.prompt("hello")
+    assert "uv" not in system_of(fresh.model.calls[0])  # not in force in a new session
+
+    async with Session(make_config(), ScriptedModel(["ok"]), cwd=project, session_id=s.id) as again:
+        outcome = await again.decide(pending.id, approve=True)  # what the app's card does
+    assert outcome.status == "applied"
+    entry = HarnessStore(prime_home / "harness", "user").get("uses-uv")
+    assert entry.source == "agent" and entry.body == "This project installs with uv.\n"
+    async with Session(make_config(), ScriptedModel(["hi"]), cwd=project) as later:
+        await later.prompt("hello")
+    assert "### uses-uv [uses-uv] (by the agent)\nThis project installs with uv." in system_of(later.model.calls[0])
+
+
+async def test_a_planted_repository_in_the_project_scope_is_refused_and_its_hook_never_runs(project: Path,
+                                                                                            tmp_path: Path):
+    """A fresh project with no .prime-agent: the cell makes the project scope's repository itself, with
+    a post-commit hook and an fsmonitor that dump the environment, then asks for a project entry."""
+    marker = tmp_path / "ran"
+    (project / ".git").rmdir()
+    plant = (f"%%bash\ngit init -q .prime-agent/harness && cd .prime-agent/harness\n"
+             f"git config core.fsmonitor \"sh -c 'env > {project}/fsmonitor-env; touch {marker}'\"\n"
+             f"printf '#!/bin/sh\\nenv > {project}/hook-env\\n' > .git/hooks/post-commit\n"
+             "chmod +x .git/hooks/post-commit\n")
+    script = [cells(plant, "print(harness.create('memory', 'm', 'x', scope='project'))"), "tried"]
+    async with Session(make_config(), ScriptedModel(script), cwd=project) as s:
+        await s.prompt("go")
+        assert s.harness.store("project").problem() is not None
+        with pytest.raises(HarnessError):  # nor does a person's edit get committed there
+            s.harness.store("project").commit_user_edits()
+    refused = s.model.calls[1][-1].content
+    assert "ForeignRepository: the project scope is refused" in refused and "post-commit" in refused
+    assert not marker.exists() and not (project / "hook-env").exists() and not (project / "fsmonitor-env").exists()

@@ -33,7 +33,6 @@ def person_edits(root: Path, id: str, body: str) -> None:
     action = "update" if any(e.id == id for e in store.entries()) else "create"
     store.apply([Edit(action, id, kind="prompt", title=id.title(), body=body)], summary=f"{action} {id}",
                 trigger="test", source="user")
-    store.close()
 
 
 async def test_every_request_starts_with_the_previous_one_across_harness_changes(project: Path, prime_home: Path):

@@ -341,3 +341,33 @@ async def test_a_planted_snapshot_manifest_never_blocks_the_host(project: Path, 
         why = {"fifo": "not a regular file", "link": "a link", "oversize": "over the"}[plant]
         assert "manifest" in record.kernel["why"] and why in record.kernel["why"], record.kernel
         assert await value(s, "v") == "1"  # the namespace as the last turn left it
+
+
+async def test_a_planted_filter_fsmonitor_or_global_config_runs_nothing_when_the_host_checkpoints_and_rewinds(
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The cell plants a filter for every file in `.gitattributes`, with its driver and an fsmonitor in
+    the repository's config; the person's global config has the same driver (as git-lfs's is there)
+    and the host's environment `GIT_*` variables naming more. Checkpoints and a rewind run none of them."""
+    marker = tmp_path / "ran"
+    planted = tmp_path / "global.gitconfig"
+    planted.write_text(f"[filter \"evil\"]\n\tclean = sh -c 'env > {marker} && cat'\n\tsmudge = sh -c 'env > {marker} && cat'\n"
+                       f"[core]\n\tfsmonitor = sh -c 'env > {marker}'\n\thooksPath = {tmp_path}\n")
+    (tmp_path / "person").mkdir()
+    (tmp_path / "person" / ".gitconfig").write_text(planted.read_text())
+    monkeypatch.setenv("HOME", str(tmp_path / "person"))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(planted))
+    monkeypatch.setenv("GIT_CONFIG_PARAMETERS", f"'core.fsmonitor'='sh -c \"env > {marker}\"'")
+    (project / ".git").rmdir()
+    script = [
+        cells("%%bash\nprintf '* filter=evil diff=evil\\n' > .gitattributes\necho one > a.txt\n"
+              "git init -q . && git config filter.evil.clean \"sh -c 'env > "
+              f"{marker}; cat'\" && git config core.fsmonitor \"sh -c 'env > {marker}'\"; true"), "one",
+        cells("write('a.txt', 'two\\n')"), "two",
+    ]
+    async with session(project, script) as s:
+        for prompt in ("plant", "change"):
+            assert (await s.prompt(prompt)).outcome == "completed"
+        assert (project / ".gitattributes").is_file() and (project / "a.txt").read_text() == "two\n"
+        await s.rewind(2)
+        assert (project / "a.txt").read_text() == "one\n"
+    assert not marker.exists()

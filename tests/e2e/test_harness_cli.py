@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from agent.session import Session
 from agent.testing.openai_server import OpenAIServer, Reply
+from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import RefinementRecord, read_records
 from harness_store.store import Edit, HarnessStore
+from tests.conftest import make_config
 from tests.harness_store.published import digests, publish
 
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
@@ -65,7 +68,6 @@ def test_import_list_show_log_diff_rollback(project: Path, prime_home: Path, ski
     to = cli("rollback", "--to", log[-1]["commit"], "--json", cwd=project)
     assert json.loads(to.stdout)["trailers"]["Restores"] == log[-1]["commit"]
     assert json.loads(cli("list", "--json", cwd=project).stdout) == []
-    store.close()
 
 
 def test_errors_are_clear_and_change_nothing(project: Path, prime_home: Path, tmp_path: Path):
@@ -154,3 +156,32 @@ def test_refine_a_finished_session_then_approve_it(project: Path, prime_home: Pa
     again = subprocess.run([PRIME_AGENT, "refine", "approve", rid, "--session", session], cwd=project,
                            capture_output=True, text=True)
     assert again.returncode == 2 and "no refinement" in again.stderr
+
+
+async def test_the_agents_user_scope_entry_is_in_force_only_after_harness_review_accepts_it(project: Path,
+                                                                                            prime_home: Path):
+    script = [cells("harness.create('memory', 'uses-uv', 'This project installs with uv.', title='Installs with uv', "
+                    "scope='user')"), "proposed"]
+    async with Session(make_config(), ScriptedModel(script), cwd=project) as s:
+        await s.prompt("remember it everywhere")
+    listed = cli("review", cwd=project)
+    assert listed.returncode == 0, listed.stderr
+    rid, source, scopes = listed.stdout.split()[:3]
+    assert (source, scopes) == ("agent", "user") and "agent: add memory uses-uv" in listed.stdout
+    shown = cli("review", rid, cwd=project).stdout
+    assert "create memory uses-uv (user scope)" in shown and "+ This project installs with uv." in shown
+    assert json.loads(cli("list", "--json", cwd=project).stdout) == []  # not in force yet
+
+    accepted = cli("review", rid, "--accept", cwd=project)
+    assert accepted.returncode == 0, accepted.stderr
+    assert f"{rid} applied: agent: add memory uses-uv" in accepted.stdout
+    assert cli("review", cwd=project).stdout == ""
+    entry = json.loads(cli("show", "uses-uv", "--json", cwd=project).stdout)
+    assert (entry["scope"], entry["source"]) == ("user", "agent")
+    (change, *_) = json.loads(cli("log", "--json", cwd=project).stdout)
+    assert (change["refinement_id"], change["trigger"], change["summary"]) == (rid, "agent", "agent: add memory uses-uv")
+    assert "+source: agent" in cli("diff", cwd=project).stdout
+    async with Session(make_config(), ScriptedModel(["hi"]), cwd=project) as later:
+        await later.prompt("hello")
+    assert "### Installs with uv [uses-uv] (by the agent)\nThis project installs with uv." in later.model.calls[0][0].content
+    assert cli("review", rid, "--reject", cwd=project).returncode == 2  # decided already

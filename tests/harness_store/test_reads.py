@@ -62,36 +62,27 @@ def test_no_read_of_a_store_creates_its_scope(tmp_path: Path, checkout: Path, wh
         root.mkdir()
     before = tree(tmp_path)
     store = HarnessStore(root, "project")
-    try:
-        reads(store)
-    finally:
-        store.close()
+    reads(store)
     assert tree(tmp_path) == before
 
 
 def test_no_read_of_the_merged_view_creates_a_scope(tmp_path: Path, checkout: Path):
     harness = SessionHarness(scope_roots(tmp_path / "home", checkout, tmp_path / "session"))
     before = tree(tmp_path)
-    try:
-        assert harness.list() == [] and harness.view.version() == "" and harness.view.render() == ""
-        with pytest.raises(NotFound):
-            harness.show("x")
-    finally:
-        harness.close()
+    assert harness.list() == [] and harness.view.version() == "" and harness.view.render() == ""
+    with pytest.raises(NotFound):
+        harness.show("x")
     assert tree(tmp_path) == before
 
 
 def test_the_first_write_creates_the_scope(tmp_path: Path):
     store = HarnessStore(tmp_path / "harness", "user")
-    try:
-        reads(store)
-        store.apply([Edit("create", "note", kind="memory", title="Note", body="text")], summary="add note",
-                    trigger="test", source="agent")
-        assert store.exists() and store.head() and [c.summary for c in store.log()] == [
-            "add note", "harness: create the user scope"]
-        assert "+text" in store.diff()
-    finally:
-        store.close()
+    reads(store)
+    store.apply([Edit("create", "note", kind="memory", title="Note", body="text")], summary="add note",
+                trigger="test", source="agent")
+    assert store.exists() and store.head() and [c.summary for c in store.log()] == [
+        "add note", "harness: create the user scope"]
+    assert "+text" in store.diff()
 
 
 def test_a_persons_own_file_in_an_uncreated_scope_is_committed(tmp_path: Path):
@@ -99,11 +90,8 @@ def test_a_persons_own_file_in_an_uncreated_scope_is_committed(tmp_path: Path):
     store = HarnessStore(tmp_path / "harness", "project")
     (store.root / "memory").mkdir(parents=True)
     (store.root / "memory" / "mine.md").write_text("---\nid: mine\nkind: memory\ntitle: Mine\n---\nby hand\n")
-    try:
-        change, problems = store.commit_user_edits()
-        assert change is not None and change.entries == ["mine"] and problems == [] and store.exists()
-    finally:
-        store.close()
+    change, problems = store.commit_user_edits()
+    assert change is not None and change.entries == ["mine"] and problems == [] and store.exists()
 
 
 @pytest.mark.parametrize("argv", [

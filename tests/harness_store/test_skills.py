@@ -29,7 +29,6 @@ def published(tmp_path: Path) -> Path:
 def store(tmp_path: Path) -> HarnessStore:
     s = HarnessStore(tmp_path / "harness", "user", LIMITS)
     yield s
-    s.close()
 
 
 def git(root: Path, *args: str) -> str:
@@ -167,7 +166,6 @@ def test_export_then_import_round_trips_every_skill_byte_for_byte(store: Harness
     export_skills([(e, fresh.skill_files(e.id)) for e in fresh.entries()], again)
     assert digests(again) == digests(out)
     assert all(r.status == "unchanged" for r in do_import(store, out).rows)
-    fresh.close()
 
     (out / "canvas-kit/extra.txt").write_text("mine\n")  # a folder that differs is not overwritten...
     assert export_skills(skills[:1], out)[0].reason == f"{out / 'canvas-kit'} exists and differs; --force replaces it"
@@ -244,9 +242,7 @@ def test_a_scope_made_before_binary_skills_gets_its_gitattributes_on_the_next_wr
     store.apply([Edit("create", "a", kind="memory", title="a")], summary="add a", trigger="t", source="user")
     git(store.root, "rm", "-q", ".gitattributes")
     git(store.root, "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-qm", "as it was before")
-    store.close()
     old = HarnessStore(store.root, "user")
     old.apply([Edit("update", "a", body="b")], summary="edit a", trigger="t", source="user")
     assert [c.summary for c in old.log(2)] == ["edit a", "harness: keep every file byte for byte"]
     assert "*.ttf binary" in (store.root / ".gitattributes").read_text()
-    old.close()

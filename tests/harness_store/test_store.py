@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 
 from harness_store.entries import MAX_ENTRY_CHARS, ImmutableEntry, InvalidEntry, parse
-from harness_store.store import Conflict, Edit, HarnessStore, NotFound
+from harness_store.gitenv import inert_env
+from harness_store.store import Conflict, Edit, ForeignRepository, HarnessStore, NotFound
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> HarnessStore:
-    s = HarnessStore(tmp_path / "harness", "user")
-    yield s
-    s.close()
+    return HarnessStore(tmp_path / "harness", "user")
 
 
 def create(store: HarnessStore, entry_id: str, kind: str = "memory", body: str = "text", **kw):
@@ -284,3 +283,53 @@ def test_links_and_fifos_a_kernel_left_in_a_scope_are_never_followed(tmp_path: P
         assert "stolen" in (outside / "SKILL.md").read_text()
     finally:
         store.close()
+
+
+def planted_repo(root: Path, marker: Path) -> None:
+    """What a cell does to a scope it could reach: its own repository, a hook and an fsmonitor."""
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "config", "core.fsmonitor", f"sh -c 'env > {marker}'"], check=True)
+    hook = root / ".git" / "hooks" / "post-commit"
+    hook.write_text(f"#!/bin/sh\nenv > {marker}\n")
+    hook.chmod(0o755)
+
+
+@pytest.mark.parametrize("plant", ["hook and fsmonitor", "include", "link"])
+def test_a_scope_whose_repository_the_host_did_not_make_is_refused_and_runs_nothing(tmp_path: Path, plant: str):
+    root, marker = tmp_path / "harness", tmp_path / "ran"
+    if plant == "hook and fsmonitor":
+        planted_repo(root, marker)
+    elif plant == "include":
+        (tmp_path / "evil.cfg").write_text(f"[core]\n\tfsmonitor = sh -c 'env > {marker}'\n")
+        subprocess.run(["git", "init", "-q", str(root)], check=True)
+        subprocess.run(["git", "-C", str(root), "config", "include.path", str(tmp_path / "evil.cfg")], check=True)
+    else:
+        planted_repo(tmp_path / "elsewhere", marker)
+        root.mkdir()
+        (root / ".git").symlink_to(tmp_path / "elsewhere" / ".git")
+    store = HarnessStore(root, "project")
+    with pytest.raises(ForeignRepository, match="the project scope is refused: the harness repository .* move"):
+        store.apply([Edit("create", "x", kind="memory", title="X", body="x")], summary="add", trigger="t", source="user")
+    assert store.head() is None and store.log() == [] and store.problem() is not None
+    with pytest.raises(ForeignRepository):
+        store.commit_user_edits()
+    assert not marker.exists()
+
+
+def test_git_in_a_scope_ignores_the_hosts_global_config_and_git_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    marker, hooks = tmp_path / "ran", tmp_path / "hooks"
+    hooks.mkdir()
+    for name in ("pre-commit", "post-commit", "reference-transaction"):
+        (hooks / name).write_text(f"#!/bin/sh\nenv > {marker}\n")
+        (hooks / name).chmod(0o755)
+    planted = tmp_path / "global.gitconfig"
+    planted.write_text(f"[core]\n\thooksPath = {hooks}\n\tfsmonitor = sh -c 'env > {marker}'\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(planted))
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("SECRET_TOKEN", "sk-do-not-leak")
+    store = HarnessStore(tmp_path / "harness", "user")
+    store.apply([Edit("create", "x", kind="memory", title="X", body="x")], summary="add", trigger="t", source="user")
+    assert [c.summary for c in store.log()] == ["add", "harness: create the user scope"]
+    assert not marker.exists() and not (tmp_path / "elsewhere").exists()
+    env = inert_env()
+    assert "SECRET_TOKEN" not in env and env["GIT_CONFIG_GLOBAL"] == "/dev/null" and "GIT_DIR" not in env

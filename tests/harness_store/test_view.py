@@ -16,9 +16,7 @@ from harness_store.watch import HarnessWatcher
 @pytest.fixture
 def scopes(tmp_path: Path):
     stores = [HarnessStore(tmp_path / name, name) for name in ("user", "project", "session")]
-    yield stores
-    for s in stores:
-        s.close()
+    return stores
 
 
 def add(store: HarnessStore, entry_id: str, kind: str = "memory", body: str = "", **kw) -> None:
@@ -50,8 +48,8 @@ def test_prompt_view_is_stable_first_and_fits_its_budget(scopes):
     view = HarnessView(scopes, budget={"memory": 3000})
     text = view.render()
     assert text.index("## Prompt notes") < text.index("## Skills") < text.index("## Memories")
-    assert "### note [note]\nPrefer small diffs." in text
-    assert "- tool [tool]: Does the thing" in text and "long instructions long" not in text
+    assert "### note [note] (by the agent)\nPrefer small diffs." in text  # written by the agent, and marked so
+    assert "- tool [tool] (by the agent): Does the thing" in text and "long instructions long" not in text
     memories = text[text.index("## Memories"):]
     assert memories.index("m-old") < memories.index("fact-00")  # oldest first: new entries append
     assert "more; `harness.list(kind='memory')` lists them" in memories
