@@ -156,3 +156,20 @@ def test_a_step_reports_the_share_of_rollouts_with_signal_that_trained_and_warns
         (warning,) = warnings
         assert f"only {signal - lost} of {signal} rollouts with signal became samples" in warning
         assert f"WARNING {warning}" in console
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the real model on 2 cores, maybe loaded
+def test_every_rollout_of_smollm2_with_signal_trains_exactly_the_tokens_the_server_sampled(smollm2: Path,
+                                                                                          tmp_path: Path, prime_home):
+    cfg, env = config(smollm2, tmp_path, "--env.prompt_tokens", "1024", "--train.max_tokens", "32"), CellOrGuess()
+    with BackgroundServer(hf_engine(str(smollm2), truncate=True)) as url:
+        orchestrator = HarnessOrchestrator(url, env, cfg.train, cfg.env, tmp_path)
+        results = asyncio.run(orchestrator.rollouts(env.tasks(2, seed=0), GROUP, 0))
+    signal = with_signal(results)
+    assert signal, [(r.outcome, r.reward) for r, _ in results]  # its replies' lengths differ
+    expected = sorted(sampled(path) for _, path in signal)
+    assert max(max(ids) for ids, _ in expected) >= ByteTokenizer.vocab_size  # the ids the byte check dropped
+    batch = orchestrator.batch(0, results)
+    assert (batch.counts["signal_rollouts"], batch.counts["unsampled_rollouts"]) == (len(signal), 0)
+    assert len(batch.samples) == len(signal) and trained(batch) == expected
