@@ -43,7 +43,9 @@ class Batch:
     """Every scored rollout's reward (including groups that train nothing)."""
     version: int
     counts: dict[str, int] = field(default_factory=dict)
-    """rollouts, errored, zero_advantage_groups, stale (dropped for max_off_policy_steps)."""
+    """rollouts, errored, zero_advantage_groups, stale (dropped for max_off_policy_steps); signal_rollouts
+    (those with an advantage: their group's rewards differ) and unsampled_rollouts (of those, the ones that
+    yielded no sample), whose ratio the trainer reports as `sampled_share`."""
 
 
 def rollout_seed(seed: int, step: int) -> int:
@@ -74,7 +76,7 @@ class Orchestrator:
         prompts = [self.tok.chat(([{"role": "system", "content": t.system}] if t.system else [])
                                  + [{"role": "user", "content": t.prompt}]) for t in tasks]
         counts = {"rollouts": len(tasks) * c.group_size, "errored": 0, "timed_out": 0, "zero_advantage_groups": 0,
-                  "stale": 0}
+                  "stale": 0, "signal_rollouts": 0, "unsampled_rollouts": 0}  # each choice with an advantage is a sample
         loaded = self.version  # read before sampling: weights that arrive meanwhile are newer than this
         try:  # return_token_ids: vLLM then sends each choice's token_ids, as the policy server always does
             resp = self.client.completions.create(
@@ -101,6 +103,7 @@ class Orchestrator:
             for (ids, lps), r, a in zip(tokens, scored, advantages):
                 if a is not None:
                     samples.append(Sample(prompts[g], ids, lps, a, r, version))
+                    counts["signal_rollouts"] += 1
         return Batch(step, samples, rewards, version, counts)
 
     # --- running ahead ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import random
 import shutil
@@ -40,6 +41,12 @@ from rl.packing import backward, micro_batches
 from rl.serve import BackgroundServer, Engine
 
 
+logger = logging.getLogger(__name__)
+
+SAMPLED_SHARE_WARNING = 0.9
+"""Below this share of the rollouts with signal becoming samples, a step warns: their signal is lost."""
+
+
 class CannotResume(Exception):
     """The run directory holds a run that this configuration cannot continue exactly."""
 
@@ -63,15 +70,16 @@ WARM_START_SEED = 10**9
 """Warm-start step s draws its tasks with seed WARM_START_SEED + s: apart from RL's (rl.orchestrator.rollout_seed)."""
 
 
-def sft(cfg: RunConfig, log=print) -> Path:
-    """Cross-entropy on the environment's demonstrations; returns the checkpoint directory."""
+def sft(cfg: RunConfig, log=print, env=None) -> Path:
+    """Cross-entropy on the environment's demonstrations (`env`'s, default cfg.env's); returns the
+    checkpoint directory."""
     out = Path(cfg.train.out) / "sft"
     if (done := latest_checkpoint(out)) is not None:
         log(f"sft: using {done}")
         return done
     torch.manual_seed(cfg.train.seed)
     torch.set_num_threads(cfg.train.threads)
-    env, model = load_env(cfg.env.name, **cfg.env.options), build_policy(cfg.model)
+    env, model = env or load_env(cfg.env.name, **cfg.env.options), build_policy(cfg.model)
     tok = tokenizer(model)
     opt = torch.optim.AdamW(trainable(model), lr=cfg.sft.lr)
     noise = random.Random(cfg.train.seed)
@@ -165,6 +173,7 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
     # rank 0's sampler, with its own copy of the weights, unless an external server samples (rollout_url);
     # the agent's prompt is far longer than a byte policy's context: keep its tail
     engine = sampler_engine(model, start, cfg) if main and not cfg.train.rollout_url else None
+    vocab_size = int(model.output_weight.shape[0])  # the ids this policy can train on
     model = dist.shard(model)
     opt = torch.optim.AdamW(trainable(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     if state is not None:
@@ -184,7 +193,7 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
         if main and orchestrator is not None:
             sampler = orchestrator(base_url)
         elif main and cfg.env.harness:
-            sampler = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, out)
+            sampler = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, out, vocab_size=vocab_size)
         elif main:
             sampler = Orchestrator(base_url, env, cfg.train, version=start, tokenizer=tokenizer(model))
         publish = engine.update if engine else partial(_reload, cfg.train, out / "weights", model, sampler)
@@ -211,13 +220,15 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
                     (step - s.version for s in batch.samples), default=0), samples=len(batch.samples), **batch.counts,
                     seconds=time.time() - t, sampling_seconds=t - waited)
                 m["tokens_per_s"] = m["tokens"] / max(m["seconds"], 1e-9)
+                m["sampled_share"] = sampled_share(batch.counts)
                 _check_finite(m)
                 history.append(m)
                 with open(metrics_path, "a") as f:
                     f.write(json.dumps(m) + "\n")
-                bar.line(f"step {step:4d}  reward {m['reward_mean']:.3f}  loss {m['loss']:+.4f}  "
-                         f"mismatch_kl {m.get('mismatch_kl', 0):.2e}  masked {m.get('masked_fraction', 0):.3f}  "
-                         f"off_policy {m['off_policy_max']}  {m['tokens_per_s']:,.0f} tok/s")
+                bar.line(console_line(m))
+                if (warning := lost_signal(m)) is not None:
+                    logger.warning(warning)
+                    bar.warn(warning)
             if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
                 dist.save(out / "checkpoints" / f"step-{step + 1}", model, opt, step + 1, weights)
             waited = time.time()
@@ -225,6 +236,34 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
         return []
     plot(history, out / "reward.png")
     return history
+
+
+def sampled_share(counts: dict[str, int]) -> float | None:
+    """The share of a step's rollouts with signal (an advantage) that became samples; None when none had
+    signal (every group's rewards alike, or nothing judged)."""
+    signal = counts.get("signal_rollouts", 0)
+    return (signal - counts.get("unsampled_rollouts", 0)) / signal if signal else None
+
+
+def console_line(m: dict) -> str:
+    """A step's line: the reward, the loss, and what trained (a step that trained nothing says so, not 0 tok/s)."""
+    share = m.get("sampled_share")
+    trained = f"{m['tokens_per_s']:,.0f} tok/s" if m["tokens"] else "nothing trained"
+    return (f"step {m['step']:4d}  reward {m['reward_mean']:.3f}  loss {m['loss']:+.4f}  "
+            f"mismatch_kl {m.get('mismatch_kl', 0):.2e}  masked {m.get('masked_fraction', 0):.3f}  "
+            f"off_policy {m['off_policy_max']}  samples {m['samples']} "
+            f"({'-' if share is None else f'{share:.0%}'} of rollouts with signal)  {trained}")
+
+
+def lost_signal(m: dict) -> str | None:
+    """The warning of a step where under SAMPLED_SHARE_WARNING of the rollouts with signal became samples."""
+    share = m.get("sampled_share")
+    if share is None or share >= SAMPLED_SHARE_WARNING:
+        return None
+    signal, lost = m["signal_rollouts"], m["unsampled_rollouts"]
+    return (f"step {m['step']}: only {signal - lost} of {signal} rollouts with signal became samples ({share:.0%}); "
+            f"{lost} trained nothing (replies without logprobs: {m.get('replies_without_logprobs', 0)}, "
+            f"not the policy's tokens: {m.get('foreign_replies', 0)})")
 
 
 def sampler_engine(model: torch.nn.Module, version: int, cfg: RunConfig):
@@ -305,6 +344,14 @@ class _Progress:
             self.progress.advance(self.task)
         else:
             print(text, flush=True)
+
+    def warn(self, text: str) -> None:
+        """A warning on the console, in bold red (the step's line is already printed)."""
+        if self.enabled:
+            self.progress.console.print(f"WARNING {text}", style="bold red", soft_wrap=True, markup=False,
+                                        highlight=False)
+        else:
+            print(f"WARNING {text}", flush=True)
 
     def __exit__(self, *exc: object) -> None:
         if self.enabled:

@@ -72,9 +72,14 @@ def _system_prompt(base: str) -> str:
 
 
 class HarnessOrchestrator:
-    def __init__(self, base_url: str, env: Environment, train: TrainConfig, env_config: EnvConfig, run_dir: Path):
+    def __init__(self, base_url: str, env: Environment, train: TrainConfig, env_config: EnvConfig, run_dir: Path,
+                 vocab_size: int | None = None):
         self.env, self.train, self.env_config, self.run_dir = env, train, env_config, run_dir
         self.config = agent_config(base_url, train, env_config)
+        self.vocab_size = vocab_size
+        """The policy's vocabulary: a reply with a token id past it is not this policy's and stays masked
+        text (counted as `foreign_replies`). None: every reply is the policy's, the rollout server being the
+        policy in training. Never the byte policy's by default: a Hugging Face policy's ids lie past it."""
 
     def batches(self, start: int, steps: int):
         for step in range(start, steps):
@@ -100,26 +105,35 @@ class HarnessOrchestrator:
             await model.close()
 
     async def collect(self, step: int) -> Batch:
+        tasks = self.env.tasks(self.train.batch_size, seed=rollout_seed(self.train.seed, step))
+        return self.batch(step, await self.rollouts(tasks, self.train.group_size, step))
+
+    def batch(self, step: int, results: list[tuple[Result, Path]]) -> Batch:
+        """The training batch of a step's rollouts (each task's group in turn, as `rollouts` returns them).
+        A rollout with an advantage (its group's rewards differ, and it was judged) is counted in
+        `signal_rollouts`; one of those that yields no sample (its replies without logprobs, or not the
+        policy's) in `unsampled_rollouts`: its signal is lost, which the trainer reports (rl.train)."""
         t = self.train
-        tasks = self.env.tasks(t.batch_size, seed=rollout_seed(t.seed, step))
-        results = await self.rollouts(tasks, t.group_size, step)
         counts = {"rollouts": len(results), "errored": 0, "timed_out": 0, "zero_advantage_groups": 0, "stale": 0,
-                  "replies_without_logprobs": 0}
+                  "signal_rollouts": 0, "unsampled_rollouts": 0, "replies_without_logprobs": 0, "foreign_replies": 0}
         batch = Batch(step, [], [], step, counts)  # sampled by the weights after `step` updates
-        for g in range(len(tasks)):
-            rollouts = results[g * t.group_size:(g + 1) * t.group_size]
+        for g in range(0, len(results), t.group_size):
+            rollouts = results[g:g + t.group_size]
             scored = [_reward(r) for r, _ in rollouts]
             batch.rewards += [r for r in scored if not isinstance(r, str)]
             advantages = group_advantages(scored, counts, std_normalize=t.std_normalize)
             for (_, path), reward, advantage in zip(rollouts, scored, advantages):
                 if advantage is None:
                     continue
+                counts["signal_rollouts"] += 1
                 ingest = IngestCounts()
-                for s in samples(read_records(path), ingest):
-                    sample = s.to_sample(advantage, step)
+                made = [s.to_sample(advantage, step) for s in samples(read_records(path), ingest, self.vocab_size)]
+                for sample in made:
                     sample.reward = reward
-                    batch.samples.append(sample)
+                batch.samples += made
+                counts["unsampled_rollouts"] += not made
                 counts["replies_without_logprobs"] += ingest.skipped_no_logprobs
+                counts["foreign_replies"] += ingest.foreign
         return batch
 
 
