@@ -175,12 +175,14 @@ class Approvals:
     """One session's requests for the user's decision, and the rules its user approved."""
 
     def __init__(self, config: SandboxConfig, cwd: Path, sinks: Sinks, timeout: Callable[[], float],
-                 cell_id: Callable[[], str | None] = lambda: None, parent: tuple[Approvals, str] | None = None):
+                 cell_id: Callable[[], str | None] = lambda: None, parent: tuple[Approvals, str] | None = None,
+                 hook: Callable[[Request], Awaitable[Decision | None]] | None = None):
         """`timeout()`: seconds an approved command may run (the kernel's cell timeout); `cell_id()`:
         the cell running now; `parent`: a subagent's (its parent's approvals, its name), where its
-        requests go to be decided, recorded and run, as the parent's own are, named in their reason."""
+        requests go to be decided, recorded and run, as the parent's own are, named in their reason;
+        `hook`: the person's PermissionRequest hooks, which may decide before anyone is asked."""
         self.config, self.cwd, self.sinks, self.timeout, self.cell_id = config, cwd, sinks, timeout, cell_id
-        self.parent = parent
+        self.parent, self.hook = parent, hook
         self.pending: dict[str, Request] = {}
         self.rules: list[list[str]] = []
         """Command prefixes approved with `always`, as words."""
@@ -252,6 +254,17 @@ class Approvals:
         self._decided(req, decision, by)
         return self._why(by, req) if decision == "deny" else None
 
+    async def cell(self, code: str, reason: str) -> str | None:
+        """A cell a PreToolUse hook asked a person about (`permissionDecision: "ask"`): None once
+        approved (this once: there is no `always` for a cell), else why not."""
+        if self.parent is not None:
+            upstream, name = self.parent
+            return await upstream.cell(code, f"[subagent {name}] {reason}".strip())
+        req = self._new("cell", code[:MAX_COMMAND], reason, None)
+        decision, by = await self._wait(req, {})
+        self._decided(req, decision, by)
+        return self._why(by, req) if decision == "deny" else None
+
     def _notes(self) -> list[str]:
         """What a command's request tells the person: each repository the agent made this session."""
         return [f"{p} was made in this session (it was not there when the session began): "
@@ -282,6 +295,8 @@ class Approvals:
             return "deny", "policy"
         if not req.notes and self._ruled(req):  # what a note says, a person reads first
             return "always", "rule"
+        if self.hook is not None and (decided := await self.hook(req)) is not None:
+            return decided, "hook"
         if self.ask is not None:
             try:
                 return await self.ask(req), "user"
@@ -305,6 +320,8 @@ class Approvals:
         return "the user denied it"
 
     def _ruled(self, req: Request) -> bool:
+        if req.kind == "cell":  # a cell is decided each time
+            return False
         if req.kind == "mcp":
             tool = req.prefix or ""
             return tool in self.tools or tool.split(".", 1)[0] in self.tools

@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from agent.hooks import HooksError, HooksFile
+from agent.hooks import read as read_hooks
 from agent.trust import TrustError, TrustStore
 from agent.types import Budget, Usage
 from harness_store.entries import SkillLimits
@@ -360,6 +362,14 @@ class Config(_Section):
         now), and settings a project file may not make. Named at the session's start."""
         return self._ignored
 
+    _hooks: list[tuple[str, HooksFile]] = PrivateAttr(default_factory=list)
+
+    @property
+    def hooks(self) -> list[tuple[str, HooksFile]]:
+        """The hooks in force (agent/hooks.py), with where each file came from: the user's
+        `$PRIME_AGENT_HOME/hooks.json`, and the project's `.prime-agent/hooks.json` once trusted."""
+        return self._hooks
+
 
 ENV_VARS = {
     "OPENAI_BASE_URL": ("model", "base_url"),
@@ -436,6 +446,16 @@ def load_config(cwd: Path, overrides: dict[str, Any] | None = None, source: str 
             file = store.check(root, name)
             if file is not None and file.status != "trusted":
                 ignored.append(file.line())
+        user_hooks = home() / "hooks.json"
+        if user_hooks.is_file():
+            config._hooks.append(("user", read_hooks(user_hooks, user_hooks.read_text(errors="replace"))))
+        file = store.check(root, PROJECT_HOOKS)
+        if file is not None and file.status != "trusted":
+            ignored.append(file.line())
+        elif file is not None and file.content is not None:
+            config._hooks.append(("project", read_hooks(root / PROJECT_HOOKS, file.content.decode(errors="replace"))))
+    except HooksError as e:
+        raise ConfigError(str(e)) from None
     except OSError as e:
         raise ConfigError(f"{shorten(e.filename or cwd)}: {e.strerror}") from None
     except TrustError as e:
@@ -538,6 +558,7 @@ def parse_override(text: str) -> dict[str, Any]:
 
 MCP_JSON = ".mcp.json"
 PROJECT_CONFIG = ".prime-agent/config.toml"
+PROJECT_HOOKS = ".prime-agent/hooks.json"
 MCP_JSON_KEYS = ("type", "command", "args", "env", "cwd", "url", "headers")
 """What a server of .mcp.json may say; other tools' own keys in the file are left to them."""
 

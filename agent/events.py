@@ -17,7 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from agent.types import CellResult, Outcome, Text, ToolCall, Usage
+from agent.hooks import HookRun
+from agent.types import ApprovalKind, CellResult, Outcome, Text, ToolCall, Usage
 
 
 class _Event(BaseModel):
@@ -316,7 +317,7 @@ class McpCalled(_Event):
     duration: float = 0.0
 
 
-ApprovalKind = Literal["command", "mcp"]
+
 """command: the kernel asks to run a shell command outside the sandbox (`request_permission`);
 mcp: a cell calls a tool of an MCP server whose policy is `ask`."""
 
@@ -350,14 +351,26 @@ class ApprovalDecided(_Event):
     request_id: str
     kind: ApprovalKind = "command"
     decision: Literal["approve", "always", "deny"]
-    by: Literal["user", "rule", "policy", "timeout", "cancelled", "no-terminal"]
+    by: Literal["user", "rule", "policy", "timeout", "cancelled", "hook", "no-terminal"]
     """user: a person decided; rule: an earlier `always`; policy: `sandbox.approval = "never"`, or nobody
     can answer here (outside the daemon and a terminal); timeout: nobody decided in time; cancelled:
-    the cell that asked was interrupted; no-terminal: the terminal to ask at could not be opened."""
+    the cell that asked was interrupted; no-terminal: the terminal to ask at could not be opened; hook:
+    the person's PermissionRequest hook."""
     exit_code: int | None = None
     """A command's, once it ran outside the sandbox."""
     full_env: bool = False
     """It ran with the person's whole environment (they asked); else with the kernel's, secrets dropped."""
+
+
+# --- hooks (agent/hooks.py) ----------------------------------------------------------------------
+
+
+class HookRan(_Event):
+    """One of the person's hooks ran (`cell_id`: the cell it concerned, if one did)."""
+
+    type: Literal["hook.ran"] = "hook.ran"
+    run: HookRun
+    cell_id: str | None = None
 
 
 # --- subagents -----------------------------------------------------------------------------------
@@ -443,7 +456,7 @@ Event = Annotated[
     | HarnessEdited | HarnessReloaded
     | RefinementProposed | RefinementApplied | RefinementPending | RefinementDryRun | RefinementRejected
     | RefinementFailed | RefinementSkipped | RefinementRolledBack
-    | McpCalled | ApprovalRequested | ApprovalDecided
+    | McpCalled | ApprovalRequested | ApprovalDecided | HookRan
     | SubagentSpawned | SubagentFinished
     | GoalStarted | GoalCheck | GoalContinued | GoalFinished | ScheduleFired,
     Field(discriminator="type"),

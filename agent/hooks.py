@@ -83,27 +83,36 @@ def read(path: Path, text: str) -> HooksFile:
         raise HooksError(f"{path}: not a hooks file ({problems})") from None
 
 
-@dataclass
-class HookRun:
-    """One hook's run: what it was, what it said, what it decided."""
+class HookRun(BaseModel):
+    """One hook's run: what it was, what it said, what it decided (a trajectory record and an
+    event carry it, agent/trajectory.py's HookRecord and events.HookRan)."""
 
     event: str
     source: str
     """user or project."""
     command: str
-    exit_code: int | None
-    duration: float
+    """The command line, or an http hook's URL."""
+    exit_code: int | None = None
+    duration: float = 0.0
     stdout: str = ""
     stderr: str = ""
     timed_out: bool = False
     error: str | None = None
     """Why it could not run, or its non-blocking failure."""
-    output: dict[str, Any] = field(default_factory=dict)
+    output: dict[str, Any] = Field(default_factory=dict)
     """Its stdout, when that was a JSON object."""
 
     @property
     def blocks(self) -> bool:
         return self.exit_code == 2 or self.output.get("decision") == "block"
+
+    def line(self) -> str:
+        """The run in a line, as the app and `prime-agent run` show it."""
+        shown = self.command if len(self.command) <= 60 else self.command[:57] + "..."
+        said = self.error or (self.stderr.strip().splitlines() or [""])[0][:120]
+        how = "timed out" if self.timed_out else f"exit {self.exit_code}" if self.exit_code is not None else "not run"
+        return (f"hook {self.event} ({self.source}): {shown}: {how}{', blocked' if self.blocks else ''} in "
+                f"{self.duration:.2f}s" + (f": {said}" if said else ""))
 
 
 @dataclass
@@ -118,13 +127,13 @@ class Verdict:
 
     @property
     def reason(self) -> str:
-        """Why it was blocked or denied: the hooks' stderr, reasons, in order."""
-        parts = []
+        """Why it was blocked, denied or put to a person: the hooks' stderr and reasons, in order."""
+        parts, winning = [], self.permission
         for r in self.runs:
             specific = r.output.get("hookSpecificOutput") or {}
             for text in (r.stderr.strip() if r.exit_code == 2 else "", r.output.get("reason"),
-                         specific.get("permissionDecisionReason") if specific.get("permissionDecision") == "deny"
-                         else None):
+                         specific.get("permissionDecisionReason")
+                         if winning in ("deny", "ask") and specific.get("permissionDecision") == winning else None):
                 if isinstance(text, str) and text.strip():
                     parts.append(text.strip())
         return "\n".join(parts) or "a hook blocked it"
@@ -211,8 +220,8 @@ class Hooks:
         if spec.type == "http":
             return await self._post(event, source, spec, data, began)
         if not spec.command:
-            return HookRun(event, source, "", None, 0.0, error="a command hook without a command")
-        run = HookRun(event, source, spec.command, None, 0.0)
+            return HookRun(event=event, source=source, command="", error="a command hook without a command")
+        run = HookRun(event=event, source=source, command=spec.command)
         try:
             proc = await asyncio.create_subprocess_exec(
                 "/bin/sh", "-c", spec.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -241,7 +250,7 @@ class Hooks:
         return run
 
     async def _post(self, event: str, source: str, spec: HookSpec, data: bytes, began: float) -> HookRun:
-        run = HookRun(event, source, spec.url or "", None, 0.0)
+        run = HookRun(event=event, source=source, command=spec.url or "")
         try:
             async with httpx2.AsyncClient(timeout=spec.timeout) as http:
                 r = await http.post(spec.url or "", content=data,
@@ -275,3 +284,26 @@ def _json_object(text: str) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+class Runner:
+    """A session's hooks: the input fields every event carries (`common()`: session_id,
+    transcript_path, permission_mode) and where each run is reported (`report(run, cell_id)`)."""
+
+    def __init__(self, hooks: Hooks, common: Callable[[], dict[str, Any]],
+                 report: Callable[[HookRun, str | None], None]):
+        self.hooks, self.common, self.report = hooks, common, report
+
+    def __bool__(self) -> bool:
+        return bool(self.hooks)
+
+    async def __call__(self, event: HookEvent, payload: dict[str, Any], target: str | None = None,
+                       cell_id: str | None = None) -> Verdict:
+        if not self.hooks:
+            return Verdict()
+        return await self.hooks.run(event, {**self.common(), **payload}, target,
+                                    on_run=lambda run: self.report(run, cell_id))
+
+
+NO_HOOKS = Runner(Hooks({}, Path(".")), dict, lambda run, cell_id: None)
+"""For a loop built without a session's hooks (tests, evals)."""

@@ -17,6 +17,7 @@ from agent import compaction
 from agent import events as ev
 from agent.config import Config
 from agent.context import Context, Inbox, Sinks
+from agent.hooks import NO_HOOKS, Runner
 from agent.kernel import Kernel, KernelError
 from agent.model import ContextOverflow, Model, ModelError, ModelTimeout, fenced_cells, parse_tool_arguments
 from agent.prompt import render
@@ -41,6 +42,10 @@ class Interrupted(Exception):
     """The user interrupted the turn."""
 
 
+class HookStopped(Exception):
+    """A hook answered `continue: false`: the turn ends, with its `stopReason`."""
+
+
 def out_of_seconds(seconds: float, waiting: str = "") -> str:
     """What a turn that ran out of `budget.max_seconds` says (the eval runner says the same)."""
     return f"the turn used its {seconds:g} seconds (budget.max_seconds)" + (f" {waiting}" if waiting else "")
@@ -48,21 +53,37 @@ def out_of_seconds(seconds: float, waiting: str = "") -> str:
 
 class TurnLoop:
     def __init__(self, config: Config, model: Model, kernel: Kernel, context: Context, inbox: Inbox, sinks: Sinks,
-                 system_prompt: Callable[[], str]):
-        """`system_prompt()` builds the system prompt afresh: a compaction starts the context over with it."""
+                 system_prompt: Callable[[], str], hooks: Runner = NO_HOOKS,
+                 ask_cell: Callable[[str, str], Awaitable[str | None]] | None = None):
+        """`system_prompt()` builds the system prompt afresh: a compaction starts the context over with it.
+        `hooks`: the person's (PreToolUse, PostToolUse, Stop, PreCompact); `ask_cell(code, reason)`: a
+        person's say on a cell a hook asked about (None: approved, else why not)."""
         self.config, self.model, self.kernel, self.context, self.inbox = config, model, kernel, context, inbox
         self.emit, self.record, self.charge = sinks.emit, sinks.record, sinks.charge
         self.system_prompt = system_prompt
+        self.hooks, self.ask_cell = hooks, ask_cell
         self.said_no_logprobs = False
 
     async def run(self, turn: Turn) -> tuple[Outcome, str | None, str | None]:
         """Step until the turn ends: (outcome, answer, error). Never raises for model, kernel or
         budget failures; a cancellation that is not an interrupt (the session closing) goes through."""
+        stop_hook_active = False
         try:
             while True:
-                await self.step(turn)
+                try:
+                    await self.step(turn)
+                except Submitted as e:
+                    verdict = await self.hooks("Stop", {"stop_hook_active": stop_hook_active,
+                                                        "last_assistant_message": e.answer})
+                    if not verdict.blocked:
+                        raise
+                    stop_hook_active = True  # the hook sees it next time, and can let the turn end
+                    self.context.append(Message(role="user", content=f"[A Stop hook asks you to go on]\n"
+                                                f"{verdict.reason}"), turn.id)
         except Submitted as e:
             return "completed", e.answer, None
+        except HookStopped as e:
+            return "interrupted", None, f"a hook stopped the turn: {e}"
         except BudgetExhausted as e:
             return "budget_exhausted", None, str(e)
         except Interrupted:
@@ -93,8 +114,8 @@ class TurnLoop:
         self.check_budget(turn)
         self.deliver_inbox(turn)
         if compaction.needed(self.context, self.config) or self.context.compact_requested:
-            self.context.compact_requested = False
-            await self.compact(turn)
+            asked, self.context.compact_requested = self.context.compact_requested, False
+            await self.compact(turn, "manual" if asked else "auto")
         completion = await self.call_model(turn)
         message = completion.message
         codes = [] if self.model.action_format == "tools" else fenced_cells(message.content)
@@ -185,12 +206,14 @@ class TurnLoop:
                               "to train on"))
         return completion
 
-    async def compact(self, turn: Turn) -> bool:
-        """Fold older context into a summary (agent/compaction.py); False when nothing is old enough."""
+    async def compact(self, turn: Turn, trigger: str = "auto") -> bool:
+        """Fold older context into a summary (agent/compaction.py); False when nothing is old enough.
+        `trigger`: manual (a person's `/compact`) or auto, as PreCompact hooks see it."""
         parts = compaction.split(self.context, self.config)
         if parts is None:
             return False
         folded, kept = parts
+        await self.hooks("PreCompact", {"trigger": trigger, "custom_instructions": ""}, target=trigger)
         request = compaction.request(folded, self.config)
         # the summary counts against the turn's time like any model call
         completion = await self.within_budget(turn, self.model.complete(request, tools=False))
@@ -252,9 +275,35 @@ class TurnLoop:
                 raise BudgetExhausted(out_of_seconds(b.max_seconds))
             cell.timeout = min(cell.timeout or self.config.kernel.cell_timeout, remaining)
         turn.cells += 1
+        tool_input = {"code": cell.code, **({"timeout": cell.timeout} if cell.timeout is not None else {})}
+        pre = await self.hooks("PreToolUse", {"tool_name": "ipython", "tool_input": tool_input, "tool_use_id": cell.id},
+                               "ipython", cell.id)
+        if isinstance((pre.updated_input or {}).get("code"), str):
+            cell.code = pre.updated_input["code"]  # type: ignore[index]
+        refused = pre.reason if pre.blocked else None
+        if refused is None and pre.permission == "ask" and self.ask_cell is not None:
+            refused = await self.ask_cell(cell.code, pre.reason)
         self.emit(ev.CellStarted(turn_id=turn.id, cell_id=cell.id, code=cell.code))
-        result = await self.kernel.execute(cell, on_output=lambda stream, text: self.emit(
-            ev.CellOutput(turn_id=turn.id, cell_id=cell.id, stream=stream, text=text)))
+        if refused is not None:
+            result = CellResult(error_name="BlockedByHook", error_value=f"a PreToolUse hook kept this cell from "
+                                f"running: {refused}")
+        else:
+            result = await self.kernel.execute(cell, on_output=lambda stream, text: self.emit(
+                ev.CellOutput(turn_id=turn.id, cell_id=cell.id, stream=stream, text=text)))
+            failed = bool(result.error_name) or bool({"died", "timed_out"} & set(result.kernel_events))
+            post = await self.hooks(
+                "PostToolUseFailure" if failed else "PostToolUse",
+                {"tool_name": "ipython", "tool_input": {"code": cell.code}, "tool_use_id": cell.id, "tool_response": {
+                    "stdout": result.stdout, "stderr": result.stderr, "result": result.result,
+                    "error": f"{result.error_name}: {result.error_value}" if result.error_name else None}},
+                "ipython", cell.id)
+            result.hook_notes += [text for text in (post.reason if post.blocked else "", post.context) if text]
+            if post.stop:
+                turn.stop = HookStopped(post.stop)
+        if pre.context:
+            result.hook_notes.insert(0, pre.context)
+        if pre.stop:
+            turn.stop = HookStopped(pre.stop)
         self.record(CellRecord(turn_id=turn.id, cell=cell, result=result))
         self.emit(ev.CellFinished(turn_id=turn.id, cell_id=cell.id, attachments=[a.mime for a in result.attachments],
                                   result=result.model_copy(update={"attachments": []})))

@@ -16,9 +16,10 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from agent import events as ev
-from agent.approvals import Approvals
+from agent.approvals import Approvals, Decision, Request
 from agent.kernel.bridge import BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
 from agent.config import Config, home, project_root, shorten
@@ -27,6 +28,7 @@ from agent.goals import CheckResult, GoalState, pursue, run_check
 from agent.harness import SessionHarness, changes, scope_roots, told
 from agent.kernel import Kernel, KernelPool, KernelState
 from agent.layout import SessionLayout
+from agent.hooks import HookRun, Hooks, Runner
 from agent.loop import Interrupted, Submitted, TurnLoop
 from agent.mcp import McpError, McpServers, prompt_section, summary
 from agent.model import Model
@@ -36,6 +38,7 @@ from agent.kernel.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKE
 from agent.kernel.sandbox import SandboxError, View, describe, unavailable, unconfined_running
 from agent.subagents import ChildInfo, Subagents
 from agent.trajectory import (
+    HookRecord,
     McpCallRecord,
     Record,
     ResumedRecord,
@@ -113,6 +116,8 @@ class Session:
         self._trajectory: TrajectoryWriter | None = None
         self._task: asyncio.Task | None = None
         self._watcher: HarnessWatcher | None = None
+        self._notifying: set[asyncio.Task] = set()
+        """Hooks told of something (Notification, SubagentStart/Stop) that have not finished yet."""
 
         sinks = Sinks(emit=self.emit, record=self.record, charge=self.charge, turn_id=self._turn_id)
         self.context = Context(self.record)
@@ -126,7 +131,10 @@ class Session:
         view = View.of(config.sandbox, self.cwd, self.dir, [s.root for s in self.harness.stores.values()],
                        project_root(self.cwd))
         self.kernel = Kernel(self.cwd, config.kernel, sandbox=config.sandbox, view=view)
-        self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks, self._system_prompt)
+        self.hooks = Runner(Hooks.of(config.hooks, self.cwd), self._hook_input, self._hook_ran)
+        """The person's hooks (agent/hooks.py), every run recorded and shown."""
+        self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks, self._system_prompt,
+                             hooks=self.hooks, ask_cell=lambda code, reason: self.approvals.cell(code, reason))
         self.checkpoints = Checkpoints(config.checkpoints, self.cwd, self.layout, self.id, self.kernel, self.harness,
                                        self.context, sinks, enabled=parent is None)
         """A checkpoint at every turn boundary (a subagent's files are in its parent's), for `rewind`."""
@@ -142,7 +150,7 @@ class Session:
         self.mcp = McpServers(config.mcp, self.cwd, self.dir)
         """The session's MCP servers (started at their first use)."""
         self.approvals = Approvals(config.sandbox, self.cwd, sinks, timeout=lambda: self.config.kernel.cell_timeout,
-                                   cell_id=lambda: self.kernel.cell_id,
+                                   cell_id=lambda: self.kernel.cell_id, hook=self._permission_hooks,
                                    parent=(parent.approvals, self.id.rsplit(".", 1)[-1]) if parent else None)
         """Requests for the user's decision: commands to run outside the sandbox, MCP calls under policy
         ask (a subagent's go up to the session the user decides in)."""
@@ -218,6 +226,10 @@ class Session:
         else:
             self.emit(ev.SessionStarted(dir=str(self.dir), cwd=str(self.cwd), model=self.model.name,
                                         sandbox=self.sandbox, ignored=self.ignored))
+        source = "resume" if self._resumed is not None else "startup"
+        started = await self.hooks("SessionStart", {"source": source}, target=source)
+        if started.context:
+            self.notices.append(f"[Context from the user's SessionStart hook]\n{started.context}")
 
     async def _bridge_up(self, kernel_dir: Path) -> dict[str, str]:
         """The host bridge, in the kernel's own directory: the one way out of its sandbox."""
@@ -292,6 +304,9 @@ class Session:
                                             content="[lost: the session's process stopped while this cell ran]"), None)
 
     async def close(self) -> None:
+        if self._trajectory is not None:  # it started
+            await self.hooks("SessionEnd", {"reason": "other"})
+        await asyncio.gather(*self._notifying, return_exceptions=True)
         await self.refiner.close()
         await self.checkpoints.close()
         await self.subagents.close()
@@ -333,8 +348,13 @@ class Session:
             await self.checkpoints.at_turn_start(turn.id)
             turn.started = time.monotonic()  # the budget is the turn's own time
             self._task = asyncio.current_task()
-            self._begin_turn(turn)
-            outcome, answer, error = await self.loop.run(turn)
+            submitted = await self.hooks("UserPromptSubmit", {"prompt": text})
+            refused = submitted.stop or (submitted.reason if submitted.blocked else None)
+            self._begin_turn(turn, None if refused else submitted.context)
+            if refused:  # the prompt never reaches the model; the person is told why
+                outcome, error = "error", f"a UserPromptSubmit hook refused the prompt: {refused}"
+            else:
+                outcome, answer, error = await self.loop.run(turn)
         except WriteFailed as e:  # the turn's beginning could not be recorded: it ends here, said so
             outcome, error = "error", f"the session's records could not be written, so the turn stops: {e}"
             self.emit(ev.Error(turn_id=turn.id, message=error))
@@ -452,6 +472,7 @@ class Session:
                 log.exception("event listener failed on %s", event.type)
         if failed is None:
             self._seq = event.seq
+            self._tell_hooks(event)
         elif not self._reporting:
             self._reporting = True
             try:
@@ -459,6 +480,48 @@ class Session:
                                                                   f"{type(failed).__name__}: {failed}"))
             finally:
                 self._reporting = False
+
+    def _tell_hooks(self, event: ev.Event) -> None:
+        """Hooks that hear of something without deciding anything: Notification (an approval waits,
+        a goal ended), SubagentStart and SubagentStop. They run in the background."""
+        if not self.hooks:
+            return
+        if isinstance(event, ev.ApprovalRequested):
+            call = self.hooks("Notification", {"message": f"The agent asks for your approval: {event.summary}",
+                                               "notification_type": "permission_prompt"}, target="permission_prompt")
+        elif isinstance(event, ev.GoalFinished):
+            call = self.hooks("Notification", {"message": f"The goal ended: {event.state}",
+                                               "notification_type": "goal_finished"}, target="goal_finished")
+        elif isinstance(event, ev.SubagentSpawned):
+            call = self.hooks("SubagentStart", {"agent_id": event.id, "agent_type": event.name}, target=event.name)
+        elif isinstance(event, ev.SubagentFinished):
+            call = self.hooks("SubagentStop", {"agent_id": event.id, "agent_type": event.name,
+                                               "last_assistant_message": event.answer or event.error or ""},
+                              target=event.name)
+        else:
+            return
+        task = asyncio.ensure_future(call)
+        self._notifying.add(task)
+        task.add_done_callback(self._notifying.discard)
+
+    def _hook_input(self) -> dict[str, Any]:
+        """What every hook gets besides its event's fields, as Claude Code sends it."""
+        return {"session_id": self.id, "transcript_path": str(self.layout.trajectory),
+                "permission_mode": self.config.sandbox.mode}
+
+    def _hook_ran(self, run: HookRun, cell_id: str | None) -> None:
+        turn_id = self._turn_id()
+        self.record(HookRecord(turn_id=turn_id, cell_id=cell_id, run=run))
+        self.emit(ev.HookRan(turn_id=turn_id, cell_id=cell_id, run=run))
+
+    async def _permission_hooks(self, req: Request) -> Decision | None:
+        """PermissionRequest hooks decide a request before a person is asked: allow, deny, or not.
+        The tool is `ipython` (a cell a PreToolUse hook asked about), `Bash` (a command to run outside
+        the sandbox) or `mcp__SERVER__TOOL`."""
+        tool = {"cell": "ipython", "command": "Bash"}.get(req.kind) or "mcp__" + (req.prefix or "").replace(".", "__", 1)
+        verdict = await self.hooks("PermissionRequest", {
+            "tool_name": tool, "tool_input": {"command": req.summary, "description": req.reason}}, target=tool)
+        return {"allow": "approve", "deny": "deny"}.get(verdict.permission or "")  # type: ignore[return-value]
 
     def record(self, record: Record) -> None:
         assert self._trajectory is not None, "session not started"
@@ -480,7 +543,9 @@ class Session:
     def _turn_id(self) -> str | None:
         return self.turn.id if self.turn else None
 
-    def _begin_turn(self, turn: Turn) -> None:
+    def _begin_turn(self, turn: Turn, hook_context: str | None = "") -> None:
+        """Record the turn's start and put its prompt in the context, with what UserPromptSubmit
+        hooks added (`hook_context`; None: a hook refused the prompt, which stays out of it)."""
         prompt = turn.prompt
         mark = {"goal_id": turn.goal_id, "continuation": turn.continuation}
         self.record(TurnStarted(turn_id=turn.id, prompt=prompt, **mark))
@@ -497,7 +562,11 @@ class Session:
         last = self.last_result
         if last is not None and last.outcome != "completed":
             notes.insert(0, f"[Your previous turn ended early ({last.outcome}): {last.error}]")
-        self.context.begin_turn(Message(role="user", content="\n\n".join([*notes, prompt])), turn.id)
+        if hook_context is None:
+            self.notices = notes  # told with the next prompt instead
+            return
+        extra = [f"[Context from the user's UserPromptSubmit hook]\n{hook_context}"] if hook_context else []
+        self.context.begin_turn(Message(role="user", content="\n\n".join([*notes, prompt, *extra])), turn.id)
 
     def _end_turn(self, turn: Turn, outcome: Outcome, answer: str | None, error: str | None) -> TurnResult:
         """Close the turn, whatever else fails: the session is free for the next one."""

@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-from agent.types import Cell, CellResult, Message, Outcome, Usage
+from agent.hooks import HookRun
+from agent.types import ApprovalKind, Cell, CellResult, Message, Outcome, Usage
 
 SCHEMA = 1
 """The record format written here (in each trajectory's `session` record). A change to it appends
@@ -51,6 +52,15 @@ class TurnStarted(_Record):
     be scored as one."""
     continuation: int | None = None
     """0 for a goal's first turn, n for its n-th continuation."""
+
+
+class HookRecord(_Record):
+    """One of the person's hooks ran (the same payload `HookRan` carries)."""
+
+    kind: Literal["hook"] = "hook"
+    turn_id: str | None = None
+    cell_id: str | None = None
+    run: HookRun
 
 
 class GoalRecord(_Record):
@@ -163,7 +173,7 @@ class ApprovalRecord(_Record):
     kind: Literal["approval"] = "approval"
     turn_id: str | None = None
     request_id: str
-    request_kind: Literal["command", "mcp"] = "command"
+    request_kind: ApprovalKind = "command"
     summary: str
     """The command line, or `server.tool(arguments)`."""
     status: Literal["requested", "approve", "always", "deny"]
@@ -271,7 +281,7 @@ class RewindRecord(_Record):
 Record = Annotated[
     SessionRecord | TurnStarted | MessageRecord | SystemPromptRecord | ModelCall | CellRecord | SubagentRecord
     | RefinementRecord | CompactionRecord | TurnFinished | ResumedRecord | McpCallRecord | ApprovalRecord
-    | CheckpointRecord | RewindRecord | GoalRecord,
+    | CheckpointRecord | RewindRecord | GoalRecord | HookRecord,
     Field(discriminator="kind"),
 ]
 _adapter: TypeAdapter[Record] = TypeAdapter(Record)

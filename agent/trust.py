@@ -32,6 +32,7 @@ from agent import safefs
 PROJECT_FILES = {
     ".prime-agent/config.toml": "project settings",
     ".mcp.json": "MCP servers the host starts",
+    ".prime-agent/hooks.json": "hooks: commands the host runs with your rights at each step of a turn",
 }
 """Every project file a person trusts before the host acts on it, with what it does (the
 instruction files of `project_instructions` come on top). A new kind of file is one line here."""

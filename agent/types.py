@@ -31,6 +31,10 @@ Role = Literal["system", "user", "assistant", "tool"]
 Outcome = Literal["completed", "interrupted", "budget_exhausted", "timed_out", "error"]
 
 
+ApprovalKind = Literal["command", "mcp", "cell"]
+"""What waits for a person: a command to run outside the sandbox, an MCP call under policy `ask`,
+or a cell a PreToolUse hook asked about (`permissionDecision: "ask"`)."""
+
 class ToolCall(BaseModel):
     """One tool call as the model wrote it; `arguments` is the raw JSON text, parsed by the loop."""
 
@@ -136,6 +140,8 @@ class CellResult(BaseModel):
     kernel_events: list[KernelEvent] = Field(default_factory=list)
     kernel_message: Text | None = None
     """What the runtime did to the kernel during this cell (timeout, death, restart), for the model."""
+    hook_notes: list[Text] = Field(default_factory=list)
+    """What the person's hooks said about this cell to the model (agent/hooks.py)."""
     duration: float = 0.0
 
     @property
@@ -159,6 +165,7 @@ class CellResult(BaseModel):
             parts.append(f"[display: {a.mime}, {len(a.data)} bytes, shown to the user]")
         if self.kernel_message:
             parts.append("[kernel] " + self.kernel_message)
+        parts += [f"[hook] {note}" for note in self.hook_notes]
         return "\n".join(parts) if parts else "(no output)"
 
 

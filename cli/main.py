@@ -46,6 +46,8 @@ COMMANDS = {  # in the order --help lists them
     "rl": Command("cli.rl", "train the policy with RL, or serve it"),
     "models": Command("cli.models", "pull known models into $PRIME_AGENT_HOME/models, list them"),
     "mcp": Command("cli.mcp", "MCP servers: list them (state, tools), add or remove one"),
+    "hooks": Command("cli.hooks", "your commands at each step of a turn, in Claude Code's shape: list, add, remove, "
+                     "trust (the project's)"),
     "trust": Command("cli.trust", "the project's files the host acts on (.prime-agent/config.toml, .mcp.json, "
                      "AGENTS.md...): review and trust them, --list, --revoke"),
     "acp": Command("cli.acp", "the agent over the Agent Client Protocol on stdio, for editors (Zed...), Harbor and "

@@ -83,6 +83,8 @@ class Printer:
                 c.print(Text(f"({r.duration:.2f}s)", style="dim"))
             case ev.Note():
                 c.print(Text("note: " + e.text, style="bold"))
+            case ev.HookRan():
+                c.print(Text(e.run.line(), style="yellow" if e.run.error or e.run.blocks else "dim"))
             case ev.ModelRetry():
                 c.print(Text(f"model: {e.reason}; retry {e.attempt} in {e.delay:.1f}s", style="yellow"))
             case ev.ModelFallback():

@@ -46,19 +46,20 @@ def main(args: argparse.Namespace) -> int:
                       if missing else ""), file=sys.stderr)
                 return 1
             return 0
-        return _review(store, root, args.yes)
+        return review(store, root, args.yes)
     except TrustError as e:
         print(f"prime-agent trust: {e}", file=sys.stderr)
         return 1
 
 
-def _review(store: TrustStore, root: Path, yes: bool) -> int:
+def review(store: TrustStore, root: Path, yes: bool, only: list[str] | None = None) -> int:
+    """Show each untrusted project file (of `only`, when given) and trust it if the person says so."""
     try:
         instructions = load_config(root).project_instructions
     except ConfigError as e:  # a file trusted before that no longer loads: the default instruction files
         print(f"prime-agent trust: {e}", file=sys.stderr)
         instructions = Config().project_instructions
-    files = [f for f in (store.check(root, p) for p in candidates(instructions)) if f is not None]
+    files = [f for f in (store.check(root, p) for p in only or candidates(instructions)) if f is not None]
     waiting = [f for f in files if f.status != "trusted"]
     if not waiting:
         print(f"every file of {root} the host acts on is trusted as it is now" if files

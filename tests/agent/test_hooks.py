@@ -3,6 +3,7 @@ exit codes and JSON decide."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
@@ -118,3 +119,136 @@ def test_a_claude_code_settings_file_copied_verbatim_reads(tmp_path: Path):
         read(tmp_path / "bad.json", json.dumps({"hooks": {"PreToolUse": [{"matcher": 1}]}}))
     with pytest.raises(HooksError, match="hooks.Whenever"):
         read(tmp_path / "bad.json", json.dumps({"hooks": {"Whenever": []}}))
+
+
+# --- through real sessions: a scripted model, real kernels, the person's hooks files ----------------
+
+from agent import events as ev  # noqa: E402
+from agent.config import home, load_config  # noqa: E402
+from agent.session import Session  # noqa: E402
+from agent.testing.scripted import ScriptedModel, cells  # noqa: E402
+from agent.trajectory import HookRecord, read_records  # noqa: E402
+from tests.conftest import trust  # noqa: E402
+
+READ = "python3 -c \"import json, sys; d = json.load(sys.stdin); {}\""
+"""A hook command in Python: `d` is the event's input."""
+
+
+def user_hooks(config: dict) -> None:
+    (home() / "hooks.json").parent.mkdir(parents=True, exist_ok=True)
+    (home() / "hooks.json").write_text(json.dumps(config))
+
+
+def hooked(project: Path, outputs: list, events: list | None = None) -> Session:
+    config = load_config(project, {"kernel": {"interrupt_grace": 1.0}})
+    return Session(config, ScriptedModel(outputs), cwd=project, on_event=events.append if events is not None else None)
+
+
+def tool_output(s: Session) -> str:
+    return next(m.content for m in reversed(s.model.calls[-1]) if m.role == "tool")
+
+
+async def test_pre_tool_use_exit_2_keeps_the_cell_from_running_and_the_model_reads_why(project: Path):
+    user_hooks(command("PreToolUse", READ.format(
+        "sys.exit(0) if 'rm -rf' not in d['tool_input']['code'] else (print('no rm -rf here', file=sys.stderr), "
+        "sys.exit(2))"), matcher="ipython"))
+    async with hooked(project, [cells("import subprocess; open('ran', 'w'); subprocess.run('rm -rf x', shell=True)"),
+                                "ok"]) as s:
+        await s.prompt("clean up")
+        assert not (project / "ran").exists()
+        assert "BlockedByHook: a PreToolUse hook kept this cell from running: no rm -rf here" in tool_output(s)
+        run, = [r.run for r in read_records(s.layout.trajectory, []) if isinstance(r, HookRecord)]
+        assert (run.event, run.source, run.exit_code) == ("PreToolUse", "user", 2)
+
+
+async def test_updated_input_changes_the_code_that_runs_and_post_tool_use_sees_its_output(project: Path,
+                                                                                        tmp_path: Path):
+    seen = tmp_path / "post.json"
+    rewrite = {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "allow",
+                                      "updatedInput": {"code": "print('rewritten')"}}}
+    user_hooks({"hooks": {
+        "PreToolUse": [{"matcher": "ipython", "hooks": [{"type": "command", "command": f"echo {shlex.quote(json.dumps(rewrite))}"}]}],
+        "PostToolUse": [{"hooks": [{"type": "command", "command": f"cat > {seen}; echo 'formatted 1 file' >&2; exit 2"}]}],
+    }})
+    async with hooked(project, [cells("print('original')"), "ok"]) as s:
+        await s.prompt("go")
+        out = tool_output(s)
+        assert out.startswith("rewritten") and "[hook] formatted 1 file" in out
+    post = json.loads(seen.read_text())
+    assert (post["hook_event_name"], post["tool_name"], post["tool_input"]) == (
+        "PostToolUse", "ipython", {"code": "print('rewritten')"})
+    assert post["tool_response"]["stdout"] == "rewritten\n" and post["session_id"] == s.id
+    assert post["transcript_path"] == str(s.layout.trajectory) and post["permission_mode"] == "workspace-write"
+
+
+async def test_permission_decision_ask_raises_the_approval_card_and_its_answer_decides(project: Path):
+    ask = {"hookSpecificOutput": {"permissionDecision": "ask", "permissionDecisionReason": "it writes files"}}
+    user_hooks(command("PreToolUse", f"echo {shlex.quote(json.dumps(ask))}"))
+    events: list = []
+    async with hooked(project, [cells("open('first', 'w')"), cells("open('second', 'w')"), "ok"], events) as s:
+        s.approvals.can_ask = True
+
+        def answer(e) -> None:
+            if isinstance(e, ev.ApprovalRequested):  # as the app's card does, once the request waits
+                asyncio.get_running_loop().call_soon(s.approvals.decide, e.request_id,
+                                                     "approve" if "first" in e.summary else "deny")
+        s.listeners.append(answer)
+        await s.prompt("go")
+    requested = [e for e in events if isinstance(e, ev.ApprovalRequested)]
+    assert [(e.kind, e.reason, e.prefix) for e in requested] == [("cell", "it writes files", None)] * 2
+    assert (project / "first").exists() and not (project / "second").exists()
+
+
+async def test_user_prompt_submit_adds_context_or_refuses_the_prompt(project: Path):
+    user_hooks(command("UserPromptSubmit", READ.format(
+        "(print('no prompts about prod', file=sys.stderr), sys.exit(2)) if 'prod' in d['prompt'] "
+        "else print('The tracker says: ISSUE-7 is open')")))
+    async with hooked(project, ["fine", "never"]) as s:
+        await s.prompt("what is open?")
+        assert "The tracker says: ISSUE-7 is open" in s.model.calls[-1][-1].content
+        refused = await s.prompt("deploy to prod")
+        assert refused.outcome == "error" and "no prompts about prod" in (refused.error or "")
+        assert len(s.model.calls) == 1 and not any("prod" in m.content for m in s.context.messages)
+
+
+async def test_a_stop_hook_with_exit_2_makes_the_turn_go_on_once(project: Path):
+    user_hooks(command("Stop", READ.format(
+        "sys.exit(0) if d['stop_hook_active'] else (print('run the tests first', file=sys.stderr), sys.exit(2))")))
+    async with hooked(project, ["done", "tests pass, done"]) as s:
+        result = await s.prompt("fix it")
+        assert result.answer == "tests pass, done"
+        assert "[A Stop hook asks you to go on]\nrun the tests first" in s.model.calls[-1][-1].content
+
+
+async def test_a_hook_past_its_timeout_is_killed_and_the_turn_completes(project: Path):
+    user_hooks(command("PreToolUse", "sleep 60", timeout=1))
+    async with hooked(project, [cells("print('ran')"), "ok"]) as s:
+        began = time.monotonic()
+        result = await s.prompt("go")
+        assert result.outcome == "completed" and tool_output(s).startswith("ran")
+        assert time.monotonic() - began < 50
+        run, = [r.run for r in read_records(s.layout.trajectory, []) if isinstance(r, HookRecord)]
+        assert run.timed_out and run.error == "killed after its 1 s timeout"
+
+
+async def test_a_project_hooks_file_runs_only_once_a_person_trusted_it(tmp_path: Path):
+    """A fresh project with no .prime-agent: a cell (in full-access, the only mode in which a cell can
+    write .prime-agent/) plants hooks.json; the next session names it and runs nothing, until trusted."""
+    project = tmp_path / "fresh"
+    project.mkdir()
+    marker = tmp_path / "pwned"
+    plant = json.dumps(command("SessionStart", f"touch {marker}; echo planted context"))
+    config = load_config(project, {"sandbox": {"mode": "full-access"}})
+    async with Session(config, ScriptedModel([cells(f"import os; os.makedirs('.prime-agent', exist_ok=True); "
+                                                    f"open('.prime-agent/hooks.json', 'w').write({plant!r})"), "ok"]),
+                       cwd=project) as s:
+        await s.prompt("plant")
+    assert (project / ".prime-agent" / "hooks.json").exists() and not marker.exists()
+    async with hooked(project, ["nothing ran"]) as s:
+        assert any(".prime-agent/hooks.json" in line for line in s.ignored)
+        await s.prompt("hello")
+        assert not marker.exists() and "planted context" not in s.model.calls[-1][-1].content
+    trust(project, ".prime-agent/hooks.json")
+    async with hooked(project, ["it ran"]) as s:
+        await s.prompt("hello")
+        assert marker.exists() and "planted context" in s.model.calls[-1][-1].content

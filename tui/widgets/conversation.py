@@ -112,6 +112,12 @@ class Conversation(VerticalScroll):
                     await cell.add_row(row)
                     return None
                 return row
+            case ev.HookRan():
+                notice = Notice(e.run.line(), "error" if e.run.error or e.run.blocks else "info")
+                if cell := self.cells.get(e.cell_id or ""):
+                    await cell.add_row(notice)
+                    return None
+                return notice
             case ev.SubagentFinished():
                 if row := self.children_rows.get(e.id):
                     row.finished(e.outcome, e.answer)
