@@ -320,6 +320,10 @@ class SandboxConfig(_Section):
     value holding a URL with a password (`scheme://user:pass@host`) is kept out whatever its name."""
     env_allow: list[str] = Field(default_factory=list)
     """Names (or patterns) passed to the kernel although `env_deny` (or a URL with a password) would drop them."""
+    plan: bool = False
+    """Plan mode: the session starts with its workspace read-only (mode workspace-write, frozen), the
+    model investigates and proposes a plan (`propose_plan(text)`), and once a person approves it the
+    same kernel, its variables kept, continues in workspace-write with the plan as its instruction."""
     seccomp: bool = True
     """A seccomp filter in the sandbox refuses the system calls a kernel never needs (ptrace, keyctl,
     bpf, mount, new user namespaces, perf events, kernel modules, reboot...: agent/kernel/sandbox.py);
@@ -485,7 +489,7 @@ def tighten(person: SandboxConfig, project: dict[str, Any], source: str) -> tupl
     config.toml): only what confines the kernel more. Each field's rule:
 
         mode                  only as strict or stricter: read-only < workspace-write < full-access
-        network               only false;  required: only true;  approval: only "never"
+        network               only false;  required, seccomp, plan: only true;  approval: only "never"
         hidden, env_deny      added to the person's: a project hides more, never less
         env_allow             only names the person's env_allow has: a project lets fewer in
         memory_mb, max_processes, max_open_files, approval_timeout: only lower
@@ -507,7 +511,7 @@ def tighten(person: SandboxConfig, project: dict[str, Any], source: str) -> tupl
             ok = SANDBOX_ORDER[theirs] <= SANDBOX_ORDER[mine]
         elif field == "network":
             ok = theirs is False or theirs == mine
-        elif field == "required":
+        elif field in ("required", "seccomp", "plan"):
             ok = theirs is True or theirs == mine
         elif field == "approval":
             ok = theirs == "never" or theirs == mine

@@ -362,6 +362,26 @@ class ApprovalDecided(_Event):
     """It ran with the person's whole environment (they asked); else with the kernel's, secrets dropped."""
 
 
+# --- plan mode (sandbox.plan) --------------------------------------------------------------------
+
+
+class PlanProposed(_Event):
+    """The model proposed a plan (`propose_plan`); decide it with POST /v1/sessions/{id}/plan."""
+
+    type: Literal["plan.proposed"] = "plan.proposed"
+    plan: Text
+
+
+class PlanDecided(_Event):
+    """A person approved the plan (the workspace is writable now, in the same kernel) or rejected it."""
+
+    type: Literal["plan.decided"] = "plan.decided"
+    approved: bool
+    note: Text | None = None
+    plan: Text
+    """The plan as approved (a person may have edited it)."""
+
+
 # --- hooks (agent/hooks.py) ----------------------------------------------------------------------
 
 
@@ -456,7 +476,7 @@ Event = Annotated[
     | HarnessEdited | HarnessReloaded
     | RefinementProposed | RefinementApplied | RefinementPending | RefinementDryRun | RefinementRejected
     | RefinementFailed | RefinementSkipped | RefinementRolledBack
-    | McpCalled | ApprovalRequested | ApprovalDecided | HookRan
+    | McpCalled | ApprovalRequested | ApprovalDecided | HookRan | PlanProposed | PlanDecided
     | SubagentSpawned | SubagentFinished
     | GoalStarted | GoalCheck | GoalContinued | GoalFinished | ScheduleFired,
     Field(discriminator="type"),

@@ -39,6 +39,7 @@ from agent.kernel.sandbox import SandboxError, View, describe, unavailable, unco
 from agent.subagents import ChildInfo, Subagents
 from agent.trajectory import (
     HookRecord,
+    PlanRecord,
     McpCallRecord,
     Record,
     ResumedRecord,
@@ -108,6 +109,10 @@ class Session:
         self.kernel_pool = kernel_pool if kernel_pool is not None else (parent.kernel_pool if parent else None)
         self.notices: list[str] = []
         """Told to the model at the start of the next turn (e.g. that its kernel is new)."""
+        self.planning = config.sandbox.plan
+        """Plan mode (sandbox.plan): the workspace read-only until a person approves a plan."""
+        self.plan: str | None = None
+        """The plan the model proposed and nobody has decided yet."""
         self._resumed: str | None = None
         """Why this session was resumed from its trajectory, when it was."""
         self._seq = last_seq
@@ -156,7 +161,7 @@ class Session:
         ask (a subagent's go up to the session the user decides in)."""
         self.bridge = BridgeServer(
             self.dir,
-            {"final": self._final, "note": self._note, "ping": self._ping, "refine.request": self._refine,
+            {"final": self._final, "note": self._note, "plan.propose": self._propose_plan, "ping": self._ping, "refine.request": self._refine,
              "mcp.servers": self._mcp_servers, "mcp.list": self._mcp_list, "mcp.call": self._mcp_call,
              "mcp.read": self._mcp_read, **self.harness.handlers(), **self.subagents.handlers(),
              **self.approvals.handlers()},
@@ -207,6 +212,9 @@ class Session:
         mode = self.config.sandbox.mode
         if self.config.sandbox.required and mode != "full-access" and unavailable():
             raise SandboxError(f"{unavailable()}; sandbox.required is set, so the session does not start")
+        if self.planning and (mode != "workspace-write" or unavailable()):
+            raise SandboxError("plan mode keeps the workspace read-only until you approve a plan, which needs the "
+                               f"sandbox in workspace-write (here: {unavailable() or mode})")
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._trajectory = TrajectoryWriter(self.layout.trajectory)
         if self._resumed is not None:
@@ -286,6 +294,9 @@ class Session:
             elif isinstance(r, TurnFinished):
                 self.usage += r.usage
                 self.last_result = TurnResult(r.turn_id, r.outcome, r.answer, r.error, r.usage, r.duration, r.steps, r.cells)
+        for r in records:
+            if isinstance(r, PlanRecord):
+                self.plan = r.plan if r.step == "proposed" else None
         self.subagents.interrupt_orphans(reason)
         self._resumed = reason
         last = next((r for r in reversed(records) if isinstance(r, TurnStarted | RewindRecord)), None)
@@ -559,6 +570,8 @@ class Session:
                                                         f"{e}); the previous system prompt stays in force"))
         notes = self.notices
         self.notices = []
+        if self.planning:
+            notes.append(render("plan"))
         last = self.last_result
         if last is not None and last.outcome != "completed":
             notes.insert(0, f"[Your previous turn ended early ({last.outcome}): {last.error}]")
@@ -651,6 +664,38 @@ class Session:
         self._watcher.start()
 
     # --- host bridge handlers (called from code in the kernel) -------------------------------
+
+    async def _propose_plan(self, plan: str) -> None:
+        """`propose_plan(text)` from a cell: the plan waits for a person, and the turn ends with it."""
+        if not self.planning:
+            raise RuntimeError("propose_plan() is for plan mode, and this session is not in it: go ahead and do it")
+        if not plan.strip():
+            raise ValueError("the plan is empty")
+        self.plan = plan
+        self.record(PlanRecord(turn_id=self._turn_id(), step="proposed", plan=plan))
+        self.emit(ev.PlanProposed(turn_id=self._turn_id(), plan=plan))
+        await self._final(plan)
+
+    async def decide_plan(self, approve: bool, note: str | None = None, plan: str | None = None) -> str | None:
+        """A person's decision on the proposed plan (`plan`: as they edited it). Approved, the same
+        kernel's workspace becomes writable and the prompt that carries the plan out is returned (the
+        caller sends it); rejected, the note reaches the model with the next prompt and plan mode goes on."""
+        if self.plan is None:
+            raise ValueError("no plan waits for a decision in this session")
+        if self.turn is not None:
+            raise RuntimeError("a turn is running: decide the plan once it ends")
+        plan = plan if plan and plan.strip() else self.plan
+        if approve:
+            await self.kernel.thaw()
+            self.planning = self.config.sandbox.plan = False  # subagents spawned from now on write too
+        self.plan = None
+        self.record(PlanRecord(step="approved" if approve else "rejected", plan=plan, note=note))
+        self.emit(ev.PlanDecided(approved=approve, note=note, plan=plan))
+        if not approve:
+            self.notices.append(f"[The user rejected your plan{': ' + note if note else ''}. The workspace stays "
+                                "read-only: investigate further and propose another with propose_plan().]")
+            return None
+        return render("plan_approved", note=f" ({note})" if note else "", plan=plan)
 
     async def _final(self, answer: str) -> None:
         if self.turn is None:

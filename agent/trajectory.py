@@ -54,6 +54,16 @@ class TurnStarted(_Record):
     """0 for a goal's first turn, n for its n-th continuation."""
 
 
+class PlanRecord(_Record):
+    """Plan mode: a plan the model proposed, and a person's decision on it."""
+
+    kind: Literal["plan"] = "plan"
+    turn_id: str | None = None
+    step: Literal["proposed", "approved", "rejected"]
+    plan: str
+    note: str | None = None
+
+
 class HookRecord(_Record):
     """One of the person's hooks ran (the same payload `HookRan` carries)."""
 
@@ -281,7 +291,7 @@ class RewindRecord(_Record):
 Record = Annotated[
     SessionRecord | TurnStarted | MessageRecord | SystemPromptRecord | ModelCall | CellRecord | SubagentRecord
     | RefinementRecord | CompactionRecord | TurnFinished | ResumedRecord | McpCallRecord | ApprovalRecord
-    | CheckpointRecord | RewindRecord | GoalRecord | HookRecord,
+    | CheckpointRecord | RewindRecord | GoalRecord | HookRecord | PlanRecord,
     Field(discriminator="kind"),
 ]
 _adapter: TypeAdapter[Record] = TypeAdapter(Record)

@@ -52,6 +52,11 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--sandbox", choices=["read-only", "workspace-write", "full-access"],
                    help="how the OS confines the agent's code (sandbox.mode; default workspace-write); "
                         "full-access runs it with your rights")
+    p.add_argument("--permission-mode", choices=["default", "plan"], default="default",
+                   help="plan: the workspace stays read-only while the agent investigates and proposes a plan, "
+                        "which is printed (exit 0); with --approve-plan it is approved and carried out in the same "
+                        "session (sandbox.plan)")
+    p.add_argument("--approve-plan", action="store_true", help="with --permission-mode plan: approve the plan and go on")
     p.add_argument("--approval", choices=["on-request", "never"],
                    help="when the agent asks to run a command outside the sandbox (or calls an MCP server under "
                         "policy ask): on-request asks you at the "
@@ -117,16 +122,19 @@ def main(args: argparse.Namespace) -> int:
         from cli.stream_json import stdin_prompts
 
         task = stdin_prompts()
-    return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=print_answer, goal=goal))
+    return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=print_answer, goal=goal,
+                            approve_plan=args.approve_plan))
 
 
 def stream_json_usage(args: argparse.Namespace) -> str | None:
-    """What is wrong with the combination of task, --json and the stream-json flags, if anything."""
+    """What is wrong with the combination of task, --json, the stream-json flags and plan mode, if anything."""
     streamed = args.input_format == "stream-json"
     if (args.task is None) != streamed:
         return "give a task, or --input-format stream-json (prompts on standard input), not both"
     if args.json and args.output_format != "text":
         return "--json (our events) and --output-format (Claude Code's messages) exclude each other"
+    if args.approve_plan and (args.permission_mode != "plan" or args.daemon):
+        return "--approve-plan goes with --permission-mode plan, in this process (not with --daemon)"
     if streamed and (args.daemon or args.until is not None or args.autonomous):
         return "--input-format stream-json runs its turns in this process, one a prompt: not with --daemon or a goal"
     return None
@@ -189,6 +197,8 @@ def _config(args: argparse.Namespace, cwd: Path) -> Config:
         overrides.setdefault("budget", {})["max_steps"] = args.max_turns
     if args.sandbox:
         overrides.setdefault("sandbox", {})["mode"] = args.sandbox
+    if args.permission_mode == "plan":
+        overrides.setdefault("sandbox", {})["plan"] = True
     if args.approval or not sys.stdin.isatty():  # without a terminal, nobody to ask
         overrides.setdefault("sandbox", {})["approval"] = args.approval or "never"
     return load_config(cwd, overrides)
@@ -203,7 +213,8 @@ async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answe
 
     async with await connect(key=ModelKey.of(config.model)) as client:  # the daemon may have no key, or another
         s = await client.create_session(cwd, model=config.model.name, base_url=config.model.base_url,
-                                        budget=config.budget.model_dump(), sandbox=config.sandbox.mode)
+                                        budget=config.budget.model_dump(), sandbox=config.sandbox.mode,
+                                        config={"sandbox": {"plan": True}} if config.sandbox.plan else None)
         if goal is not None:
             await client.start_goal(s.id, goal.text, check=goal.check, check_timeout=goal.check_timeout,
                                     budget=goal.budget.model_dump(exclude_none=True))
@@ -250,8 +261,9 @@ async def ask_at_terminal(req: Request) -> Decision:
 
 
 async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], session_dir: Path | None, show,
-               print_answer: PrintAnswer, goal=None) -> int:
-    """One session: the task (or each prompt of a stream, a turn each), or a goal."""
+               print_answer: PrintAnswer, goal=None, approve_plan: bool = False) -> int:
+    """One session: the task (or each prompt of a stream, a turn each), or a goal. In plan mode the
+    plan is the answer; `approve_plan` approves it and carries it out in the same session."""
     from agent.model import OpenAIModel
     from agent.session import Session
 
@@ -273,6 +285,9 @@ async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], sessio
             state = await session.pursue(GoalState.new(goal))
         elif isinstance(task, str):
             result = await session.prompt(task)
+            if approve_plan and session.plan is not None:
+                print(f"[plan approved (--approve-plan):]\n{session.plan}", file=sys.stderr)
+                result = await session.prompt(await session.decide_plan(True) or "")
         else:
             result = None
             async for prompt in task:

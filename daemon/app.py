@@ -44,11 +44,13 @@ from daemon.schemas import (
     CreateSession,
     Decide,
     DecideApproval,
+    DecidePlan,
     ErrorBody,
     Interrupt,
     Interrupted,
     KernelInfo,
     MessageAccepted,
+    PlanDecision,
     ModelKey,
     RefineRequest,
     RefineStarted,
@@ -77,7 +79,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 STATUS = {
     "bad_config": 400, "bad_cwd": 400, "no_model": 400, "bad_scope": 400, "harness": 400, "bad_project": 400,
     "bad_last_event_id": 400, "bad_request": 400, "not_found": 404, "busy": 409, "config_broken": 409,
-    "cwd_missing": 409, "not_running": 409, "refinement_failed": 409, "turn_running": 409, "bad_turn": 400,
+    "cwd_missing": 409, "not_running": 409, "refinement_failed": 409, "turn_running": 409, "no_plan": 409, "bad_turn": 400,
     "no_checkpoint": 409,
     "rewind_conflict": 409, "bad_rewind": 400, "rewind_failed": 409, "too_many_sessions": 429, "stopping": 503,
     "write_failed": 503, "disk_full": 507,
@@ -178,6 +180,12 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
         if manager.stopping:
             raise Refused("stopping", "the daemon is stopping")
         return manager.get(session_id).send(req.text, req.mode, req.key)
+
+    @app.post("/v1/sessions/{session_id}/plan")
+    async def decide_plan(session_id: str, req: DecidePlan) -> PlanDecision:
+        """Approve the plan the model proposed in plan mode (the same kernel goes on with the workspace
+        writable, the plan as its next turn) or reject it (`note` tells the model why)."""
+        return await manager.get(session_id).decide_plan(req.approve, req.note, req.plan)
 
     @app.post("/v1/sessions/{session_id}/interrupt")
     async def interrupt(session_id: str, req: Annotated[Interrupt | None, Body()] = None) -> Interrupted:

@@ -40,6 +40,7 @@ from daemon.schemas import (
     Interrupted,
     KernelInfo,
     MessageAccepted,
+    PlanDecision,
     ModelKey,
     RefineStarted,
     RewindResult,
@@ -128,9 +129,10 @@ class Client:
 
     async def create_session(self, cwd: str | Path, model: str | None = None, base_url: str | None = None,
                              title: str | None = None, budget: dict[str, Any] | None = None,
-                             config: dict[str, Any] | None = None, sandbox: str | None = None) -> SessionInfo:
+                             config: dict[str, Any] | None = None, sandbox: str | None = None,
+                             mode: str | None = None) -> SessionInfo:
         body = {"cwd": str(Path(cwd).resolve()), "model": model, "base_url": base_url, "title": title, "budget": budget,
-                "config": config, "sandbox": sandbox, "key": self.key.wire() if self.key else None}
+                "config": config, "sandbox": sandbox, "mode": mode, "key": self.key.wire() if self.key else None}
         return await self._typed(SessionInfo, "POST", "/v1/sessions",
                                  json={k: v for k, v in body.items() if v is not None})
 
@@ -158,6 +160,12 @@ class Client:
     async def mcp(self, session_id: str, start: bool = False) -> list[dict[str, Any]]:
         """The session's MCP servers, their state and tools (`start`: start those not started, to list them)."""
         return await self._call("GET", f"/v1/sessions/{session_id}/mcp", params=_params(start=start or None))
+
+    async def decide_plan(self, session_id: str, approve: bool, note: str | None = None,
+                          plan: str | None = None) -> PlanDecision:
+        """Approve the session's proposed plan (it goes on writable, the plan its next turn) or reject it."""
+        body = {"approve": approve, **({"note": note} if note else {}), **({"plan": plan} if plan else {})}
+        return await self._typed(PlanDecision, "POST", f"/v1/sessions/{session_id}/plan", json=body)
 
     async def approve(self, session_id: str, request_id: str, decision: str, prefix: str | None = None,
                       full_env: bool = False) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from daemon.fanout import Fanout, Subscriber
 from daemon.goals import DaemonGoal
 from daemon.journal import EventJournal
 from daemon.meta import SessionMeta
-from daemon.schemas import Interrupted, MessageAccepted, ModelKey, SessionInfo
+from daemon.schemas import Interrupted, MessageAccepted, ModelKey, PlanDecision, SessionInfo
 from daemon.turns import TurnQueue
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,8 @@ class ManagedSession:
             harness_version=self.session.harness_version if self.session else None,
             sandbox=self.session.sandbox if self.session else None,
             ignored=self.session.ignored if self.session else [],
+            planning=self.session.planning if self.session else self.config().sandbox.plan,
+            plan=self.session.plan if self.session else None,
             goal=m.goal.summary() if m.goal else None,
         )
 
@@ -347,6 +349,22 @@ class ManagedSession:
         done = finish_rewind(self.layout, cwd, harness, self.config().checkpoints, self.id)
         if done is not None:
             self.emit(rewound(done))
+
+    async def decide_plan(self, approve: bool, note: str | None, plan: str | None) -> PlanDecision:
+        """A person's decision on the session's plan: approved, the same kernel goes on writable with
+        the plan as its next turn (and the session wakes out of plan mode from now on)."""
+        session = await self.wake()
+        if session.turn is not None:
+            raise Refused("turn_running", "a turn is running: decide the plan once it ends")
+        try:
+            follow = await session.decide_plan(approve, note, plan)
+        except ValueError as e:
+            raise Refused("no_plan", str(e)) from None
+        if not approve:
+            return PlanDecision(approved=False, turn_id=None)
+        self.meta.overrides = {**self.meta.overrides, "sandbox": {**self.meta.overrides.get("sandbox", {}), "plan": False}}
+        self.save()
+        return PlanDecision(approved=True, turn_id=self.send(follow or "", "prompt").turn_id)
 
     async def update(self, title: str | None, model: str | None, sandbox: str | None = None) -> None:
         """Rename the session, switch its model (from the next turn on), or its sandbox mode (its

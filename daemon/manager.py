@@ -214,11 +214,14 @@ def _validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:
     if not isinstance(model, dict):
         raise Refused("bad_config", "config.model must be a table of model settings")
     model.update({k: v for k, v in (("name", req.model), ("base_url", req.base_url)) if v})
-    if req.sandbox is not None:
+    if req.sandbox is not None or req.mode == "plan":
         sandbox = overrides.setdefault("sandbox", {})
         if not isinstance(sandbox, dict):
             raise Refused("bad_config", "config.sandbox must be a table of sandbox settings")
-        sandbox["mode"] = req.sandbox
+        if req.sandbox is not None:
+            sandbox["mode"] = req.sandbox
+        if req.mode == "plan":
+            sandbox["plan"] = True
     if model.get("base_url") and "api_key" not in model \
             and str(model["base_url"]).rstrip("/") != (_configured_base_url(cwd) or "").rstrip("/"):
         model["api_key"] = None  # the daemon's key goes only where it was configured to go

@@ -53,6 +53,9 @@ class CreateSession(_Body):
     budget: Budget | None = Field(None, description="Per-turn limits for this session.")
     sandbox: Literal["read-only", "workspace-write", "full-access"] | None = Field(
         None, description="How the OS confines the session's kernel (sandbox.mode); default: the configuration's.")
+    mode: Literal["default", "plan"] | None = Field(
+        None, description="plan: the workspace stays read-only until a person approves the model's plan "
+        "(POST /v1/sessions/{id}/plan), then the same kernel continues in workspace-write (sandbox.plan).")
     config: dict[str, Any] | None = Field(
         None, description="Config overrides for this session, nested as in config.toml, e.g. "
         '{"model": {"action_format": "text", "temperature": 0.2}} (not [daemon], which is the daemon\'s own). '
@@ -77,6 +80,8 @@ class SessionInfo(BaseModel):
     harness_version: str | None = Field(None, description="Each harness scope's commit in force (live sessions).")
     sandbox: str | None = Field(None, description="The sandbox in force, in words (live sessions); "
                                 "`full-access: NO SANDBOX ...` or `UNSANDBOXED: why` where none confines it.")
+    planning: bool = Field(False, description="Plan mode: the workspace is read-only until a person approves a plan.")
+    plan: str | None = Field(None, description="The plan waiting for a person's decision (POST .../plan).")
     ignored: list[str] = Field(default_factory=list, description="The project's files not in force until a person "
                                "trusts them (`prime-agent trust`), and its settings refused (a project may only "
                                "tighten the sandbox), a line each (live sessions).")
@@ -90,6 +95,17 @@ class UpdateSession(_Body):
     sandbox: Literal["read-only", "workspace-write", "full-access"] | None = Field(
         None, description="The sandbox mode from the next turn on: the session's kernel restarts in it (its "
         "variables are lost).")
+
+
+class DecidePlan(_Body):
+    approve: bool
+    note: str | None = Field(None, max_length=20_000, description="Why, for the model (a rejection's reason).")
+    plan: str | None = Field(None, max_length=200_000, description="The plan as approved, if the person edited it.")
+
+
+class PlanDecision(BaseModel):
+    approved: bool
+    turn_id: str | None = Field(description="The turn that carries the approved plan out.")
 
 
 class Decide(_Body):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import enum
 import logging
 import queue
@@ -365,6 +366,17 @@ class Kernel:
             await km.box.confine(km.provisioner.process.pid, self.view)
         except SandboxError as e:
             raise KernelError(str(e)) from None
+
+    async def thaw(self) -> None:
+        """Plan mode approved: the workspace becomes writable in this same kernel (its variables
+        stay), and stays so across a restart."""
+        if self.view.frozen:
+            if self._km is not None:
+                try:
+                    await self._km.box.thaw(self.view)
+                except SandboxError as e:
+                    raise KernelError(str(e)) from None
+            self.view = dataclasses.replace(self.view, frozen=False)
 
     async def restart(self) -> None:
         """Replace the kernel process (same connection); the namespace is lost.

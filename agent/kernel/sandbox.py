@@ -309,6 +309,9 @@ class View:
     snapshots (`checkpoints/kernel/`, written by the kernel for `rewind`)."""
     store_dirs: tuple[Path, ...] = ()
     """The secret stores known to be directories (their entry ends in `/`): a placeholder of one is a directory."""
+    frozen: bool = False
+    """Plan mode: the workspace read-only on top of the rest, until `Box.thaw` makes it writable again
+    in the same kernel (`sandbox.plan`)."""
 
     @classmethod
     def of(cls, config: SandboxConfig, workspace: Path, session_dir: Path | None, harness_roots: list[Path],
@@ -326,7 +329,7 @@ class View:
         hidden = [*stores, *_others(root, [workspace, project, root, *([session_dir] if session_dir else [])])]
         writable = (SessionLayout(session_dir).kernel_snapshots,) if session_dir is not None else ()
         return cls(config.mode, workspace, session_dir, tuple(dict.fromkeys(islands)), tuple(dict.fromkeys(hidden)),
-                   sessions, root, keep, writable, store_dirs)
+                   sessions, root, keep, writable, store_dirs, frozen=config.plan and config.mode == "workspace-write")
 
     def placeholders(self) -> list[tuple[Path, bool]]:
         """Where the protected paths inside a writable workspace need a placeholder, as (path, whether
@@ -376,6 +379,8 @@ class View:
                 ops.append(("tmpfs", str(p), "ro"))
             elif p.exists():
                 ops.append(("file", "/dev/null", str(p)))
+        if self.frozen:  # on top of all the rest, which the recursive bind keeps as it is beneath
+            ops += [("bind", str(w), str(w)), ("remount", str(w), "ro")]
         return ops
 
 
@@ -663,6 +668,8 @@ class Box:
         self.groups: LimitGroups | None = None
         self.placeholders: list[Path] = []
         """The placeholders this box holds (`hold_placeholder`), released when it closes."""
+        self.target: int | None = None
+        """The sandboxed process whose namespaces `confine` set up (the kernel's)."""
         self._seccomp: int | None = None
         """The read end of a pipe holding the seccomp filter, for bubblewrap's `--seccomp FD`."""
         self._lifeline: tuple[int, int] | None = None
@@ -750,13 +757,19 @@ class Box:
         jupyter_client started); before any of the session's code runs in it."""
         if not self.launch.confined:
             return
-        target = await _sandboxed_child(pid)
+        target = self.target = await _sandboxed_child(pid)
         stage = self.dir / ".stage"
         try:
             ops = await asyncio.get_running_loop().run_in_executor(None, self._prepare, view, stage)
             await apply_mounts(target, ops)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
+
+    async def thaw(self, view: View) -> None:
+        """Make a frozen view's workspace writable again (plan mode approved), in the running kernel:
+        its top read-only bind is remounted read-write; what lies beneath stays as it was."""
+        if self.launch.confined and view.frozen and self.target is not None:
+            await apply_mounts(self.target, [("remount", str(view.workspace), "rw")])
 
     def _prepare(self, view: View, stage: Path) -> list[Mount]:
         """The placeholders `view` needs, held; then its mounts."""

@@ -97,12 +97,17 @@ def bootstrap(namespace: dict, spill_after: int = 0) -> None:
             raise PermissionError(f"not run outside the sandbox: {r['reason']}")
         return Ran(r["exit_code"], r["stdout"], r["stderr"])
 
+    def propose_plan(plan) -> None:
+        """Plan mode: end the turn with `plan` (text) for the user to approve; once approved, the
+        workspace is writable and you carry it out."""
+        host.call("plan.propose", plan=str(plan))
+
     def note(text) -> None:
         """Show `text` to the user now, as a note event, without ending the turn."""
         host.call("note", text=str(text))
 
     namespace.update(
-        host=host, HostError=HostError, final=final, note=note, request_permission=request_permission, harness=Harness(host),
+        host=host, HostError=HostError, final=final, note=note, propose_plan=propose_plan, request_permission=request_permission, harness=Harness(host),
         rlm=RLM(host, os.path.join(tempfile.gettempdir(), "contexts")), llm=LLM(host),
         agent_message=AgentMessage(host), SubagentError=SubagentError, refine=Refine(host),
         mcp=Mcp(host), McpError=McpError,
