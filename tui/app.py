@@ -34,6 +34,7 @@ from tui.screens.rewind import RewindScreen
 from tui.screens.sessions import SessionsScreen
 from tui.screens.transcript import TranscriptScreen
 from tui.widgets.approval_card import ApprovalCard
+from tui.widgets.plan_card import PlanCard
 from tui.widgets.cell_view import SubagentRow
 from tui.widgets.command_menu import CommandMenu
 from tui.widgets.conversation import Conversation
@@ -109,10 +110,10 @@ class PrimeApp(App):
 
     # --- sessions ------------------------------------------------------------------------------
 
-    async def new_session(self) -> None:
+    async def new_session(self, mode: str | None = None) -> None:
         try:
             s = await self.client.create_session(self.cwd, model=self.new.model, base_url=self.new.base_url,
-                                                 budget=self.new.budget, sandbox=self.new.sandbox)
+                                                 budget=self.new.budget, sandbox=self.new.sandbox, mode=mode)
         except DaemonError as e:
             await self.say(f"could not start a session: {e.message}", "error")
             return
@@ -197,6 +198,8 @@ class PrimeApp(App):
                 status.sandbox = e.sandbox
             case ev.ApprovalRequested():
                 self.call_after_refresh(self._focus_approval, e.request_id)
+            case ev.PlanProposed():
+                self.call_after_refresh(self._focus_plan)
             case ev.GoalStarted():
                 self.goal = GoalLine(e.budget.get("max_continuations"), e.budget.get("max_tokens"))
             case ev.GoalContinued() if self.goal:
@@ -243,6 +246,7 @@ class PrimeApp(App):
         if event.is_printable and not prompt.has_focus and not (
             isinstance(focused, RefinementCard) and event.key in ("r", "a", "x")
             or isinstance(focused, ApprovalCard) and event.key in ("y", "a", "n")
+            or isinstance(focused, PlanCard) and event.key in ("y", "n")
         ):  # typing goes to the prompt, wherever the focus was
             event.stop()
             event.prevent_default()
@@ -286,6 +290,12 @@ class PrimeApp(App):
 
     async def new_command(self, arg: str) -> None:
         await self.new_session()
+
+    async def plan_command(self, arg: str) -> None:
+        """A new session here in plan mode, with `arg` as its first prompt if given."""
+        await self.new_session(mode="plan")
+        if arg and self.session_id:
+            await self.client.send(self.session_id, arg)
 
     async def resume_command(self, arg: str) -> None:
         if arg:
@@ -385,6 +395,13 @@ class PrimeApp(App):
         except DaemonError as e:
             await self.say(f"refinement {event.card.refinement_id}: {e.message}", "error")
 
+    def _focus_plan(self) -> None:
+        """A plan waits on the person: its card takes the keys (y, n) until it is decided."""
+        card = self.query_one(Conversation).plan
+        if card is not None and card.status == "waiting":
+            card.focus()
+            card.scroll_visible()
+
     def _focus_approval(self, request_id: str) -> None:
         """A request waits on the user: its card takes the keys (y, a, n) until it is decided."""
         card = self.query_one(Conversation).approvals.get(request_id)
@@ -400,6 +417,19 @@ class PrimeApp(App):
             await self.say(f"approval {event.card.request_id}: {e.message}", "error")
             return
         self.query_one(PromptInput).focus()
+
+    @on(PlanCard.Decided)
+    async def plan_decided(self, event: PlanCard.Decided) -> None:
+        prompt = self.query_one(PromptInput)
+        note = prompt.text.strip() or None
+        try:
+            await self.client.decide_plan(self.session_id, event.approve, note=note)
+        except DaemonError as e:
+            await self.say(f"plan: {e.message}", "error")
+            return
+        if note:
+            prompt.clear()
+        prompt.focus()
 
     @on(SubagentRow.Open)
     async def open_child(self, event: SubagentRow.Open) -> None:
@@ -464,6 +494,8 @@ class SlashCommand:
 
 COMMANDS = {  # the menu and /help list them in this order
     "/new": SlashCommand(PrimeApp.new_command, "start a new session here"),
+    "/plan": SlashCommand(PrimeApp.plan_command, "[TASK] a new session in plan mode: read-only until you approve "
+                          "its plan (y on the card; n rejects, with the prompt's text as your note)"),
     "/resume": SlashCommand(PrimeApp.resume_command, "[ID] attach to a session (without ID: choose one)"),
     "/sessions": SlashCommand(PrimeApp.sessions_command, "sessions in this project: attach, delete"),
     "/model": SlashCommand(PrimeApp.model_command, "[NAME] show or switch the model (from the next turn)"),

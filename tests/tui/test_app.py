@@ -279,3 +279,35 @@ async def test_the_approval_card_decides_an_mcp_call_under_policy_ask_too(daemon
         await until(pilot, lambda: app.state == "idle" and len([m for m in app.query(AssistantMessage)
                                                                  if "UTCUTC" in m.text]) == 2)
         assert [c.status for c in app.query(ApprovalCard)] == ["always", "always (by an earlier always)"]
+
+
+async def test_plan_mode_shows_the_plan_as_a_card_and_y_carries_it_out(daemon: Client, project: Path, model_server):
+    """/plan starts a session in plan mode; the plan is a card; n rejects it with the prompt's text
+    as the note, y approves the next one and the same kernel carries it out."""
+    from tui.widgets.plan_card import PlanCard
+
+    app = app_for(daemon, project, model_server)
+    plan = "run: open('p.txt', 'w').write(str(v))"
+    task = f"run: v = 5\npropose_plan({plan!r})"
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        first = app.session_id
+        app.query_one("#prompt").load_text("/plan " + task)
+        await pilot.press("enter")
+        await until(pilot, lambda: app.session_id != first and any(c.status == "waiting" for c in app.query(PlanCard)))
+        card = app.query(PlanCard).last()
+        assert card.plan == plan and app.focused is card
+        app.query_one("#prompt").load_text("not yet")
+        card.focus()
+        await pilot.press("n")
+        await until(pilot, lambda: card.status == "rejected")
+        assert not (project / "p.txt").exists() and app.query_one("#prompt").text == ""
+        records = (await daemon.transcript(app.session_id))["records"]
+        assert [(r["step"], r["note"]) for r in records if r["kind"] == "plan"] == [("proposed", None),
+                                                                                  ("rejected", "not yet")]
+        app.query_one("#prompt").load_text(task)
+        await pilot.press("enter")
+        await until(pilot, lambda: len([c for c in app.query(PlanCard) if c.status == "waiting"]) == 1)
+        await pilot.press("y")
+        await until(pilot, lambda: (project / "p.txt").exists())
+        assert (project / "p.txt").read_text() == "5"

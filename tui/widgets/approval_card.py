@@ -13,7 +13,8 @@ from textual.message import Message
 from textual.widgets import Static
 
 KEYS = {"y": "approve", "a": "always", "n": "deny"}
-QUESTIONS = {"command": "run outside the sandbox? ", "mcp": "call this MCP tool? "}
+QUESTIONS = {"command": "run outside the sandbox? ", "mcp": "call this MCP tool? ",
+             "cell": "run this cell? (your PreToolUse hook asks) "}
 
 
 class ApprovalCard(Static):

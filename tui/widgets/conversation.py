@@ -14,6 +14,7 @@ from agent.events import Event
 from tui.widgets.approval_card import ApprovalCard
 from tui.widgets.cell_view import CellView, McpRow, SubagentRow
 from tui.widgets.message import AssistantMessage, Notice, UserMessage
+from tui.widgets.plan_card import PlanCard
 from tui.widgets.refinement_card import RefinementCard
 
 REFINEMENT_CARDS = {"refinement.applied": "applied", "refinement.pending": "pending",
@@ -37,6 +38,8 @@ class Conversation(VerticalScroll):
         self.children_rows: dict[str, SubagentRow] = {}
         self.cards: dict[str, RefinementCard] = {}
         self.approvals: dict[str, ApprovalCard] = {}
+        self.plan: PlanCard | None = None
+        """The last plan proposed (plan mode)."""
 
     async def clear(self) -> None:
         await self.remove_children()
@@ -135,6 +138,14 @@ class Conversation(VerticalScroll):
                 card = self.approvals[e.request_id] = ApprovalCard(e.request_id, e.kind, e.summary, e.reason, e.prefix,
                                                                      e.notes)
                 return card
+            case ev.PlanProposed():
+                self.plan = PlanCard(e.plan)
+                return self.plan
+            case ev.PlanDecided():
+                if self.plan is not None and self.plan.status == "waiting":
+                    self.plan.set_status("approved" if e.approved else "rejected")
+                    return None
+                return Notice(f"plan {'approved' if e.approved else 'rejected'}" + (f": {e.note}" if e.note else ""))
             case ev.ApprovalDecided():
                 if card := self.approvals.get(e.request_id):
                     card.set_status(e.decision if e.by != "rule" else f"{e.decision} (by an earlier always)")
