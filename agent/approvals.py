@@ -176,11 +176,14 @@ class Approvals:
 
     def __init__(self, config: SandboxConfig, cwd: Path, sinks: Sinks, timeout: Callable[[], float],
                  cell_id: Callable[[], str | None] = lambda: None, parent: tuple[Approvals, str] | None = None,
-                 hook: Callable[[Request], Awaitable[Decision | None]] | None = None):
+                 hook: Callable[[Request], Awaitable[Decision | None]] | None = None, ask: Ask | None = None,
+                 can_ask: bool = False):
         """`timeout()`: seconds an approved command may run (the kernel's cell timeout); `cell_id()`:
         the cell running now; `parent`: a subagent's (its parent's approvals, its name), where its
         requests go to be decided, recorded and run, as the parent's own are, named in their reason;
-        `hook`: the person's PermissionRequest hooks, which may decide before anyone is asked."""
+        `hook`: the person's PermissionRequest hooks, which may decide before anyone is asked; `ask`: a
+        front end's own way of asking (the terminal's); `can_ask`: someone decides pending requests
+        through `decide` (the daemon's API)."""
         self.config, self.cwd, self.sinks, self.timeout, self.cell_id = config, cwd, sinks, timeout, cell_id
         self.parent, self.hook = parent, hook
         self.pending: dict[str, Request] = {}
@@ -188,10 +191,8 @@ class Approvals:
         """Command prefixes approved with `always`, as words."""
         self.tools: set[str] = set()
         """MCP tools (`server.tool`) and servers approved with `always`."""
-        self.ask: Ask | None = None
-        self.can_ask = False
-        """Someone decides pending requests through `decide` (the daemon sets it: its API does). With
-        neither this nor `ask`, a request is denied at once, saying why."""
+        self.ask, self.can_ask = ask, can_ask
+        """With neither, a request is denied at once, saying why."""
         self.repositories = tuple(dict.fromkeys([cwd / ".git", project_root(cwd) / ".git"]))
         """Where git run in the workspace finds its repository: the workspace's root and the project's."""
         self.git_at_start = {str(p) for p in self.repositories if os.path.lexists(p)}

@@ -87,6 +87,9 @@ async def check_skill(skill_id: str, body: str, files: dict[str, str], *, sandbo
 
 
 Gate = Callable[[Plan], Awaitable[Verdict]]
+GateFactory = Callable[[Config, Model, SessionHarness], "Gate | None"]
+"""A session's regression gate, built for the model it is given (`evals.gate.gate_for`): a session
+builds its gate at birth and again when its model changes, so the gate replays on the model in use."""
 """A regression gate: may this plan apply? (evals.gate builds one from a task set.)"""
 
 

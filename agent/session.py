@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import events as ev
-from agent.approvals import Approvals, Decision, Request
+from agent.approvals import Approvals, Ask, Decision, Request
 from agent.kernel.bridge import BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
 from agent.config import Config, home, project_root, shorten
@@ -33,7 +33,7 @@ from agent.loop import Interrupted, Submitted, TurnLoop
 from agent.mcp import McpError, McpServers, prompt_section, summary
 from agent.model import Model
 from agent.prompt import render, system_prompt
-from agent.refine import Gate, SessionRefiner
+from agent.refine import GateFactory, SessionRefiner
 from agent.kernel.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
 from agent.kernel.sandbox import SandboxError, View, describe, unavailable, unconfined_running
 from agent.subagents import ChildInfo, Subagents
@@ -82,13 +82,19 @@ class Session:
         harness_roots: dict | None = None,
         kernel_pool: KernelPool | None = None,
         last_seq: int = 0,
+        ask: Ask | None = None,
+        can_ask: bool = False,
+        gate: GateFactory | None = None,
     ):
         """`parent` makes this a subagent; `instructions` follow the base prompt; `subagent_slots`
         holds the per-process limits on running children, one pool per depth (share one dict across
         the sessions of a process);
         `harness_roots` replaces the usual user/project/session scopes (the refiner's gate);
         `kernel_pool` supplies kernels started ahead of time (the daemon's, shared with subagents);
-        events are numbered after `last_seq` (a daemon's journal goes on across processes).
+        events are numbered after `last_seq` (a daemon's journal goes on across processes); `ask`
+        is a front end's own way of asking a person (the terminal's) and `can_ask` says someone
+        decides requests through the API (the daemon); `gate` builds the regression gate every
+        refinement must pass, for the session's model (again when it changes: `use_model`).
 
         The session composes its parts here and hands each the narrow interface it needs (its
         context, inbox and `Sinks`); none of them holds the session."""
@@ -145,6 +151,9 @@ class Session:
         """A checkpoint at every turn boundary (a subagent's files are in its parent's), for `rewind`."""
         self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
                                       turns=lambda: self.turns)
+        self._gate = gate
+        if gate is not None:
+            self.refiner.use_gate(gate(config, model, self.harness))
         self.harness.propose = parent.harness.propose if parent else self.refiner.propose
         """A cell's edit of the user or project scope waits for a person in the top session (a child's too)."""
         slots = subagent_slots if subagent_slots is not None else (parent.subagents.process_slots if parent else {})
@@ -155,7 +164,8 @@ class Session:
         self.mcp = McpServers(config.mcp, self.cwd, self.dir)
         """The session's MCP servers (started at their first use)."""
         self.approvals = Approvals(config.sandbox, self.cwd, sinks, timeout=lambda: self.config.kernel.cell_timeout,
-                                   cell_id=lambda: self.kernel.cell_id, hook=self._permission_hooks,
+                                   cell_id=lambda: self.kernel.cell_id, hook=self._permission_hooks, ask=ask,
+                                   can_ask=can_ask,
                                    parent=(parent.approvals, self.id.rsplit(".", 1)[-1]) if parent else None)
         """Requests for the user's decision: commands to run outside the sandbox, MCP calls under policy
         ask (a subagent's go up to the session the user decides in)."""
@@ -462,10 +472,8 @@ class Session:
         self.loop.model, self.loop.config = model, config
         self.subagents.model = model
         self.refiner.use_model(model, config)
-
-    def use_gate(self, gate: Gate | None) -> None:
-        """A regression gate (`evals.gate.gate_for`) every refinement must pass before it applies."""
-        self.refiner.use_gate(gate)
+        if self._gate is not None:  # a gate replays on the model it was built for: this one from now on
+            self.refiner.use_gate(self._gate(config, model, self.harness))
 
     # --- record keeping (the sinks handed to the parts) ---------------------------------------
 

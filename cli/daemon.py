@@ -57,14 +57,14 @@ def _start(args: argparse.Namespace) -> int:
         paused = pause_all(ScheduleStore(home()), "the daemon started with --no-schedules")
         print(f"[{len(paused)} schedule(s) paused: prime-agent schedule resume ID]", file=sys.stderr)
     if args.foreground:
-        from evals.gate import session_gate
+        from evals.gate import gate_for
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         for name in ("httpx", "httpx2", "openai"):  # a line per model request would bury what the daemon says
             logging.getLogger(name).setLevel(logging.WARNING)
         try:
             asyncio.run(serve(args.tcp, on_ready=lambda r: print(f"daemon ready: {json.dumps(r)}", flush=True),
-                              gate_factory=session_gate, remote_unsandboxed=args.allow_remote_unsandboxed))
+                              gate_factory=gate_for, remote_unsandboxed=args.allow_remote_unsandboxed))
         except AlreadyRunning as e:
             print(f"prime-agent: {e}", file=sys.stderr)
             return 1

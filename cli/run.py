@@ -268,12 +268,10 @@ async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], sessio
     from agent.session import Session
 
     model = OpenAIModel(config.model)
-    session = Session(config, model, cwd=cwd, session_dir=session_dir, on_event=show)
-    session.approvals.ask = ask_at_terminal
+    gate = None
     if config.refine.gate_taskset:  # evals (and what it imports) only when a gate is asked for
-        from evals.gate import session_gate
-
-        session.use_gate(session_gate(session))
+        from evals.gate import gate_for as gate
+    session = Session(config, model, cwd=cwd, session_dir=session_dir, on_event=show, ask=ask_at_terminal, gate=gate)
     loop = asyncio.get_running_loop()
     on_ctrl_c(session.interrupt, "stop at once", running=lambda: session.turn is not None)
     try:

@@ -12,7 +12,6 @@ import errno
 import json
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -24,7 +23,7 @@ from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool
 from agent.layout import SessionLayout
 from agent.model import OpenAIModel
-from agent.refine import Gate
+from agent.refine import GateFactory
 from agent.session import Session
 from agent.trajectory import SessionRecord, TurnStarted, finish_cut_turn, read_records
 from daemon.errors import Refused
@@ -51,7 +50,7 @@ class Daemon(Protocol):
     turn_slots: asyncio.Semaphore
     subagent_slots: dict[int, asyncio.Semaphore]
     pool: KernelPool
-    gate_factory: Callable[[Session], Gate | None] | None
+    gate_factory: GateFactory | None
     write_error: str | None
 
     def live(self) -> int: ...
@@ -253,11 +252,9 @@ class ManagedSession:
             session = Session(
                 config, model, cwd=cwd, session_dir=self.layout.dir, session_id=self.id, on_event=self._on_event,
                 subagent_slots=self.manager.subagent_slots, kernel_pool=self.manager.pool,
-                last_seq=self.journal.last_seq,
+                last_seq=self.journal.last_seq, can_ask=True,  # approval requests are events; the API decides them
+                gate=self.manager.gate_factory,
             )
-            session.approvals.can_ask = True  # approval requests are events; the API decides them
-            if self.manager.gate_factory is not None:
-                session.use_gate(self.manager.gate_factory(session))
             # Live from here: the session numbers every event (the daemon's own too), and counts
             # against max_sessions before the first await.
             self.session, self.model, self._rekey = session, model, False

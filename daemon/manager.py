@@ -9,7 +9,6 @@ import copy
 import json
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from agent.config import MAX_DEPTH, Config, ConfigError, check_values, load_conf
 from agent.kernel import KernelPool
 from agent.layout import SessionLayout, session_layouts
 from agent.kernel.reaper import reap_orphans
-from agent.refine import Gate
+from agent.refine import GateFactory
 from agent.kernel.sandbox import Launch
 from agent.session import Session, new_session_id
 from daemon import meta as meta_file
@@ -32,9 +31,8 @@ from daemon.schemas import CreateSession
 
 log = logging.getLogger(__name__)
 
-GateFactory = Callable[[Session], Gate | None]
-"""The regression gate for a session (None: ungated). The daemon cannot build one itself (gates
-run task sets, a layer above it); the command line that starts it hands it `evals.gate.gate_for`."""
+# The regression gate for a session (agent.refine.GateFactory). The daemon cannot build one itself
+# (gates run task sets, a layer above it); the command line that starts it hands it `evals.gate.gate_for`.
 
 
 class SessionManager:

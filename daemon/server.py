@@ -26,7 +26,8 @@ import uvicorn
 
 from agent.config import Config, home, load_config
 from daemon.app import BodyLimit, TokenAuth, create_app
-from daemon.manager import GateFactory, SessionManager
+from agent.refine import GateFactory
+from daemon.manager import SessionManager
 from daemon.paths import lock_file, pid_file, socket_file, token
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ async def serve(tcp: str | None = None, config: Config | None = None, stop: asyn
                 on_ready: Callable[[dict], None] | None = None, handle_signals: bool = True,
                 gate_factory: GateFactory | None = None, remote_unsandboxed: bool = False) -> None:
     """Run the daemon until `stop` is set or a signal arrives. `on_ready` gets where it listens;
-    `gate_factory` gives each session its regression gate (see daemon.manager.GateFactory);
+    `gate_factory` gives each session its regression gate (agent.refine.GateFactory);
     `remote_unsandboxed`: clients over TCP may loosen a sandbox and approve what runs outside one
     (--allow-remote-unsandboxed; by default only a client of the Unix socket may)."""
     lock_path = lock_file()

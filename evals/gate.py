@@ -3,7 +3,8 @@ harness, each on a private copy of it, and refuse a change that lowers the pass 
 
 The selection is `evals.tasksets.select`, the same as `prime-agent eval` and RL evaluation.
 Every refinement path uses it: `prime-agent run` and `refine` build it here, and the daemon is
-handed `session_gate` by the command line that starts it (the daemon cannot import evals).
+handed `gate_for` (an agent.refine.GateFactory: a session rebuilds its gate with it when its model
+changes) by the command line that starts it (the daemon cannot import evals).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from agent.config import Config
 from agent.harness import SessionHarness
 from agent.model import Model
 from agent.refine import Gate
-from agent.session import Session
 from evals.runner import EvalSpec, rollout
 from evals.tasksets import load_taskset
 from harness_store.refiner import Plan, RefinementFailed, Refiner, Verdict
@@ -30,9 +30,6 @@ def gate_for(config: Config, model: Model, harness: SessionHarness) -> Gate | No
     return make_gate(config, model, harness, r.gate_taskset, r.gate_n, r.gate_seed) if r.gate_taskset else None
 
 
-def session_gate(session: Session) -> Gate | None:
-    """`gate_for` a session: what the daemon is handed as its gate factory."""
-    return gate_for(session.config, session.model, session.harness)
 
 
 def make_gate(config: Config, model: Model, harness: SessionHarness, taskset: str, n: int | None = None,

@@ -42,3 +42,29 @@ async def test_a_daemon_sessions_refinement_that_fails_the_gate_is_refused(proje
     assert isinstance(e, ev.RefinementRejected), e
     assert "gate: the change lowers the task set's pass count from 1 to 0 of 1" in e.reason
     assert not (project / ".prime-agent" / "harness" / "prompt" / "zero.md").exists()
+
+
+@pytest.mark.slow
+async def test_after_a_model_switch_the_gate_replays_on_the_new_model(project: Path, tmp_path: Path):
+    """The gate was built at wake with the session's model and kept it after `/model NAME`: every
+    refinement was judged by replays on the previous model. It is rebuilt when the model changes."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "answer", "prompt": "What is the answer?", "check": "answer.strip() == '42'"}))
+    replayed_on: list[str] = []
+
+    def recording(request: dict[str, Any]) -> Reply:
+        if request["messages"][-1].get("content") == "What is the answer?":
+            replayed_on.append(request["model"])
+        return model(request)
+
+    with OpenAIServer(recording) as server:
+        async with await connect() as client:
+            s = await client.create_session(project, model="fake", base_url=server.base_url,
+                                            config={"refine": {"gate_taskset": str(tasks)}})
+            await client.update(s.id, model="fake-2")
+            await client.refine(s.id)
+            async for e in client.events(s.id, s.last_seq):
+                if isinstance(e, ev.Decided | ev.RefinementFailed):
+                    break
+    assert isinstance(e, ev.RefinementRejected), e
+    assert replayed_on and set(replayed_on) == {"fake-2"}, replayed_on

@@ -26,8 +26,9 @@ async def test_the_gate_refuses_a_change_that_breaks_a_passing_task(project: Pat
         return "0" if "Always answer 0." in messages[0].content else "42"
 
     events: list[Event] = []
-    async with Session(make_config(), ScriptedModel([respond] * 50), cwd=project, on_event=events.append) as s:
-        s.use_gate(make_gate(s.config, s.model, s.harness, str(tasks)))
+    gate = lambda config, model, harness: make_gate(config, model, harness, str(tasks))  # noqa: E731
+    async with Session(make_config(), ScriptedModel([respond] * 50), cwd=project, on_event=events.append,
+                       gate=gate) as s:
         s.refine()
         rejected = await wait_for(events, "refinement.rejected")
     assert "gate: the change lowers the task set's pass count from 1 to 0 of 1" in rejected.reason
