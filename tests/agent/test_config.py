@@ -180,7 +180,7 @@ def test_a_project_file_only_tightens_the_sandbox_field_by_field(prime_home: Pat
     loaded = load_config(project)
     s = loaded.sandbox
     assert (s.mode, s.network, s.required, s.approval, s.approval_timeout) == ("workspace-write", False, True, "never", 10)
-    assert s.hidden[-1] == "~/.vault" and "~/.ssh" in s.hidden  # added to, never taken from
+    assert s.hidden[-1] == "~/.vault" and "~/.ssh/" in s.hidden  # added to, never taken from
     assert s.env_deny[-1] == "*DB*" and "*KEY*" in s.env_deny
     assert (s.env_allow, s.memory_mb, s.max_processes, s.max_open_files) == (["B"], 500, 200, 100)
     refused = [line.split(": ", 2)[1] for line in loaded.ignored]

@@ -156,10 +156,14 @@ async def test_a_cells_edit_of_the_user_scope_waits_for_a_person_and_the_rules_r
     assert "### uses-uv [uses-uv] (by the agent)\nThis project installs with uv." in system_of(later.model.calls[0])
 
 
+@pytest.mark.parametrize("sandbox", ["workspace-write", "full-access"])
 async def test_a_planted_repository_in_the_project_scope_is_refused_and_its_hook_never_runs(project: Path,
-                                                                                            tmp_path: Path):
+                                                                                            tmp_path: Path,
+                                                                                            sandbox: str):
     """A fresh project with no .prime-agent: the cell makes the project scope's repository itself, with
-    a post-commit hook and an fsmonitor that dump the environment, then asks for a project entry."""
+    a post-commit hook and an fsmonitor that dump the environment, then asks for a project entry. In
+    workspace-write the sandbox's cover of the absent .prime-agent/ stops the planting; in full-access
+    the host refuses the repository it did not make."""
     marker = tmp_path / "ran"
     (project / ".git").rmdir()
     plant = (f"%%bash\ngit init -q .prime-agent/harness && cd .prime-agent/harness\n"
@@ -167,11 +171,17 @@ async def test_a_planted_repository_in_the_project_scope_is_refused_and_its_hook
              f"printf '#!/bin/sh\\nenv > {project}/hook-env\\n' > .git/hooks/post-commit\n"
              "chmod +x .git/hooks/post-commit\n")
     script = [cells(plant, "print(harness.create('memory', 'm', 'x', scope='project'))"), "tried"]
-    async with Session(make_config(), ScriptedModel(script), cwd=project) as s:
+    async with Session(make_config(sandbox={"mode": sandbox}), ScriptedModel(script), cwd=project) as s:
         await s.prompt("go")
-        assert s.harness.store("project").problem() is not None
-        with pytest.raises(HarnessError):  # nor does a person's edit get committed there
-            s.harness.store("project").commit_user_edits()
-    refused = s.model.calls[1][-1].content
-    assert "ForeignRepository: the project scope is refused" in refused and "post-commit" in refused
+        if sandbox == "full-access":
+            assert s.harness.store("project").problem() is not None
+            with pytest.raises(HarnessError):  # nor does a person's edit get committed there
+                s.harness.store("project").commit_user_edits()
+        else:
+            assert not (project / ".prime-agent" / "harness" / ".git").exists()
+    refused = "\n".join(m.content for m in s.model.calls[1] if m.role == "tool")  # both cells' output
+    if sandbox == "full-access":
+        assert "ForeignRepository: the project scope is refused" in refused and "post-commit" in refused
+    else:
+        assert "Read-only file system" in refused and "not in force until a person accepts it" in refused
     assert not marker.exists() and not (project / "hook-env").exists() and not (project / "fsmonitor-env").exists()

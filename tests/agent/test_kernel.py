@@ -46,7 +46,7 @@ async def test_huge_output_keeps_head_and_tail(kernel: Kernel):
     r = await run(kernel, "print('HEAD' + 'x' * 10_000_000 + 'TAIL')")
     assert r.stdout.startswith("HEAD") and r.stdout.rstrip().endswith("TAIL")
     assert len(r.stdout) < 4096 + 200
-    assert r.truncated["stdout"] > 9_900_000
+    assert r.truncated["stdout"] > 4_000_000  # of what reached the host: past kernel.output_spill it stays in a file
     assert "characters cut from the middle" in r.stdout
     assert (await run(kernel, "'alive'")).result == "'alive'"
 

@@ -257,32 +257,29 @@ def test_links_and_fifos_a_kernel_left_in_a_scope_are_never_followed(tmp_path: P
     """What a cell can leave in a scope folder it could write (a project scope made before its
     cover, an unsandboxed kernel's): links to secrets, a FIFO, a skill folder linked outside."""
     store = HarnessStore(tmp_path / "harness", "project")
-    try:
-        create(store, "note", body="the committed text")
-        create(store, "tool", kind="skill", body="# Tool", description="A tool")
-        outside = tmp_path / "outside"
-        outside.mkdir()
-        planted = (store.root / "memory" / "note.md").read_text().replace("the committed text", "SECRET-TOKEN")
-        (outside / "note.md").write_text(planted)
-        (outside / "SKILL.md").write_text(planted.replace("note", "stolen"))
-        (store.root / "memory" / "note.md").unlink()
-        (store.root / "memory" / "note.md").symlink_to(outside / "note.md")
-        (store.root / "skill" / "stolen").symlink_to(outside)
-        os.mkfifo(store.root / "memory" / "fifo.md")
-        shown = [e.body for e in store.entries()]  # returns at once: the FIFO is not read
-        assert not any("SECRET" in b for b in shown) and "the committed text" in shown[0] + shown[-1]
-        with pytest.raises(InvalidEntry, match="link"):
-            store.version_of("note")
-        _, problems = store.commit_user_edits()
-        assert any("note.md" in p for p in problems) and not any("SECRET" in e.body for e in store.entries())
-        shutil.rmtree(store.root / "skill" / "tool")
-        (store.root / "skill" / "tool").symlink_to(outside)
-        with pytest.raises(InvalidEntry, match="is a link"):  # through the link: refused, nothing written outside
-            store.apply([Edit("update", "tool", body="# Tool v2")], summary="v2", trigger="test", source="agent")
-        assert sorted(p.name for p in outside.iterdir()) == ["SKILL.md", "note.md"]
-        assert "stolen" in (outside / "SKILL.md").read_text()
-    finally:
-        store.close()
+    create(store, "note", body="the committed text")
+    create(store, "tool", kind="skill", body="# Tool", description="A tool")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    planted = (store.root / "memory" / "note.md").read_text().replace("the committed text", "SECRET-TOKEN")
+    (outside / "note.md").write_text(planted)
+    (outside / "SKILL.md").write_text(planted.replace("note", "stolen"))
+    (store.root / "memory" / "note.md").unlink()
+    (store.root / "memory" / "note.md").symlink_to(outside / "note.md")
+    (store.root / "skill" / "stolen").symlink_to(outside)
+    os.mkfifo(store.root / "memory" / "fifo.md")
+    shown = [e.body for e in store.entries()]  # returns at once: the FIFO is not read
+    assert not any("SECRET" in b for b in shown) and "the committed text" in shown[0] + shown[-1]
+    with pytest.raises(InvalidEntry, match="link"):
+        store.version_of("note")
+    _, problems = store.commit_user_edits()
+    assert any("note.md" in p for p in problems) and not any("SECRET" in e.body for e in store.entries())
+    shutil.rmtree(store.root / "skill" / "tool")
+    (store.root / "skill" / "tool").symlink_to(outside)
+    with pytest.raises(InvalidEntry, match="is a link"):  # through the link: refused, nothing written outside
+        store.apply([Edit("update", "tool", body="# Tool v2")], summary="v2", trigger="test", source="agent")
+    assert sorted(p.name for p in outside.iterdir()) == ["SKILL.md", "note.md"]
+    assert "stolen" in (outside / "SKILL.md").read_text()
 
 
 def planted_repo(root: Path, marker: Path) -> None:

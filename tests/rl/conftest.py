@@ -16,18 +16,12 @@ CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['cont
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
-@pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory) -> Path:
-    """A 2-layer llama (grouped-query attention, tied embeddings) with peaked random weights, so greedy
-    choices are not near-ties, and a tokenizer of bytes plus ChatML's special tokens."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    inner = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    inner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    inner.decoder = decoders.ByteLevel()
+def _llama(path: Path, inner: Tokenizer, extra_special: bool = False) -> Path:
+    """A ChatML tokenizer over `inner` and a 2-layer llama with peaked random weights, saved in `path`."""
     tok = PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<|im_start|>", eos_token="<|im_end|>",
                                   pad_token="<|im_end|>", unk_token="<|endoftext|>")
-    tok.add_special_tokens({"additional_special_tokens": ["<|endoftext|>"]})
+    if extra_special:
+        tok.add_special_tokens({"additional_special_tokens": ["<|endoftext|>"]})
     tok.chat_template = CHATML
     tok.save_pretrained(path)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -37,6 +31,18 @@ def tiny_llama(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A 2-layer llama (grouped-query attention, tied embeddings) with peaked random weights, so greedy
+    choices are not near-ties, and a tokenizer of bytes plus ChatML's special tokens."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    inner = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    inner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    inner.decoder = decoders.ByteLevel()
+    return _llama(path, inner, extra_special=True)
 
 
 WIDE_VOCAB = 512
@@ -57,14 +63,4 @@ def wide_llama(tmp_path_factory) -> Path:
     inner.train_from_iterator(corpus * 20, trainers.BpeTrainer(
         vocab_size=WIDE_VOCAB, special_tokens=["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    tok = PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                  pad_token="<|im_end|>", unk_token="<|endoftext|>")
-    tok.chat_template = CHATML
-    tok.save_pretrained(path)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, initializer_range=0.3, bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
-    return path
+    return _llama(path, inner)
