@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent import events as ev
-from agent import safefs
+from harness_store import safefs
 from agent.config import Config
 from agent.context import Inbox, Sinks
 from agent.layout import SessionLayout

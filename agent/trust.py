@@ -9,7 +9,7 @@ session's start and ignored.
 The store is `$PRIME_AGENT_HOME/trust.json` (never the workspace's, and read-only to every
 kernel), keyed by the project's resolved root and the file's path under it, holding each file's
 SHA-256; the content last trusted is kept in `trust/<sha256>`, so a changed file can be shown as
-a diff. Project files are read with agent/safefs.py, never through a link, regular files only,
+a diff. Project files are read with harness_store/safefs.py, never through a link, regular files only,
 at most MAX_BYTES, once: what the host hashed is what it uses.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from agent import safefs
+from harness_store import safefs
 
 PROJECT_FILES = {
     ".prime-agent/config.toml": "project settings",

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from agent import safefs
+from harness_store import safefs
 from agent.config import PROJECT_HOOKS, ConfigError, home, load_config, project_root
 from agent.hooks import EVENTS, HooksError, HooksFile, read
 from agent.trust import TrustStore

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from agent import safefs
+from harness_store import safefs
 from agent.config import MCP_JSON, ConfigError, McpServerConfig, home, load_config, project_root
 from agent.trust import TrustError, TrustStore
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent import events as ev
-from agent import safefs
+from harness_store import safefs
 from agent.checkpoints.store import Snapshot, WorkspaceStore
 from agent.checkpoints.turns import Target
 from agent.harness import SessionHarness

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import events as ev
-from agent import safefs
+from harness_store import safefs
 from agent.checkpoints.rewind import (Part, Plan, apply, changes_since, file_changes, harness_heads, rewind_record,
                                      through_links, write_json)
 from agent.checkpoints.store import WorkspaceStore

@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import safefs
+from harness_store import safefs
 from agent.config import CheckpointConfig, home
 from agent.trajectory import SkippedFile
 from harness_store.gitenv import parse_batch, run_git
@@ -148,7 +148,7 @@ class WorkspaceStore:
     def restore(self, current: str, target: str, keep: set[str]) -> None:
         """Make the workspace's files, as they are in tree `current`, those of tree `target`.
         Paths in `keep` (the target's skipped files) and everything ignored are left alone. Nothing
-        is written or removed through a link (agent/safefs.py): each file is replaced whole (written
+        is written or removed through a link (harness_store/safefs.py): each file is replaced whole (written
         beside it, then renamed over it; a link at its path is replaced), a link on the way to it is
         replaced by a real folder, and a file to remove behind a link is not the workspace's: it stays."""
         ws = self.workspace

@@ -1,4 +1,4 @@
-"""harness_store/safefs.py (agent.safefs re-exports it): the host's no-follow file access, attacked with what a cell can leave behind
+"""harness_store/safefs.py: the host's no-follow file access, attacked with what a cell can leave behind
 (links at each component, FIFOs, devices, oversize files) and checked for what it must still do."""
 
 from __future__ import annotations
