@@ -292,12 +292,12 @@ class Approvals:
             self.pending.pop(req.id, None)
 
     async def _decision(self, req: Request) -> tuple[Decision, str]:
+        if self.hook is not None and (decided := await self.hook(req)) is not None:  # the person's own hooks
+            return decided, "hook"
         if self.config.approval == "never" or (self.ask is None and not self.can_ask):
             return "deny", "policy"
         if not req.notes and self._ruled(req):  # what a note says, a person reads first
             return "always", "rule"
-        if self.hook is not None and (decided := await self.hook(req)) is not None:
-            return decided, "hook"
         if self.ask is not None:
             try:
                 return await self.ask(req), "user"

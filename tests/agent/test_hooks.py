@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.hooks import Hooks, HooksError, HooksFile, read
+from agent.hooks import EVENTS, Hooks, HooksError, HooksFile, read
 
 def hooks(project: Path, config: dict, source: str = "user") -> Hooks:
     return Hooks.of([(source, HooksFile.model_validate(config))], project)
@@ -252,3 +252,74 @@ async def test_a_project_hooks_file_runs_only_once_a_person_trusted_it(tmp_path:
     async with hooked(project, ["it ran"]) as s:
         await s.prompt("hello")
         assert marker.exists() and "planted context" in s.model.calls[-1][-1].content
+
+
+async def test_every_event_reaches_its_hooks_in_claude_codes_shape(project: Path, tmp_path: Path):
+    """SessionStart, UserPromptSubmit, PreToolUse, PostToolUse and its failure, PreCompact (a person's
+    /compact), PermissionRequest (whose allow runs the command without asking anyone), Notification
+    (the approval), Stop and SessionEnd, each with the fields Claude Code sends."""
+    log = tmp_path / "events.jsonl"
+    record = f"python3 -c \"import sys; open({str(log)!r}, 'a').write(sys.stdin.read() + chr(10))\""
+    allow = {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "permissionDecision": "allow"}}
+    config = {"hooks": {e: [{"hooks": [{"type": "command", "command": record}]}]
+                        for e in EVENTS if not e.startswith("Subagent")}}
+    config["hooks"]["PermissionRequest"][0]["hooks"].append({"type": "command",
+                                                            "command": f"echo {shlex.quote(json.dumps(allow))}"})
+    user_hooks(config)
+    loaded = load_config(project, {"kernel": {"interrupt_grace": 1.0}, "compaction": {"keep_recent_turns": 0}})
+    script = [cells("1 / 0"), "first", "the first turn divided by zero",
+              cells("print((await request_permission('echo hi', 'to greet')).stdout)"), "second"]
+    async with Session(loaded, ScriptedModel(script), cwd=project) as s:
+        await s.prompt("one")
+        s.request_compaction()
+        second = await s.prompt("two")
+        assert "hi" in tool_output(s) and second.outcome == "completed"
+    seen = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    by = {}
+    for e in seen:
+        by.setdefault(e["hook_event_name"], []).append(e)
+    assert set(by) == {e for e in EVENTS if not e.startswith("Subagent")}, sorted(by)
+    for e in seen:
+        assert (e["session_id"], e["cwd"], e["transcript_path"]) == (s.id, str(project), str(s.layout.trajectory))
+    assert by["SessionStart"][0]["source"] == "startup" and by["SessionEnd"][0]["reason"] == "other"
+    assert [e["prompt"] for e in by["UserPromptSubmit"]] == ["one", "two"]
+    assert by["PostToolUseFailure"][0]["tool_response"]["error"].startswith("ZeroDivisionError")
+    assert by["PreCompact"][0]["trigger"] == "manual"
+    asked = by["PermissionRequest"][0]
+    assert (asked["tool_name"], asked["tool_input"]) == ("Bash", {"command": "echo hi", "description": "to greet"})
+    assert by["Notification"][0]["notification_type"] == "permission_prompt"
+    assert [e["stop_hook_active"] for e in by["Stop"]] == [False, False]
+    decided = [r for r in read_records(s.layout.trajectory, []) if getattr(r, "status", None) == "approve"]
+    assert decided and decided[0].by == "hook"
+
+
+async def test_an_http_hook_gets_the_event_posted_and_its_reply_decides(project: Path):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    got: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            got.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            body = json.dumps({"hookSpecificOutput": {"permissionDecision": "deny",
+                                                      "permissionDecisionReason": "the policy server says no"}})
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        h = hooks(project, {"hooks": {"PreToolUse": [{"hooks": [
+            {"type": "http", "url": f"http://127.0.0.1:{server.server_port}/hook"}]}]}})
+        verdict = await h.run("PreToolUse", {"tool_name": "ipython", "tool_input": {"code": "1"}}, target="ipython")
+    finally:
+        server.shutdown()
+    assert got == [{"tool_name": "ipython", "tool_input": {"code": "1"}, "hook_event_name": "PreToolUse",
+                    "cwd": str(project)}]
+    assert verdict.blocked and verdict.reason == "the policy server says no"
