@@ -41,6 +41,8 @@ class SessionStarted(_Event):
     model: str
     sandbox: str = ""
     """The sandbox in force, in words (`workspace-write`, `full-access: NO SANDBOX ...`)."""
+    context_window: int | None = None
+    """Tokens the model accepts, as the session uses it (the user's, else its server's, else the default)."""
 
 
 class SessionResumed(_Event):
@@ -50,6 +52,7 @@ class SessionResumed(_Event):
     reason: Text
     turns: int
     sandbox: str = ""
+    context_window: int | None = None
 
 
 class Rewound(_Event):

@@ -73,9 +73,23 @@ class Reply:
 Script = list[Reply] | Callable[[dict[str, Any]], Reply]
 
 
+VLLM_NO_TOOL_PARSER = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+"""vLLM's 400 to a request with tools when it was started without a tool parser."""
+OLLAMA_NO_TOOLS = "registry.ollama.ai/library/gemma:2b does not support tools"
+"""Ollama's 400 to a request with tools for a model whose template has none."""
+
+
 class OpenAIServer:
-    def __init__(self, script: Script, host: str = "127.0.0.1"):
+    def __init__(self, script: Script, host: str = "127.0.0.1", models: list[dict[str, Any]] | None = None,
+                 props: dict[str, Any] | None = None, refuse_tools: str | None = None):
+        """`models`: the entries `GET /v1/models` lists (None: no such route, a 404, as before);
+        `props`: what llama.cpp's `GET /props` answers (None: a 404); `refuse_tools`: answer every
+        request that has `tools` with a 400 with this message (`VLLM_NO_TOOL_PARSER`, `OLLAMA_NO_TOOLS`),
+        without taking a reply from the script."""
         self._script = script
+        self.models, self.props, self.refuse_tools = models, props, refuse_tools
+        self.gets: list[str] = []
+        """The path of every GET, in order."""
         self._lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
         self.stopping = threading.Event()
@@ -121,6 +135,16 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         pass
 
+    def do_GET(self) -> None:
+        server: OpenAIServer = self.server.owner  # type: ignore[attr-defined]
+        with server._lock:
+            server.gets.append(self.path)
+        if self.path.endswith("/v1/models") and server.models is not None:
+            return self._json(200, {"object": "list", "data": server.models})
+        if self.path == "/props" and server.props is not None:
+            return self._json(200, server.props)
+        return self._json(404, {"error": {"message": f"no route {self.path}"}})
+
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if not self.path.endswith("/chat/completions"):
@@ -133,6 +157,11 @@ class _Handler(BaseHTTPRequestHandler):
         if problem:  # as OpenAI does: a request the real API would refuse fails here too
             return self._json(400, {"error": {"message": problem, "type": "invalid_request_error"}})
         server: OpenAIServer = self.server.owner  # type: ignore[attr-defined]
+        if server.refuse_tools and request.get("tools"):
+            with server._lock:
+                server.requests.append(request)
+            error = {"message": server.refuse_tools, "type": "BadRequestError", "param": None, "code": 400}
+            return self._json(400, {"error": error})
         reply = server.next_reply(request)
         if reply.hang:
             server.stopping.wait(120)
