@@ -187,8 +187,8 @@ def create_app(engine) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict:
         # What a client needs to fit the model (agent.model.OpenAIModel.describe): its context, whether its
-        # template renders tools, and its own sampling defaults (what it sends when a request names none is
-        # still the request's: temperature 1)
+        # template renders tools, and its own sampling defaults (a request that names no temperature is
+        # still sampled at 1.0 here: the client sends them)
         return {"object": "list", "data": [{"id": engine.name, "object": "model", "owned_by": "prime-agent",
                                             "max_model_len": engine.context, "policy_version": engine.version,
                                             "tools": engine.tools, "sampling_defaults": engine.sampling}]}
