@@ -81,13 +81,16 @@ OLLAMA_NO_TOOLS = "registry.ollama.ai/library/gemma:2b does not support tools"
 
 class OpenAIServer:
     def __init__(self, script: Script, host: str = "127.0.0.1", models: list[dict[str, Any]] | None = None,
-                 props: dict[str, Any] | None = None, refuse_tools: str | None = None):
+                 props: dict[str, Any] | None = None, refuse_tools: str | None = None,
+                 listing_status: int = 200):
         """`models`: the entries `GET /v1/models` lists (None: no such route, a 404, as before);
         `props`: what llama.cpp's `GET /props` answers (None: a 404); `refuse_tools`: answer every
         request that has `tools` with a 400 with this message (`VLLM_NO_TOOL_PARSER`, `OLLAMA_NO_TOOLS`),
-        without taking a reply from the script."""
+        without taking a reply from the script; `listing_status`: answer `GET /v1/models` with this error
+        status instead (a 429, a 500), or with 0 never answer it."""
         self._script = script
         self.models, self.props, self.refuse_tools = models, props, refuse_tools
+        self.listing_status = listing_status
         self.gets: list[str] = []
         """The path of every GET, in order."""
         self._lock = threading.Lock()
@@ -139,6 +142,12 @@ class _Handler(BaseHTTPRequestHandler):
         server: OpenAIServer = self.server.owner  # type: ignore[attr-defined]
         with server._lock:
             server.gets.append(self.path)
+        if self.path.endswith("/v1/models") and server.listing_status != 200:
+            if server.listing_status == 0:
+                server.stopping.wait(120)
+                self.close_connection = True
+                return
+            return self._json(server.listing_status, {"error": {"message": f"injected {server.listing_status}"}})
         if self.path.endswith("/v1/models") and server.models is not None:
             return self._json(200, {"object": "list", "data": server.models})
         if self.path == "/props" and server.props is not None:
