@@ -66,15 +66,21 @@ class ModelConfig(_Section):
     api_key: str | None = None
     """API key (OPENAI_API_KEY); local servers that need none get a placeholder."""
     action_format: Literal["tools", "text"] = "tools"
-    """`tools`: native tool calling with one `ipython` tool. `text`: ```python fenced cells."""
+    """`tools`: native tool calling with one `ipython` tool. `text`: ```python fenced cells. Unless
+    set, a server that says its model renders no tools (ours), or refuses a tools request with a 400
+    naming tool choice (vLLM without `--enable-auto-tool-choice`, Ollama), switches the session to
+    `text`, with a notice."""
     base_prompt: Literal["full", "short"] = "full"
     """The base prompt: `full` (agent/prompts/base.md: every kernel helper, subagents, the harness;
     ~1,000 tokens) or `short` (agent/prompts/short.md: cells and `final()` alone; ~100 tokens), for a
-    small model whose context or attention the full one overwhelms."""
+    small model whose context or attention the full one overwhelms. Unless set, `short` is used
+    (with a notice) where the system prompt with the full one would take more than an eighth of
+    `context_window`."""
     stream: bool = True
     """Stream completions so the user sees text as it is written."""
     temperature: float | None = None
-    """Sampling temperature; None leaves the server's default."""
+    """Sampling temperature; None: the model's own default where its server advertises one (ours:
+    its `generation_config.json`), else the server's."""
     max_completion_tokens: int | None = None
     """Cap on tokens per completion; None leaves the server's default."""
     timeout: float = 300.0
@@ -87,8 +93,10 @@ class ModelConfig(_Section):
     """Cap on one backoff delay in seconds."""
     record_logprobs: bool = False
     """Request token logprobs (and token ids where offered) and keep them on assistant messages."""
-    context_window: int = 128_000
-    """Tokens the model accepts; compaction starts below this."""
+    context_window: int = Field(128_000, ge=1)
+    """Tokens the model accepts; compaction starts below this. Unless set, read from the server at
+    session start (`GET /v1/models`: `max_model_len` from vLLM and ours, `context_length` from
+    OpenRouter; llama.cpp's `/props`: `n_ctx`); this where it says nothing."""
     prices: dict[str, Price] = Field(default_factory=dict)
     """Dollars per million tokens for each model name, for cost accounting, e.g.
     `[model.prices."gpt-4.1"] input = 2.0, cached_input = 0.5, output = 8.0`. A server that states
@@ -108,7 +116,18 @@ class ModelConfig(_Section):
     """Send each assistant message's reasoning back as `reasoning_content`: for providers that require
     it (DeepSeek's thinking mode with tool calls). Otherwise reasoning stays out of every request."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
-    """Extra JSON fields for every request (server-specific sampling options)."""
+    """Extra JSON fields for every request (server-specific sampling options); a model's advertised
+    sampling defaults other than `temperature` (`top_p`, ...) go here unless set here."""
+
+    def user_set(self, name: str) -> bool:
+        """Whether `name` was set by the user (a config file, the environment, a flag, a request), not
+        left at its default: what the user set always wins over what a server says (agent.model.fitted)."""
+        return name in self.model_fields_set
+
+    def with_defaults(self, **values: Any) -> ModelConfig:
+        """A copy with `values` in place of defaults (what a server says of its model): the fields the
+        user set are still the only ones counted as set."""
+        return type(self).model_construct(_fields_set=set(self.model_fields_set), **{**dict(self), **values})
 
     @property
     def configured(self) -> bool:

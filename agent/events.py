@@ -45,6 +45,8 @@ class SessionStarted(_Event):
     ignored: list[str] = Field(default_factory=list)
     """The project's files not in force until a person trusts them (`prime-agent trust`), and its
     settings refused (a project may only tighten the sandbox): a line each (`Config.ignored`)."""
+    context_window: int | None = None
+    """Tokens the model accepts, as the session uses it (the user's, else its server's, else the default)."""
 
 
 class SessionResumed(_Event):
@@ -56,6 +58,7 @@ class SessionResumed(_Event):
     sandbox: str = ""
     ignored: list[str] = Field(default_factory=list)
     """As SessionStarted's."""
+    context_window: int | None = None
 
 
 class Rewound(_Event):

@@ -19,7 +19,8 @@ from agent.config import Config
 from agent.context import Context, Inbox, Sinks
 from agent.hooks import NO_HOOKS, Runner
 from agent.kernel import Kernel, KernelError
-from agent.model import ContextOverflow, Model, ModelError, ModelTimeout, fenced_cells, parse_tool_arguments
+from agent.model import (ContextOverflow, Model, ModelError, ModelTimeout, ToolsRefused, fenced_cells,
+                         parse_tool_arguments)
 from agent.prompt import render
 from agent.trajectory import CellRecord, CompactionRecord, ModelCall, WriteFailed
 from agent.types import Cell, CellResult, Completion, Message, Outcome, ToolCall, Turn
@@ -54,14 +55,16 @@ def out_of_seconds(seconds: float, waiting: str = "") -> str:
 class TurnLoop:
     def __init__(self, config: Config, model: Model, kernel: Kernel, context: Context, inbox: Inbox, sinks: Sinks,
                  system_prompt: Callable[[], str], hooks: Runner = NO_HOOKS,
-                 ask_cell: Callable[[str, str], Awaitable[str | None]] | None = None):
+                 ask_cell: Callable[[str, str], Awaitable[str | None]] | None = None,
+                 text_mode: Callable[[str], bool] = lambda reason: False):
         """`system_prompt()` builds the system prompt afresh: a compaction starts the context over with it.
         `hooks`: the person's (PreToolUse, PostToolUse, Stop, PreCompact); `ask_cell(code, reason)`: a
-        person's say on a cell a hook asked about (None: approved, else why not)."""
+        person's say on a cell a hook asked about (None: approved, else why not); `text_mode(reason)`
+        switches the session to text mode when the server refuses tools (False: it did not)."""
         self.config, self.model, self.kernel, self.context, self.inbox = config, model, kernel, context, inbox
         self.emit, self.record, self.charge = sinks.emit, sinks.record, sinks.charge
         self.system_prompt = system_prompt
-        self.hooks, self.ask_cell = hooks, ask_cell
+        self.hooks, self.ask_cell, self.text_mode = hooks, ask_cell, text_mode
         self.said_no_logprobs = False
 
     async def run(self, turn: Turn) -> tuple[Outcome, str | None, str | None]:
@@ -172,17 +175,23 @@ class TurnLoop:
     async def call_model(self, turn: Turn) -> Completion:
         turn.steps += 1
         self.emit(ev.ModelStarted(turn_id=turn.id, step=turn.steps))
-        call = self.model.complete(
-            self.context.messages,
-            on_delta=lambda text: self.emit(ev.ModelDelta(turn_id=turn.id, text=text)),
-            on_reasoning=lambda text: self.emit(ev.ModelDelta(turn_id=turn.id, text=text, reasoning=True)),
-            on_retry=lambda attempt, delay, why: self.emit(
-                ev.ModelRetry(turn_id=turn.id, attempt=attempt, delay=delay, reason=why)),
-            on_fallback=lambda old, new, why: self.emit(
-                ev.ModelFallback(turn_id=turn.id, from_model=old, to_model=new, reason=why)),
-        )
+        def call() -> Awaitable[Completion]:
+            return self.model.complete(
+                self.context.messages,
+                on_delta=lambda text: self.emit(ev.ModelDelta(turn_id=turn.id, text=text)),
+                on_reasoning=lambda text: self.emit(ev.ModelDelta(turn_id=turn.id, text=text, reasoning=True)),
+                on_retry=lambda attempt, delay, why: self.emit(
+                    ev.ModelRetry(turn_id=turn.id, attempt=attempt, delay=delay, reason=why)),
+                on_fallback=lambda old, new, why: self.emit(
+                    ev.ModelFallback(turn_id=turn.id, from_model=old, to_model=new, reason=why)),
+            )
+
         try:
-            completion = await self.within_budget(turn, call)
+            completion = await self.within_budget(turn, call())
+        except ToolsRefused as e:
+            if not self.text_mode(str(e)):
+                raise
+            completion = await self.within_budget(turn, call())  # once more, in text mode
         except ContextOverflow:
             if not await self.compact(turn):
                 raise

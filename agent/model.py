@@ -20,9 +20,12 @@ import json
 import random
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, Field
 
 from agent.config import ModelConfig
 from agent.types import Completion, Message, ToolCall, Usage
@@ -66,13 +69,63 @@ class ContextOverflow(ModelError):
     """The server refused the request because the context is longer than the model's window."""
 
 
+class ToolsRefused(ModelError):
+    """The server refused a request with tools: it cannot serve tool calls for this model."""
+
+
+TOOLS_ERRORS = re.compile(r"enable-auto-tool-choice|tool-call-parser|tool.choice|does not support tools|"
+                          r"tools? (are|is) not supported", re.IGNORECASE)
+"""vLLM without a tool parser (`"auto" tool choice requires --enable-auto-tool-choice and
+--tool-call-parser to be set`), Ollama (`MODEL does not support tools`), ours (`... does not support
+tools: its chat template renders none`)."""
+
 CONTEXT_ERRORS = re.compile(r"context.length|context_length|maximum context|context window|too many tokens|prompt is too long",
                             re.IGNORECASE)
+
+
+class ServerModel(BaseModel):
+    """What a server says of the model it serves; each field None (or empty) where it says nothing."""
+
+    context_window: int | None = Field(None, ge=1)
+    """Tokens the model accepts: `max_model_len` (vLLM, ours), `context_length` (OpenRouter), `n_ctx`
+    (llama.cpp's `/props`)."""
+    tools: bool | None = None
+    """Whether the server can serve tool calls for it (ours: whether its chat template renders tools)."""
+    sampling: dict[str, float] = Field(default_factory=dict)
+    """The model's own sampling defaults (ours: from its `generation_config.json`): temperature, top_p."""
+
+
+def fitted(config: ModelConfig, server: ServerModel) -> ModelConfig:
+    """`config` with what the server says of its model wherever the user set nothing: the context
+    window, text mode for a model that renders no tools, its sampling defaults. What the user set
+    stays set (the result's `model_fields_set` is the user's), and wins."""
+    update: dict[str, Any] = {}
+    if server.context_window and not config.user_set("context_window"):
+        update["context_window"] = server.context_window
+    if server.tools is False and not config.user_set("action_format"):
+        update["action_format"] = "text"
+    sampling = dict(server.sampling)
+    if "temperature" in sampling and config.temperature is None:
+        update["temperature"] = sampling["temperature"]
+    extra = {k: v for k, v in sampling.items() if k != "temperature" and k not in config.extra_body}
+    if extra:
+        update["extra_body"] = {**extra, **config.extra_body}
+    return config.with_defaults(**update) if update else config
 
 
 class Model(Protocol):
     name: str
     action_format: Literal["tools", "text"]
+
+    async def describe(self) -> ServerModel:
+        """What the model's server says of it (asked once per server and model), empty where it says
+        nothing or cannot be asked."""
+        ...
+
+    def reconfigure(self, config: ModelConfig) -> None:
+        """Go on with these settings: the session's fit of the model to its server, or text mode after
+        the server refused tools."""
+        ...
 
     async def complete(
         self,
@@ -131,6 +184,20 @@ QUOTA_ERRORS = re.compile(r"insufficient.quota|exceeded your current quota|quota
 "requires more credits", Anthropic-style "usage limit" messages."""
 
 
+DESCRIBE_TIMEOUT = 10.0
+"""Seconds `describe` waits for the server's model listing."""
+SAMPLING = ("temperature", "top_p")
+"""The sampling defaults a server's listing may advertise that the agent sends."""
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value and abs(value) < 1e6
+
+
 class OpenAIModel:
     def __init__(self, config: ModelConfig, key_hint: str = ""):
         """`key_hint`: what to do when the server refuses the key (HTTP 401), where the key comes from;
@@ -144,23 +211,62 @@ class OpenAIModel:
         """The model in use: `config.name`, or the `fallback` model it switched to."""
         self.action_format = config.action_format
         self._client: Any = None
+        self._preparing = threading.Lock()
+        self._described: dict[tuple[str | None, str], ServerModel] = {}
+        """What each server said of each model, by (base URL, model name): asked once a session."""
 
     def variant(self, name: str) -> OpenAIModel:
-        return OpenAIModel(self.config.model_copy(update={"name": name}), self.key_hint)
+        other = OpenAIModel(self.config.model_copy(update={"name": name}), self.key_hint)
+        other._described = self._described
+        return other
+
+    def reconfigure(self, config: ModelConfig) -> None:
+        self.config, self.action_format = config, config.action_format
 
     def prepare(self) -> None:
         """Import the client library and build the client (~0.5 s); safe to run in a thread."""
-        if self._client is not None:
-            return
-        import openai
+        with self._preparing:
+            if self._client is not None:
+                return
+            import openai
 
-        self._openai = openai
-        self._client = openai.AsyncOpenAI(
-            base_url=self.config.base_url,
-            api_key=self.config.api_key or "not-needed",
-            max_retries=0,  # we retry ourselves, so dropped streams and bad replies are retried too
-            timeout=self.config.timeout,
-        )
+            self._openai = openai
+            self._client = openai.AsyncOpenAI(
+                base_url=self.config.base_url,
+                api_key=self.config.api_key or "not-needed",
+                max_retries=0,  # we retry ourselves, so dropped streams and bad replies are retried too
+                timeout=self.config.timeout,
+            )
+
+    async def describe(self) -> ServerModel:
+        """`GET /v1/models` (and llama.cpp's `/props`), read for this model's entry. OpenAI's own API
+        (no base URL) says nothing of use and is not asked; a server that cannot answer says nothing."""
+        key = (self.config.base_url, self.name)
+        if key not in self._described:
+            self._described[key] = ServerModel() if self.config.base_url is None else await self._ask_server()
+        return self._described[key]
+
+    async def _ask_server(self) -> ServerModel:
+        await asyncio.to_thread(self.prepare)
+        options = {"timeout": min(self.config.timeout, DESCRIBE_TIMEOUT)}
+        try:
+            listing = await self._client.get("/models", cast_to=object, options=options)
+        except Exception:  # no listing (transformers serve offline: a 500), or no server yet: the turn will say
+            return ServerModel()
+        entries = listing.get("data") if isinstance(listing, dict) else None
+        entry = next((e for e in entries or [] if isinstance(e, dict) and e.get("id") == self.name), {})
+        window = _positive(entry.get("max_model_len")) or _positive(entry.get("context_length"))
+        if window is None and entry.get("owned_by") == "llamacpp":
+            props_url = self.config.base_url.rstrip("/").removesuffix("/v1") + "/props"
+            with contextlib.suppress(Exception):
+                props = await self._client.get(props_url, cast_to=object, options=options)
+                settings = props.get("default_generation_settings") or {}
+                window = _positive(props.get("n_ctx")) or _positive(settings.get("n_ctx"))
+        tools = entry.get("tools")
+        sampling = entry.get("sampling_defaults")
+        sampling = {k: float(v) for k, v in sampling.items() if k in SAMPLING and _number(v)} \
+            if isinstance(sampling, dict) else {}
+        return ServerModel(context_window=window, tools=tools if isinstance(tools, bool) else None, sampling=sampling)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -249,7 +355,7 @@ class OpenAIModel:
         cfg = self.config
         wire = [to_wire(m, cfg.send_reasoning) for m in messages]
         req: dict[str, Any] = {"model": self.name, "messages": wire}
-        if tools and cfg.action_format == "tools":
+        if tools and self.action_format == "tools":
             req["tools"] = [IPYTHON_TOOL]
         if cfg.temperature is not None:
             req["temperature"] = cfg.temperature
@@ -281,6 +387,8 @@ class OpenAIModel:
                 return _Retryable(f"out of quota: HTTP {status}: {message}", wait=retry_after(headers), quota=True)
             if status == 429 or status >= 500 or status == 408:
                 return _Retryable(f"HTTP {status}: {message}", wait=retry_after(headers))
+            if status == 400 and TOOLS_ERRORS.search(message):
+                return ToolsRefused(f"the server refused tool calling for {self.name}: {message}")
             if status in (400, 413) and CONTEXT_ERRORS.search(message):
                 return ContextOverflow(f"the context is too long for the model: {message}")
             hint = f"; {self.key_hint}" if status == 401 else ""

@@ -22,7 +22,7 @@ from agent import events as ev
 from agent.approvals import Approvals, Ask, Decision, Request
 from agent.kernel.bridge import BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
-from agent.config import Config, home, project_root, shorten
+from agent.config import Config, ModelConfig, home, project_root, shorten
 from agent.context import Context, Inbox, Sinks
 from agent.goals import CheckResult, GoalState, pursue, run_check
 from agent.harness import SessionHarness, changes, scope_roots, told
@@ -31,7 +31,7 @@ from agent.layout import SessionLayout
 from agent.hooks import HookRun, Hooks, Runner
 from agent.loop import Interrupted, Submitted, TurnLoop
 from agent.mcp import McpError, McpServers, prompt_section, summary
-from agent.model import Model
+from agent.model import Model, fitted
 from agent.prompt import render, system_prompt
 from agent.refine import GateFactory, SessionRefiner
 from agent.kernel.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
@@ -145,7 +145,8 @@ class Session:
         self.hooks = Runner(Hooks.of(config.hooks, self.cwd), self._hook_input, self._hook_ran)
         """The person's hooks (agent/hooks.py), every run recorded and shown."""
         self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks, self._system_prompt,
-                             hooks=self.hooks, ask_cell=lambda code, reason: self.approvals.cell(code, reason))
+                             hooks=self.hooks, ask_cell=lambda code, reason: self.approvals.cell(code, reason),
+                             text_mode=self.text_mode)
         self.checkpoints = Checkpoints(config.checkpoints, self.cwd, self.layout, self.id, self.kernel, self.harness,
                                        self.context, sinks, enabled=parent is None)
         """A checkpoint at every turn boundary (a subagent's files are in its parent's), for `rewind`."""
@@ -226,6 +227,7 @@ class Session:
             raise SandboxError("plan mode keeps the workspace read-only until you approve a plan, which needs the "
                                f"sandbox in workspace-write (here: {unavailable() or mode})")
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fit = await self._fit()  # before the system prompt is built: it depends on the fit
         self._trajectory = TrajectoryWriter(self.layout.trajectory)
         if self._resumed is not None:
             self.record(ResumedRecord(reason=self._resumed, harness_version=self.harness_version))
@@ -238,16 +240,59 @@ class Session:
             with contextlib.suppress(OSError):  # else snapshots fail, and the session says so once
                 self.layout.kernel_snapshots.mkdir(parents=True, exist_ok=True)
         await self.kernel.start(self.kernel_pool, ready=self._bridge_up)
+        window = self.config.model.context_window
         if self._resumed is not None:
             self.emit(ev.SessionResumed(reason=self._resumed, turns=self.turns, sandbox=self.sandbox,
-                                        ignored=self.ignored))
+                                        ignored=self.ignored, context_window=window))
         else:
             self.emit(ev.SessionStarted(dir=str(self.dir), cwd=str(self.cwd), model=self.model.name,
-                                        sandbox=self.sandbox, ignored=self.ignored))
+                                        sandbox=self.sandbox, ignored=self.ignored, context_window=window))
+        for text in fit:
+            self.emit(ev.Note(text=text))
         source = "resume" if self._resumed is not None else "startup"
         started = await self.hooks("SessionStart", {"source": source}, target=source)
         if started.context:
             self.notices.append(f"[Context from the user's SessionStart hook]\n{started.context}")
+
+    async def _fit(self) -> list[str]:
+        """Fit the session to the model it is pointed at, where the user set nothing: what its server
+        says of it (agent.model.fitted: context window, text mode, sampling defaults), and the short base
+        prompt where the full one would take more than an eighth of the context. The notices to show."""
+        user = self.config.model
+        model = fitted(user, await self.model.describe())
+        notes = []
+        if model.action_format != user.action_format:
+            notes.append(f"the server says {self.model.name} renders no tools: the session is in text mode "
+                         "(```python cells; model.action_format pins either)")
+        if not user.user_set("base_prompt") and model.base_prompt == "full":
+            tokens = len(self._prompt_text(model)) // 4
+            if tokens > model.context_window // 8:
+                model = model.with_defaults(base_prompt="short")
+                notes.append(f"the system prompt with the full base prompt (~{tokens:,} tokens) would take more "
+                             f"than an eighth of the model's {model.context_window:,}-token context: the short base "
+                             "prompt is used (model.base_prompt pins either)")
+        if model is not user:
+            self._use(model)
+        return notes
+
+    def _use(self, model: ModelConfig) -> None:
+        """Go on with these model settings: the model, the loop, the refiner and new children."""
+        self.model.reconfigure(model)
+        self.use_model(self.model, self.config.model_copy(update={"model": model}))
+
+    def text_mode(self, reason: str) -> bool:
+        """The server refused tools (`ToolsRefused`): go on in text mode, with a fresh system prompt and
+        a notice, unless the user pinned `model.action_format` (or it is text already). Whether it switched."""
+        model = self.config.model
+        if model.user_set("action_format") or self.model.action_format == "text":
+            return False
+        self._use(model.with_defaults(action_format="text"))
+        content = self._system_prompt()
+        self.messages[0] = Message(role="system", content=content)
+        self.record(SystemPromptRecord(turn_id=self._turn_id(), content=content, harness_version=self.harness_version))
+        self.emit(ev.Note(turn_id=self._turn_id(), text=f"{reason}; the session goes on in text mode (```python "
+                                                        "cells; model.action_format pins either)"))
+        return True
 
     async def _bridge_up(self, kernel_dir: Path) -> dict[str, str]:
         """The host bridge, in the kernel's own directory: the one way out of its sandbox."""
@@ -630,8 +675,13 @@ class Session:
         and the MCP servers as they are now: from here on the model has been told every entry as it stands."""
         self._told = told(self.harness.view)
         self.harness_version = self.harness.view.version()
+        return self._prompt_text(self.config.model)
+
+    def _prompt_text(self, model: ModelConfig) -> str:
+        """The system prompt for these model settings, with the harness and MCP servers as they are now."""
         mcp = prompt_section(self.mcp.infos(), self.config.mcp.prompt_chars)
-        return system_prompt(self.config, self.cwd, self.harness.view.render(), self.instructions, mcp)
+        config = self.config.model_copy(update={"model": model})
+        return system_prompt(config, self.cwd, self.harness.view.render(), self.instructions, mcp)
 
     def reload_harness(self, turn: Turn) -> None:
         """At a turn boundary: harness changes reach the model as a notice ahead of the prompt, carrying

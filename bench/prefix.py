@@ -60,6 +60,14 @@ class BenchModel:
     def variant(self, name: str) -> BenchModel:
         return self
 
+    async def describe(self):
+        from agent.model import ServerModel
+
+        return ServerModel()
+
+    def reconfigure(self, config) -> None:
+        pass
+
     async def complete(self, messages, *, tools: bool = True, json_mode: bool = False, **_):
         from agent.model import to_wire
         from agent.types import Completion, Message, ToolCall, Usage
@@ -92,7 +100,7 @@ async def scenario(turns: int, refinements: int, context_window: int) -> dict:
     os.environ["PRIME_AGENT_HOME"] = str(work / "home")
     project = work / "project"
     (project / ".git").mkdir(parents=True)
-    config = Config.model_validate({"model": {"context_window": context_window},
+    config = Config.model_validate({"model": {"context_window": context_window, "base_prompt": "full"},
                                     "refine": {"auto_every": 0}, "kernel": {"interrupt_grace": 1.0}})
     model = BenchModel()
     applied: list[str] = []

@@ -61,6 +61,9 @@ class Printer:
             self.streaming = False
         match e:
             case ev.SessionStarted() | ev.SessionResumed():
+                if e.context_window:  # the window in force: the user's, else what the server said, else the default
+                    c.print(Text(f"{e.model + ' · ' if isinstance(e, ev.SessionStarted) else ''}"
+                                 f"ctx {e.context_window:,}", style="dim"))
                 if e.sandbox and e.sandbox != "workspace-write":
                     loud = not e.sandbox.startswith(("read-only", "workspace-write"))
                     c.print(Text(f"sandbox: {e.sandbox}", style="bold red" if loud else "dim"))

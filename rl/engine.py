@@ -216,6 +216,13 @@ class PrefixCache:
 # --- the engine ----------------------------------------------------------------------------------
 
 
+def sampling_defaults(generation_config) -> dict[str, float]:
+    """`temperature` and `top_p` where the model's generation_config.json sets them apart from
+    transformers' defaults (as vLLM's `--generation-config auto` reads them); empty where it says nothing."""
+    given = generation_config.to_diff_dict() if generation_config is not None else {}
+    return {k: float(given[k]) for k in ("temperature", "top_p") if isinstance(given.get(k), int | float)}
+
+
 @dataclass
 class _Row:
     job: Job
@@ -247,6 +254,10 @@ class HFEngine:
         self.context = context or policy.context
         self.vocab_size = int(config.vocab_size)
         self.max_rows = max_rows
+        self.sampling = sampling_defaults(policy.inner.generation_config)
+        """The model's own sampling defaults, advertised in /v1/models (`sampling_defaults`)."""
+        self.tools = self.tok.renders_tools
+        """Whether its chat template renders a request's tools (advertised in /v1/models: `tools`)."""
         eos = policy.inner.generation_config.eos_token_id if policy.inner.generation_config else None
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.eos = set(eos) | ({self.tok.tok.eos_token_id} if self.tok.tok.eos_token_id is not None else set())

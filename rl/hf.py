@@ -20,6 +20,7 @@ Samplers get plain weights under transformers' names, the adapter merged in (`we
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from pathlib import Path
 
@@ -170,6 +171,22 @@ class HFTokenizer:
     def token_str(self, i: int) -> str:
         return self.tok.decode([i])
 
+    @functools.cached_property
+    def renders_tools(self) -> bool:
+        """Whether the chat template shows the model the tools of a request: a conversation rendered
+        with a tool and without differs (a template that ignores `tools` would hide them silently)."""
+        if not self.tok.chat_template:
+            return False
+        probe = [{"role": "user", "content": "hi"}]
+        tool = {"type": "function", "function": {"name": "probe_tool", "description": "A probe.",
+                                                 "parameters": {"type": "object", "properties": {}}}}
+        try:
+            with_tool = self.tok.apply_chat_template(probe, tools=[tool], tokenize=False, add_generation_prompt=True)
+            without = self.tok.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+        except Exception:  # a template that raises on tools renders none
+            return False
+        return with_tool != without
+
     def detokenizer(self) -> TextStream:
         return TextStream(self.decode)
 
@@ -179,11 +196,13 @@ class HFTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
 
-    def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        """The tokenizer's chat template; a tokenizer without one gets "role: text" lines."""
+    def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+             tools: list[dict] | None = None) -> list[int]:
+        """The tokenizer's chat template (with `tools`, where it renders them); a tokenizer without one
+        gets "role: text" lines."""
         if self.tok.chat_template:
             return list(self.tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                     tokenize=True, return_dict=False))
+                                                     tools=tools or None, tokenize=True, return_dict=False))
         text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages)
         return self.encode(text + ("assistant:" if add_generation_prompt else ""))
 

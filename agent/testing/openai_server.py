@@ -73,11 +73,28 @@ class Reply:
 Script = list[Reply] | Callable[[dict[str, Any]], Reply]
 
 
+VLLM_NO_TOOL_PARSER = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+"""vLLM's 400 to a request with tools when it was started without a tool parser."""
+OLLAMA_NO_TOOLS = "registry.ollama.ai/library/gemma:2b does not support tools"
+"""Ollama's 400 to a request with tools for a model whose template has none."""
+
+
 class OpenAIServer:
-    def __init__(self, script: Script, host: str = "127.0.0.1", api_key: str | None = None):
-        """`api_key`: answer 401, as OpenAI does, any request without `Authorization: Bearer API_KEY`."""
+    def __init__(self, script: Script, host: str = "127.0.0.1", models: list[dict[str, Any]] | None = None,
+                 props: dict[str, Any] | None = None, refuse_tools: str | None = None,
+                 listing_status: int = 200, api_key: str | None = None):
+        """`models`: the entries `GET /v1/models` lists (None: no such route, a 404, as before);
+        `props`: what llama.cpp's `GET /props` answers (None: a 404); `refuse_tools`: answer every
+        request that has `tools` with a 400 with this message (`VLLM_NO_TOOL_PARSER`, `OLLAMA_NO_TOOLS`),
+        without taking a reply from the script; `listing_status`: answer `GET /v1/models` with this error
+        status instead (a 429, a 500), or with 0 never answer it; `api_key`: answer 401, as OpenAI does,
+        any request without `Authorization: Bearer API_KEY`."""
         self._script = script
         self.api_key = api_key
+        self.models, self.props, self.refuse_tools = models, props, refuse_tools
+        self.listing_status = listing_status
+        self.gets: list[str] = []
+        """The path of every GET, in order."""
         self._lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
         self.stopping = threading.Event()
@@ -123,6 +140,22 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         pass
 
+    def do_GET(self) -> None:
+        server: OpenAIServer = self.server.owner  # type: ignore[attr-defined]
+        with server._lock:
+            server.gets.append(self.path)
+        if self.path.endswith("/v1/models") and server.listing_status != 200:
+            if server.listing_status == 0:
+                server.stopping.wait(120)
+                self.close_connection = True
+                return
+            return self._json(server.listing_status, {"error": {"message": f"injected {server.listing_status}"}})
+        if self.path.endswith("/v1/models") and server.models is not None:
+            return self._json(200, {"object": "list", "data": server.models})
+        if self.path == "/props" and server.props is not None:
+            return self._json(200, server.props)
+        return self._json(404, {"error": {"message": f"no route {self.path}"}})
+
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if not self.path.endswith("/chat/completions"):
@@ -138,6 +171,11 @@ class _Handler(BaseHTTPRequestHandler):
         if server.api_key is not None and self.headers.get("Authorization") != f"Bearer {server.api_key}":
             return self._json(401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
                                               "code": "invalid_api_key"}})
+        if server.refuse_tools and request.get("tools"):
+            with server._lock:
+                server.requests.append(request)
+            error = {"message": server.refuse_tools, "type": "BadRequestError", "param": None, "code": 400}
+            return self._json(400, {"error": error})
         reply = server.next_reply(request)
         if reply.hang:
             server.stopping.wait(120)

@@ -12,7 +12,8 @@ import json
 from collections.abc import Callable
 from typing import Literal
 
-from agent.model import DeltaCallback, FallbackCallback, ModelError, RetryCallback
+from agent.config import ModelConfig
+from agent.model import DeltaCallback, FallbackCallback, ModelError, RetryCallback, ServerModel
 from agent.types import Completion, Message, ToolCall, Usage
 
 Output = str | Message | Completion | Exception | Callable[[list[Message]], "str | Message | Completion"]
@@ -32,6 +33,15 @@ class ScriptedModel:
         self.name = name
         self.calls: list[list[Message]] = []
         """The messages of every call, as sent."""
+
+    async def describe(self) -> ServerModel:
+        """No server, so nothing said: the session keeps its settings."""
+        return ServerModel()
+
+    def reconfigure(self, config: ModelConfig) -> None:
+        """Only a switch to text mode changes a scripted model: its own action format is the test's choice."""
+        if config.action_format == "text":
+            self.action_format = "text"
 
     def variant(self, name: str) -> ScriptedModel:
         """Another name over the same script (outputs are shared)."""

@@ -44,7 +44,10 @@ def agent_overrides(base_url: str, train: TrainConfig, env: EnvConfig) -> dict:
                   "stream": False,
                   "record_logprobs": True, "temperature": train.temperature, "max_completion_tokens": train.max_tokens,
                   "max_retries": 1, "timeout": train.request_timeout,
-                  "extra_body": {"truncate_prompt_tokens": env.prompt_tokens} if env.prompt_tokens else {}},
+                  # top_p pinned: the trainer scores tokens over the whole distribution, whatever sampling
+                  # defaults the server advertises for the model (agent.model.fitted)
+                  "extra_body": {"top_p": 1.0,
+                                 **({"truncate_prompt_tokens": env.prompt_tokens} if env.prompt_tokens else {})}},
         "budget": {"max_steps": env.max_steps, "max_seconds": env.timeout},
         "kernel": {"interrupt_grace": 1.0, "cell_timeout": min(30.0, env.timeout)},
         "compaction": {"enabled": False},

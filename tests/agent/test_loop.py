@@ -168,7 +168,7 @@ async def test_compaction_folds_older_turns_and_keeps_the_kernel(project: Path):
     ]
     events: list[Event] = []
     base = len(system_prompt(make_config(), project)) // 4  # tokens of the system prompt alone
-    sections = {"model": {"context_window": (base + 800) * 2}, "compaction": {"keep_recent_turns": 0, "threshold": 0.5}}
+    sections = {"model": {"context_window": (base + 800) * 2, "base_prompt": "full"}, "compaction": {"keep_recent_turns": 0, "threshold": 0.5}}
     async with session(project, script, events, **sections) as s:
         await s.prompt("one")
         assert not any(e.type == "compaction" for e in events)  # nothing older than the current turn
@@ -211,7 +211,7 @@ async def test_a_long_single_turn_compacts_its_own_early_steps_and_ids_stay_uniq
         return "SUMMARY of earlier steps" if messages[0].content.startswith("You compact") else next(replies)
 
     events: list[Event] = []
-    sections = {"model": {"context_window": 2400}, "compaction": {"keep_recent_turns": 0, "threshold": 0.5}}
+    sections = {"model": {"context_window": 2400, "base_prompt": "full"}, "compaction": {"keep_recent_turns": 0, "threshold": 0.5}}
     async with session(project, [model] * 20, events, **sections) as s:
         r = await s.prompt("do a long task")
         assert (r.outcome, r.answer) == ("completed", "done")

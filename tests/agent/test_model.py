@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from agent.config import ModelConfig
-from agent.model import ModelError, ModelTimeout, OpenAIModel, fenced_cells, parse_tool_arguments
-from agent.testing.openai_server import OpenAIServer, Reply
+from agent.config import ModelConfig, load_config, parse_override
+from agent.model import (ModelError, ModelTimeout, OpenAIModel, ServerModel, ToolsRefused, fenced_cells, fitted,
+                         parse_tool_arguments)
+from agent.testing.openai_server import OLLAMA_NO_TOOLS, VLLM_NO_TOOL_PARSER, OpenAIServer, Reply
 from agent.types import Message, ToolCall
 
 USER = [Message(role="system", content="sys"), Message(role="user", content="hi")]
@@ -119,3 +121,81 @@ def test_tool_arguments_are_checked_with_messages_for_the_model():
             parse_tool_arguments(call(bad))
     with pytest.raises(ValueError, match="unknown tool 'bash'"):
         parse_tool_arguments(call('{"code": "1"}', name="bash"))
+
+
+# --- fitting the model its server describes ------------------------------------------------------------
+
+
+LLAMACPP_PROPS = {"default_generation_settings": {"n_ctx": 4096, "params": {"temperature": 0.8}}, "total_slots": 1}
+
+
+@pytest.mark.parametrize("entry, props, window", [
+    ({"id": "fake", "object": "model", "owned_by": "vllm", "max_model_len": 8192}, None, 8192),  # vLLM, ours
+    ({"id": "fake", "name": "Fake", "context_length": 131072}, None, 131072),  # OpenRouter
+    ({"id": "fake", "object": "model", "owned_by": "llamacpp", "meta": {"n_ctx_train": 32768}}, LLAMACPP_PROPS, 4096),
+    ({"id": "other", "max_model_len": 8192}, None, None),  # another model's entry says nothing of this one
+    ({"id": "fake", "object": "model", "owned_by": "openai"}, None, None),
+])
+async def test_the_context_window_is_read_from_the_servers_model_listing(entry: dict, props, window):
+    with OpenAIServer([], models=[entry], props=props) as server:
+        model = model_for(server)
+        described = await model.describe()
+        assert await model.describe() == await model.variant("fake").describe() == described  # asked once
+        gets = list(server.gets)
+    assert described.context_window == window
+    assert gets == ["/v1/models"] + (["/props"] if props else [])
+
+
+async def test_a_server_that_lists_no_models_says_nothing_and_openai_itself_is_not_asked():
+    with OpenAIServer([]) as server:  # no GET route: a 404, as `transformers serve` offline fails it with a 500
+        assert await model_for(server).describe() == ServerModel()
+    assert await OpenAIModel(ModelConfig(name="gpt-4.1", api_key="sk-none")).describe() == ServerModel()
+
+
+async def test_the_servers_tool_flag_and_sampling_defaults_are_read_and_bad_values_ignored():
+    entry = {"id": "fake", "max_model_len": 2048, "tools": False,
+             "sampling_defaults": {"temperature": 0.2, "top_p": 0.9, "top_k": 50, "bogus": "x"}}
+    with OpenAIServer([], models=[entry, {"id": "bad", "max_model_len": -1, "tools": "no",
+                                          "sampling_defaults": {"temperature": "hot"}}]) as server:
+        good, bad = await model_for(server).describe(), await model_for(server, name="bad").describe()
+    assert good == ServerModel(context_window=2048, tools=False, sampling={"temperature": 0.2, "top_p": 0.9})
+    assert bad == ServerModel()
+
+
+SAYS = ServerModel(context_window=8192, tools=False, sampling={"temperature": 0.2, "top_p": 0.9})
+
+
+def test_what_the_server_says_fills_in_what_the_user_left_at_its_default():
+    model = fitted(load_config(Path("/nonexistent")).model, SAYS)
+    assert (model.context_window, model.action_format, model.temperature) == (8192, "text", 0.2)
+    assert model.extra_body == {"top_p": 0.9} and model.model_fields_set == set()  # still the user's: nothing
+
+
+@pytest.mark.parametrize("setting, value", [("context_window", 128_000), ("action_format", "tools"),
+                                            ("temperature", 1.0), ("extra_body", {"top_p": 1.0})])
+def test_a_setting_the_user_made_wins_over_the_server_even_at_the_default_value(setting: str, value):
+    key = f"model.{setting}=" + (json.dumps(value) if setting != "extra_body" else "{top_p = 1.0}")
+    user = load_config(Path("/nonexistent"), parse_override(key)).model
+    model = fitted(user, SAYS)
+    assert getattr(model, setting) == value and model.model_fields_set == {setting}
+
+
+async def test_the_advertised_sampling_defaults_are_sent_where_the_user_set_none():
+    with OpenAIServer([Reply(content="a"), Reply(content="b")]) as server:
+        model = model_for(server)
+        model.reconfigure(fitted(model.config, SAYS))
+        await model.complete(USER)
+        pinned = model_for(server, temperature=0.7)
+        pinned.reconfigure(fitted(pinned.config, SAYS))
+        await pinned.complete(USER)
+    first, second = server.requests
+    assert (first["temperature"], first["top_p"], "tools" in first) == (0.2, 0.9, False)  # text mode: no tools
+    assert (second["temperature"], second["top_p"]) == (0.7, 0.9)
+
+
+@pytest.mark.parametrize("refusal", [VLLM_NO_TOOL_PARSER, OLLAMA_NO_TOOLS])
+async def test_a_servers_refusal_of_tools_is_told_apart_and_not_retried(refusal: str):
+    with OpenAIServer([], refuse_tools=refusal) as server:
+        with pytest.raises(ToolsRefused, match="refused tool calling"):
+            await model_for(server).complete(USER)
+    assert len(server.requests) == 1

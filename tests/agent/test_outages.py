@@ -135,3 +135,21 @@ async def test_a_retried_stream_that_says_something_else_shows_only_what_goes_pa
         c = await model_for(server).complete([Message(role="user", content="hi")], on_delta=shown.append)
     assert c.message.content == "alpha beta omega psi chi"  # the completed message is the truth (clients show it)
     assert len("".join(shown)) == len("alpha beta omega psi chi")  # nothing shown twice
+
+
+@pytest.mark.parametrize("status", [500, 429, 0], ids=["error", "rate-limited", "hangs"])
+async def test_a_model_listing_that_fails_or_hangs_neither_breaks_nor_holds_up_the_session(status: int,
+                                                                                         project: Path):
+    # the listing is a courtesy: not retried, waited on at most model.timeout (or 10 s), and then the defaults
+    models = [{"id": "fake", "max_model_len": 4096}]
+    with OpenAIServer([Reply(content="done")], models=models, listing_status=status) as server:
+        config = make_config(model={"name": "fake", "base_url": server.base_url, "timeout": 1})
+        events: list[ev.Event] = []
+        started = time.monotonic()
+        async with Session(config, OpenAIModel(config.model), cwd=project, on_event=events.append) as s:
+            result = await s.prompt("go")
+        took = time.monotonic() - started
+        gets = list(server.gets)
+    assert result.answer == "done" and s.config.model.context_window == 128_000
+    assert gets == ["/v1/models"] and not [e for e in events if isinstance(e, ev.Note)]
+    assert took < 30  # the hanging listing costs its 1 s timeout, not the server's 120 s

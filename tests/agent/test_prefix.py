@@ -79,7 +79,7 @@ async def test_the_system_prompt_is_rebuilt_when_the_person_asks(project: Path, 
 async def test_a_compaction_starts_over_from_a_fresh_system_prompt(project: Path, prime_home: Path):
     script = [cells("print('x' * 4000)"), "one done", "SUMMARY of one", "two done", "three done"]
     base = len(system_prompt(make_config(), project)) // 4
-    config = make_config(model={"context_window": (base + 800) * 2},
+    config = make_config(model={"context_window": (base + 800) * 2, "base_prompt": "full"},
                          compaction={"keep_recent_turns": 0, "threshold": 0.5})
     async with Session(config, ScriptedModel(script), cwd=project) as s:
         await s.prompt("one")

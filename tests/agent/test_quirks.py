@@ -13,7 +13,7 @@ import pytest
 from agent import events as ev
 from agent.model import ModelError, OpenAIModel
 from agent.session import Session
-from agent.testing.openai_server import OpenAIServer, Reply
+from agent.testing.openai_server import OLLAMA_NO_TOOLS, VLLM_NO_TOOL_PARSER, OpenAIServer, Reply
 from agent.types import Message
 from tests.conftest import make_config
 
@@ -204,3 +204,97 @@ async def test_a_web_page_with_status_200_fails_at_once_naming_the_base_url(stre
         with pytest.raises(ModelError, match=r"answered with a web page \('200 Bad Gateway'\).*check model.base_url"):
             await model_for(server, stream=stream).complete(USER)
     assert len(server.requests) == 1
+
+
+# --- fitting the session to the model its server describes -------------------------------------------
+
+TEXT_CELL = "```python\nprint(6 * 7)\n```"
+
+
+def notes(events: list) -> list[str]:
+    return [e.text for e in events if isinstance(e, ev.Note)]
+
+
+@pytest.mark.parametrize("refusal", [VLLM_NO_TOOL_PARSER, OLLAMA_NO_TOOLS])
+async def test_a_server_refusing_tools_switches_the_session_to_text_mode_once_with_a_notice(refusal: str,
+                                                                                           project: Path):
+    # vLLM started without --enable-auto-tool-choice answers a request with tools with a 400 naming the flag
+    # (docs.vllm.ai, "Tool Calling"); Ollama names a model whose template has no tools (ollama/ollama#4532)
+    script = [Reply(content=TEXT_CELL), Reply(content="It is 42.")]
+    models = [{"id": "fake", "object": "model", "max_model_len": 32768}]
+    with OpenAIServer(script, models=models, refuse_tools=refusal) as server:
+        s, events = await session_turn(server, project, "what is 6 * 7?")
+        refused, *sent = server.requests
+    assert s.last_result.answer == "It is 42."
+    assert [e.result.stdout for e in events if isinstance(e, ev.CellFinished)] == ["42\n"]
+    (note,) = notes(events)
+    assert "text mode" in note and refusal in note
+    assert "tools" in refused and not any("tools" in r for r in sent)
+    assert "ipython" in refused["messages"][0]["content"]
+    assert "```python" in sent[0]["messages"][0]["content"] and "`ipython` tool" not in sent[0]["messages"][0]["content"]
+    (started,) = [e for e in events if isinstance(e, ev.SessionStarted)]
+    assert started.context_window == 32768
+    records = [json.loads(line) for line in (s.dir / "trajectory.jsonl").read_text().splitlines()]
+    assert [r["content"] for r in records if r["kind"] == "system_prompt"] == [sent[0]["messages"][0]["content"]]
+
+
+async def test_a_user_who_pinned_tools_mode_gets_the_servers_refusal_as_it_is(project: Path):
+    with OpenAIServer([], refuse_tools=VLLM_NO_TOOL_PARSER) as server:
+        s, events = await session_turn(server, project, action_format="tools")
+    assert s.last_result.outcome == "error" and "--enable-auto-tool-choice" in s.last_result.error
+    assert len(server.requests) == 1 and not notes(events)
+
+
+@pytest.mark.parametrize("pinned", [None, "tools"])
+async def test_our_servers_flag_for_a_template_without_tools_starts_the_session_in_text_mode(
+        pinned: str | None, project: Path):
+    models = [{"id": "fake", "max_model_len": 8192, "tools": False, "owned_by": "prime-agent"}]
+    setting = {"action_format": pinned} if pinned else {}
+    with OpenAIServer([Reply(content="done")], models=models) as server:
+        s, events = await session_turn(server, project, base_prompt="full", **setting)
+        (request,) = server.requests
+    if pinned:
+        assert "tools" in request and not notes(events)
+    else:
+        assert "tools" not in request and "```python" in request["messages"][0]["content"]
+        (note,) = notes(events)
+        assert "renders no tools" in note and "text mode" in note
+
+
+@pytest.mark.parametrize("pinned", [None, "full"])
+async def test_a_small_context_gets_the_short_base_prompt_unless_the_user_pinned_one(pinned: str | None,
+                                                                                    project: Path):
+    models = [{"id": "fake", "max_model_len": 4096}]  # the full system prompt (~1,000 tokens) is over an eighth
+    setting = {"base_prompt": pinned} if pinned else {}
+    with OpenAIServer([Reply(content="done")], models=models) as server:
+        s, events = await session_turn(server, project, **setting)
+        system = server.requests[0]["messages"][0]["content"]
+    assert s.config.model.context_window == 4096
+    if pinned:
+        assert "harness" in system and not notes(events)
+    else:
+        assert len(system) < 1000 and "short base prompt" in notes(events)[0] and "4,096" in notes(events)[0]
+
+
+async def test_where_the_server_says_nothing_nothing_changes(project: Path):
+    with OpenAIServer([Reply(content="done")]) as server:  # no /v1/models at all, as every replay above
+        s, events = await session_turn(server, project)
+        (request,) = server.requests
+    (started,) = [e for e in events if isinstance(e, ev.SessionStarted)]
+    assert started.context_window == 128_000 and not notes(events)
+    assert "tools" in request and "temperature" not in request and "top_p" not in request
+    assert len(request["messages"][0]["content"]) > 3000  # the full base prompt
+    assert s.config.model == make_config(model={"name": "fake", "base_url": server.base_url,
+                                                "retry_base_delay": 0.01}).model
+
+
+async def test_explicit_settings_win_over_everything_the_server_says(project: Path):
+    models = [{"id": "fake", "max_model_len": 2048, "tools": False,
+               "sampling_defaults": {"temperature": 0.2, "top_p": 0.9}}]
+    with OpenAIServer([Reply(content="done")], models=models) as server:
+        s, events = await session_turn(server, project, context_window=64_000, action_format="tools",
+                                       base_prompt="full", temperature=1.0, extra_body={"top_p": 1.0})
+        (request,) = server.requests
+    assert not notes(events) and s.config.model.context_window == 64_000
+    assert "tools" in request and (request["temperature"], request["top_p"]) == (1.0, 1.0)
+    assert len(request["messages"][0]["content"]) > 3000

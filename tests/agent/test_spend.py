@@ -72,7 +72,7 @@ async def test_every_spend_is_charged_to_the_turn_that_caused_it(project: Path):
     ]
     base = len(system_prompt(make_config(), project)) // 4
     config = make_config(refine={"auto_every": 1, "cooldown_turns": 0},
-                         model={"context_window": (base + 60) * 2},
+                         model={"context_window": (base + 60) * 2, "base_prompt": "full"},
                          compaction={"keep_recent_turns": 0, "threshold": 0.5})
     events: list[ev.Event] = []
     async with Session(config, ScriptedModel(script), cwd=project, on_event=events.append) as s:

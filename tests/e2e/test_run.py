@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.testing.openai_server import OpenAIServer, Reply
+from agent.testing.openai_server import VLLM_NO_TOOL_PARSER, OpenAIServer, Reply
 from agent.trajectory import CellRecord, TurnFinished, read_records
 from tests.conftest import trust
 
@@ -288,3 +288,16 @@ def test_without_a_terminal_a_request_is_denied_as_nobodys_decision_and_said(pro
     records = read_records(session_dir(prime_home) / "trajectory.jsonl")
     (cell,) = [r for r in records if isinstance(r, CellRecord)]
     assert cell.result.stdout.startswith("refused: not run outside the sandbox: nobody could be asked: the terminal")
+
+
+def test_run_fits_a_server_that_lists_its_context_and_refuses_tools(project: Path):
+    # vLLM as it is mostly started: no tool parser, so a request with tools gets a 400 naming the flags
+    models = [{"id": "fake-model", "object": "model", "owned_by": "vllm", "max_model_len": 8192}]
+    script = [Reply(content="```python\nprint(6 * 7)\n```"), Reply(content="It is 42.")]
+    with OpenAIServer(script, models=models, refuse_tools=VLLM_NO_TOOL_PARSER) as server:
+        r = run("run", "what is 6 * 7?", cwd=project, server=server)
+    assert r.returncode == 0 and r.stdout == "It is 42.\n", r.stderr
+    said = " ".join(r.stderr.split())  # as the terminal wraps it
+    assert said.count("fake-model · ctx 8,192") == 1 and said.count("goes on in text mode") == 1
+    assert said.count("the short base prompt is used") == 1  # the full one is over an eighth of 8,192 tokens
+    assert "--enable-auto-tool-choice" in said and "42" in said

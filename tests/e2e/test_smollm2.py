@@ -40,6 +40,39 @@ def test_the_served_model_answers_in_english_with_a_logprob_and_token_id_per_tok
     assert all(t.logprob <= 0 for t in choice.logprobs.content)
 
 
+def test_the_served_model_is_listed_with_its_context_no_tools_and_its_cards_sampling(served: str):
+    (model,) = openai.OpenAI(base_url=served, api_key="none").models.list().data
+    assert (model.max_model_len, model.tools) == (8192, False)  # ChatML without tools
+    assert model.sampling_defaults == {"temperature": 0.2, "top_p": 0.9}  # written by the pull, from its card
+
+
+ACCEPTANCE = "How many lines does data.txt have? Answer by running Python code."
+
+
+def test_prime_agent_run_with_no_settings_fits_the_model_and_runs_a_cell_in_four_of_five_runs(
+        served: str, tmp_path: Path):
+    """Issue 35's acceptance: no -c flags at all. The session reads the server: 8,192 tokens of context
+    (so the short base prompt), no tools (so text mode), the card's sampling (temperature 0.2, top_p 0.9).
+    `--max-turns 3` bounds a run: at temperature 0.2 the model may repeat its cell until the budget ends."""
+    env = {**os.environ, "OPENAI_BASE_URL": served, "PRIME_AGENT_MODEL": "smollm2"}
+    ran = []
+    for i in range(5):
+        project = tmp_path / f"project-{i}"
+        (project / ".git").mkdir(parents=True)
+        (project / "data.txt").write_text("a\nb\nc\nd\ne\nf\ng\n")
+        run = subprocess.run([str(Path(sys.executable).parent / "prime-agent"), "run", "--json", "--max-turns", "3",
+                              ACCEPTANCE], cwd=project, env={**env, "PRIME_AGENT_HOME": str(tmp_path / f"home-{i}")},
+                             capture_output=True, text=True, timeout=600)
+        events = [json.loads(line) for line in run.stdout.splitlines()]
+        assert events and events[-1]["type"] == "turn.finished", run.stderr[-3000:]
+        (started,) = [e for e in events if e["type"] == "session.started"]
+        notes = [e["text"] for e in events if e["type"] == "note"]
+        assert started["context_window"] == 8192 and len(notes) == 2
+        assert "text mode" in notes[0] and "short base prompt" in notes[1]
+        ran.append(any(e["type"] == "cell.finished" for e in events))
+    assert sum(ran) >= 4, ran
+
+
 def test_greedy_replies_equal_plain_transformers_token_for_token(smollm2: Path, served: str):
     model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(smollm2)

@@ -92,3 +92,13 @@ def test_the_warm_start_sees_what_the_policy_sees_in_a_session(tmp_path: Path, p
         (call,) = [r for r in read_records(trajectory) if isinstance(r, ModelCall)]
         assert call.prompt_token_ids == policy_view(task, cfg), task.prompt
         assert len(call.prompt_token_ids) == 64
+
+
+def test_rollouts_sample_as_the_trainer_scores_whatever_sampling_the_server_advertises():
+    from agent.model import ServerModel, fitted
+    from rl.envs.harness import agent_config
+
+    says = ServerModel(context_window=8192, tools=False, sampling={"temperature": 0.2, "top_p": 0.9})
+    model = fitted(agent_config("http://127.0.0.1:1/v1", TrainConfig(temperature=0.7), EnvConfig()).model, says)
+    assert (model.temperature, model.extra_body["top_p"], model.action_format) == (0.7, 1.0, "text")
+    assert model.context_window == 8192  # the policy's own context, read from its server

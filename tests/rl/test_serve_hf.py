@@ -4,6 +4,8 @@ is compared with plain transformers' own `generate`."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from rl.engine import BLOCK, HFEngine
 from rl.hf import load_hf
 from rl.model import Job
 from rl.serve import BackgroundServer
+from tests.rl.conftest import CHATML
 from tests.rl.servers import alone_and_together
 
 
@@ -244,3 +247,37 @@ def test_bfloat16_serves_the_model_at_half_the_width(tiny: Path):
     (job,) = sample(engine, [chat(engine, PROMPTS[0])], 8)
     assert len(job.result[0].tokens) == 8
     assert all(-30 < lp <= 0 for lp in job.result[0].logprobs)
+
+
+TOOLS_CHATML = ("{% if tools %}{{ '<|im_start|>system\\nTools: ' + (tools | map(attribute='function.name') | join(', '))"
+                " + '<|im_end|>\\n' }}{% endif %}" + CHATML)
+IPYTHON = [{"type": "function", "function": {"name": "ipython", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def test_the_model_listing_says_what_a_client_needs_to_fit_the_model_and_tools_are_never_dropped_silently(
+        tiny: Path, tmp_path: Path):
+    # the tiny model's ChatML template renders no tools: said in /v1/models, and a request with tools is refused
+    # with a 400 as vLLM's and Ollama's are (the agent switches to text mode on it), not sampled without them
+    with BackgroundServer(HFEngine(load_hf(tiny), name="tiny")) as url:
+        client = openai.OpenAI(base_url=url, api_key="none")
+        (model,) = client.models.list().data
+        assert (model.max_model_len, model.tools, model.sampling_defaults) == (512, False, {})
+        with pytest.raises(openai.BadRequestError, match="tiny does not support tools"):
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=4, tools=IPYTHON)
+    # a model whose generation_config.json sets its sampling, and whose template renders tools
+    shutil.copytree(tiny, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "tokenizer_config.json").read_text())
+    (tmp_path / "m" / "chat_template.jinja").write_text(TOOLS_CHATML)
+    config.pop("chat_template", None)
+    (tmp_path / "m" / "tokenizer_config.json").write_text(json.dumps(config))
+    generation = {"do_sample": True, "temperature": 0.2, "top_p": 0.9, "eos_token_id": config.get("eos_token_id")}
+    (tmp_path / "m" / "generation_config.json").write_text(json.dumps(generation))
+    engine = HFEngine(load_hf(tmp_path / "m"), name="m")
+    with BackgroundServer(engine) as url:
+        client = openai.OpenAI(base_url=url, api_key="none")
+        (model,) = client.models.list().data
+        assert (model.tools, model.sampling_defaults) == (True, {"temperature": 0.2, "top_p": 0.9})
+        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=1,
+                                           tools=IPYTHON)
+    assert "Tools: ipython" in engine.tok.tok.decode(r.model_extra["prompt_token_ids"])

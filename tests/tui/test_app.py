@@ -43,6 +43,7 @@ async def type_and_send(pilot, text: str) -> None:
 
 
 async def test_a_prompt_streams_its_answer_and_shows_the_cell(daemon: Client, project: Path, model_server):
+    model_server.models = [{"id": "fake", "object": "model", "max_model_len": 32768}]  # as vLLM lists it
     app = app_for(daemon, project, model_server)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
@@ -54,6 +55,7 @@ async def test_a_prompt_streams_its_answer_and_shows_the_cell(daemon: Client, pr
         assert [m.text for m in app.query(UserMessage)] == ["run: print(6 * 7)"]
         status = app.query_one(StatusBar)
         assert status.state == "idle" and status.tokens > 0 and status.model == "fake"
+        assert "fake · ctx 32,768 ·" in str(status.render())
         app.save_screenshot(str(project / "chat.svg"))
     assert "ran:\xa042" in (project / "chat.svg").read_text().replace("&#160;", "\xa0")
 

@@ -1,5 +1,6 @@
-"""One line at the bottom: the sandbox when it is not the default, model, session, turn state, the
-goal's progress, tokens and cost, harness version, and whether the daemon is reachable."""
+"""One line at the bottom: the sandbox when it is not the default, model and its context window,
+session, turn state, the goal's progress, tokens and cost, harness version, and whether the daemon is
+reachable."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class StatusBar(Static):
     connected = reactive(True)
     sandbox = reactive("")
     """The sandbox in force; shown unless it is the default (workspace-write), loudly without one."""
+    context_window = reactive(0)
+    """Tokens the model accepts, as the session uses it (0: not known yet)."""
     goal = reactive("")
     """The goal's line: state, continuation n of N, budget left (empty without a goal)."""
 
@@ -33,7 +36,8 @@ class StatusBar(Static):
             sandbox = ((f"⚠ {self.sandbox.split(':')[0].upper()}: NO SANDBOX", "bold white on red") if loud
                        else (self.sandbox, "yellow"))
         return Text.assemble(
-            *((sandbox, " · ") if sandbox else ()), link, " · ", (self.model or "-", "bold"), " · ",
+            *((sandbox, " · ") if sandbox else ()), link, " · ", (self.model or "-", "bold"),
+            f" · ctx {self.context_window:,}" if self.context_window else "", " · ",
             (self.state or "-", state_style), (" · " + self.goal, "bold magenta") if self.goal else "",
             " · ", f"{self.tokens:,} tok",
             f" ({self.cached_tokens / self.prompt_tokens:.0%} cached)" if self.cached_tokens and self.prompt_tokens else "",
