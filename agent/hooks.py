@@ -130,7 +130,7 @@ class Verdict:
         """Why it was blocked, denied or put to a person: the hooks' stderr and reasons, in order."""
         parts, winning = [], self.permission
         for r in self.runs:
-            specific = r.output.get("hookSpecificOutput") or {}
+            specific = _specific(r)
             for text in (r.stderr.strip() if r.exit_code == 2 else "", r.output.get("reason"),
                          specific.get("permissionDecisionReason")
                          if winning in ("deny", "ask") and specific.get("permissionDecision") == winning else None):
@@ -141,13 +141,13 @@ class Verdict:
     @property
     def permission(self) -> Literal["allow", "deny", "ask"] | None:
         """deny over ask over allow, as Claude Code orders them."""
-        said = {(r.output.get("hookSpecificOutput") or {}).get("permissionDecision") for r in self.runs}
+        said = {_specific(r).get("permissionDecision") for r in self.runs}
         return next((d for d in ("deny", "ask", "allow") if d in said), None)  # type: ignore[return-value]
 
     @property
     def updated_input(self) -> dict[str, Any] | None:
         for r in self.runs:
-            updated = (r.output.get("hookSpecificOutput") or {}).get("updatedInput")
+            updated = _specific(r).get("updatedInput")
             if isinstance(updated, dict):
                 return updated
         return None
@@ -158,7 +158,7 @@ class Verdict:
         the event takes it (UserPromptSubmit, SessionStart)."""
         parts = []
         for r in self.runs:
-            added = (r.output.get("hookSpecificOutput") or {}).get("additionalContext")
+            added = _specific(r).get("additionalContext")
             if isinstance(added, str) and added.strip():
                 parts.append(added.strip())
             elif not r.output and r.exit_code == 0 and r.event in ("UserPromptSubmit", "SessionStart") \
@@ -216,6 +216,14 @@ class Hooks:
         return Verdict(list(runs))
 
     async def _one(self, event: str, source: str, spec: HookSpec, data: bytes) -> HookRun:
+        """One hook's run; whatever goes wrong is its error, never an exception for the turn."""
+        try:
+            return await self._run_one(event, source, spec, data)
+        except Exception as e:  # a URL httpx refuses, a header it cannot encode, ...
+            return HookRun(event=event, source=source, command=spec.command or spec.url or "",
+                           error=f"{type(e).__name__}: {e}")
+
+    async def _run_one(self, event: str, source: str, spec: HookSpec, data: bytes) -> HookRun:
         began = time.monotonic()
         if spec.type == "http":
             return await self._post(event, source, spec, data, began)
@@ -266,6 +274,12 @@ class Hooks:
             run.error = f"{type(e).__name__}: {e}"
         run.duration = time.monotonic() - began
         return run
+
+
+def _specific(run: HookRun) -> dict[str, Any]:
+    """A run's `hookSpecificOutput`, when it is an object (anything else a hook printed decides nothing)."""
+    specific = run.output.get("hookSpecificOutput")
+    return specific if isinstance(specific, dict) else {}
 
 
 def _fullmatch(pattern: str, target: str) -> bool:

@@ -43,6 +43,10 @@ class Interrupted(Exception):
     """The user interrupted the turn."""
 
 
+MAX_STOP_BLOCKS = 3
+"""Times in a row a Stop hook may make a turn go on (a hook that always blocks must not spin it)."""
+
+
 class HookStopped(Exception):
     """A hook answered `continue: false`: the turn ends, with its `stopReason`."""
 
@@ -70,17 +74,21 @@ class TurnLoop:
     async def run(self, turn: Turn) -> tuple[Outcome, str | None, str | None]:
         """Step until the turn ends: (outcome, answer, error). Never raises for model, kernel or
         budget failures; a cancellation that is not an interrupt (the session closing) goes through."""
-        stop_hook_active = False
+        stop_hook_active, goes_on = False, 0
         try:
             while True:
                 try:
                     await self.step(turn)
                 except Submitted as e:
+                    if goes_on >= MAX_STOP_BLOCKS or not self.hooks:
+                        raise
                     verdict = await self.hooks("Stop", {"stop_hook_active": stop_hook_active,
                                                         "last_assistant_message": e.answer})
                     if not verdict.blocked:
                         raise
-                    stop_hook_active = True  # the hook sees it next time, and can let the turn end
+                    if turn.stop is e:  # an answer given with final(): taken back, so the model goes on
+                        turn.stop, turn.final = None, False
+                    stop_hook_active, goes_on = True, goes_on + 1  # the hook sees it, and can let the turn end
                     self.context.append(Message(role="user", content=f"[A Stop hook asks you to go on]\n"
                                                 f"{verdict.reason}"), turn.id)
         except Submitted as e:

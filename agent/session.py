@@ -128,6 +128,7 @@ class Session:
         self._task: asyncio.Task | None = None
         self._watcher: HarnessWatcher | None = None
         self._notifying: set[asyncio.Task] = set()
+        self._closing = False
         """Hooks told of something (Notification, SubagentStart/Stop) that have not finished yet."""
 
         sinks = Sinks(emit=self.emit, record=self.record, charge=self.charge, turn_id=self._turn_id)
@@ -370,8 +371,10 @@ class Session:
                                             content="[lost: the session's process stopped while this cell ran]"), None)
 
     async def close(self) -> None:
-        if self._trajectory is not None:  # it started
-            await self.hooks("SessionEnd", {"reason": "other"})
+        if self._trajectory is not None and not self._closing:  # it started
+            with contextlib.suppress(Exception):  # the person's hook must not keep the kernel alive
+                await self.hooks("SessionEnd", {"reason": "other"})
+        self._closing = True  # no hook hears of what closing does (children stopped...)
         await asyncio.gather(*self._notifying, return_exceptions=True)
         await self.refiner.close()
         await self.checkpoints.close()
@@ -548,7 +551,7 @@ class Session:
     def _tell_hooks(self, event: ev.Event) -> None:
         """Hooks that hear of something without deciding anything: Notification (an approval waits,
         a goal ended), SubagentStart and SubagentStop. They run in the background."""
-        if not self.hooks:
+        if not self.hooks or self._closing:
             return
         if isinstance(event, ev.ApprovalRequested):
             call = self.hooks("Notification", {"message": f"The agent asks for your approval: {event.summary}",
@@ -585,7 +588,11 @@ class Session:
         tool = {"cell": "ipython", "command": "Bash"}.get(req.kind) or "mcp__" + (req.prefix or "").replace(".", "__", 1)
         verdict = await self.hooks("PermissionRequest", {
             "tool_name": tool, "tool_input": {"command": req.summary, "description": req.reason}}, target=tool)
-        return {"allow": "approve", "deny": "deny"}.get(verdict.permission or "")  # type: ignore[return-value]
+        if verdict.blocked:
+            return "deny"
+        if verdict.permission == "allow" and not req.notes:  # what a note says (a .git the agent made), a person reads
+            return "approve"
+        return None
 
     def record(self, record: Record) -> None:
         assert self._trajectory is not None, "session not started"
@@ -742,11 +749,16 @@ class Session:
             raise ValueError("no plan waits for a decision in this session")
         if self.turn is not None:
             raise RuntimeError("a turn is running: decide the plan once it ends")
-        plan = plan if plan and plan.strip() else self.plan
+        proposed, self.plan = self.plan, None  # taken before any await: a second decision finds none
+        plan = plan if plan and plan.strip() else proposed
         if approve:
-            await self.kernel.thaw()
+            try:
+                await self.kernel.thaw()
+            except BaseException:
+                self.plan = proposed
+                raise
             self.planning = self.config.sandbox.plan = False  # subagents spawned from now on write too
-        self.plan = None
+            self.subagents.session_config.sandbox.plan = False
         self.record(PlanRecord(step="approved" if approve else "rejected", plan=plan, note=note))
         self.emit(ev.PlanDecided(approved=approve, note=note, plan=plan))
         if not approve:

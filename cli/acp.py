@@ -169,6 +169,10 @@ class PrimeAgent:
         """The prompt running in each session (one at a time)."""
         self.modes: dict[str, str] = {}
         self.opened: set[str] = set()
+        self.turns: dict[str, str] = {}
+        """The daemon's turn each running prompt is."""
+        self.asking: set[asyncio.Task] = set()
+        """Permission requests waiting for the client."""
 
     def on_connect(self, conn: acp.Client) -> None:
         self.conn = conn
@@ -264,11 +268,12 @@ class PrimeAgent:
             return await task
         finally:
             self.running.pop(session_id, None)
+            self.turns.pop(session_id, None)
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
-        if session_id in self.running:
+        if (turn_id := self.turns.get(session_id)) is not None:  # this client's turn, not another front's
             with contextlib.suppress(DaemonError):
-                await self.client.interrupt(session_id)
+                await self.client.interrupt(session_id, turn_id=turn_id)
 
     async def authenticate(self, method_id: str, **kwargs: Any) -> s.AuthenticateResponse:
         return s.AuthenticateResponse()
@@ -286,6 +291,7 @@ class PrimeAgent:
             accepted = await self.client.send(session_id, text)
         except DaemonError as e:
             raise _request_error(e) from None
+        self.turns[session_id] = accepted.turn_id
         updates = Updates(self, session_id)
         async for event in self.client.events(session_id, after=after):
             if event.turn_id not in (None, accepted.turn_id):
@@ -356,7 +362,9 @@ class Updates:
             await send(acp.update_tool_call(f"subagent-{e.id}", status="completed" if e.outcome == "completed"
                                             else "failed", content=[acp.tool_content(acp.text_block(answer))]))
         elif isinstance(e, ev.ApprovalRequested) and not self.replay:
-            asyncio.ensure_future(self.ask(e))
+            task = asyncio.ensure_future(self.ask(e))
+            self.agent.asking.add(task)
+            task.add_done_callback(self.agent.asking.discard)
         elif isinstance(e, ev.TurnFinished) and self.replay:
             await self.finish(e)
 
@@ -377,8 +385,9 @@ class Updates:
                                 kind="execute" if e.kind == "command" else "other",
                                 raw_input={"summary": e.summary, "reason": e.reason, "always_covers": e.prefix})
         decision = "deny"
+        options = [o for o in PERMISSION_OPTIONS if o.option_id != "always" or e.prefix]  # `always` where offered
         try:
-            answer = await conn.request_permission(self.session_id, call, PERMISSION_OPTIONS)
+            answer = await conn.request_permission(self.session_id, call, options)
             if isinstance(answer.outcome, s.AllowedOutcome):
                 decision = answer.outcome.option_id
         except Exception:  # the client failed to answer: denied, as an unanswered request is

@@ -371,12 +371,12 @@ class Kernel:
         """Plan mode approved: the workspace becomes writable in this same kernel (its variables
         stay), and stays so across a restart."""
         if self.view.frozen:
-            if self._km is not None:
+            self.view = dataclasses.replace(self.view, frozen=False)  # what a restart applies from now on
+            if self._km is not None and await self.is_alive():
                 try:
-                    await self._km.box.thaw(self.view)
-                except SandboxError as e:
-                    raise KernelError(str(e)) from None
-            self.view = dataclasses.replace(self.view, frozen=False)
+                    await self._km.box.thaw(dataclasses.replace(self.view, frozen=True))
+                except (SandboxError, OSError) as e:
+                    raise KernelError(f"the workspace could not be made writable: {e}") from None
 
     async def restart(self) -> None:
         """Replace the kernel process (same connection); the namespace is lost.

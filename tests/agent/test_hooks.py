@@ -323,3 +323,22 @@ async def test_an_http_hook_gets_the_event_posted_and_its_reply_decides(project:
     assert got == [{"tool_name": "ipython", "tool_input": {"code": "1"}, "hook_event_name": "PreToolUse",
                     "cwd": str(project)}]
     assert verdict.blocked and verdict.reason == "the policy server says no"
+
+
+async def test_a_stop_hook_that_always_blocks_cannot_spin_the_turn_and_final_is_taken_back(project: Path):
+    user_hooks(command("Stop", "echo not yet >&2; exit 2"))
+    async with hooked(project, [cells("final('done')"), cells("final('done, really')"), "still done", "done!"]) as s:
+        result = await s.prompt("finish")
+        assert result.outcome == "completed" and result.answer == "done!"  # the model heard the hook three times
+        assert sum("[A Stop hook asks you to go on]" in m.content for m in s.context.messages) == 3
+
+
+async def test_garbage_from_a_hook_decides_nothing_and_breaks_nothing(project: Path):
+    user_hooks({"hooks": {"UserPromptSubmit": [{"hooks": [
+        {"type": "command", "command": "echo '{\"hookSpecificOutput\": \"allow\", \"continue\": 1}'"},
+        {"type": "http", "url": "http://[::1"}]}]}})
+    async with hooked(project, ["fine"]) as s:
+        result = await s.prompt("hello")
+        assert result.outcome == "completed"
+        runs = [r.run for r in read_records(s.layout.trajectory, []) if isinstance(r, HookRecord)]
+        assert len(runs) == 2 and any(r.error and "http" in r.command for r in runs)

@@ -184,7 +184,9 @@ class Spill:
     CHUNK = 1 << 20
 
     def __init__(self, stream: Any, after: int):
-        self.stream, self.after, self.write = stream, after, stream.write
+        # the stream's own write, not what is bound now (IPython's wrapper of the bootstrap cell,
+        # which would keep every later cell's output in that cell's history)
+        self.stream, self.after, self.write = stream, after, type(stream).write.__get__(stream)
         self.lock = threading.Lock()  # ipykernel's file-descriptor reader writes from its own thread
         self.sent = 0
         self.file: Any = None
@@ -204,13 +206,17 @@ class Spill:
             if start:
                 self.sent += start
                 self.write(text[:start])
-            if self.file is None:
-                folder = os.path.join(tempfile.gettempdir(), "outputs")
-                os.makedirs(folder, exist_ok=True)
-                self.file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed at the cell's end
-                    "w", dir=folder, prefix="cell-", suffix=".txt", delete=False, encoding="utf-8", errors="replace")
-            for at in range(start, n, self.CHUNK):  # slices of a 200 MB string, not a copy of it
-                self.file.write(text[at:at + self.CHUNK])
+            try:
+                if self.file is None:
+                    folder = os.path.join(tempfile.gettempdir(), "outputs")
+                    os.makedirs(folder, exist_ok=True)
+                    self.file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed at the cell's end
+                        "w", dir=folder, prefix="cell-", suffix=".txt", delete=False, encoding="utf-8",
+                        errors="replace")
+                for at in range(start, n, self.CHUNK):  # slices of a 200 MB string, not a copy of it
+                    self.file.write(text[at:at + self.CHUNK])
+            except OSError:  # a full disk: the rest is dropped (the note still counts it), never raised
+                pass
             self.spilled += n - start
             self.tail = (self.tail + text[max(start, n - self.TAIL):])[-self.TAIL:]
             return n
