@@ -11,6 +11,7 @@ import atif
 from cli.main import main
 from rl.model import PolicyConfig
 from rl.serve import BackgroundServer, engine_from
+from tests.conftest import trust
 
 
 async def test_an_exported_session_re_ingests_to_the_same_samples(project: Path, prime_home: Path, tmp_path: Path):
@@ -20,6 +21,7 @@ async def test_an_exported_session_re_ingests_to_the_same_samples(project: Path,
     (project / ".prime-agent" / "config.toml").write_text(
         '[model]\naction_format = "text"\nrecord_logprobs = true\nmax_completion_tokens = 24\nstream = false\n'
         "[refine]\nauto_every = 0\n")
+    trust(project, ".prime-agent/config.toml")  # a project's settings count once a person trusted them
     engine = engine_from(None, PolicyConfig(d_model=32, n_layer=1, n_head=2, max_seq=8192), seed=1)
     with BackgroundServer(engine) as url:
         async with running_daemon() as client:
