@@ -78,10 +78,13 @@ class Orchestrator:
         counts = {"rollouts": len(tasks) * c.group_size, "errored": 0, "timed_out": 0, "zero_advantage_groups": 0,
                   "stale": 0, "signal_rollouts": 0, "unsampled_rollouts": 0}  # each choice with an advantage is a sample
         loaded = self.version  # read before sampling: weights that arrive meanwhile are newer than this
-        try:  # return_token_ids: vLLM then sends each choice's token_ids, as the policy server always does
+        # return_token_ids: vLLM then sends each choice's token_ids, as the policy server always does. top_p pinned
+        # to 1: the trainer scores the whole distribution, and vLLM would otherwise sample (and, with processed
+        # logprobs, report) under the model's generation_config.json defaults (SmolLM2's top_p 0.9)
+        try:
             resp = self.client.completions.create(
                 model=c.rollout_model, prompt=prompts, n=c.group_size, max_tokens=c.max_tokens, temperature=c.temperature,
-                logprobs=1, seed=rollout_seed(c.seed, step), extra_body={"return_token_ids": True},
+                top_p=1.0, logprobs=1, seed=rollout_seed(c.seed, step), extra_body={"return_token_ids": True},
             )
         except Exception as e:  # a failed or timed-out request: its rollouts are excluded and counted
             counts["timed_out" if isinstance(e, self._timeout) else "errored"] = counts["rollouts"]

@@ -92,11 +92,13 @@ class PrimeApp(App):
         """The session's goal as its events tell it (for the status bar); None without one."""
 
     def compose(self) -> ComposeResult:
-        yield Conversation(id="conversation")
+        # held, not queried: the event worker may still be applying a batch while the app tears its screen down
+        self.conversation, self.status_bar = Conversation(id="conversation"), StatusBar(id="status")
+        yield self.conversation
         with Vertical(id="bottom"):
             yield CommandMenu({name: c.help for name, c in COMMANDS.items()}, id="menu")
             yield PromptInput(id="prompt", history_file=home() / "prompt-history.jsonl")
-            yield StatusBar(id="status")
+            yield self.status_bar
 
     async def on_mount(self) -> None:
         self.query_one(CommandMenu).display = False
@@ -126,7 +128,7 @@ class PrimeApp(App):
             await self.say(e.message, "error")
             return
         self.session_id = session_id
-        status = self.query_one(StatusBar)
+        status = self.status_bar
         status.session_id, status.model, status.state = session_id, info.model, info.state
         status.tokens = status.prompt_tokens = status.cached_tokens = 0  # the replay adds up every turn's usage
         status.cost = 0.0
@@ -135,7 +137,7 @@ class PrimeApp(App):
         self.goal = None  # the replay tells it again
         self.state = info.state
         self.sub_title = info.title or info.cwd
-        await self.query_one(Conversation).clear()
+        await self.conversation.clear()
         self.events_seen = 0
         self.follow(session_id)
 
@@ -150,7 +152,7 @@ class PrimeApp(App):
 
         reader = asyncio.create_task(read())
         reader.add_done_callback(lambda _: queue.put_nowait(None))  # the stream ended: say why
-        conversation = self.query_one(Conversation)
+        conversation = self.conversation
         try:
             while True:
                 batch = [await queue.get()]
@@ -172,7 +174,7 @@ class PrimeApp(App):
             reader.cancel()
 
     def _connection(self, up: bool) -> None:
-        self.query_one(StatusBar).connected = up
+        self.status_bar.connected = up
         if up:
             self.clear_notifications()
             self.notify("reconnected to the daemon; the event stream goes on where it stopped")
@@ -182,7 +184,7 @@ class PrimeApp(App):
 
     def _track(self, e: Event) -> None:
         """Turn state, tokens and harness version for the status bar."""
-        status = self.query_one(StatusBar)
+        status = self.status_bar
         match e:
             case ev.TurnStarted():
                 self.state, self.running_turn = "running", e.turn_id
@@ -218,8 +220,8 @@ class PrimeApp(App):
         status.state = self.state
 
     async def say(self, text: str, kind: str = "info") -> None:
-        await self.query_one(Conversation).mount(Notice(text, kind))
-        self.query_one(Conversation).scroll_end(animate=False)
+        await self.conversation.mount(Notice(text, kind))
+        self.conversation.scroll_end(animate=False)
 
     # --- input ---------------------------------------------------------------------------------
 
@@ -265,7 +267,7 @@ class PrimeApp(App):
             await self.say("no session: /new starts one, /resume attaches", "error")
             return
         mode = "steer" if self.state == "running" else "prompt"
-        conversation = self.query_one(Conversation)
+        conversation = self.conversation
         conversation.scroll_end(animate=False)  # what you send, and its answer, are what you want to see
         try:
             accepted = await self.client.send(self.session_id, text, mode)
@@ -310,10 +312,10 @@ class PrimeApp(App):
     async def model_command(self, arg: str) -> None:
         if arg and self.session_id:
             info = await self.client.update(self.session_id, model=arg)
-            self.query_one(StatusBar).model = info.model
+            self.status_bar.model = info.model
             await self.say(f"model: {info.model} (from the next turn)")
         else:
-            await self.say(f"model: {self.query_one(StatusBar).model}; /model NAME switches")
+            await self.say(f"model: {self.status_bar.model}; /model NAME switches")
 
     async def refine_command(self, arg: str) -> None:
         r = await self.client.refine(self.session_id, instructions=arg or None)
@@ -371,7 +373,7 @@ class PrimeApp(App):
         await self.say("\n".join([*KEYS, *(f"{name:<11} {c.help}" for name, c in COMMANDS.items())]))
 
     async def rollback(self, refinement_id: str | None, card: RefinementCard | None = None) -> None:
-        cards = self.query_one(Conversation).cards
+        cards = self.conversation.cards
         if card is None:
             applied = [c for c in cards.values() if c.status == "applied"]
             card = cards.get(refinement_id) if refinement_id else (applied[-1] if applied else None)
@@ -398,14 +400,14 @@ class PrimeApp(App):
 
     def _focus_plan(self) -> None:
         """A plan waits on the person: its card takes the keys (y, n) until it is decided."""
-        card = self.query_one(Conversation).plan
+        card = self.conversation.plan
         if card is not None and card.status == "waiting":
             card.focus()
             card.scroll_visible()
 
     def _focus_approval(self, request_id: str) -> None:
         """A request waits on the user: its card takes the keys (y, a, n) until it is decided."""
-        card = self.query_one(Conversation).approvals.get(request_id)
+        card = self.conversation.approvals.get(request_id)
         if card is not None and card.status == "waiting":
             card.focus()
             card.scroll_visible()
@@ -470,7 +472,7 @@ class PrimeApp(App):
         return True
 
     def action_scroll(self, direction: str) -> None:
-        conversation = self.query_one(Conversation)
+        conversation = self.conversation
         conversation.scroll_page_up() if direction == "up" else conversation.scroll_page_down()
 
     def action_sessions(self) -> None:
