@@ -11,6 +11,7 @@ Ctrl-C twice on an idle session, detaches: the session goes on in the daemon.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import math
 import re
 import shlex
@@ -42,6 +43,7 @@ from tui.widgets.message import Notice, UserMessage
 from tui.widgets.prompt_input import PromptInput
 from tui.widgets.refinement_card import RefinementCard
 from tui.widgets.status_bar import StatusBar
+from tui.widgets.welcome import Welcome
 
 BATCH = 10_000
 """Most events shown in one go: a history arrives in a few large batches, each one layout."""
@@ -51,6 +53,8 @@ DETACH_WINDOW = 2.0
 KEYS = [
     "Enter sends; Ctrl+J adds a line; Up/Down walk your history. A message sent while a turn runs steers it.",
     "Esc interrupts the turn; Ctrl-C interrupts, or on an idle session, twice, detaches (the session goes on).",
+    "Ctrl-D on an empty prompt (or /exit, /quit) leaves the app; the session goes on (prime-agent --resume ID).",
+    "With the command menu open, Enter runs the highlighted command and Tab completes it.",
     "Tab moves the focus to cells and cards (typing always goes back to the prompt): Enter on a cell shows all",
     "its output; on a refinement card r rolls back, a/x approve/reject. Ctrl+O: sessions. PgUp/PgDn scroll.",
 ]
@@ -65,6 +69,10 @@ class NewSession:
     base_url: str | None = None
     budget: dict | None = None
     sandbox: str | None = None
+    config: dict | None = None
+    """Config overrides for the session, nested as in config.toml (`--set KEY=VALUE`)."""
+    model_source: str | None = None
+    """Where the model's setting came from (`--model`, `$PRIME_AGENT_MODEL`, a config file), for the welcome."""
 
 
 class PrimeApp(App):
@@ -74,15 +82,23 @@ class PrimeApp(App):
         Binding("ctrl+c", "ctrl_c", "interrupt / detach", priority=True, show=False),
         Binding("escape", "interrupt", "interrupt", show=False),
         Binding("ctrl+o", "sessions", "sessions", show=False),
+        Binding("ctrl+d", "quit_app", "quit", priority=True, show=False),
+        Binding("enter", "take_completion", priority=True, show=False),
+        Binding("up", "menu('up')", priority=True, show=False),
+        Binding("down", "menu('down')", priority=True, show=False),
         Binding("pageup", "scroll('up')", show=False, priority=True),
         Binding("pagedown", "scroll('down')", show=False, priority=True),
     ]
 
     def __init__(self, client: Client, cwd: Path, *, new: NewSession | None = None, session_id: str | None = None,
-                 choose: bool = False):
+                 choose: bool = False, prompt: str | None = None):
         super().__init__()
         self.client, self.cwd, self.new = client, cwd, new or NewSession()
         self.start_with, self.choose = session_id, choose
+        self.initial_prompt = prompt
+        """Sent as soon as the first session is attached (`prime-agent "fix the bug"`)."""
+        self.created: str | None = None
+        """The session this app made last (its model's source is known: the welcome says it)."""
         self.session_id: str | None = None
         self.state = "idle"
         self.running_turn: str | None = None
@@ -119,6 +135,7 @@ class PrimeApp(App):
         except DaemonError as e:
             await self.say(f"could not start a session: {e.message}", "error")
             return
+        self.created = s.id
         await self.attach(s.id)
 
     async def attach(self, session_id: str) -> None:
@@ -132,14 +149,21 @@ class PrimeApp(App):
         status.session_id, status.model, status.state = session_id, info.model, info.state
         status.tokens = status.prompt_tokens = status.cached_tokens = 0  # the replay adds up every turn's usage
         status.cost = 0.0
+        status.context_used, status.model_since, status.streamed = 0, 0.0, 0
         status.harness = info.harness_version or ""
         status.sandbox = info.sandbox or ""
         self.goal = None  # the replay tells it again
         self.state = info.state
         self.sub_title = info.title or info.cwd
         await self.conversation.clear()
+        source = self.new.model_source if session_id == self.created else "this session's"
+        await self.conversation.mount(Welcome(model=info.model, source=source, base_url=info.base_url,
+                                              sandbox=info.sandbox, cwd=info.cwd))
         self.events_seen = 0
         self.follow(session_id)
+        if self.initial_prompt:
+            prompt, self.initial_prompt = self.initial_prompt, None
+            self.query_one(PromptInput).send(prompt)
 
     @work(exclusive=True, group="events")
     async def follow(self, session_id: str) -> None:
@@ -190,8 +214,16 @@ class PrimeApp(App):
                 self.state, self.running_turn = "running", e.turn_id
             case ev.TurnQueued() if self.state == "idle":
                 self.state = "queued"
+            case ev.ModelStarted():
+                status.model_since, status.streamed = e.ts, 0
+            case ev.ModelDelta():
+                status.streamed += 1
+            case ev.ModelCompleted():
+                status.model_since = 0.0
+                status.context_used = e.usage.total_tokens or status.context_used
             case ev.TurnFinished() if e.turn_id == self.running_turn:
                 self.state, self.running_turn = "idle", None
+                status.model_since = 0.0
             case ev.TurnFinished() if self.state == "queued" and self.running_turn is None:
                 self.state = "idle"
             case ev.HarnessReloaded():
@@ -234,14 +266,12 @@ class PrimeApp(App):
             return
         menu, prompt = self.query_one(CommandMenu), self.query_one(PromptInput)
         if prompt.has_focus and menu.filter(prompt.text):  # the menu follows the text as it is now
-            if event.key in ("tab", "up", "down", "escape"):
+            if event.key in ("tab", "escape"):
                 event.stop()
                 event.prevent_default()
             if event.key == "tab" and (chosen := menu.chosen()):
                 prompt.load_text(chosen + " ")
                 prompt.move_cursor(prompt.document.end)
-            elif event.key in ("up", "down"):
-                menu.action_cursor_up() if event.key == "up" else menu.action_cursor_down()
             elif event.key == "escape":
                 menu.display = False
             return
@@ -260,9 +290,18 @@ class PrimeApp(App):
     async def submit(self, event: PromptInput.Submitted) -> None:
         self.query_one(CommandMenu).display = False
         text = event.text
-        if text.split(" ", 1)[0] in COMMANDS:
+        word = text.split(maxsplit=1)[0]
+        if word in COMMANDS:
             await self.command(text)
             return
+        if re.fullmatch(r"/[A-Za-z][\w-]*", word):  # shaped like a command (a path has a second /)
+            close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
+            await self.say(f"{word}: no such command" + (f"; did you mean {close[0]}?" if close else "")
+                           + " /help lists them. Nothing was sent; to send text that starts with /, begin with //",
+                           "error")
+            return
+        if text.startswith("//"):
+            text = text[1:]
         if self.session_id is None:
             await self.say("no session: /new starts one, /resume attaches", "error")
             return
@@ -369,6 +408,14 @@ class PrimeApp(App):
             return
         await self.say("\n".join(line for s in servers for line in s.lines()))
 
+    async def exit_command(self, arg: str) -> None:
+        self.exit(self.session_id)
+
+    async def clear_command(self, arg: str) -> None:
+        """Empties the view; the session, its context and its kernel go on."""
+        await self.conversation.clear()
+        await self.say("cleared the view; the session goes on, with its context (/new starts afresh)")
+
     async def help_command(self, arg: str) -> None:
         await self.say("\n".join([*KEYS, *(f"{name:<11} {c.help}" for name, c in COMMANDS.items())]))
 
@@ -467,9 +514,33 @@ class PrimeApp(App):
         self.notify("Ctrl-C again to detach: the session stays in the daemon (prime-agent --resume)")
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
+        main = self.screen is self.screen_stack[0]
         if action == "scroll":  # PgUp/PgDn scroll the conversation; on other screens their widgets have them
-            return self.screen is self.screen_stack[0]
+            return main
+        if action == "quit_app":  # on a prompt with text, Ctrl-D deletes forward as editors do
+            return main and not self.query_one(PromptInput).text
+        if action in ("take_completion", "menu"):  # only while the menu offers commands for the prompt's text
+            return main and self._menu_open()
         return True
+
+    def _menu_open(self) -> bool:
+        menu, prompt = self.query_one(CommandMenu), self.query_one(PromptInput)
+        return prompt.has_focus and menu.display and menu.chosen() is not None
+
+    def action_quit_app(self) -> None:
+        """Ctrl-D on an empty prompt: leave the app; the session goes on in the daemon."""
+        self.exit(self.session_id)
+
+    def action_take_completion(self) -> None:
+        """Enter with the menu open sends the highlighted command, not the letters typed so far."""
+        menu, prompt = self.query_one(CommandMenu), self.query_one(PromptInput)
+        chosen = menu.chosen()
+        menu.display = False
+        prompt.send(chosen if chosen and prompt.text.strip() not in COMMANDS else None)
+
+    def action_menu(self, direction: str) -> None:
+        menu = self.query_one(CommandMenu)
+        menu.action_cursor_up() if direction == "up" else menu.action_cursor_down()
 
     def action_scroll(self, direction: str) -> None:
         conversation = self.conversation
@@ -521,7 +592,10 @@ COMMANDS = {  # the menu and /help list them in this order
     "/mcp": SlashCommand(PrimeApp.mcp_command, "this session's MCP servers and their tools (starts them)",
                         needs_session=True),
     "/interrupt": SlashCommand(PrimeApp.interrupt_command, "stop the running turn (and a goal)"),
+    "/clear": SlashCommand(PrimeApp.clear_command, "clear the screen (the session and its context go on)"),
     "/help": SlashCommand(PrimeApp.help_command, "commands and keys"),
+    "/exit": SlashCommand(PrimeApp.exit_command, "leave the app (Ctrl-D); the session goes on in the daemon"),
+    "/quit": SlashCommand(PrimeApp.exit_command, "leave the app, as /exit does"),
 }
 """The slash commands: each one's handler and help, in one place."""
 

@@ -1,4 +1,4 @@
-"""The sessions of this project (running, idle, saved): Enter attaches, d deletes, n starts a new one."""
+"""The sessions of this project (running, idle, saved): Enter attaches, d deletes (after y/n), n starts a new one."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from daemon.client import Client, DaemonError
+from tui.screens.confirm import ConfirmScreen
 
 
 class SessionsScreen(Screen[str | None]):
@@ -18,7 +19,7 @@ class SessionsScreen(Screen[str | None]):
 
     BINDINGS = [
         Binding("enter", "attach", "attach"),
-        Binding("d", "delete", "delete"),
+        Binding("d", "delete", "delete (asks)"),
         Binding("n", "new", "new session"),
         Binding("escape", "dismiss(None)", "back"),
     ]
@@ -26,8 +27,6 @@ class SessionsScreen(Screen[str | None]):
     def __init__(self, client: Client, project: Path, current: str | None = None):
         super().__init__()
         self.client, self.project, self.current = client, project, current
-        self._armed: str | None = None
-        """The session a first `d` asked to delete; a second `d` on it deletes."""
 
     def compose(self) -> ComposeResult:
         yield Static(f"Sessions in {self.project}  (enter: attach)", classes="title")
@@ -70,22 +69,27 @@ class SessionsScreen(Screen[str | None]):
     def action_new(self) -> None:
         self.dismiss("new")
 
-    async def action_delete(self) -> None:
+    def action_delete(self) -> None:
+        """d asks first (y/n); the session's files stay on disk either way."""
         chosen = self._selected()
         if chosen is None:
             return
         if chosen == self.current:
             self.notify("this is the session you are in: attach another (or n for a new one) first", severity="warning")
             return
-        if self._armed != chosen:
-            self._armed = chosen
-            self.notify(f"d again to delete {chosen} (its kernel stops; its files stay)")
-            return
-        self._armed = None
+
+        async def answered(yes: bool | None) -> None:
+            if yes:
+                await self.delete(chosen)
+
+        self.app.push_screen(ConfirmScreen(f"Delete session {chosen}? Its kernel stops; its files stay on disk."),
+                             answered)
+
+    async def delete(self, session_id: str) -> None:
         try:
-            await self.client.delete(chosen)
+            await self.client.delete(session_id)
         except DaemonError as e:
             self.notify(e.message, severity="error")
         else:
-            self.notify(f"deleted {chosen} (its files stay on disk)")
+            self.notify(f"deleted {session_id} (its files stay on disk)")
         await self.refresh_rows()

@@ -92,8 +92,10 @@ class CellView(Vertical):
             lines = lines[:-1]
         hidden = len(lines) - COLLAPSED_LINES
         running = r is None
+        # A failed cell keeps its last line (the exception) in sight when collapsed: it says what went wrong.
+        last = lines[-1] if hidden > 0 and not running and not self.expanded and r.error_name else None
         if hidden > 0 and not self.expanded:  # running: the latest lines (progress); done: the first
-            lines = lines[-COLLAPSED_LINES:] if running else lines[:COLLAPSED_LINES]
+            lines = lines[-COLLAPSED_LINES:] if running else lines[:COLLAPSED_LINES - (last is not None)]
         parts: list = []
         if hidden > 0 and running and not self.expanded:
             parts.append(Text(f"… {hidden} earlier lines", style="dim italic"))
@@ -102,6 +104,8 @@ class CellView(Vertical):
         if hidden > 0 and not running:
             parts.append(Text(f"… {hidden} more lines (enter to expand)" if not self.expanded
                               else "(enter to collapse)", style="dim italic"))
+        if last is not None:
+            parts.append(last)
         if r is not None:
             if r.kernel_message:
                 parts.append(Text("kernel: " + r.kernel_message, style="yellow"))

@@ -37,14 +37,7 @@ class PromptInput(TextArea):
         if event.key == "enter":
             event.stop()
             event.prevent_default()
-            text = self.text.strip()
-            if text:
-                if not self.sent or self.sent[-1] != text:
-                    self.sent.append(text)
-                    self._remember(text)
-                self._browsing = None
-                self.clear()
-                self.post_message(self.Submitted(text))
+            self.send()
             return
         if event.key in ("ctrl+j", "shift+enter"):
             event.stop()
@@ -62,6 +55,23 @@ class PromptInput(TextArea):
             self._browse(+1)
             return
         await super()._on_key(event)
+
+    def send(self, text: str | None = None) -> None:
+        """Send what the prompt holds (or `text` in its place, a completion the menu chose): it joins
+        the history, the prompt empties."""
+        text = (self.text if text is None else text).strip()
+        if not text:
+            return
+        self.remember(text)
+        self.clear()
+        self.post_message(self.Submitted(text))
+
+    def remember(self, text: str) -> None:
+        """Put `text` at the end of the history (Up brings it back, and it is kept across runs)."""
+        if not self.sent or self.sent[-1] != text:
+            self.sent.append(text)
+            self._remember(text)
+        self._browsing = None
 
     def _browse(self, step: int) -> None:
         if self._browsing is None:

@@ -1,8 +1,10 @@
-"""One line at the bottom: the sandbox when it is not the default, model and its context window,
-session, turn state, the goal's progress, tokens and cost, harness version, and whether the daemon is
-reachable."""
+"""One line at the bottom: the sandbox when it is not the default, model and how full its context
+window is, session, turn state (with a spinner, the seconds and the streamed tokens while the model
+answers), the goal's progress, tokens and cost, harness version, and whether the daemon is reachable."""
 
 from __future__ import annotations
+
+import time
 
 from rich.text import Text
 from textual.reactive import reactive
@@ -26,6 +28,21 @@ class StatusBar(Static):
     """Tokens the model accepts, as the session uses it (0: not known yet)."""
     goal = reactive("")
     """The goal's line: state, continuation n of N, budget left (empty without a goal)."""
+    context_used = reactive(0)
+    """Tokens the last model call had in its context (prompt and answer; 0: no call yet)."""
+    model_since = reactive(0.0)
+    """When the model call under way began (epoch seconds; 0: none under way)."""
+    streamed = reactive(0)
+    """Fragments (about a token each) the call under way has streamed so far."""
+
+    SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+    def on_mount(self) -> None:
+        self.set_interval(0.25, self._tick)
+
+    def _tick(self) -> None:
+        if self.model_since:
+            self.refresh()
 
     def render(self) -> Text:
         link = ("● daemon", "green") if self.connected else ("○ daemon lost: reconnecting…", "bold red")
@@ -37,13 +54,34 @@ class StatusBar(Static):
                        else (self.sandbox, "yellow"))
         return Text.assemble(
             *((sandbox, " · ") if sandbox else ()), link, " · ", (self.model or "-", "bold"),
-            f" · ctx {self.context_window:,}" if self.context_window else "", " · ",
-            (self.state or "-", state_style), (" · " + self.goal, "bold magenta") if self.goal else "",
+            self._fill(), " · ", *self._activity(state_style),
+            (" · " + self.goal, "bold magenta") if self.goal else "",
             " · ", f"{self.tokens:,} tok",
             f" ({self.cached_tokens / self.prompt_tokens:.0%} cached)" if self.cached_tokens and self.prompt_tokens else "",
             f" ${self.cost:.2f}" if self.cost else "", " · ",
             (self.session_id or "-", "dim"), f" · harness {_short(self.harness)}" if self.harness else "",
         )
+
+
+    def _fill(self) -> Text | str:
+        """` · ctx 3,412 of 128,000 tok`: the window's fill, yellow past half, red past 80%."""
+        if not self.context_window:
+            return ""
+        if not self.context_used:
+            return f" · ctx {self.context_window:,}"
+        share = self.context_used / self.context_window
+        style = "bold red" if share > 0.8 else "yellow" if share > 0.5 else ""
+        loud = f" ({share:.0%})" if share > 0.5 else ""
+        return Text.assemble(" · ", (f"ctx {self.context_used:,} of {self.context_window:,} tok{loud}", style))
+
+    def _activity(self, style: str) -> tuple:
+        """The turn's state; while the model answers, a spinner, its seconds and what it streamed."""
+        if not self.model_since or self.state != "running":
+            return ((self.state or "-", style),)
+        elapsed = max(0.0, time.time() - self.model_since)
+        frame = self.SPINNER[int(elapsed * 4) % len(self.SPINNER)]
+        streamed = f" ↓ {self.streamed:,} tok" if self.streamed else ""
+        return ((f"{frame} model {elapsed:.0f}s{streamed}", style),)
 
 
 def _short(version: str) -> str:
