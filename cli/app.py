@@ -1,23 +1,27 @@
-"""`prime-agent [--resume [ID] | -c] [--model NAME] [--base-url URL]`: the app in this directory.
+"""`prime-agent [PROMPT] [--resume [ID] | -c] [--model NAME] [--base-url URL] [--set KEY=VALUE]...`:
+the app in this directory.
 
 Starts (or reaches) the daemon, then opens a new session here, the one named, or with `-c` the
-latest one here. On exit the session goes on in the daemon; the command prints how to come back.
+latest one here, and sends PROMPT when one is given. On exit the session goes on in the daemon;
+the command prints how to come back.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 
-from agent.config import ConfigError, load_config
+from agent.config import ConfigError, home, load_config, merge, parse_override, shorten
 from daemon.client import DaemonError, connect
 from daemon.schemas import ModelKey
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prime-agent", description="The Prime Agent app (other commands: prime-agent --help).")
+    p.add_argument("prompt", nargs="?", help="sent as the first message once the app is open")
     p.add_argument("--resume", nargs="?", const="", metavar="ID", help="attach to session ID (without ID: choose one)")
     p.add_argument("-c", "--continue", dest="cont", action="store_true", help="attach to the latest session here")
     p.add_argument("--model", help="model name for a new session (PRIME_AGENT_MODEL)")
@@ -25,17 +29,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cwd", help="project directory (default: the current directory)")
     p.add_argument("--sandbox", choices=["read-only", "workspace-write", "full-access"],
                    help="how the OS confines a new session's code (sandbox.mode); full-access: none, shown loudly")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override a config field for a new session, e.g. --set model.action_format=text "
+                        "(repeatable; the syntax of `run -c`)")
     return p
+
+
+NO_MODEL_HINT = "For a model without tool calling, add: --set model.action_format=text"
+"""The app's last line under `run`'s NO_MODEL: in the app, -c is --continue."""
+
+
+def model_source(args: argparse.Namespace, sets: dict) -> str:
+    """Where the model's name came from, in the words a person would look for it."""
+    if args.model:
+        return "--model"
+    if "name" in sets.get("model", {}):
+        return "--set model.name"
+    if os.environ.get("PRIME_AGENT_MODEL"):
+        return "$PRIME_AGENT_MODEL"
+    user = home() / "config.toml"
+    try:
+        import tomllib
+
+        if "name" in tomllib.loads(user.read_text()).get("model", {}):
+            return shorten(user)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return "the project's .prime-agent/config.toml"
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     cwd = Path(args.cwd or ".").resolve()
-    overrides: dict = {}
-    for key, value in {"name": args.model, "base_url": args.base_url}.items():
-        if value:
-            overrides.setdefault("model", {})[key] = value
+    sets: dict = {}
     try:
+        for text in args.overrides:
+            merge(sets, parse_override(text))
+        if "daemon" in sets:
+            raise ConfigError("--set daemon.*: the daemon reads [daemon] from config.toml when it starts, "
+                              "not per session")
+        overrides: dict = {}
+        merge(overrides, sets)
+        for key, value in {"name": args.model, "base_url": args.base_url}.items():
+            if value:
+                overrides.setdefault("model", {})[key] = value
         config = load_config(cwd, overrides)
     except ConfigError as e:
         print(f"prime-agent: {e}", file=sys.stderr)
@@ -44,7 +81,7 @@ def main(argv: list[str]) -> int:
     if new_session and not config.model.configured:
         from cli.run import NO_MODEL
 
-        print(NO_MODEL, file=sys.stderr)
+        print(NO_MODEL.rsplit("\n", 1)[0] + "\n" + NO_MODEL_HINT, file=sys.stderr)
         return 2
     try:
         session_id = asyncio.run(_run(config, cwd, args))
@@ -63,14 +100,22 @@ async def _run(config, cwd: Path, args: argparse.Namespace) -> str | None:
     client = await connect(key=ModelKey.of(config.model))  # given with each session it creates or prompts
     try:
         session_id = args.resume or None
+        if session_id:  # an id nobody knows is an error here, not an empty app
+            try:
+                await client.session(session_id)
+            except DaemonError as e:
+                if e.status != 404:
+                    raise
+                raise DaemonError(404, "not_found", f"--resume {session_id}: no such session "
+                                  "(prime-agent sessions lists them; --resume alone lets you choose)") from None
         if args.cont:
             here = [s for s in await client.sessions() if Path(s.cwd) == cwd]
             if not here:
                 raise DaemonError(404, "not_found", f"no session in {cwd} to continue; run prime-agent to start one")
             session_id = max(here, key=lambda s: s.updated).id
-        app = PrimeApp(client, cwd, session_id=session_id, choose=args.resume == "",
+        app = PrimeApp(client, cwd, session_id=session_id, choose=args.resume == "", prompt=args.prompt,
                        new=NewSession(config.model.name, config.model.base_url, config.budget.model_dump(),
-                                      args.sandbox))
+                                      args.sandbox, config=sets or None, model_source=model_source(args, sets)))
         await app.run_async()
         return app.session_id
     finally:

@@ -9,6 +9,7 @@ lists every command without importing any of them.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -54,8 +55,9 @@ COMMANDS = {  # in the order --help lists them
                    "verifiers; its sessions are the daemon's"),
 }
 
-APP_FLAGS = ("--resume", "-c", "--continue", "--model", "--base-url", "--cwd")
-"""With no command, or one of these first, `prime-agent` opens the app (cli/app.py)."""
+APP_FLAGS = ("--resume", "-c", "--continue", "--model", "--base-url", "--cwd", "--sandbox", "--set", "--")
+"""With no command, or one of these first, `prime-agent` opens the app (cli/app.py); so does a
+prompt first (`prime-agent "fix the bug"`)."""
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -63,7 +65,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="prime-agent",
         description="A coding agent whose one tool is a persistent IPython kernel. With no command (or with "
-                    "--resume [ID], -c, --model, --base-url), opens the app in this directory.")
+                    "a prompt, --resume [ID], -c, --model, --base-url, --sandbox, --set KEY=VALUE), opens the app in "
+                    "this directory: prime-agent \"fix the failing test\" sends it as the first message.")
     p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, c in COMMANDS.items():
@@ -102,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if not argv or argv[0] in APP_FLAGS or any(a.startswith(f + "=") for a in argv[:1] for f in APP_FLAGS):
+    first = argv[0] if argv else None
+    if first is None or first in APP_FLAGS or any(first.startswith(f + "=") for f in APP_FLAGS) or (
+            not first.startswith("-") and len(first.split()) > 1):  # a prompt; one word is more likely a typo
         from cli.app import main as app
 
         return app(argv)
@@ -117,6 +122,10 @@ def _main(argv: list[str]) -> int:
         at = argv.index("--")
         argv, trailing = argv[:at], argv[at + 1:]
     parser = build_parser(command)
+    if command is not None and command not in COMMANDS:  # one word, not a command: a typo more likely than a prompt
+        close = difflib.get_close_matches(command, COMMANDS, n=1)
+        parser.error(f"unknown command {command!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                     + f" (to open the app with it as the first message: prime-agent -- {command})")
     if command is None:  # options alone, none of them the app's: say which, not that a command is missing
         unknown = next((a for a in argv if a not in ("-h", "--help", "--version")), None)
         if unknown is not None:

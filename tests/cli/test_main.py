@@ -3,6 +3,7 @@ layers it may import are checked with the rest of the product's in tests/test_la
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from importlib.metadata import version
@@ -57,7 +58,45 @@ def test_remote_unsandboxed_needs_tcp(prime_home: Path):
     (["--bogus"], "prime-agent: error: unknown option --bogus: a command comes first"),
     (["run", "--bogus", "task"], "prime-agent run: error: unrecognized arguments: --bogus"),
     (["daemon", "start", "--nope"], "prime-agent daemon start: error: unrecognized arguments: --nope"),
+    (["sesions"], "unknown command 'sesions'; did you mean 'sessions'? (to open the app with it as the first "
+                  "message: prime-agent -- sesions)"),
+    (["--model", "m", "--bogus"], "prime-agent: error: unrecognized arguments: --bogus"),
+    (["--set", "nonsense"], "prime-agent: override 'nonsense': expected KEY=VALUE"),
 ])
 def test_an_argument_error_names_the_problem_and_the_command(argv, said):
     done = subprocess.run([PRIME_AGENT, *argv], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and said in done.stderr and "required" not in done.stderr
+
+
+def test_every_option_of_the_app_opens_the_app():
+    """`prime-agent --sandbox read-only` and `prime-agent --set k=v` reach the app, as --model does."""
+    from cli.app import build_parser as app_parser
+    from cli.main import APP_FLAGS
+
+    options = {o for a in app_parser()._actions for o in a.option_strings} - {"-h", "--help"}
+    assert options <= set(APP_FLAGS)
+    args = app_parser().parse_args(["fix the bug", "--set", "model.action_format=text", "--set", "budget.max_steps=3"])
+    assert (args.prompt, args.overrides) == ("fix the bug", ["model.action_format=text", "budget.max_steps=3"])
+
+
+def test_without_a_model_the_app_gives_a_hint_that_works_in_the_app(prime_home: Path, tmp_path: Path):
+    from agent.config import load_config, parse_override
+
+    done = subprocess.run([PRIME_AGENT, "a prompt of several words"], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert done.returncode == 2 and "no model configured" in done.stderr
+    hint = done.stderr.strip().splitlines()[-1]
+    assert hint == "For a model without tool calling, add: --set model.action_format=text"
+    override = hint.rsplit("--set ", 1)[1]  # what it says to type is what --set reads
+    assert load_config(tmp_path, parse_override(override)).model.action_format == "text"
+
+
+def test_resume_of_an_unknown_id_names_it_and_opens_no_app(prime_home: Path, tmp_path: Path):
+    env = {**os.environ, "PRIME_AGENT_MODEL": "fake", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
+    try:
+        done = subprocess.run([PRIME_AGENT, "--resume", "20990101-000000-abcdef"], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+        assert done.returncode == 1, done.stderr
+        assert "--resume 20990101-000000-abcdef: no such session" in done.stderr
+    finally:
+        subprocess.run([PRIME_AGENT, "daemon", "stop"], capture_output=True, timeout=60, env=env)
