@@ -21,6 +21,8 @@ VOLATILE = [
     (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(\+00:00|Z)?"), lambda m: "T" * len(m.group())),
     (re.compile(r"\d\d-\d\d \d\d:\d\d"), "MM-DD HH:MM"),
     (re.compile(r"\d+\.\d\ds\b"), lambda m: "9" * (len(m.group()) - 4) + "9.99s"),
+    (re.compile(r"ctx [\d.]+k?/"), lambda m: "ctx " + "N" * (len(m.group()) - 5) + "/"),  # the context's fill
+    (re.compile(r"127\.0\.0\.1:\d+"), lambda m: "127.0.0.1:" + "P" * (len(m.group()) - 10)),  # the fake server's port
     (re.compile(r"[\d,]+( of [\d,]+)? tok"), lambda m: re.sub(r"[\d,]", "N", m.group())),
     (re.compile(r"\b[\d,]+ (in|out)\b"), lambda m: "N" * (len(m.group()) - len(m.group(1)) - 1) + " " + m.group(1)),
     (re.compile(r"@[0-9a-f]{6,12}"), lambda m: "@" + "c" * (len(m.group()) - 1)),

@@ -187,7 +187,8 @@ async def test_the_status_line_shows_the_model_at_work_and_the_context_filled(da
             await pilot.press("enter")
             await until(pilot, lambda: app.state == "idle" and status.context_used > 2600)
             line = str(status.render())
-            assert f"ctx {status.context_used:,} of 4,000 tok (6" in line, line  # past half: the share too
+            share = f"{status.context_used / 4000:.0%}"
+            assert f"ctx {status.context_used / 1000:.1f}k/4k {share}" in line, line  # past half: the share too
             app.query_one("#prompt").load_text("again")
             await pilot.press("enter")
             await until(pilot, lambda: status.model_since > 0 and " model " in str(status.render()))

@@ -24,6 +24,7 @@ REFINEMENT_CARDS = {"refinement.applied": "applied", "refinement.pending": "pend
 class Conversation(VerticalScroll):
     def __init__(self, **kw):
         super().__init__(**kw)
+        self._catching_up = False
         self.reset()
 
     def reset(self) -> None:
@@ -47,8 +48,10 @@ class Conversation(VerticalScroll):
 
     async def apply(self, events: list[Event]) -> None:
         """Show a batch of events."""
-        # At the bottom before this batch: stay there as it grows (a reader scrolled up stays put).
-        following = self.is_vertical_scroll_end or self.max_scroll_y == 0
+        # At the bottom before this batch: stay there as it grows (a reader scrolled up stays put). A
+        # scroll to the end asked for by the last batch happens after the next refresh: until then the
+        # view is still following, though not yet at the end.
+        following = self._catching_up or self.is_vertical_scroll_end or self.max_scroll_y == 0
         new: list[Widget] = []
         for e in events:
             widget = await self._apply(e)
@@ -59,7 +62,12 @@ class Conversation(VerticalScroll):
         if new:
             await self.mount_all(new)
         if following:
+            self._catching_up = True
             self.scroll_end(animate=False)
+            self.call_after_refresh(self._caught_up)  # after the scroll, which waits for the same refresh
+
+    def _caught_up(self) -> None:
+        self._catching_up = False
 
     async def _apply(self, e: Event) -> Widget | list[Widget] | None:
         turn = e.turn_id

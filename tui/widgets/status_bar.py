@@ -64,15 +64,16 @@ class StatusBar(Static):
 
 
     def _fill(self) -> Text | str:
-        """` · ctx 3,412 of 128,000 tok`: the window's fill, yellow past half, red past 80%."""
+        """` · ctx 2.9k/128k`: tokens in the context of the last call, of the window; the share past half
+        (yellow, red past 80%)."""
         if not self.context_window:
             return ""
         if not self.context_used:
-            return f" · ctx {self.context_window:,}"
+            return f" · ctx {_k(self.context_window)}"
         share = self.context_used / self.context_window
         style = "bold red" if share > 0.8 else "yellow" if share > 0.5 else ""
-        loud = f" ({share:.0%})" if share > 0.5 else ""
-        return Text.assemble(" · ", (f"ctx {self.context_used:,} of {self.context_window:,} tok{loud}", style))
+        loud = f" {share:.0%}" if share > 0.5 else ""
+        return Text.assemble(" · ", (f"ctx {_k(self.context_used)}/{_k(self.context_window)}{loud}", style))
 
     def _activity(self, style: str) -> tuple:
         """The turn's state; while the model answers, a spinner, its seconds and what it streamed."""
@@ -82,6 +83,15 @@ class StatusBar(Static):
         frame = self.SPINNER[int(elapsed * 4) % len(self.SPINNER)]
         streamed = f" ↓ {self.streamed:,} tok" if self.streamed else ""
         return ((f"{frame} model {elapsed:.0f}s{streamed}", style),)
+
+
+def _k(n: int) -> str:
+    """2910 -> 2.9k, 128000 -> 128k, 1048576 -> 1M (as a window is spoken of)."""
+    if n < 1000:
+        return str(n)
+    if n < 1_000_000:
+        return f"{n / 1000:.1f}".removesuffix(".0") + "k" if n < 10_000 else f"{n // 1000}k"
+    return f"{n / 1_000_000:.1f}".removesuffix(".0") + "M"
 
 
 def _short(version: str) -> str:
