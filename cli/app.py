@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
         print(NO_MODEL.rsplit("\n", 1)[0] + "\n" + NO_MODEL_HINT, file=sys.stderr)
         return 2
     try:
-        session_id = asyncio.run(_run(config, cwd, args))
+        session_id = asyncio.run(_run(config, cwd, args, sets))
     except DaemonError as e:
         print(f"prime-agent: {e.message}", file=sys.stderr)
         return 1
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-async def _run(config, cwd: Path, args: argparse.Namespace) -> str | None:
+async def _run(config, cwd: Path, args: argparse.Namespace, sets: dict) -> str | None:
     from tui.app import NewSession, PrimeApp
 
     client = await connect(key=ModelKey.of(config.model))  # given with each session it creates or prompts
