@@ -111,6 +111,9 @@ def _main(argv: list[str]) -> int:
         from cli.app import main as app
 
         return app(argv)
+    if argv == ["help"]:  # what a newcomer types first
+        build_parser().print_help()
+        return 0
     if argv[0] == "demo":  # its own options, --help included
         from cli.demo import main as demo
 

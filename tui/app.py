@@ -296,9 +296,9 @@ class PrimeApp(App):
             return
         if re.fullmatch(r"/[A-Za-z][\w-]*", word):  # shaped like a command (a path has a second /)
             close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
-            await self.say(f"{word}: no such command" + (f"; did you mean {close[0]}?" if close else "")
-                           + " /help lists them. Nothing was sent; to send text that starts with /, begin with //",
-                           "error")
+            await self.say(f"{word}: no such command" + (f"; did you mean {close[0]}?" if close else ".")
+                           + " /help lists them. Nothing was sent (to send text that starts with /, begin it "
+                           "with //)", "error")
             return
         if text.startswith("//"):
             text = text[1:]
