@@ -131,7 +131,8 @@ class PrimeApp(App):
     async def new_session(self, mode: str | None = None) -> None:
         try:
             s = await self.client.create_session(self.cwd, model=self.new.model, base_url=self.new.base_url,
-                                                 budget=self.new.budget, sandbox=self.new.sandbox, mode=mode)
+                                                 budget=self.new.budget, sandbox=self.new.sandbox, mode=mode,
+                                                 config=self.new.config)
         except DaemonError as e:
             await self.say(f"could not start a session: {e.message}", "error")
             return

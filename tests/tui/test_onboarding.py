@@ -129,12 +129,17 @@ async def test_clear_empties_the_view_and_the_session_goes_on(daemon: Client, pr
         assert (await daemon.session(app.session_id)).turns == 2
 
 
-async def test_an_initial_prompt_is_sent_once_the_session_is_open(daemon: Client, project: Path, model_server):
-    app = app_for(daemon, project, model_server, prompt="fix the bug")
+async def test_an_initial_prompt_is_sent_once_the_session_is_open_with_the_config_overrides(
+        daemon: Client, project: Path, model_server):
+    """`prime-agent "fix the bug" --set model.action_format=text --set model.temperature=0.3`."""
+    new = NewSession("fake", model_server.base_url, config={"model": {"action_format": "text", "temperature": 0.3}})
+    app = PrimeApp(daemon, project, new=new, prompt="fix the bug")
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: any(m.text == "echo: fix the bug" for m in app.query(AssistantMessage)))
         assert [m.text for m in app.query(UserMessage)] == ["fix the bug"]
         assert app.query_one("#prompt").sent[-1] == "fix the bug"  # Up brings it back
+    (request,) = model_server.requests
+    assert "tools" not in request and request["temperature"] == 0.3  # text mode: no tools offered
 
 
 async def test_d_on_the_sessions_screen_asks_before_it_deletes(daemon: Client, project: Path, model_server):
