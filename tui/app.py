@@ -31,6 +31,7 @@ from agent.events import Event
 from agent.mcp import ServerInfo
 from daemon.client import Client, DaemonError
 from tui.screens.harness import HarnessScreen
+from tui.screens.history_search import HistorySearch
 from tui.screens.rewind import RewindScreen
 from tui.screens.sessions import SessionsScreen
 from tui.screens.transcript import TranscriptScreen
@@ -39,6 +40,7 @@ from tui.widgets.plan_card import PlanCard
 from tui.widgets.cell_view import SubagentRow
 from tui.widgets.command_menu import CommandMenu
 from tui.widgets.conversation import Conversation
+from tui.widgets.file_menu import FileMenu
 from tui.widgets.message import Notice, UserMessage
 from tui.widgets.prompt_input import PromptInput
 from tui.widgets.refinement_card import RefinementCard
@@ -54,7 +56,8 @@ KEYS = [
     "Enter sends; Ctrl+J adds a line; Up/Down walk your history. A message sent while a turn runs steers it.",
     "Esc interrupts the turn; Ctrl-C interrupts, or on an idle session, twice, detaches (the session goes on).",
     "Ctrl-D on an empty prompt (or /exit, /quit) leaves the app; the session goes on (prime-agent --resume ID).",
-    "With the command menu open, Enter runs the highlighted command and Tab completes it.",
+    "With the command menu open, Enter runs the highlighted command and Tab completes it. @ mentions a file",
+    "(Tab or Enter puts the highlighted path in). Ctrl-R searches what you sent before.",
     "Tab moves the focus to cells and cards (typing always goes back to the prompt): Enter on a cell shows all",
     "its output; on a refinement card r rolls back, a/x approve/reject. Ctrl+O: sessions. PgUp/PgDn scroll.",
 ]
@@ -84,6 +87,7 @@ class PrimeApp(App):
         Binding("ctrl+o", "sessions", "sessions", show=False),
         Binding("ctrl+d", "quit_app", "quit", priority=True, show=False),
         Binding("enter", "take_completion", priority=True, show=False),
+        Binding("ctrl+r", "history_search", "search history", priority=True, show=False),
         Binding("up", "menu('up')", priority=True, show=False),
         Binding("down", "menu('down')", priority=True, show=False),
         Binding("pageup", "scroll('up')", show=False, priority=True),
@@ -113,11 +117,13 @@ class PrimeApp(App):
         yield self.conversation
         with Vertical(id="bottom"):
             yield CommandMenu({name: c.help for name, c in COMMANDS.items()}, id="menu")
+            yield FileMenu(self.cwd, id="files")
             yield PromptInput(id="prompt", history_file=home() / "prompt-history.jsonl")
             yield self.status_bar
 
     async def on_mount(self) -> None:
         self.query_one(CommandMenu).display = False
+        self.query_one(FileMenu).display = False
         self.query_one(PromptInput).focus()
         if self.start_with:
             await self.attach(self.start_with)
@@ -261,11 +267,35 @@ class PrimeApp(App):
     @on(PromptInput.Edited)
     def follow_menu(self, event: PromptInput.Edited) -> None:
         self.query_one(CommandMenu).filter(event.text)
+        mention = self._mention()
+        self.query_one(FileMenu).filter(mention[1] if mention else None)
+
+    def _mention(self) -> tuple[tuple[int, int], str] | None:
+        """The `@word` just before the cursor: where it starts, and the word without its @."""
+        prompt = self.query_one(PromptInput)
+        row, col = prompt.cursor_location
+        before = prompt.document.get_line(row)[:col]
+        word = before.rsplit(None, 1)[-1] if before and not before[-1].isspace() else ""
+        return ((row, col - len(word)), word[1:]) if word.startswith("@") else None
+
+    def _take_file(self) -> None:
+        """The highlighted file in place of the `@word` at the cursor (as `@path `)."""
+        prompt, menu = self.query_one(PromptInput), self.query_one(FileMenu)
+        mention, path = self._mention(), menu.chosen()
+        menu.filter(None)
+        if mention and path:
+            done = prompt.replace(f"@{path} ", mention[0], prompt.cursor_location)
+            prompt.move_cursor(done.end_location)
 
     def on_key(self, event) -> None:
         if self.screen is not self.screen_stack[0]:
             return
         menu, prompt = self.query_one(CommandMenu), self.query_one(PromptInput)
+        if prompt.has_focus and self.query_one(FileMenu).display and event.key in ("tab", "escape"):
+            event.stop()
+            event.prevent_default()
+            self._take_file() if event.key == "tab" else self.query_one(FileMenu).filter(None)
+            return
         if prompt.has_focus and menu.filter(prompt.text):  # the menu follows the text as it is now
             if event.key in ("tab", "escape"):
                 event.stop()
@@ -290,6 +320,7 @@ class PrimeApp(App):
     @on(PromptInput.Submitted)
     async def submit(self, event: PromptInput.Submitted) -> None:
         self.query_one(CommandMenu).display = False
+        self.query_one(FileMenu).filter(None)
         text = event.text
         word = text.split(maxsplit=1)[0]
         if word in COMMANDS:
@@ -520,28 +551,51 @@ class PrimeApp(App):
             return main
         if action == "quit_app":  # on a prompt with text, Ctrl-D deletes forward as editors do
             return main and not self.query_one(PromptInput).text
-        if action in ("take_completion", "menu"):  # only while the menu offers commands for the prompt's text
-            return main and self._menu_open()
+        if action in ("take_completion", "menu"):  # only while a menu offers something for the prompt's text
+            return main and self._open_menu() is not None
+        if action == "history_search":
+            return main
         return True
 
-    def _menu_open(self) -> bool:
-        menu, prompt = self.query_one(CommandMenu), self.query_one(PromptInput)
-        return prompt.has_focus and menu.display and menu.chosen() is not None
+    def _open_menu(self) -> CommandMenu | FileMenu | None:
+        """The menu the keys go to: files while an @ mention is typed, else slash commands."""
+        if not self.query_one(PromptInput).has_focus:
+            return None
+        for menu in (self.query_one(FileMenu), self.query_one(CommandMenu)):
+            if menu.display and menu.chosen() is not None:
+                return menu
+        return None
 
     def action_quit_app(self) -> None:
         """Ctrl-D on an empty prompt: leave the app; the session goes on in the daemon."""
         self.exit(self.session_id)
 
     def action_take_completion(self) -> None:
-        """Enter with the menu open sends the highlighted command, not the letters typed so far."""
+        """Enter with the menu open sends the highlighted command, not the letters typed so far; with
+        the file menu open, it puts the highlighted path in."""
+        if isinstance(self._open_menu(), FileMenu):
+            self._take_file()
+            return
         menu, prompt = self.query_one(CommandMenu), self.query_one(PromptInput)
         chosen = menu.chosen()
         menu.display = False
         prompt.send(chosen if chosen and prompt.text.strip() not in COMMANDS else None)
 
     def action_menu(self, direction: str) -> None:
-        menu = self.query_one(CommandMenu)
-        menu.action_cursor_up() if direction == "up" else menu.action_cursor_down()
+        if menu := self._open_menu():
+            menu.action_cursor_up() if direction == "up" else menu.action_cursor_down()
+
+    def action_history_search(self) -> None:
+        """Ctrl-R: find something you sent before; it comes back into the prompt to edit or send."""
+        prompt = self.query_one(PromptInput)
+
+        def chosen(text: str | None) -> None:
+            if text is not None:
+                prompt.load_text(text)
+                prompt.move_cursor(prompt.document.end)
+            prompt.focus()
+
+        self.push_screen(HistorySearch(prompt.sent), chosen)
 
     def action_scroll(self, direction: str) -> None:
         conversation = self.conversation

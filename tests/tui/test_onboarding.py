@@ -17,6 +17,7 @@ from tui.app import NewSession, PrimeApp
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.sessions import SessionsScreen
 from tui.widgets.cell_view import CellView
+from tui.widgets.file_menu import FileMenu
 from tui.widgets.message import AssistantMessage, Notice, UserMessage
 from tui.widgets.status_bar import StatusBar
 from tui.widgets.welcome import Welcome
@@ -201,3 +202,57 @@ async def test_the_status_line_shows_the_model_at_work_and_the_context_filled(da
             await pilot.press("escape")
             await until(pilot, lambda: app.state == "idle")
             assert status.model_since == 0 and " model " not in str(status.render())
+
+
+async def test_an_at_mention_completes_a_path_of_the_project(daemon: Client, project: Path, model_server):
+    (project / "src").mkdir()
+    (project / "src" / "parser.py").write_text("x = 1\n")
+    (project / "src" / "printer.py").write_text("")
+    (project / "PARSING.md").write_text("")
+    (project / ".git" / "parsed").write_text("")  # hidden folders are not offered
+    app = app_for(daemon, project, model_server)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        menu = app.query_one(FileMenu)
+        for key in "look at @pars":
+            await pilot.press(key if key != " " else "space")
+        offered = [menu.get_option_at_index(i).id for i in range(menu.option_count)]
+        assert menu.display and offered == ["PARSING.md", "src/parser.py"]  # a name that starts so, first
+        await pilot.press("down", "enter")  # Enter with the menu open takes the path; it sends nothing
+        assert not menu.display  # the mention is done
+        assert app.query_one("#prompt").text == "look at @src/parser.py "
+        for key in ["a", "n", "d", "space", "@", "p", "r", "i"]:
+            await pilot.press(key)
+        assert menu.display and [menu.get_option_at_index(i).id for i in range(menu.option_count)] == [
+            "src/printer.py"]
+        await pilot.press("tab")
+        assert app.query_one("#prompt").text == "look at @src/parser.py and @src/printer.py "
+        assert not menu.display and (await daemon.session(app.session_id)).turns == 0
+        await pilot.press("enter")  # no menu open: Enter sends, the paths as typed
+        await until(pilot, lambda: any("echo: look at @src/parser.py and @src/printer.py" in m.text
+                                       for m in app.query(AssistantMessage)))
+
+
+async def test_ctrl_r_finds_a_prompt_sent_before_and_puts_it_in_the_prompt(daemon: Client, project: Path,
+                                                                          model_server):
+    from tui.screens.history_search import HistorySearch
+
+    app = app_for(daemon, project, model_server)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None)
+        app.query_one("#prompt").sent[:] = ["fix the parser bug", "run the tests", "fix the printer bug", "deploy"]
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: isinstance(app.screen, HistorySearch))
+        for key in ["b", "u", "g"]:
+            await pilot.press(key)
+        assert app.screen.matches == ["fix the printer bug", "fix the parser bug"]  # newest first
+        await pilot.press("down")
+        await pilot.press("enter")
+        await until(pilot, lambda: not isinstance(app.screen, HistorySearch))
+        assert app.query_one("#prompt").text == "fix the parser bug" and app.query_one("#prompt").has_focus
+        assert (await daemon.session(app.session_id)).turns == 0  # back in the prompt, not sent
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: isinstance(app.screen, HistorySearch))
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, HistorySearch))
+        assert app.query_one("#prompt").text == "fix the parser bug"
