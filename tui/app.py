@@ -197,9 +197,9 @@ class PrimeApp(App):
                         why = error.message if isinstance(error, DaemonError) else f"{type(error).__name__}: {error}"
                         await self.say(f"this session's events stopped: {why}. /sessions or /new to go on", "error")
                     return
-                for e in batch:
-                    self._track(e)
                 await conversation.apply(batch)
+                for e in batch:  # after the screen shows the batch: a turn is idle once its end is on screen
+                    self._track(e)
                 self.events_seen += len(batch)
         finally:
             reader.cancel()

@@ -197,6 +197,8 @@ async def test_snapshots_of_the_main_screens_at_80x24(daemon: Client, fixed_proj
         await pilot.press("enter")
         await until(pilot, lambda: app.state == "idle" and len(app.query(AssistantMessage)) == 1)
         await pilot.pause()
+        await until(pilot, lambda: app.conversation.is_vertical_scroll_end)
+        await pilot.pause()
         assert_snapshot(app, "chat")
         await type_and_send(pilot, "/refine")
         await until(pilot, lambda: len(app.query(RefinementCard)) == 1)
