@@ -93,7 +93,7 @@ class CellView(Vertical):
         hidden = len(lines) - COLLAPSED_LINES
         running = r is None
         # A failed cell keeps its last line (the exception) in sight when collapsed: it says what went wrong.
-        last = lines[-1] if hidden > 0 and not running and not self.expanded and r.error_name else None
+        last = lines[-1] if hidden > 0 and r is not None and not self.expanded and r.error_name else None
         if hidden > 0 and not self.expanded:  # running: the latest lines (progress); done: the first
             lines = lines[-COLLAPSED_LINES:] if running else lines[:COLLAPSED_LINES - (last is not None)]
         parts: list = []
