@@ -53,13 +53,16 @@ DETACH_WINDOW = 2.0
 """Seconds within which a second Ctrl-C on an idle session detaches."""
 
 KEYS = [
-    "Enter sends; Ctrl+J adds a line; Up/Down walk your history. A message sent while a turn runs steers it.",
-    "Esc interrupts the turn; Ctrl-C interrupts, or on an idle session, twice, detaches (the session goes on).",
-    "Ctrl-D on an empty prompt (or /exit, /quit) leaves the app; the session goes on (prime-agent --resume ID).",
-    "With the command menu open, Enter runs the highlighted command and Tab completes it. @ mentions a file",
-    "(Tab or Enter puts the highlighted path in). Ctrl-R searches what you sent before.",
-    "Tab moves the focus to cells and cards (typing always goes back to the prompt): Enter on a cell shows all",
-    "its output; on a refinement card r rolls back, a/x approve/reject. Ctrl+O: sessions. PgUp/PgDn scroll.",
+    "Enter sends; Ctrl+J adds a line; Up/Down walk your history; Ctrl-R searches it. A message sent while a "
+    "turn runs steers it.",
+    "Esc interrupts the turn. Ctrl-C interrupts; on a prompt you typed, clears it; on an idle session, twice, "
+    "detaches. Ctrl-D on an empty prompt (or /exit, /quit) leaves. Either way the session goes on "
+    "(prime-agent --resume ID).",
+    "/ opens the command menu: Enter runs the highlighted command, Tab completes it. @ offers the project's "
+    "files: Tab or Enter puts the highlighted path in.",
+    "Tab on an empty prompt moves the focus to cells and cards (typing always goes back to the prompt): Enter "
+    "on a cell shows all its output; on a refinement card r rolls back, a/x approve/reject. Ctrl+O: sessions. "
+    "PgUp/PgDn scroll.",
 ]
 """What /help says about keys, before the list of commands."""
 
@@ -295,6 +298,10 @@ class PrimeApp(App):
             event.stop()
             event.prevent_default()
             self._take_file() if event.key == "tab" else self.query_one(FileMenu).filter(None)
+            return
+        if prompt.has_focus and event.key == "tab" and prompt.text.strip() and not menu.filter(prompt.text):
+            event.stop()  # Tab with text typed and nothing to complete keeps the focus: Enter sends that text
+            event.prevent_default()
             return
         if prompt.has_focus and menu.filter(prompt.text):  # the menu follows the text as it is now
             if event.key in ("tab", "escape"):
@@ -537,6 +544,12 @@ class PrimeApp(App):
     async def action_ctrl_c(self) -> None:
         if self.state in ("running", "queued"):
             await self.action_interrupt()
+            return
+        prompt = self.query_one(PromptInput)
+        if self.screen is self.screen_stack[0] and prompt.text.strip():  # first, what you were typing
+            prompt.remember(prompt.text.strip())
+            prompt.clear()
+            self.notify("cleared the prompt (Up brings it back); Ctrl-C twice on an empty one detaches")
             return
         now = time.monotonic()
         if now - self.last_ctrl_c < DETACH_WINDOW:

@@ -256,3 +256,25 @@ async def test_ctrl_r_finds_a_prompt_sent_before_and_puts_it_in_the_prompt(daemo
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, HistorySearch))
         assert app.query_one("#prompt").text == "fix the parser bug"
+
+
+async def test_ctrl_c_clears_a_typed_prompt_first_and_tab_with_text_keeps_the_focus(daemon: Client, project: Path,
+                                                                                  model_server):
+    app = app_for(daemon, project, model_server)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None)
+        app.query_one("#prompt").load_text("run: print('hi')")
+        await pilot.press("enter")
+        await until(pilot, lambda: app.state == "idle" and app.query(CellView))
+        prompt = app.query_one("#prompt")
+        for key in "half a thought":
+            await pilot.press(key if key != " " else "space")
+        await pilot.press("tab")  # nothing to complete: the focus stays, and Enter would send the text
+        assert prompt.has_focus and prompt.text == "half a thought"
+        await pilot.press("ctrl+c")
+        assert prompt.text == "" and app.is_running
+        await pilot.press("up")  # the cleared text is in the history
+        assert prompt.text == "half a thought"
+        prompt.clear()
+        await pilot.press("tab")  # on an empty prompt Tab moves on (to the conversation, then its cells)
+        assert not prompt.has_focus

@@ -69,7 +69,7 @@ class StatusBar(Static):
         if not self.context_window:
             return ""
         if not self.context_used:
-            return f" · ctx {_k(self.context_window)}"
+            return f" · ctx 0/{_k(self.context_window)}"
         share = self.context_used / self.context_window
         style = "bold red" if share > 0.8 else "yellow" if share > 0.5 else ""
         loud = f" {share:.0%}" if share > 0.5 else ""
