@@ -620,6 +620,9 @@ class PrimeApp(App):
                 self.run_worker(self.new_session())
             elif session_id:
                 self.run_worker(self.attach(session_id))
+            elif self.session_id is None:  # left the picker with nothing attached: say what now
+                self.run_worker(self.say("no session yet: /new starts one here, /resume chooses one, "
+                                         "Ctrl-D or /exit leaves"))
 
         self.push_screen(SessionsScreen(self.client, self.cwd, self.session_id), chosen)
 

@@ -278,3 +278,14 @@ async def test_ctrl_c_clears_a_typed_prompt_first_and_tab_with_text_keeps_the_fo
         prompt.clear()
         await pilot.press("tab")  # on an empty prompt Tab moves on (to the conversation, then its cells)
         assert not prompt.has_focus
+
+
+async def test_leaving_the_picker_with_no_session_says_what_to_do(daemon: Client, project: Path, model_server):
+    app = app_for(daemon, project, model_server, choose=True)  # prime-agent --resume
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionsScreen))
+        await pilot.press("escape")
+        await until(pilot, lambda: any(n.startswith("no session yet: /new starts one") for n in notices(app)))
+        await type_and_send(pilot, "/exit")
+        await until(pilot, lambda: not app.is_running)
+    assert app.return_value is None
