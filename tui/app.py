@@ -166,7 +166,7 @@ class PrimeApp(App):
         self.state = info.state
         self.sub_title = info.title or info.cwd
         await self.conversation.clear()
-        source = self.new.model_source if session_id == self.created else "this session's"
+        source = self.new.model_source if session_id == self.created else "the resumed session"
         await self.conversation.mount(Welcome(model=info.model, source=source, base_url=info.base_url,
                                               sandbox=info.sandbox, cwd=info.cwd))
         self.events_seen = 0
