@@ -134,7 +134,8 @@ class SessionManager:
     def listing(self) -> list[SessionInfo]:
         """Every session of the registry, oldest first: this daemon's, and those other processes made
         (`prime-agent run`), taken up once they have ended, listed as they are while they run."""
-        return sorted([s.info() for s in self.sessions.values()] + self.scan(), key=lambda i: i.created)
+        elsewhere = self.scan()  # first: what it takes up is listed with the rest
+        return sorted([s.info() for s in self.sessions.values()] + elsewhere, key=lambda i: i.created)
 
     def scan(self) -> list[SessionInfo]:
         """Take up the sessions on disk this daemon does not host yet (closing the turns a crash cut);

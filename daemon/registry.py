@@ -105,12 +105,14 @@ class Hosted:
         return cls(layout, meta, hold)
 
     def on_event(self, event: ev.Event) -> None:
-        """Journal the event; what `session.json` keeps of it, saved at turn boundaries. A journal the
-        disk refuses raises, so the session reports it (an error event of its own)."""
+        """Journal the event; what `session.json` keeps of it, saved as a turn starts and ends. A journal
+        the disk refuses raises, so the session reports it (an error event of its own)."""
         self.journal.append(event.seq, event.model_dump_json())
         if self.meta.account(event):
             self.meta.save(self.layout)
             self.journal.sync()
+        elif isinstance(event, ev.TurnStarted):  # running: listed so, and a crash's cut turn is closed later
+            self.meta.save(self.layout)
 
     def close(self) -> None:
         """The process is done with the session: it stays in the registry, closed, for the daemon to

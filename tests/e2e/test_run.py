@@ -301,3 +301,23 @@ def test_run_fits_a_server_that_lists_its_context_and_refuses_tools(project: Pat
     assert said.count("fake-model · ctx 8,192") == 1 and said.count("goes on in text mode") == 1
     assert said.count("the short base prompt is used") == 1  # the full one is over an eighth of 8,192 tokens
     assert "--enable-auto-tool-choice" in said and "42" in said
+
+
+def test_at_a_terminal_the_answer_is_printed_once_even_when_its_stream_was_retried(project: Path):
+    answer = "The answer is 42, as a long and careful analysis of everything shows."
+    master, slave = os.openpty()
+    with OpenAIServer([Reply(content=answer, drop=True), Reply(content=answer)]) as server:
+        env = dict(os.environ, OPENAI_BASE_URL=server.base_url, PRIME_AGENT_MODEL="fake-model")
+        p = subprocess.Popen([sys.executable, "-c", AT_A_TERMINAL, os.ttyname(slave), PRIME_AGENT, "run", "q"],
+                             cwd=project, env=env, start_new_session=True)
+        seen = bytearray()
+        try:
+            _read_until(master, seen, b"[session ", 1)
+            assert p.wait(timeout=60) == 0, seen.decode(errors="replace")
+        finally:
+            p.kill()
+            os.close(master)
+            os.close(slave)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", seen.decode(errors="replace"))
+    assert "retry 1" in out  # the stream dropped midway and the retry streamed the rest
+    assert " ".join(out.split()).count("careful analysis of everything shows.") == 1, out
