@@ -116,9 +116,10 @@ class Hosted:
 
     def close(self) -> None:
         """The process is done with the session: it stays in the registry, closed, for the daemon to
-        resume, rewind or roll back."""
+        resume, rewind or roll back (unless it never began a turn)."""
         try:
             self.meta.closed = True
+            self.meta.deleted = self.meta.turns == 0  # it never began a turn (it could not start): nothing to list
             self.meta.running_turn = None  # a turn a Ctrl-C cut is in the trajectory as interrupted
             self.meta.save(self.layout)
             self.journal.sync()
