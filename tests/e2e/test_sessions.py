@@ -50,9 +50,13 @@ def listed(cwd: Path) -> dict[str, dict]:
 def test_a_run_session_is_listed_rewound_rolled_back_and_exported_under_a_relative_home(work: Path):
     script = [Reply(content="Writing it.", code=["open('a.txt', 'w').write('one')\n"
                                                  "harness.create('memory', 'tabs', 'The project uses tabs.')"]),
-              Reply(content="Wrote a.txt and noted the tabs.")]
+              Reply(content="Wrote a.txt and noted the tabs."), Reply(content="It says one.")]
     with OpenAIServer(script) as server:
         r = cli("run", "write one to a.txt\nand remember that we use tabs", cwd=work, server=server)
+        _test_the_run_session(work, r, server)
+
+
+def _test_the_run_session(work: Path, r: subprocess.CompletedProcess, server: OpenAIServer) -> None:
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr and "not a git repository" not in r.stderr, r.stderr
     assert (work / "a.txt").read_text() == "one"
@@ -89,6 +93,12 @@ def test_a_run_session_is_listed_rewound_rolled_back_and_exported_under_a_relati
     assert example["messages"][1] == {"role": "user", "content": "write one to a.txt\nand remember that we use tabs"}
     rewinds = [(r.turn, r.after) for r in read_records(session_dir / "trajectory.jsonl") if isinstance(r, RewindRecord)]
     assert rewinds == [(1, False), (1, True)]
+
+    more = cli("send", sid, "--wait", "what does a.txt say?", cwd=work, server=server)  # the daemon resumes it
+    assert more.returncode == 0 and more.stdout.endswith("It says one.\n"), more.stderr
+    assert [m["content"] for m in server.requests[-1]["messages"] if m["role"] == "user"][:1] == [
+        "write one to a.txt\nand remember that we use tabs"]  # with the run's conversation
+    assert listed(work)[sid]["turns"] == 2
 
 
 def test_a_run_is_listed_while_it_runs_and_left_alone_until_it_ends(work: Path):
