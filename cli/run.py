@@ -294,7 +294,7 @@ async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], sessio
     title = title_of(goal.text if goal is not None else task) if isinstance(task, str) else None
     try:
         hosted = Hosted.register(session.id, session.layout, cwd, config, overrides or {}, title)
-    except InUse as e:
+    except (InUse, FileExistsError) as e:
         print(f"prime-agent: {e}", file=sys.stderr)
         return EXIT_CONFIG
     session.listeners.insert(0, hosted.on_event)  # journaled before it is shown

@@ -27,7 +27,7 @@ from daemon import meta as meta_file
 from daemon.errors import Refused
 from daemon.managed import ManagedSession
 from daemon.meta import SCHEMA, SessionMeta
-from daemon.registry import InUse, held_by
+from daemon.registry import InUse, adopt, held_by
 from daemon.schedules import Scheduler
 from daemon.schemas import CreateSession, SessionInfo
 
@@ -110,6 +110,8 @@ class SessionManager:
         managed = self.sessions.get(session_id)
         if managed is None and SESSION_ID.fullmatch(session_id) and session_id not in self._gone:
             layout = SessionLayout.of(session_id, self.root)
+            if not layout.meta.exists() and layout.trajectory.is_file() and held_by(layout) is None:
+                self._adopt(layout)
             if layout.meta.is_file():
                 pid = held_by(layout)
                 if pid is not None:
@@ -141,6 +143,9 @@ class SessionManager:
         """Take up the sessions on disk this daemon does not host yet (closing the turns a crash cut);
         those another process hosts now are left alone, and returned as they are."""
         elsewhere = []
+        for layout in session_layouts(self.root, having="trajectory"):  # what older `run`s left: entered first
+            if not layout.meta.exists() and layout.dir.name not in self._gone and held_by(layout) is None:
+                self._adopt(layout)
         for layout in session_layouts(self.root, having="meta"):
             session_id = layout.dir.name
             if session_id in self.sessions or session_id in self._gone:
@@ -151,6 +156,15 @@ class SessionManager:
             elif (info := _elsewhere(layout, pid)) is not None:
                 elsewhere.append(info)
         return elsewhere
+
+    def _adopt(self, layout: SessionLayout) -> None:
+        """A session an older `prime-agent run` left, entered in the registry (or never looked at again)."""
+        try:
+            if adopt(layout) is None:
+                self._gone.add(layout.dir.name)
+        except (OSError, ValueError) as e:
+            log.error("%s could not be entered in the registry: %s", layout.dir, e)
+            self._gone.add(layout.dir.name)
 
     def _load(self, layout: SessionLayout) -> ManagedSession | None:
         """A session from its files, recovered; None for a deleted one, or one that cannot be read."""

@@ -21,6 +21,8 @@ from typing import Any
 from agent import events as ev
 from agent.config import Config
 from agent.layout import SessionLayout
+from agent.trajectory import SessionRecord, TrajectoryError, TurnFinished, TurnStarted, read_records
+from agent.types import Usage
 from daemon.journal import EventJournal
 from daemon.meta import SCHEMA, SessionMeta, title_of
 
@@ -90,10 +92,14 @@ class Hosted:
     @classmethod
     def register(cls, session_id: str, layout: SessionLayout, cwd: Path, config: Config,
                  overrides: dict[str, Any], title: str | None) -> Hosted:
-        """Hold the new session and write its `session.json`. `overrides` are the config overrides it
+        """Hold the new session and write its `session.json` (FileExistsError where there is one, InUse
+        where another process holds the directory). `overrides` are the config overrides it
         runs with (flags, `-c`), kept so that the daemon resumes it as it ran; never a key (see `kept`)."""
         layout.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         hold = Hold(layout)
+        if layout.meta.exists():  # `run --session-dir` naming another session's directory
+            hold.release()
+            raise FileExistsError(f"{layout.dir} is another session's directory (it has a {layout.meta.name})")
         meta = SessionMeta(schema_version=SCHEMA, id=session_id, cwd=str(cwd.resolve()), model=config.model.name,
                            base_url=config.model.base_url, title=title, overrides=kept(overrides, config),
                            created=time.time())
@@ -140,3 +146,31 @@ def kept(overrides: dict[str, Any], config: Config) -> dict[str, Any]:
     if model.get("base_url"):
         model["api_key"] = None
     return saved
+
+
+def adopt(layout: SessionLayout) -> SessionMeta | None:
+    """Enter a session an older `prime-agent run` left (a trajectory, no `session.json`) in the registry:
+    its record written from its trajectory, closed. None for a directory that holds no top session."""
+    damaged: list[str] = []
+    try:
+        records = read_records(layout.trajectory, damaged)
+    except (OSError, TrajectoryError):
+        return None
+    start = next((r for r in records if isinstance(r, SessionRecord)), None)
+    if start is None or start.parent is not None or start.session_id != layout.dir.name:
+        return None
+    turns = [r for r in records if isinstance(r, TurnStarted)]
+    base_url = (start.config.get("model") or {}).get("base_url")
+    model: dict[str, Any] = {"name": start.model}
+    if base_url:
+        model.update(base_url=base_url, api_key=None)  # as `kept` says: the daemon's key stays its own
+    usage = Usage()
+    for r in records:
+        if isinstance(r, TurnFinished):
+            usage += r.usage
+    meta = SessionMeta(schema_version=SCHEMA, id=start.session_id, cwd=start.cwd, model=start.model,
+                       base_url=base_url, title=title_of(turns[0].prompt) if turns else None,
+                       overrides={"model": model}, created=start.ts, turns=len(turns), assigned=len(turns),
+                       usage=usage, closed=True)
+    meta.save(layout)
+    return meta

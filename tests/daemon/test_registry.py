@@ -1,5 +1,5 @@
-"""Closing a daemon session, and its title from the first prompt, through the API (real daemon, real
-kernels, the fake model server)."""
+"""The registry through the daemon's API: a session's title from its first prompt, closing it, and
+the sessions an older `prime-agent run` left (real daemon, real kernels, the fake model server)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.session import Session
+from agent.testing.scripted import ScriptedModel, cells
 from daemon.client import Client, DaemonError
 from daemon.meta import TITLE_LENGTH
+from tests.conftest import make_config
 from tests.daemon.conftest import collect, running_daemon
 
 
@@ -62,3 +65,17 @@ async def test_a_closed_session_stays_closed_across_a_restart(project: Path, mod
     async with running_daemon() as client:
         info = await client.session(s.id)
         assert (info.state, info.turns, info.title) == ("closed", 1, "hi")
+
+
+async def test_a_session_an_older_run_left_is_listed_and_rewound(project: Path):
+    model = ScriptedModel([cells("open('a.txt', 'w').write('one')"), "wrote it"])
+    async with Session(make_config(), model, cwd=project) as session:  # as `run` hosted it before the registry
+        await session.prompt("write one to a.txt\nplease")
+    assert not session.layout.meta.exists() and (project / "a.txt").exists()
+    async with running_daemon() as client:
+        (info,) = await client.sessions()
+        assert (info.id, info.state, info.turns, info.title, info.cwd, info.model) == (
+            session.id, "closed", 1, "write one to a.txt", str(project), "scripted")
+        done = await client.rewind(session.id, 1, parts=["code"])
+        assert [(f["change"], f["path"]) for f in done.files] == [("deleted", "a.txt")]
+        assert not (project / "a.txt").exists()
