@@ -36,6 +36,7 @@ from daemon.turns import TurnQueue
 
 log = logging.getLogger(__name__)
 RESTARTED = "The daemon restarted"
+RUN_ENDED = "The `prime-agent run` that hosted this session ended"
 SLEPT = "The session was idle and its kernel was stopped to free memory"
 NO_KEY = ("the daemon has no API key for this session: export OPENAI_API_KEY in your shell and send the prompt "
           "again (the daemon takes the key from the client that creates the session or sends it a prompt, and "
@@ -78,7 +79,7 @@ class ManagedSession:
         """Models switched away from, closed with the session (background work may still use them)."""
         self._waking = asyncio.Lock()
         self.last_active = time.monotonic()
-        self._woken_because = RESTARTED
+        self._woken_because = RESTARTED if meta.host == "daemon" else RUN_ENDED
         """Why a dormant session is dormant, told to the model when it wakes."""
         self.closed = False
 
@@ -268,8 +269,8 @@ class ManagedSession:
                 await session.close()
                 await model.close()
                 raise
-            if self.meta.closed:  # open again
-                self.meta.closed = False
+            if self.meta.closed or self.meta.host != "daemon":  # open again, here
+                self.meta.closed, self.meta.host = False, "daemon"
                 self.save()
             return session
 
@@ -332,15 +333,16 @@ class ManagedSession:
         left queued."""
         if self.layout.rewind_intent.is_file():
             self._finish_rewind()
+        ended = RESTARTED if self.meta.host == "daemon" else RUN_ENDED
         turn_id = self.meta.running_turn
         if turn_id is not None:
-            why = f"{RESTARTED} while this turn ran; the turn was cut short"
+            why = f"{ended} while this turn ran; the turn was cut short"
             finished = finish_cut_turn(self.layout.trajectory, turn_id, why)
             seen = any(json.loads(line).get("turn_id") == turn_id
                        for _, line in self.journal.read_after(0) if '"turn.finished"' in line)
             if not seen:
                 if finished is None:
-                    self.queue.never_ran(turn_id, f"{RESTARTED} before this turn began")
+                    self.queue.never_ran(turn_id, f"{ended} before this turn began")
                 else:
                     self.emit(ev.TurnFinished(turn_id=turn_id, outcome=finished.outcome, answer=finished.answer,
                                               error=finished.error, usage=finished.usage, duration=finished.duration,

@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -60,6 +60,8 @@ class SessionMeta(BaseModel):
     """The session's goal, running or the last one to end (a restart resumes one its budget has room for)."""
     updated: float = 0.0
     """When the session was last prompted or finished a turn."""
+    host: Literal["daemon", "run"] = "daemon"
+    """What hosts the session now, or did last: the daemon, or the `prime-agent run` that made it."""
     closed: bool = False
     """Closed (`prime-agent sessions close`, or the end of the `prime-agent run` that hosted it): no
     kernel, nothing running; it stays listed, and a prompt opens it again."""

@@ -102,7 +102,7 @@ class Hosted:
             raise FileExistsError(f"{layout.dir} is another session's directory (it has a {layout.meta.name})")
         meta = SessionMeta(schema_version=SCHEMA, id=session_id, cwd=str(cwd.resolve()), model=config.model.name,
                            base_url=config.model.base_url, title=title, overrides=kept(overrides, config),
-                           created=time.time())
+                           created=time.time(), host="run")
         try:
             meta.save(layout)
         except BaseException:
@@ -171,6 +171,6 @@ def adopt(layout: SessionLayout) -> SessionMeta | None:
     meta = SessionMeta(schema_version=SCHEMA, id=start.session_id, cwd=start.cwd, model=start.model,
                        base_url=base_url, title=title_of(turns[0].prompt) if turns else None,
                        overrides={"model": model}, created=start.ts, turns=len(turns), assigned=len(turns),
-                       usage=usage, closed=True)
+                       usage=usage, closed=True, host="run")
     meta.save(layout)
     return meta

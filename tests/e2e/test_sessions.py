@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.testing.openai_server import OpenAIServer, Reply
-from agent.trajectory import RewindRecord, read_records
+from agent.trajectory import RewindRecord, TurnFinished, read_records
 
 pytestmark = pytest.mark.slow
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
@@ -155,3 +155,24 @@ def test_run_daemon_closes_its_session_unless_kept_and_sessions_close(work: Path
         assert listed(work)[rows[1]["id"]]["state"] == "closed"
     missing = cli("sessions", "close", "no-such-session", cwd=work)
     assert missing.returncode == 2 and "no session 'no-such-session'" in missing.stderr
+
+
+def test_a_run_killed_mid_turn_is_taken_up_with_its_cut_turn_closed_and_said_why(work: Path):
+    with OpenAIServer([Reply(hang=True)]) as server:
+        env = dict(os.environ, OPENAI_BASE_URL=server.base_url, PRIME_AGENT_MODEL="fake-model")
+        p = subprocess.Popen([PRIME_AGENT, "run", "a turn that never ends"], cwd=work, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not server.requests:
+                assert p.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        finally:
+            os.killpg(p.pid, signal.SIGKILL)  # the run and its kernel, with no chance to record anything
+            p.wait(timeout=30)
+    (session_dir,) = (work / "home" / "sessions").iterdir()
+    row = listed(work)[session_dir.name]
+    assert (row["state"], row["elsewhere"], row["turns"], row["title"]) == ("dormant", None, 1, "a turn that never ends")
+    (finished,) = [r for r in read_records(session_dir / "trajectory.jsonl") if isinstance(r, TurnFinished)]
+    assert finished.outcome == "interrupted"
+    assert finished.error.startswith("The `prime-agent run` that hosted this session ended while this turn ran")
