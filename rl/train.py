@@ -29,14 +29,15 @@ import torch
 
 from evals.tasksets import select
 from rl import dist
-from rl.config import RunConfig, TrainConfig
+from rl.config import RunConfig
 from rl.envs import load as load_env
 from rl.envs.harness import HarnessOrchestrator, policy_view
 from rl.model import (
     MARKER, ByteTokenizer, Policy, build_policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint,
     save_weights, token_logprobs,
 )
-from rl.orchestrator import Batch, Orchestrator, reload
+from rl.fleet import Fleet
+from rl.orchestrator import Batch, Orchestrator
 from rl.packing import backward, micro_batches
 from rl.serve import BackgroundServer, Engine
 
@@ -138,8 +139,9 @@ def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: Run
 
 
 def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -> list[dict]:
-    """RL steps; returns the metrics of each. `orchestrator(base_url)`, if given, makes what samples the
-    batches from the policy server at base_url (default: from the config). Under torchrun every rank
+    """RL steps; returns the metrics of each. `orchestrator(servers)`, if given, makes what samples the
+    batches from the rollout servers (an rl.fleet.Fleet: the built-in policy server, or train.rollout_urls;
+    default: from the config). Under torchrun every rank
     runs this (rl/dist.py): rank 0 samples, logs, writes metrics and returns them; the other ranks
     train their shares and return []."""
     main = dist.rank() == 0
@@ -170,9 +172,10 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
     else:
         torch.manual_seed(cfg.train.seed)
         model = build_policy(cfg.model)
-    # rank 0's sampler, with its own copy of the weights, unless an external server samples (rollout_url);
+    # rank 0's sampler, with its own copy of the weights, unless external servers sample (rollout_urls);
     # the agent's prompt is far longer than a byte policy's context: keep its tail
-    engine = sampler_engine(model, start, cfg) if main and not cfg.train.rollout_url else None
+    external = cfg.train.rollout_servers()
+    engine = sampler_engine(model, start, cfg) if main and not external else None
     vocab_size = int(model.output_weight.shape[0])  # the ids this policy can train on
     model = dist.shard(model)
     opt = torch.optim.AdamW(trainable(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
@@ -187,17 +190,21 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
         metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
 
     lagged: deque = deque()
-    with BackgroundServer(engine) if engine else nullcontext(cfg.train.rollout_url) as base_url, \
+    with BackgroundServer(engine) if engine else nullcontext() as base_url, \
             _Progress(cfg.train.steps, start, progress) if main else nullcontext() as bar:
-        sampler = None  # rank 0 samples; with N processes each rank trains on its share of every batch
+        sampler = servers = None  # rank 0 samples; with N processes each rank trains on its share of every batch
+        if main:
+            urls, reload_urls = zip(*external) if external else ([base_url], None)
+            servers = Fleet(list(urls), reload_urls and list(reload_urls), version=start,
+                            timeout=cfg.train.request_timeout, model=cfg.train.rollout_model)
         if main and orchestrator is not None:
-            sampler = orchestrator(base_url)
+            sampler = orchestrator(servers)
         elif main and cfg.env.harness:
-            sampler = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, out, vocab_size=vocab_size)
+            sampler = HarnessOrchestrator(servers.url, env, cfg.train, cfg.env, out, vocab_size=vocab_size)
         elif main:
-            sampler = Orchestrator(base_url, env, cfg.train, version=start, tokenizer=tokenizer(model))
-        publish = engine.update if engine else partial(_reload, cfg.train, out / "weights", model, sampler)
-        if cfg.train.rollout_url:  # an external server may hold other weights (a resumed run's are newer)
+            sampler = Orchestrator(servers, env, cfg.train, tokenizer=tokenizer(model))
+        publish = engine.update if engine else partial(_reload, out / "weights", model, servers)
+        if external:  # an external server may hold other weights (a resumed run's are newer)
             weights = dist.full_weights(model)
             if main:
                 publish(weights, start)
@@ -221,12 +228,14 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
                     seconds=time.time() - t, sampling_seconds=t - waited)
                 m["tokens_per_s"] = m["tokens"] / max(m["seconds"], 1e-9)
                 m["sampled_share"] = sampled_share(batch.counts)
+                if external:  # servers that left the rotation while this step sampled, or on its reload
+                    m["servers_live"], m["servers_lost"] = len(servers.live), servers.take_failures()
                 _check_finite(m)
                 history.append(m)
                 with open(metrics_path, "a") as f:
                     f.write(json.dumps(m) + "\n")
                 bar.line(console_line(m))
-                if (warning := lost_signal(m)) is not None:
+                for warning in filter(None, [lost_signal(m), *map(lost_server, m.get("servers_lost", []))]):
                     logger.warning(warning)
                     bar.warn(warning)
             if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
@@ -249,10 +258,25 @@ def console_line(m: dict) -> str:
     """A step's line: the reward, the loss, and what trained (a step that trained nothing says so, not 0 tok/s)."""
     share = m.get("sampled_share")
     trained = f"{m['tokens_per_s']:,.0f} tok/s" if m["tokens"] else "nothing trained"
-    return (f"step {m['step']:4d}  reward {m['reward_mean']:.3f}  loss {m['loss']:+.4f}  "
+    line = (f"step {m['step']:4d}  reward {m['reward_mean']:.3f}  loss {m['loss']:+.4f}  "
             f"mismatch_kl {m.get('mismatch_kl', 0):.2e}  masked {m.get('masked_fraction', 0):.3f}  "
             f"off_policy {m['off_policy_max']}  samples {m['samples']} "
             f"({'-' if share is None else f'{share:.0%}'} of rollouts with signal)  {trained}")
+    if "useful_groups" in m:  # the batch: groups with signal, and what it took to find them
+        line += f"  groups {m['useful_groups']}/{m['groups']} with signal"
+        rounds = m["extra_rounds"]
+        line += f" (+{rounds} round{'s' if rounds > 1 else ''})" if rounds else ""
+    if "tasks_measured" in m:
+        kept = m["tasks_measured"] - m["tasks_too_easy"] - m["tasks_too_hard"] - m["tasks_unmeasured"]
+        line += f"  tasks in range {kept}/{m['tasks_measured']} ({m['tasks_too_easy']} too easy, {m['tasks_too_hard']} too hard)"
+    if "servers_live" in m:
+        line += f"  servers live {m['servers_live']}"
+    return line
+
+
+def lost_server(failure: str) -> str:
+    """The warning of a rollout server that left the rotation: training goes on with the others."""
+    return f"rollout server out of rotation, training goes on with the others: {failure}"
 
 
 def lost_signal(m: dict) -> str | None:
@@ -276,20 +300,18 @@ def sampler_engine(model: torch.nn.Module, version: int, cfg: RunConfig):
                     dtype=getattr(torch, cfg.train.sampler_dtype))
 
 
-def _reload(c: TrainConfig, folder: Path, model: torch.nn.Module, orchestrator, weights: dict[str, torch.Tensor],
+def _reload(folder: Path, model: torch.nn.Module, servers: Fleet, weights: dict[str, torch.Tensor],
             version: int) -> None:
-    """New weights for an external rollout server (train.rollout_url): written where it can read them (a
-    LoRA run's adapter alone), loaded by it before the next request; the previous version's folder is then
-    removed."""
+    """New weights for the external rollout servers (train.rollout_urls): written once where they can read
+    them (a LoRA run's adapter alone), loaded by every live server at once before the next request (one that
+    fails leaves the rotation: rl/fleet.py); the previous version's folder is then removed."""
     path = folder / f"step-{version}"
     if isinstance(model, Policy):  # under FSDP2 the gathered weights; a Hugging Face model saves its own
         save_weights(path, weights, model.config)
     else:
         model.save(path, tied_head=True)
     (path / MARKER).write_text(str(version))
-    reload(c.reload_url or c.rollout_url.rstrip("/") + "/reload", path, c.request_timeout, c.rollout_model)
-    if isinstance(orchestrator, Orchestrator):  # for replies that name no version (vLLM's)
-        orchestrator.version = version
+    servers.reload(path, version)
     for old in folder.glob("step-*"):
         if old != path:
             shutil.rmtree(old)
