@@ -191,12 +191,32 @@ class TrainConfig(_Section):
         return [(u, reloads[i] if reloads else u.rstrip("/") + "/reload") for i, u in enumerate(urls)]
 
 
+class EvalConfig(_Section):
+    """Evaluation during training: every `every` steps the weights the rollout servers hold answer a fixed
+    selection of tasks (the one `prime-agent eval TASKSET -n TASKS --seed SEED` makes), each `rollouts`
+    times, as bare completions at train.temperature and train.max_tokens, scored by the task set's reward.
+    Eval rows (`"kind": "eval"`) go to metrics.jsonl, their mean reward onto reward.png, and the last
+    evaluation, task by task, to results.json. The run's first step is preceded by one (step 0)."""
+
+    every: int = Field(0, ge=0)
+    """Steps between evaluations (0: none); the last step is always followed by one."""
+    tasks: int | None = Field(None, ge=1)
+    """How many tasks (eval's -n; unset: the set's own size)."""
+    taskset: str | None = None
+    """A task set as `prime-agent eval` names it (unset: the training environment, with env.options)."""
+    seed: int = 0
+    """The selection's seed (eval's --seed); the sampling seed is the same at every evaluation."""
+    rollouts: int = Field(1, ge=1)
+    """Rollouts per task."""
+
+
 class RunConfig(_Section):
     model: PolicyConfig = Field(default_factory=PolicyConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
     @field_validator("model")
     @classmethod
@@ -215,6 +235,9 @@ class RunConfig(_Section):
         t = self.train
         if self.env.harness and len(t.rollout_urls) > 1:
             raise ValueError("train.rollout_urls: rollouts through the harness (env.harness) come from one server")
+        if self.env.harness and self.eval.every:
+            raise ValueError("eval.every: evaluation during training samples bare completions, not yet rollouts "
+                             "through the harness (env.harness); evaluate checkpoints with `prime-agent eval`")
         if self.env.harness and (t.skip_zero_advantage or t.difficulty is not None):
             raise ValueError("train.skip_zero_advantage and train.difficulty apply to bare completions, not yet to "
                              "rollouts through the harness (env.harness)")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from evals.tasksets import select
+from evals.tasksets import load_taskset, select
 from rl import dist
 from rl.config import RunConfig
 from rl.envs import load as load_env
@@ -37,7 +37,7 @@ from rl.model import (
     save_weights, token_logprobs,
 )
 from rl.fleet import Fleet
-from rl.orchestrator import Batch, Orchestrator
+from rl.orchestrator import Batch, Orchestrator, rollout_seed
 from rl.packing import backward, micro_batches
 from rl.serve import BackgroundServer, Engine
 
@@ -184,10 +184,13 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
         torch.set_rng_state(state["rng"])
 
     metrics_path = out / "metrics.jsonl"
-    history = [json.loads(line) for line in metrics_path.read_text().splitlines()] if resume and metrics_path.exists() else []
-    history = [h for h in history if h["step"] < start]
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if resume and metrics_path.exists() else []
+    # a step's row, and an evaluation's of the weights after `step` steps (the last one's kept on resume)
+    rows = [r for r in rows if r["step"] < start or r.get("kind") == "eval" and r["step"] <= start]
+    history, evals = [r for r in rows if r.get("kind") != "eval"], [r for r in rows if r.get("kind") == "eval"]
     if main:
-        metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
+        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evaluating = evaluation(cfg, env) if main and cfg.eval.every else None
 
     lagged: deque = deque()
     with BackgroundServer(engine) if engine else nullcontext() as base_url, \
@@ -208,6 +211,8 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
             weights = dist.full_weights(model)
             if main:
                 publish(weights, start)
+        if evaluating and start == 0:  # where the run begins
+            evals.append(evaluate(sampler, *evaluating, cfg, 0, out, metrics_path, bar))
         batches = sampler.batches(start, cfg.train.steps) if main else None
         waited = time.time()
         for batch, share, loss_tokens in dist.scatter(batches, start, cfg.train.steps):
@@ -238,13 +243,57 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
                 for warning in filter(None, [lost_signal(m), *map(lost_server, m.get("servers_lost", []))]):
                     logger.warning(warning)
                     bar.warn(warning)
+                if evaluating and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.train.steps):
+                    evals.append(evaluate(sampler, *evaluating, cfg, step + 1, out, metrics_path, bar))
             if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
                 dist.save(out / "checkpoints" / f"step-{step + 1}", model, opt, step + 1, weights)
             waited = time.time()
     if not main:
         return []
-    plot(history, out / "reward.png")
+    plot(history, out / "reward.png", evals)
     return history
+
+
+# --- evaluation during training ------------------------------------------------------------------------
+
+
+def evaluation(cfg: RunConfig, env) -> tuple:
+    """What [eval] evaluates on: the task set that scores (the training environment unless eval.taskset names
+    one) and its fixed selection, the one `prime-agent eval` makes for that set, -n and --seed."""
+    e = cfg.eval
+    taskset = load_taskset(e.taskset) if e.taskset else env
+    if not callable(getattr(taskset, "reward", None)):
+        raise ValueError(f"eval.taskset {e.taskset!r} judges agent sessions only (no reward for a bare answer): "
+                         "evaluate it with `prime-agent eval`")
+    tasks = evaluation_tasks(e.taskset, e.tasks, e.seed) if e.taskset else env.tasks(e.tasks, seed=e.seed)
+    return taskset, tasks
+
+
+def evaluate(sampler: Orchestrator, taskset, tasks: list, cfg: RunConfig, step: int, out: Path, metrics_path: Path,
+             bar) -> dict:
+    """The weights the rollout servers hold after `step` steps, on the evaluation's tasks: an eval row appended to
+    metrics.jsonl (with the oldest policy version that answered) and printed; every task's rewards in results.json
+    (written whole, then moved in place)."""
+    e, started = cfg.eval, time.time()
+    groups = sampler.rollouts(tasks, e.rollouts, rollout_seed(e.seed, 0, "eval"))  # the same seed every time
+    scored = [[r if isinstance(r, str) else taskset.reward(t, r.text) for r in g] for t, g in zip(tasks, groups)]
+    rewards = [r for group in scored for r in group if not isinstance(r, str)]
+    versions = [r.version for g in groups for r in g if not isinstance(r, str)]
+    row = {"kind": "eval", "step": step, "policy_version": min(versions, default=None),
+           "taskset": e.taskset or cfg.env.name, "tasks": len(tasks),
+           "rollouts": len(tasks) * e.rollouts, "reward_mean": _mean(rewards),
+           "solve_rate": _mean([float(r >= 1.0) for r in rewards]),
+           "errored": sum(r == "errored" for g in scored for r in g),
+           "timed_out": sum(r == "timed_out" for g in scored for r in g), "seconds": time.time() - started}
+    results = {**row, "results": [{"task_id": t.id, "rewards": group} for t, group in zip(tasks, scored)]}
+    tmp = out / "results.json.partial"
+    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    tmp.replace(out / "results.json")
+    with open(metrics_path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    bar.note(f"eval {step:4d}  reward {row['reward_mean']:.3f}  solved {row['solve_rate']:.0%}  "
+             f"{row['tasks']} tasks x {e.rollouts}  ({row['errored'] + row['timed_out']} failed)  {row['seconds']:.1f}s")
+    return row
 
 
 def sampled_share(counts: dict[str, int]) -> float | None:
@@ -327,14 +376,17 @@ def _check_finite(m: dict) -> None:
         raise FloatingPointError(f"step {m['step']}: non-finite {', '.join(bad)}")
 
 
-def plot(history: list[dict], path: Path) -> None:
+def plot(history: list[dict], path: Path, evals: list[dict] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([h["step"] for h in history], [h["reward_mean"] for h in history])
+    ax.plot([h["step"] for h in history], [h["reward_mean"] for h in history], label="training rollouts")
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["reward_mean"] for r in evals], "o-", label="evaluation")
+        ax.legend(loc="lower right")
     ax.set_xlabel("step")
     ax.set_ylabel("reward mean")
     ax.set_ylim(0, 1)
@@ -364,6 +416,13 @@ class _Progress:
         if self.enabled:
             self.progress.console.print(text, soft_wrap=True)
             self.progress.advance(self.task)
+        else:
+            print(text, flush=True)
+
+    def note(self, text: str) -> None:
+        """A line on the console that is not a step's (the bar does not advance)."""
+        if self.enabled:
+            self.progress.console.print(text, soft_wrap=True, markup=False, highlight=False)
         else:
             print(text, flush=True)
 
