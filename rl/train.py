@@ -186,7 +186,7 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
     metrics_path = out / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if resume and metrics_path.exists() else []
     # a step's row, and an evaluation's of the weights after `step` steps (the last one's kept on resume)
-    rows = [r for r in rows if r["step"] < start or r.get("kind") == "eval" and r["step"] <= start]
+    rows = [r for r in rows if r["step"] < start or (r.get("kind") == "eval" and r["step"] <= start)]
     history, evals = [r for r in rows if r.get("kind") != "eval"], [r for r in rows if r.get("kind") == "eval"]
     if main:
         metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
