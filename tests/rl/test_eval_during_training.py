@@ -66,3 +66,16 @@ def test_eval_configs_that_cannot_run_are_refused(tmp_path: Path):
     tasks.write_text(json.dumps({"id": "a", "prompt": "make a file", "check": {"shell": "test -f out"}}) + "\n")
     with pytest.raises(ValueError, match="agent sessions"):
         train(config(tmp_path / "run", every=1, taskset=str(tasks)), log=lambda *_: None, progress=False)
+
+
+def test_a_resumed_run_keeps_its_evaluations_and_goes_on(tmp_path: Path):
+    run = tmp_path / "run"
+    cfg = config(run, every=1, tasks=2)
+    first = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 2, "checkpoint_every": 1})})
+    train(first, log=lambda *_: None, progress=False)
+    then = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 3, "checkpoint_every": 1})})
+    assert [h["step"] for h in train(then, log=lambda *_: None, progress=False)] == [0, 1, 2]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r.get("kind"), r["step"]) for r in rows] == [
+        ("eval", 0), (None, 0), ("eval", 1), (None, 1), ("eval", 2), (None, 2), ("eval", 3)]
+    assert json.loads((run / "results.json").read_text())["step"] == 3
