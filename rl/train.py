@@ -184,7 +184,8 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
         torch.set_rng_state(state["rng"])
 
     metrics_path = out / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if resume and metrics_path.exists() else []
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if resume and metrics_path.exists() \
+        else []
     # a step's row, and an evaluation's of the weights after `step` steps (the last one's kept on resume)
     rows = [r for r in rows if r["step"] < start or (r.get("kind") == "eval" and r["step"] <= start)]
     history, evals = [r for r in rows if r.get("kind") != "eval"], [r for r in rows if r.get("kind") == "eval"]
@@ -291,8 +292,8 @@ def evaluate(sampler: Orchestrator, taskset, tasks: list, cfg: RunConfig, step: 
     tmp.replace(out / "results.json")
     with open(metrics_path, "a") as f:
         f.write(json.dumps(row) + "\n")
-    bar.note(f"eval {step:4d}  reward {row['reward_mean']:.3f}  solved {row['solve_rate']:.0%}  "
-             f"{row['tasks']} tasks x {e.rollouts}  ({row['errored'] + row['timed_out']} failed)  {row['seconds']:.1f}s")
+    bar.note(f"eval {step:4d}  reward {row['reward_mean']:.3f}  solved {row['solve_rate']:.0%}  {row['tasks']} tasks "
+             f"x {e.rollouts}  ({row['errored'] + row['timed_out']} failed)  {row['seconds']:.1f}s")
     return row
 
 
@@ -317,7 +318,8 @@ def console_line(m: dict) -> str:
         line += f" (+{rounds} round{'s' if rounds > 1 else ''})" if rounds else ""
     if "tasks_measured" in m:
         kept = m["tasks_measured"] - m["tasks_too_easy"] - m["tasks_too_hard"] - m["tasks_unmeasured"]
-        line += f"  tasks in range {kept}/{m['tasks_measured']} ({m['tasks_too_easy']} too easy, {m['tasks_too_hard']} too hard)"
+        line += (f"  tasks in range {kept}/{m['tasks_measured']} ({m['tasks_too_easy']} too easy, "
+                 f"{m['tasks_too_hard']} too hard)")
     if "servers_live" in m:
         line += f"  servers live {m['servers_live']}"
     return line

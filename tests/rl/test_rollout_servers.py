@@ -40,8 +40,9 @@ class Watching(Recording):
         batch = super().collect(step)
         # the policy server swaps new weights in before the batch that follows their reload
         versions = [held(s.url) if s.failure is None else None for s in self.servers.servers]
-        self.seen.append({"step": step, "held": versions, "answered": [
-            s.requests - b for s, b in zip(self.servers.servers, before)], "versions": {s.version for s in batch.samples}})
+        answered = [s.requests - b for s, b in zip(self.servers.servers, before)]
+        self.seen.append({"step": step, "held": versions, "answered": answered,
+                          "versions": {s.version for s in batch.samples}})
         return batch
 
 
