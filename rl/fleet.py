@@ -99,6 +99,7 @@ class Fleet:
     def reload(self, path: Path, version: int) -> None:
         """Every live server loads the weights at `path` (in parallel; returns once all have answered). One that
         fails leaves the rotation; the others sample `version` from now on."""
+
         def one(server: Server) -> None:
             try:
                 reload(server.reload_url, path, self.timeout, self.model)
@@ -115,7 +116,7 @@ class Fleet:
                                + "; ".join(f"{s.url}: {s.failure}" for s in self.servers))
 
     def set_version(self, version: int) -> None:
-        """The weights every server holds, when something else loaded them (the built-in server's update)."""
+        """The weights every server holds, when they were loaded some other way than `reload`."""
         for s in self.servers:
             s.version = version
 
