@@ -31,6 +31,10 @@ class Check:
     passed: bool
     reward: float
     detail: str = ""
+    error: str | None = None
+    """Why scoring itself failed (a scorer that raised): the rollout is failed, and this is kept with it."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Measures beside the reward (a verifiers task's metrics), written to results.jsonl."""
 
 
 class Environment(Protocol):

@@ -60,6 +60,8 @@ class Result:
     session_id: str = ""
     harness_version: str | None = None
     error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The environment's measures beside the reward (a verifiers task's metrics)."""
 
 
 @dataclass
@@ -163,6 +165,7 @@ async def judge(result: Result, env: Environment, task: Task, outcome: str, answ
         check = await asyncio.to_thread(env.check, task, answer or "", work)
         result.outcome = "passed" if check.passed else "failed"
         result.reward, result.check = check.reward, check.detail
+        result.metrics, result.error = check.metrics, check.error
     else:
         result.outcome, result.error = "error", error
 
