@@ -157,12 +157,17 @@ def prompt_of(task: Task) -> str:
 
 async def judge(result: Result, env: Environment, task: Task, outcome: str, answer: str | None, error: str | None,
                 work: Path) -> None:
-    """A finished turn's verdict into `result`: timed out (or out of its seconds), checked by the
-    environment (passed or failed, with the reward), or an error."""
+    """A finished turn's verdict into `result`: timed out (or out of its seconds, or its scoring out of
+    the environment's), checked by the environment (passed or failed, with the reward, its metrics and
+    any error of its scorer), or an error."""
     if outcome == "timed_out" or (outcome == "budget_exhausted" and "max_seconds" in (error or "")):
         result.outcome, result.error = "timed_out", error
     elif outcome in ("completed", "budget_exhausted"):
-        check = await asyncio.to_thread(env.check, task, answer or "", work)
+        try:
+            check = await asyncio.to_thread(env.check, task, answer or "", work)
+        except TimeoutError as e:  # the environment's own scoring deadline (a verifiers task's)
+            result.outcome, result.error = "timed_out", str(e) or "scoring ran past its time"
+            return
         result.outcome = "passed" if check.passed else "failed"
         result.reward, result.check = check.reward, check.detail
         result.metrics, result.error = check.metrics, check.error

@@ -1,0 +1,200 @@
+"""`vf:TASKSET_ID`: a verifiers taskset built here and installed on the path (not shipped by us), through
+`prime-agent eval` (real sessions, the fake model server), the refiner's gate and an RL environment:
+selected by verifiers' own `shuffle(seed).take(n)`, scored by the task's own async rewards and metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agent.testing.openai_server import OpenAIServer, Reply
+from evals.runner import read_results
+from evals.tasksets import MissingPackage, load_taskset, select
+
+pytest.importorskip("verifiers.v1", reason="verifiers is in the test extra: bash scripts/setup.sh test")
+
+PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
+NAME = "pa_test_arith"
+TASKSET = f'''
+import asyncio
+
+import verifiers.v1 as vf
+
+
+class ArithConfig(vf.TasksetConfig):
+    count: int = 10
+    offset: int = 0
+
+
+class ArithData(vf.TaskData):
+    a: int
+    b: int
+
+
+class ArithTask(vf.Task[ArithData]):
+    @vf.reward
+    async def correct(self, task, trace) -> float:
+        if trace.last_reply == "boom":
+            raise ValueError("the scorer cannot read boom")
+        if trace.last_reply == "slow":
+            await asyncio.sleep(30)
+        return float(trace.last_reply == str(task.a + task.b))
+
+    @vf.metric
+    async def reply_chars(self, trace) -> float:
+        return float(len(trace.last_reply))
+
+
+class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
+    def load(self):
+        for i in range(self.config.count):
+            a = i + self.config.offset
+            yield ArithTask(ArithData(prompt=f"What is {{a}} + {{2 * i}}?", a=a, b=2 * i,
+                                      system_prompt="Answer with the number alone.",
+                                      timeout=vf.TaskTimeout(scoring=1.0)), self.config.task)
+
+
+__all__ = ["ArithTaskset"]
+'''
+
+
+@pytest.fixture
+def installed(tmp_path: Path, monkeypatch) -> Path:
+    """The taskset as an installed package: a module on the path (here and in the eval's processes)."""
+    site = tmp_path / "site"
+    (site / NAME).mkdir(parents=True)
+    (site / NAME / "__init__.py").write_text(textwrap.dedent(TASKSET))
+    monkeypatch.syspath_prepend(str(site))
+    yield site
+    sys.modules.pop(NAME, None)
+
+
+def verifiers_selection(n: int, seed: int, **config) -> list:
+    from verifiers.v1.utils.loaders import load_taskset as vf_load, taskset_config_type
+
+    taskset = vf_load(taskset_config_type(NAME).model_validate({"id": NAME, **config}))
+    return list(taskset.shuffle(seed).take(n))
+
+
+def answering(request: dict) -> Reply:
+    """Right when a is even; 7 gets an answer the scorer raises on, 9 one it takes too long over."""
+    q = next(m["content"] for m in request["messages"] if m["role"] == "user")
+    a, b = map(int, re.search(r"What is (\d+) \+ (\d+)\?", q).groups())
+    if a == 7:
+        return Reply(content="boom")
+    if a == 9:
+        return Reply(content="slow")
+    return Reply(content=str(a + b) if a % 2 == 0 else str(a + b + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_verifiers_taskset_through_eval_scored_by_its_own_rewards(installed: Path, project: Path, tmp_path: Path):
+    spec, run = f"vf:{NAME}?count=10", tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(installed), "PRIME_AGENT_MODEL": "fake"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([PRIME_AGENT, "eval", *args], cwd=project, env=env, capture_output=True, text=True,
+                              timeout=400)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    with OpenAIServer(answering) as server:
+        env["OPENAI_BASE_URL"] = server.base_url
+        cli(spec, "-n", "10", "--seed", "4", "-c", "2", "--timeout", "120", "--out", str(run))
+        results = read_results(run / "results.jsonl")
+        chosen = verifiers_selection(10, 4, count=10)  # verifiers' own selection, the same order
+        assert [r.task_id for r in results] == [str(t.data.idx) for t in chosen]
+        for r, t in zip(results, chosen):
+            a = t.data.a
+            if a == 7:  # the task's reward raised: failed, its error kept
+                assert (r.outcome, r.reward) == ("failed", 0.0) and "the scorer cannot read boom" in r.error, r
+            elif a == 9:  # past the task's scoring timeout: timed out, as verifiers records it
+                assert r.outcome == "timed_out" and "scoring ran past the task's 1s" in r.error, r
+            else:
+                right = a % 2 == 0
+                assert (r.outcome, r.reward, r.error) == (("passed", 1.0, None) if right else ("failed", 0.0, None)), r
+                assert r.metrics == {"reply_chars": float(len(str(a + t.data.b + (not right))))}
+        rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+        assert all("reply_chars" in row["metrics"] for row in rows if row["outcome"] == "passed")
+
+        # --resume reruns only what is owed: two finished rollouts dropped from the file
+        kept = [line for line in (run / "results.jsonl").read_text().splitlines()
+                if json.loads(line)["task_id"] not in {"0", "2"}]
+        (run / "results.jsonl").write_text("\n".join(kept) + "\n")
+        before = len(server.requests)
+        cli(spec, "--resume", str(run))
+        assert len(server.requests) - before == 2
+    assert [r.task_id for r in read_results(run / "results.jsonl")] == [r.task_id for r in results]
+
+
+def test_the_seed_selects_what_verifiers_selects(installed: Path):
+    for n, seed in ((4, 0), (6, 3), (10, 7)):
+        ours = select(f"vf:{NAME}?count=12&offset=5", n, seed)
+        theirs = verifiers_selection(n, seed, count=12, offset=5)
+        assert [(t.id, t.prompt, t.system, t.data["key"]) for t in ours] == \
+               [(str(t.data.idx), t.data.prompt, t.data.system_prompt, t.key) for t in theirs]
+    assert [t.id for t in select(f"vf:{NAME}", 5, 1)] != [t.id for t in select(f"vf:{NAME}", 5, 2)]
+
+
+def test_bad_names_and_options_are_refused(installed: Path):
+    with pytest.raises(ValueError, match="taskset 'no_such_taskset_here' not found"):
+        load_taskset("vf:no_such_taskset_here")
+    with pytest.raises(ValueError, match="config refused the options.*bogus"):
+        load_taskset(f"vf:{NAME}?bogus=1")
+    with pytest.raises(ValueError, match="config refused the options.*count"):
+        load_taskset(f"vf:{NAME}?count=many")
+
+
+def test_without_the_package_the_message_names_the_install_command(monkeypatch):
+    for name in [m for m in sys.modules if m == "verifiers" or m.startswith("verifiers.")] or ["verifiers"]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
+    with pytest.raises(MissingPackage, match=re.escape("pip install 'prime-agent[verifiers]'")):
+        load_taskset("vf:anything")
+
+
+def test_an_rl_environment_rewards_by_the_tasks_own_reward(installed: Path):
+    from rl.envs import load
+
+    env = load(f"vf:{NAME}", count=6, offset=1)
+    tasks = env.tasks(3, seed=0)
+    assert [t.id for t in tasks] == [str(t.data.idx) for t in verifiers_selection(3, 0, count=6, offset=1)]
+    for t in tasks:
+        a, b = map(int, re.search(r"(\d+) \+ (\d+)", t.prompt).groups())
+        assert env.reward(t, str(a + b)) == 1.0 and env.reward(t, str(a + b + 1)) == 0.0
+
+
+async def test_the_gate_judges_a_change_by_the_taskset(installed: Path, project: Path):
+    from agent.events import Event
+    from agent.session import Session
+    from agent.testing.scripted import ScriptedModel
+    from agent.types import Message
+    from evals.gate import make_gate
+    from tests.agent.test_refine import PLANNER, proposal, wait_for
+    from tests.conftest import make_config
+
+    bad = {"action": "create", "kind": "prompt", "id": "zero", "title": "Zero", "content": "Always answer 0.",
+           "scope": "project", "reason": "none"}
+
+    def respond(messages: list[Message]):
+        if messages[0].content.startswith(PLANNER):
+            return proposal(bad, summary="answer zero")
+        if "Always answer 0." in messages[0].content:
+            return "0"
+        a, b = map(int, re.search(r"What is (\d+) \+ (\d+)\?", messages[-1].content).groups())
+        return str(a + b)
+
+    events: list[Event] = []
+    gate = lambda config, model, harness: make_gate(config, model, harness, f"vf:{NAME}?count=3&offset=1")  # noqa: E731
+    async with Session(make_config(), ScriptedModel([respond] * 50), cwd=project, on_event=events.append,
+                       gate=gate) as s:
+        s.refine()
+        rejected = await wait_for(events, "refinement.rejected")
+    assert "gate: the change lowers the task set's pass count from 3 to 0 of 3" in rejected.reason
