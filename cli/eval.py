@@ -20,7 +20,8 @@ EXIT_CONFIG = 2
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
-    p.add_argument("taskset", help="reverse_text, kernel_tasks, repo_fix, a .jsonl file or a .py module; or 'compare'")
+    p.add_argument("taskset", help="reverse_text, kernel_tasks, repo_fix, a .jsonl file, a .py module, "
+                   "rg:DATASET[?k=v&...] (reasoning-gym), vf:TASKSET_ID[?k=v&...] (verifiers); or 'compare'")
     p.add_argument("runs", nargs="*", help="with compare: two run directories")
     p.add_argument("--model", help="model name (PRIME_AGENT_MODEL)")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")

@@ -37,6 +37,10 @@ class Check:
     """Measures beside the reward (a verifiers task's metrics), written to results.jsonl."""
 
 
+class MissingPackage(ValueError):
+    """A task set named for a package that is not installed: the message names the install command."""
+
+
 class Environment(Protocol):
     name: str
 

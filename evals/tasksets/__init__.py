@@ -12,15 +12,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-from evals.env import Check, Environment, Task, pick
+from evals.env import Check, Environment, MissingPackage, Task, pick
 
 BUILTINS = ("reverse_text", "kernel_tasks", "repo_fix")
 PACKAGED = ("rg", "vf")
 """Prefixes of task sets that come from another package: reasoning-gym and verifiers."""
-
-
-class MissingPackage(ValueError):
-    """A task set named for a package that is not installed: the message names the install command."""
 
 
 def parse_spec(spec: str, label: str | None = None) -> tuple[str, dict[str, Any]]:

@@ -23,8 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from evals.env import Check, Task
-from evals.tasksets import MissingPackage
+from evals.env import Check, MissingPackage, Task
 
 INSTALL = "pip install 'prime-agent[reasoning-gym]' (in a clone: pip install -e '.[reasoning-gym]')"
 SYSTEM = "Answer with the final answer alone: no explanation. You may put it between <answer> and </answer> tags."

@@ -24,8 +24,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from evals.env import Check, Task
-from evals.tasksets import MissingPackage
+from evals.env import Check, MissingPackage, Task
 
 INSTALL = "pip install 'prime-agent[verifiers]' (in a clone: pip install -e '.[verifiers]')"
 
