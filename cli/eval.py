@@ -77,7 +77,8 @@ def main(args: argparse.Namespace) -> int:
         spec = EvalSpec(**meta["spec"])
     else:
         spec = EvalSpec(args.taskset, args.n, args.rollouts, args.concurrency, args.seed, args.timeout)
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{Path(args.taskset).stem}--{config.model.name}")
+        named = Path(args.taskset).stem if args.taskset.endswith((".jsonl", ".py")) else args.taskset  # rg:a?b.c=1
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{named}--{config.model.name}")
         run_dir = Path(args.out) if args.out else Path("outputs/evals") / slug / time.strftime("%Y%m%d-%H%M%S")
         if run_dir.is_dir() and any(run_dir.iterdir()):
             return _fail(f"{run_dir} is not empty; pass --resume {run_dir} to finish that run, or another --out")

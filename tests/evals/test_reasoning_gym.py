@@ -59,6 +59,7 @@ def eval_run(project: Path, server: OpenAIServer, taskset: str, out: Path, *args
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # three eval runs: a loaded machine takes minutes
 def test_reasoning_gym_through_eval_fixed_by_seed_and_scored_by_its_scorer(project: Path, tmp_path: Path):
     spell, factor = "rg:spell_backward", "rg:prime_factorization?min_value=10&max_value=99"
     with OpenAIServer(answering) as server:
