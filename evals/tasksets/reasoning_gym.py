@@ -5,6 +5,9 @@
     rg:spell_backward,chain_sum             a mix, equal weights (reasoning-gym's CompositeDataset)
     rg:composite?spell_backward=2&chain_sum=1&chain_sum.max_terms=3
                                             a mix by weight, each family's config under its name
+    rg:spell_backward?curriculum=0.8        reasoning-gym's curriculum for the family: the next level
+                                            is dealt once the last `curriculum_window` (32) scored
+                                            answers average 0.8 or more (for RL)
 
 A selection's size and seed make the dataset: `tasks(n, seed)` builds it with `size=n` and
 `seed=dataset_seed(seed)`, and deals its items in order; reasoning-gym generates item i from the seed and
@@ -18,8 +21,11 @@ generated locally: no downloads.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+import threading
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -68,26 +74,38 @@ class ReasoningGym:
         names = [n for n in name.split(",") if n]
         if not names:
             raise ValueError(f"{self.name}: name a reasoning-gym dataset, e.g. rg:spell_backward")
+        self.curriculum: Curriculum | None = None
         if names == ["composite"] or len(names) > 1:
+            if "curriculum" in options:
+                raise ValueError(f"{self.name}: a curriculum is for one dataset, not a mix")
             self.mix = _mix(self.name, [n for n in names if n != "composite"], options, known)
             self.dataset, self.config = "composite", {}
         else:
             if names[0] not in known:
                 raise ValueError(f"{self.name}: reasoning-gym has no dataset {names[0]!r} "
                                  f"(it has {len(known)}: {', '.join(sorted(known)[:8])}, ...)")
+            threshold, window = options.pop("curriculum", None), int(options.pop("curriculum_window", 32))
             self.mix, self.dataset, self.config = None, names[0], options
-        self._built: dict[tuple[int, int], Any] = {}
+            self.curriculum = Curriculum(self.name, names[0], float(threshold), window) if threshold else None
+        self._built: dict[tuple[int, int, int], Any] = {}
         self._make(1, 0)  # a bad config fails here, naming the task set, not in the first rollout
 
-    def _make(self, size: int, seed: int):
-        """The dataset of `size` items under `seed` (built once per pair: scoring rebuilds the selection's)."""
-        key = (size, seed)
+    @property
+    def level(self) -> int:
+        """The curriculum's level tasks are dealt at now (0 without a curriculum)."""
+        return self.curriculum.level if self.curriculum else 0
+
+    def _make(self, size: int, seed: int, level: int = 0):
+        """The dataset of `size` items under `seed` at curriculum `level` (built once: scoring rebuilds the
+        selection's)."""
+        key = (size, seed, level)
         if key not in self._built:
             rg = reasoning_gym()
             seed = dataset_seed(seed)
+            config = {**self.curriculum.config(level), **self.config} if self.curriculum else self.config
             try:
                 if self.mix is None:
-                    dataset = rg.create_dataset(self.dataset, size=size, seed=seed, **self.config)
+                    dataset = rg.create_dataset(self.dataset, size=size, seed=seed, **config)
                 else:
                     from reasoning_gym.composite import CompositeConfig, CompositeDataset, DatasetSpec
 
@@ -104,23 +122,31 @@ class ReasoningGym:
         if n is not None and n < 1:
             raise ValueError(f"n must be at least 1, not {n}")
         size = n if n is not None else self.default_size
-        dataset = self._make(size, seed)
+        level = self.level
+        dataset = self._make(size, seed, level)
         out = []
         for i in range(size):
             entry = dataset[i]
             source = entry.get("metadata", {}).get("source_dataset", self.dataset)
             out.append(Task(id=f"{source}-{seed}-{i}", prompt=str(entry["question"]), system=SYSTEM,
                             data={"dataset": source, "seed": seed, "size": size, "index": i,
-                                  "answer": str(entry["answer"])}))
+                                  "answer": str(entry["answer"]), **({"level": level} if self.curriculum else {})}))
         return out
 
     def score(self, task: Task, answer: str) -> Check:
         """The dataset's own scorer on the answer, guarded: a scorer that raises or gives no number in
         [0, 1] is a failed rollout with the error kept."""
         d = task.data
-        dataset = self._make(d["size"], d["seed"])
+        dataset = self._make(d["size"], d["seed"], d.get("level", 0))
         entry = dataset[d["index"]]
         given = extract_answer(answer)
+        check = self._score(dataset, entry, given, d)
+        if self.curriculum:
+            self.curriculum.record(check.reward)
+        return check
+
+    @staticmethod
+    def _score(dataset, entry: dict, given: str, d: dict) -> Check:
         try:
             score = float(dataset.score_answer(given, entry))
         except Exception as e:  # the scorer's failure is the rollout's, judged as wrong
@@ -168,3 +194,37 @@ def _mix(label: str, names: list[str], options: dict[str, Any], known) -> dict[s
     if any(w <= 0 for w, _ in mix.values()):
         raise ValueError(f"{label}: weights must be positive")
     return mix
+
+
+class Curriculum:
+    """reasoning-gym's curriculum for one family (`create_curriculum`), raised a level once the mean of the
+    last `window` scores reaches `threshold`. Scores come from every answer scored (RL's rewards)."""
+
+    def __init__(self, label: str, dataset: str, threshold: float, window: int):
+        from reasoning_gym.factory import CURRICULA, create_curriculum
+
+        if dataset not in CURRICULA:
+            raise ValueError(f"{label}: reasoning-gym has no curriculum for {dataset!r}")
+        if not 0.0 < threshold <= 1.0 or window < 1:
+            raise ValueError(f"{label}: curriculum is a threshold in (0, 1] and curriculum_window at least 1")
+        self.curriculum, self.threshold = create_curriculum(dataset), threshold
+        self.scores: deque[float] = deque(maxlen=window)
+        self.level = 0
+        self._configs = {0: self._current()}
+        self._lock = threading.Lock()  # answers are scored from several threads at once
+
+    def _current(self) -> dict[str, Any]:
+        config = dataclasses.asdict(self.curriculum.generate_configuration({}))
+        return {k: v for k, v in config.items() if k not in ("seed", "size")}
+
+    def config(self, level: int) -> dict[str, Any]:
+        return self._configs[level]
+
+    def record(self, score: float) -> None:
+        with self._lock:
+            self.scores.append(score)
+            full = len(self.scores) == self.scores.maxlen
+            if full and sum(self.scores) / len(self.scores) >= self.threshold and self.curriculum.increment_global_level():
+                self.level += 1
+                self._configs[self.level] = self._current()
+                self.scores.clear()

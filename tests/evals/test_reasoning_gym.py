@@ -140,3 +140,20 @@ def test_rl_trains_on_the_same_datasets():
     assert env.reward(task, env.demonstration(task)) == 1.0 and env.reward(task, "zzz") == 0.0
     assert [t.id for t in env.tasks(3, seed=0)] == [t.id for t in load_taskset(env.name, **{
         "datasets": [{"name": "spell_backward", "weight": 1, "config": {"max_word_len": 5}}]}).tasks(3, seed=0)]
+
+
+def test_a_curriculum_deals_harder_tasks_once_the_reward_passes_its_threshold(tmp_path: Path):
+    env = load_taskset("rg:spell_backward?curriculum=0.75&curriculum_window=4")
+    easy = env.tasks(8, seed=0)
+    assert env.level == 0 and {len(t.data["answer"]) for t in easy} == {3}
+    for t in easy[:4]:  # wrong answers: the level holds
+        assert not env.check(t, "zzz", tmp_path).passed
+    assert env.level == 0
+    for t in easy[4:]:  # four right answers in the window: the next level
+        assert env.check(t, t.data["answer"], tmp_path).passed
+    assert env.level == 1
+    harder = env.tasks(30, seed=1)
+    assert max(len(t.data["answer"]) for t in harder) > 3 and all(t.data["level"] == 1 for t in harder)
+    assert env.check(easy[0], easy[0].data["answer"], tmp_path).passed  # a level-0 task still scores as dealt
+    with pytest.raises(ValueError, match="no curriculum|a curriculum is for one dataset"):
+        load_taskset("rg:spell_backward,chain_sum?curriculum=0.5")
