@@ -99,7 +99,8 @@ class ReasoningGym:
         """The dataset of `size` items under `seed` at curriculum `level` (built once: scoring rebuilds the
         selection's)."""
         key = (size, seed, level)
-        if key not in self._built:
+        dataset = self._built.get(key)
+        if dataset is None:  # answers are scored from several threads: never read back what another may clear
             rg = reasoning_gym()
             seed = dataset_seed(seed)
             config = {**self.curriculum.config(level), **self.config} if self.curriculum else self.config
@@ -116,7 +117,7 @@ class ReasoningGym:
             if len(self._built) >= 64:  # RL deals a new seed every step
                 self._built.clear()
             self._built[key] = dataset
-        return self._built[key]
+        return dataset
 
     def tasks(self, n: int | None, *, seed: int) -> list[Task]:
         if n is not None and n < 1:
