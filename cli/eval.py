@@ -129,6 +129,8 @@ def _print_summary(console, s, run_dir: Path) -> None:
         t.add_row("mean reward (95% CI)", f"{s.mean_reward:.3f} ({s.mean_reward_ci[0]:.3f}-{s.mean_reward_ci[1]:.3f})")
     for k, v in s.pass_at_k.items():
         t.add_row(f"pass@{k}", f"{v:.3f}")
+    for name, mean in sorted(s.metrics.items()):
+        t.add_row(f"mean {name}", f"{mean:.3f}")
     t.add_row("mean tokens", f"{s.mean_tokens:,.0f}")
     t.add_row("mean seconds", f"{s.mean_seconds:.2f}")
     for outcome, n in s.counts.items():

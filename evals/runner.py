@@ -78,6 +78,8 @@ class Summary:
     rollouts: int
     per_task: dict[str, float] = field(default_factory=dict)
     """Each task's pass fraction over its scored rollouts."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Each of the environment's metrics, averaged over the scored rollouts that report it."""
 
 
 async def evaluate(spec: EvalSpec, config: Config, model: Model, run_dir: Path,
@@ -232,7 +234,16 @@ def summarize(results: list[Result]) -> Summary:
         tasks=len({r.task_id for r in results}),
         rollouts=len(results),
         per_task={t: sum(x.outcome == "passed" for x in v) / len(v) for t, v in by_task.items()},
+        metrics={k: sum(vs) / len(vs) for k, vs in _metric_values(scored).items()},
     )
+
+
+def _metric_values(results: list[Result]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in results:
+        for k, v in r.metrics.items():
+            out.setdefault(k, []).append(v)
+    return out
 
 
 def _pass_at_k(n: int, c: int, k: int) -> float:
