@@ -24,6 +24,9 @@ class Task:
     """Files laid out in the rollout's fresh workspace (relative path -> text)."""
     data: dict[str, Any] = field(default_factory=dict)
     """What scoring needs (the expected answer, a check command, ...)."""
+    timeout: float | None = None
+    """Seconds this task's rollout may take at most (a verifiers task's `timeout.agent`); the run's own
+    timeout applies too."""
 
 
 @dataclass

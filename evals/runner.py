@@ -121,6 +121,7 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
                   run_dir: Path, harness_roots: dict | None = None) -> Result:
     started = time.monotonic()
     result = Result(task.id, r, key, "error")
+    limit = spec.timeout
     with tempfile.TemporaryDirectory(prefix="pa-eval-") as tmp:
         work = Path(tmp)
         off = config.checkpoints.model_copy(update={"enabled": False})
@@ -136,11 +137,12 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
 
         try:
             lay_out(task.files, work)
-            turn = await asyncio.wait_for(run_session(), spec.timeout)  # the start counts against the timeout too
+            limit = min(spec.timeout, task.timeout or spec.timeout)
+            turn = await asyncio.wait_for(run_session(), limit)  # the start counts against the timeout too
             result.turns, result.cells, result.tokens = turn.steps, turn.cells, turn.usage.total_tokens
             await judge(result, env, task, turn.outcome, turn.answer, turn.error, work)
         except TimeoutError:
-            ran_past(result, spec.timeout)
+            ran_past(result, limit)
         except Exception as e:  # a rollout that cannot run is an error of the run, not of the model
             result.error = f"{type(e).__name__}: {e}"
     result.seconds = time.monotonic() - started

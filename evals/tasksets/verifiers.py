@@ -10,7 +10,8 @@ task's prompt and system prompt are the session's; its final answer becomes the 
 of a trace (system, prompt, answer) that the task's own `@vf.reward` and `@vf.metric` functions score,
 under the task's scoring timeout: the reward is the trace's weighted sum, passed means every reward gave
 full marks, and the metrics go to results.jsonl. A scorer that raises fails the rollout with its error
-kept; a scoring deadline that passes is `timed_out`, as verifiers records it. Resume keys come from the
+kept; a scoring deadline that passes is `timed_out`, as verifiers records it, and so is a rollout that
+runs past the task's agent timeout (`timeout.agent`, within the run's own). Resume keys come from the
 task's verifiers key (its content hash, or the durable key it declares) and its position.
 
 Not yet: tasks that need a runtime (setup or finalize hooks, or rewards that read the box) are refused
@@ -73,7 +74,7 @@ class VerifiersTaskset:
             tid = str(vt.data.id) if vt.data.id is not None else f"{vt.data.idx}"
             self._dealt[tid] = vt
             out.append(Task(id=tid, prompt=vt.data.prompt_text, system=vt.data.system_prompt,
-                            data={"key": vt.key, "idx": vt.data.idx}))
+                            data={"key": vt.key, "idx": vt.data.idx}, timeout=vt.data.timeout.agent))
         ids = [t.id for t in out]
         if len(set(ids)) < len(ids):
             raise ValueError(f"{self.name}: two tasks share a TaskData.id")

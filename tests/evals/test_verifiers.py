@@ -58,7 +58,8 @@ class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
             a = i + self.config.offset
             yield ArithTask(ArithData(prompt=f"What is {{a}} + {{2 * i}}?", a=a, b=2 * i,
                                       system_prompt="Answer with the number alone.",
-                                      timeout=vf.TaskTimeout(scoring=1.0)), self.config.task)
+                                      timeout=vf.TaskTimeout(scoring=1.0, agent=3.0 if a == 5 else None)),
+                            self.config.task)
 
 
 __all__ = ["ArithTaskset"]
@@ -84,13 +85,16 @@ def verifiers_selection(n: int, seed: int, **config) -> list:
 
 
 def answering(request: dict) -> Reply:
-    """Right when a is even; 7 gets an answer the scorer raises on, 9 one it takes too long over."""
+    """Right when a is even; 7 gets an answer the scorer raises on, 9 one it takes too long over; 5 (whose
+    task gives the agent 3 s) never hears back."""
     q = next(m["content"] for m in request["messages"] if m["role"] == "user")
     a, b = map(int, re.search(r"What is (\d+) \+ (\d+)\?", q).groups())
     if a == 7:
         return Reply(content="boom")
     if a == 9:
         return Reply(content="slow")
+    if a == 5:
+        return Reply(hang=True)
     return Reply(content=str(a + b) if a % 2 == 0 else str(a + b + 1))
 
 
@@ -119,6 +123,8 @@ def test_a_verifiers_taskset_through_eval_scored_by_its_own_rewards(installed: P
                 assert (r.outcome, r.reward) == ("failed", 0.0) and "the scorer cannot read boom" in r.error, r
             elif a == 9:  # past the task's scoring timeout: timed out, as verifiers records it
                 assert r.outcome == "timed_out" and "scoring ran past the task's 1s" in r.error, r
+            elif a == 5:  # past the task's agent timeout (the run's is 120 s)
+                assert r.outcome == "timed_out" and r.error == "the rollout ran past 3s", r
             else:
                 right = a % 2 == 0
                 assert (r.outcome, r.reward, r.error) == (("passed", 1.0, None) if right else ("failed", 0.0, None)), r
