@@ -1,7 +1,8 @@
 """The Environment protocol: a task set that evaluation, the refiner's gate and RL training share.
 
 An environment deals tasks deterministically from a seed (`tasks(n, seed=...)`) and checks a
-finished rollout in its workspace (`check`). RL environments also score a bare answer (`reward`)
+finished rollout in its workspace (`check`); one may also define `prepare(task, workspace)`, run in the
+rollout's fresh workspace (after the task's files are laid out) before its session starts. RL environments also score a bare answer (`reward`)
 and give the system prompt a policy samples with.
 """
 

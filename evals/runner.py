@@ -137,6 +137,8 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
 
         try:
             lay_out(task.files, work)
+            if (prepare := getattr(env, "prepare", None)) is not None:  # e.g. a verifiers task's setup
+                await asyncio.to_thread(prepare, task, work)
             limit = min(spec.timeout, task.timeout or spec.timeout)
             turn = await asyncio.wait_for(run_session(), limit)  # the start counts against the timeout too
             result.turns, result.cells, result.tokens = turn.steps, turn.cells, turn.usage.total_tokens

@@ -14,14 +14,16 @@ kept; a scoring deadline that passes is `timed_out`, as verifiers records it, an
 runs past the task's agent timeout (`timeout.agent`, within the run's own). Resume keys come from the
 task's verifiers key (its content hash, or the durable key it declares) and its position.
 
-Not yet: tasks that need a runtime (setup or finalize hooks, or rewards that read the box) are refused
-when dealt, saying so, rather than scored without what they read.
+A task with files or tests runs against the session's workspace: verifiers' subprocess runtime rooted
+there (`WorkspaceRuntime`) is the box its `setup` runs in before the session (`prepare`), and its
+`finalize` and runtime-reading rewards after. Tasks that need a container (`NEEDS_CONTAINER`, an image)
+are refused when dealt, saying so.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,8 @@ class VerifiersTaskset:
             raise ValueError(f"{self.name}: {e}") from None
         self._dealt: dict[str, Any] = {}
         """Our task id -> the verifiers task it stands for (filled as tasks are dealt)."""
+        self._prepared: dict[str, Any] = {}
+        """A workspace -> the trace its task's setup began (scoring goes on with it)."""
 
     def tasks(self, n: int | None, *, seed: int) -> list[Task]:
         """verifiers' `shuffle(seed).take(n)` (all of a bounded taskset without n)."""
@@ -88,20 +92,38 @@ class VerifiersTaskset:
                 raise ValueError(f"{self.name}: no task with key {task.data['key']} (did the taskset change?)")
         return vt
 
+    def prepare(self, task: Task, workspace: Path) -> None:
+        """The task's `setup` in the rollout's workspace, before its session starts."""
+        vt = self._task(task)
+        trace = trace_of(vt)
+        asyncio.run(in_workspace(workspace, lambda runtime: vt.setup(trace, runtime)))
+        self._prepared[str(workspace)] = trace
+
     def check(self, task: Task, answer: str, workspace: Path | None) -> Check:
-        return asyncio.run(score(self._task(task), answer))
+        trace = self._prepared.pop(str(workspace), None) if workspace is not None else None
+        return asyncio.run(score(self._task(task), answer, workspace, trace))
 
     def reward(self, task: Task, answer: str) -> float:
         return self.check(task, answer, None).reward
 
 
-async def score(vt, answer: str) -> Check:
+async def score(vt, answer: str, workspace: Path | None = None, trace=None) -> Check:
     """The task's own rewards and metrics on a trace whose last reply is `answer`, as verifiers scores a
-    finished rollout (`Task.score` under the task's scoring timeout)."""
-    trace = trace_of(vt, answer)
+    finished rollout: `finalize`, then `Task.score` under the task's scoring timeout, in the workspace
+    (without one, verifiers skips the signals that read the box)."""
+    trace = reply(trace if trace is not None else trace_of(vt), answer)
+
+    async def finalize_and_score(runtime):
+        if runtime is not None:
+            await vt.finalize(trace, runtime)
+        await vt.score(trace, runtime)
+
     try:
         async with asyncio.timeout(vt.data.timeout.scoring):
-            await vt.score(trace)
+            if workspace is None:
+                await finalize_and_score(None)
+            else:
+                await in_workspace(workspace, finalize_and_score)
     except TimeoutError:
         trace.record_timeout("scoring")
         raise TimeoutError(f"scoring ran past the task's {vt.data.timeout.scoring:g}s") from None
@@ -114,36 +136,74 @@ async def score(vt, answer: str) -> Check:
     return Check(passed, trace.reward, detail or "no rewards", metrics=metrics)
 
 
-def trace_of(vt, answer: str):
-    """A verifiers trace of a rollout that was asked the task and replied `answer`."""
+def trace_of(vt):
+    """A verifiers trace of a rollout asked the task (its system prompt and prompt), not yet replied to."""
     import verifiers.v1 as vf
     from verifiers.v1.graph import MessageNode
     from verifiers.v1.trace import AgentInfo, Trace, TraceTask
-    from verifiers.v1.types import AssistantMessage, SystemMessage, UserMessage
+    from verifiers.v1.types import SystemMessage, UserMessage
 
     data = vt.data
     prompt = [UserMessage(content=data.prompt)] if isinstance(data.prompt, str) else list(data.prompt or [])
     messages = ([SystemMessage(content=data.system_prompt)] if data.system_prompt else []) + prompt
     nodes = [MessageNode(parent=i - 1 if i else None, message=m) for i, m in enumerate(messages)]
-    nodes.append(MessageNode(parent=len(nodes) - 1 if nodes else None, message=AssistantMessage(content=answer),
-                             sampled=True))
-    trace = Trace(task=TraceTask(type=type(vt).__name__, data=data, key=vt.key, hash=vt.hash),
-                  agent=AgentInfo(config=vf.AgentConfig(), name="prime-agent", trainable=False), nodes=nodes)
+    return Trace(task=TraceTask(type=type(vt).__name__, data=data, key=vt.key, hash=vt.hash),
+                 agent=AgentInfo(config=vf.AgentConfig(), name="prime-agent", trainable=False), nodes=nodes)
+
+
+def reply(trace, answer: str):
+    """`trace` with the rollout's final answer as its last, sampled, assistant message: completed."""
+    from verifiers.v1.graph import MessageNode
+    from verifiers.v1.types import AssistantMessage
+
+    parent = len(trace.nodes) - 1 if trace.nodes else None
+    trace.nodes.append(MessageNode(parent=parent, message=AssistantMessage(content=answer), sampled=True))
     trace.stop("agent_completed")
     trace.ok = True
     return trace
 
 
+async def in_workspace(workspace: Path, use):
+    """`await use(runtime)` with verifiers' subprocess runtime rooted at `workspace`, torn down after."""
+    runtime = workspace_runtime()(workspace)
+    try:
+        return await use(runtime)
+    finally:
+        await runtime.stop()
+
+
+@functools.cache
+def workspace_runtime():
+    """verifiers' subprocess runtime, rooted at a rollout's workspace, which it neither makes nor removes."""
+    from verifiers.v1.runtimes.subprocess import SubprocessConfig, SubprocessRuntime
+
+    class WorkspaceRuntime(SubprocessRuntime):
+        def __init__(self, workspace: Path) -> None:
+            super().__init__(SubprocessConfig())
+            self.workdir, self.info.id = Path(workspace), str(workspace)
+
+        async def start(self) -> None:
+            pass
+
+        async def teardown(self) -> None:  # its background processes, never the workspace
+            workdir, self.workdir = self.workdir, None
+            try:
+                await super().teardown()
+            finally:
+                self.workdir = workdir
+
+        def cleanup(self) -> None:
+            workdir, self.workdir = self.workdir, None
+            try:
+                super().cleanup()
+            finally:
+                self.workdir = workdir
+
+    return WorkspaceRuntime
+
+
 def refuse_runtime(name: str, vt) -> None:
-    """Tasks whose setup, finalize or scoring need verifiers' runtime (a box with files) are not run yet."""
-    import verifiers.v1 as vf
-
-    def needs(fn) -> bool:
-        param = inspect.signature(fn).parameters.get("runtime")
-        return param is not None and param.default is inspect.Parameter.empty
-
-    hooks = [fn.__name__ for fn in (*vt.hooks("reward"), *vt.hooks("metric")) if needs(fn)]
-    hooks += [h for h in ("setup", "finalize") if getattr(type(vt), h) is not getattr(vf.Task, h)]
-    if vt.NEEDS_CONTAINER or hooks:
-        raise ValueError(f"{name}: task {vt.data.idx} needs verifiers' runtime ({', '.join(hooks) or 'a container'}), "
-                         "which prime-agent does not provide yet")
+    """Tasks that need a container (an image of their own) are not run here."""
+    if vt.NEEDS_CONTAINER or vt.data.image:
+        raise ValueError(f"{name}: task {vt.data.idx} needs a container ({vt.data.image or 'NEEDS_CONTAINER'}), "
+                         "which prime-agent does not provide")

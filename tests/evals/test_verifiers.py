@@ -205,3 +205,78 @@ async def test_the_gate_judges_a_change_by_the_taskset(installed: Path, project:
         s.refine()
         rejected = await wait_for(events, "refinement.rejected")
     assert "gate: the change lowers the task set's pass count from 3 to 0 of 3" in rejected.reason
+
+
+FILES = "pa_test_files"
+FILES_TASKSET = '''
+import verifiers.v1 as vf
+
+
+class SumData(vf.TaskData):
+    numbers: list[int]
+
+
+class SumTask(vf.Task[SumData]):
+    async def setup(self, trace, runtime):
+        await runtime.write("numbers.txt", " ".join(map(str, self.data.numbers)).encode())
+        trace.info["expected"] = sum(self.data.numbers)
+
+    @vf.reward
+    async def answer_file(self, trace, runtime) -> float:
+        written = (await runtime.read("answer.txt")).decode().strip()
+        return float(written == str(trace.info["expected"]))
+
+    @vf.metric
+    async def files_left(self, runtime) -> float:
+        listed = await runtime.run(["ls"], {})
+        return float(len(listed.stdout.split()))
+
+
+class SumTaskset(vf.Taskset[SumTask]):
+    def load(self):
+        for i in range(4):
+            yield SumTask(SumData(prompt="Write the sum of numbers.txt to answer.txt.", numbers=[i, 10, 2 * i]))
+
+
+__all__ = ["SumTaskset"]
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_a_task_with_files_is_set_up_and_scored_in_the_sessions_workspace(tmp_path: Path, monkeypatch):
+    """The task's setup writes its file into the rollout's workspace before the session; the agent's
+    cell reads it and writes an answer file; the task's reward reads that through the runtime."""
+    from agent.config import Config
+    from agent.model import OpenAIModel
+    from evals.runner import EvalSpec, evaluate
+
+    site = tmp_path / "site"
+    (site / FILES).mkdir(parents=True)
+    (site / FILES / "__init__.py").write_text(textwrap.dedent(FILES_TASKSET))
+    monkeypatch.syspath_prepend(str(site))
+
+    def solving(request: dict) -> Reply:
+        tools = [m for m in request["messages"] if m["role"] == "tool"]
+        if not tools:
+            return Reply(code=["print(open('numbers.txt').read())"])
+        if len(tools) == 1:
+            numbers = list(map(int, tools[0]["content"].split()))
+            wrong = numbers[0] == 1  # one rollout writes a wrong sum
+            return Reply(code=[f"open('answer.txt', 'w').write('{sum(numbers) + wrong}')"])
+        return Reply(content="Done.")
+
+    try:
+        with OpenAIServer(solving) as server:
+            config = Config.model_validate({"model": {"name": "fake", "base_url": server.base_url, "max_retries": 0},
+                                            "kernel": {"interrupt_grace": 1.0}, "refine": {"auto_every": 0}})
+            model = OpenAIModel(config.model)
+            results = await evaluate(EvalSpec(f"vf:{FILES}", None, 1, 2, 0, 120.0), config, model, tmp_path / "run")
+            await model.close()
+    finally:
+        sys.modules.pop(FILES, None)
+    by_task = {r.task_id: r for r in results}
+    assert set(by_task) == {"0", "1", "2", "3"}
+    for tid, r in by_task.items():
+        assert (r.outcome, r.reward) == (("failed", 0.0) if tid == "1" else ("passed", 1.0)), r
+        assert r.metrics == {"files_left": 2.0}  # numbers.txt and answer.txt: the workspace the session used
