@@ -138,17 +138,26 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
         try:
             lay_out(task.files, work)
             if (prepare := getattr(env, "prepare", None)) is not None:  # e.g. a verifiers task's setup
-                await asyncio.to_thread(prepare, task, work)
+                try:
+                    await asyncio.to_thread(prepare, task, work)
+                except TimeoutError as e:  # the environment's own setup deadline, not the rollout's
+                    raise StageTimedOut(str(e) or "the task's setup ran past its time") from None
             limit = min(spec.timeout, task.timeout or spec.timeout)
             turn = await asyncio.wait_for(run_session(), limit)  # the start counts against the timeout too
             result.turns, result.cells, result.tokens = turn.steps, turn.cells, turn.usage.total_tokens
             await judge(result, env, task, turn.outcome, turn.answer, turn.error, work)
+        except StageTimedOut as e:
+            result.outcome, result.error = "timed_out", str(e)
         except TimeoutError:
             ran_past(result, limit)
         except Exception as e:  # a rollout that cannot run is an error of the run, not of the model
             result.error = f"{type(e).__name__}: {e}"
     result.seconds = time.monotonic() - started
     return result
+
+
+class StageTimedOut(Exception):
+    """An environment's own stage (a task's setup) ran past its deadline: the rollout is timed out."""
 
 
 def rollout_layout(run_dir: Path, result: Result) -> SessionLayout:

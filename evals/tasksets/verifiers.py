@@ -64,6 +64,7 @@ class VerifiersTaskset:
         """Our task id -> the verifiers task it stands for (filled as tasks are dealt)."""
         self._prepared: dict[str, Any] = {}
         """A workspace -> the trace its task's setup began (scoring goes on with it)."""
+        workspace_runtime()  # imported now: never inside a task's deadline
 
     def tasks(self, n: int | None, *, seed: int) -> list[Task]:
         """verifiers' `shuffle(seed).take(n)` (all of a bounded taskset without n)."""
@@ -93,10 +94,19 @@ class VerifiersTaskset:
         return vt
 
     def prepare(self, task: Task, workspace: Path) -> None:
-        """The task's `setup` in the rollout's workspace, before its session starts."""
+        """The task's `setup` in the rollout's workspace (under its setup timeout), before its session starts."""
         vt = self._task(task)
         trace = trace_of(vt)
-        asyncio.run(in_workspace(workspace, lambda runtime: vt.setup(trace, runtime)))
+
+        async def setup(runtime):
+            try:
+                async with asyncio.timeout(vt.data.timeout.setup):
+                    await vt.setup(trace, runtime)
+            except TimeoutError:
+                trace.record_timeout("setup")
+                raise TimeoutError(f"setup ran past the task's {vt.data.timeout.setup:g}s") from None
+
+        asyncio.run(in_workspace(workspace, setup))
         self._prepared[str(workspace)] = trace
 
     def check(self, task: Task, answer: str, workspace: Path | None) -> Check:
@@ -112,23 +122,24 @@ async def score(vt, answer: str, workspace: Path | None = None, trace=None) -> C
     finished rollout: `finalize`, then `Task.score` under the task's scoring timeout, in the workspace
     (without one, verifiers skips the signals that read the box)."""
     trace = reply(trace if trace is not None else trace_of(vt), answer)
-
-    async def finalize_and_score(runtime):
-        if runtime is not None:
-            await vt.finalize(trace, runtime)
-        await vt.score(trace, runtime)
-
+    runtime = workspace_runtime()(workspace) if workspace is not None else None
+    stage = "finalize"
     try:
+        if runtime is not None:  # each stage under its own deadline, as verifiers runs them
+            async with asyncio.timeout(vt.data.timeout.finalize):
+                await vt.finalize(trace, runtime)
+        stage = "scoring"
         async with asyncio.timeout(vt.data.timeout.scoring):
-            if workspace is None:
-                await finalize_and_score(None)
-            else:
-                await in_workspace(workspace, finalize_and_score)
+            await vt.score(trace, runtime)
     except TimeoutError:
-        trace.record_timeout("scoring")
-        raise TimeoutError(f"scoring ran past the task's {vt.data.timeout.scoring:g}s") from None
-    except Exception as e:  # verifiers' TaskError: the task's scorer raised
-        return Check(False, 0.0, "the task's scoring raised", error=f"{type(e).__name__}: {e}")
+        trace.record_timeout(stage)
+        limit = getattr(vt.data.timeout, stage)
+        raise TimeoutError(f"{stage} ran past the task's {limit:g}s") from None
+    except Exception as e:  # verifiers' TaskError: the task's scorer (or finalize) raised
+        return Check(False, 0.0, f"the task's {stage} raised", error=f"{type(e).__name__}: {e}")
+    finally:
+        if runtime is not None:
+            await runtime.stop()
     rewards = {k: r for k, r in trace.rewards.items() if r is not None}
     metrics = {k: float(v) for k, v in trace.metrics.items() if v is not None}
     passed = bool(rewards) and all(r.score >= 1.0 for r in rewards.values())

@@ -280,3 +280,44 @@ async def test_a_task_with_files_is_set_up_and_scored_in_the_sessions_workspace(
     for tid, r in by_task.items():
         assert (r.outcome, r.reward) == (("failed", 0.0) if tid == "1" else ("passed", 1.0)), r
         assert r.metrics == {"files_left": 2.0}  # numbers.txt and answer.txt: the workspace the session used
+
+
+SLOW = "pa_test_slow_setup"
+SLOW_TASKSET = '''
+import asyncio
+
+import verifiers.v1 as vf
+
+
+class SlowTask(vf.Task):
+    async def setup(self, trace, runtime):
+        await asyncio.sleep(30)
+
+
+class SlowTaskset(vf.Taskset[SlowTask]):
+    def load(self):
+        yield SlowTask(vf.TaskData(prompt="never asked", timeout=vf.TaskTimeout(setup=0.5)))
+
+
+__all__ = ["SlowTaskset"]
+'''
+
+
+async def test_a_setup_past_its_deadline_times_the_rollout_out_before_any_model_call(tmp_path: Path, monkeypatch):
+    from agent.config import Config
+    from agent.model import OpenAIModel
+    from evals.runner import EvalSpec, evaluate
+
+    (tmp_path / "site" / SLOW).mkdir(parents=True)
+    (tmp_path / "site" / SLOW / "__init__.py").write_text(SLOW_TASKSET)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    try:
+        with OpenAIServer([]) as server:
+            config = Config.model_validate({"model": {"name": "fake", "base_url": server.base_url, "max_retries": 0}})
+            model = OpenAIModel(config.model)
+            [result] = await evaluate(EvalSpec(f"vf:{SLOW}", None, 1, 1, 0, 60.0), config, model, tmp_path / "run")
+            await model.close()
+            assert not server.requests
+    finally:
+        sys.modules.pop(SLOW, None)
+    assert (result.outcome, result.error) == ("timed_out", "setup ran past the task's 0.5s")
