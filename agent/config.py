@@ -192,8 +192,8 @@ class RefineConfig(_Section):
     json_mode: bool = True
     """Ask the server for a JSON object (response_format) when planning."""
     gate_taskset: str | None = None
-    """A task set (a built-in name, a .jsonl file or a .py module); when set, a refinement that lowers
-    its pass count is refused (run with and without the change, by evals.gate)."""
+    """A task set (a built-in name, a .jsonl file, a .py module, `rg:DATASET` or `vf:TASKSET_ID`); when
+    set, a refinement that lowers its pass count is refused (run with and without the change, by evals.gate)."""
     gate_n: int | None = None
     """How many of its tasks the gate runs (the same selection as `prime-agent eval -n N --seed S`)."""
     gate_seed: int = 0

@@ -30,7 +30,7 @@ from agent.session import Session  # noqa: E402
 from agent.testing.scripted import ScriptedModel  # noqa: E402
 from agent.types import Cell  # noqa: E402
 
-TIME = str(Path(sys.executable).parent / "mcp-server-time")
+TIME = str(Path(sys.prefix) / "mcp-servers" / "time" / "bin" / "mcp-server-time")  # its own venv: scripts/setup.sh
 ARGS = {"timezone": "UTC"}
 
 

@@ -20,7 +20,8 @@ EXIT_CONFIG = 2
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
-    p.add_argument("taskset", help="reverse_text, kernel_tasks, repo_fix, a .jsonl file or a .py module; or 'compare'")
+    p.add_argument("taskset", help="reverse_text, kernel_tasks, repo_fix, a .jsonl file, a .py module, "
+                   "rg:DATASET[?k=v&...] (reasoning-gym), vf:TASKSET_ID[?k=v&...] (verifiers); or 'compare'")
     p.add_argument("runs", nargs="*", help="with compare: two run directories")
     p.add_argument("--model", help="model name (PRIME_AGENT_MODEL)")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
@@ -76,7 +77,8 @@ def main(args: argparse.Namespace) -> int:
         spec = EvalSpec(**meta["spec"])
     else:
         spec = EvalSpec(args.taskset, args.n, args.rollouts, args.concurrency, args.seed, args.timeout)
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{Path(args.taskset).stem}--{config.model.name}")
+        named = Path(args.taskset).stem if args.taskset.endswith((".jsonl", ".py")) else args.taskset  # rg:a?b.c=1
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{named}--{config.model.name}")
         run_dir = Path(args.out) if args.out else Path("outputs/evals") / slug / time.strftime("%Y%m%d-%H%M%S")
         if run_dir.is_dir() and any(run_dir.iterdir()):
             return _fail(f"{run_dir} is not empty; pass --resume {run_dir} to finish that run, or another --out")
@@ -127,6 +129,8 @@ def _print_summary(console, s, run_dir: Path) -> None:
         t.add_row("mean reward (95% CI)", f"{s.mean_reward:.3f} ({s.mean_reward_ci[0]:.3f}-{s.mean_reward_ci[1]:.3f})")
     for k, v in s.pass_at_k.items():
         t.add_row(f"pass@{k}", f"{v:.3f}")
+    for name, mean in sorted(s.metrics.items()):
+        t.add_row(f"mean {name}", f"{mean:.3f}")
     t.add_row("mean tokens", f"{s.mean_tokens:,.0f}")
     t.add_row("mean seconds", f"{s.mean_seconds:.2f}")
     for outcome, n in s.counts.items():

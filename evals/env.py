@@ -1,7 +1,8 @@
 """The Environment protocol: a task set that evaluation, the refiner's gate and RL training share.
 
 An environment deals tasks deterministically from a seed (`tasks(n, seed=...)`) and checks a
-finished rollout in its workspace (`check`). RL environments also score a bare answer (`reward`)
+finished rollout in its workspace (`check`); one may also define `prepare(task, workspace)`, run in the
+rollout's fresh workspace (after the task's files are laid out) before its session starts. RL environments also score a bare answer (`reward`)
 and give the system prompt a policy samples with.
 """
 
@@ -24,6 +25,9 @@ class Task:
     """Files laid out in the rollout's fresh workspace (relative path -> text)."""
     data: dict[str, Any] = field(default_factory=dict)
     """What scoring needs (the expected answer, a check command, ...)."""
+    timeout: float | None = None
+    """Seconds this task's rollout may take at most (a verifiers task's `timeout.agent`); the run's own
+    timeout applies too."""
 
 
 @dataclass
@@ -31,6 +35,14 @@ class Check:
     passed: bool
     reward: float
     detail: str = ""
+    error: str | None = None
+    """Why scoring itself failed (a scorer that raised): the rollout is failed, and this is kept with it."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Measures beside the reward (a verifiers task's metrics), written to results.jsonl."""
+
+
+class MissingPackage(ValueError):
+    """A task set named for a package that is not installed: the message names the install command."""
 
 
 class Environment(Protocol):

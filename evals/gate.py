@@ -38,9 +38,10 @@ def make_gate(config: Config, model: Model, harness: SessionHarness, taskset: st
         before, unjudged_before = await passes(config, model, harness, taskset, n, seed, timeout, plan=None)
         after, unjudged_after = await passes(config, model, harness, taskset, n, seed, timeout, plan=plan)
         total = len(load_taskset(taskset).tasks(n, seed=seed))
-        if unjudged_before or unjudged_after:  # an error is not evidence either way: do not apply blind
-            return Verdict(False, f"the gate could not judge the change: {unjudged_before + unjudged_after} "
-                                  "rollouts errored or timed out")
+        unjudged = unjudged_before + unjudged_after
+        if unjudged:  # an error is not evidence either way: do not apply blind
+            return Verdict(False, f"the gate could not judge the change: {len(unjudged)} rollouts errored or "
+                                  f"timed out (first: {unjudged[0]})")
         if after < before:
             return Verdict(False, f"the change lowers the task set's pass count from {before} to {after} of {total}")
         return Verdict(True, f"{after} of {total} pass with the change ({before} without)")
@@ -49,9 +50,9 @@ def make_gate(config: Config, model: Model, harness: SessionHarness, taskset: st
 
 
 async def passes(config: Config, model: Model, harness: SessionHarness, taskset: str, n: int | None, seed: int,
-                 timeout: float, plan: Plan | None) -> tuple[int, int]:
+                 timeout: float, plan: Plan | None) -> tuple[int, list[str]]:
     """(passed, unjudged) of the selected tasks in fresh sessions over a copy of `harness` (with
-    `plan` applied); unjudged rollouts errored or timed out."""
+    `plan` applied); unjudged: why each rollout that errored or timed out did."""
     env = load_taskset(taskset)
     spec = EvalSpec(taskset, n, 1, 1, seed, timeout)
     config = config.model_copy(update={"refine": config.refine.model_copy(update={"auto_every": 0})})
@@ -66,11 +67,12 @@ async def passes(config: Config, model: Model, harness: SessionHarness, taskset:
             outcome = await copy.apply(plan, generation=plan.generation)
             if outcome.status != "applied":
                 raise RefinementFailed(f"the change could not be applied to the gate's copy: {outcome.reason}")
-        passed = unjudged = 0
+        passed, unjudged = 0, []
         for task in env.tasks(n, seed=seed):
             result = await rollout(env, task, 0, "", spec, config, model, Path(tmp) / "runs", harness_roots=roots)
             passed += result.outcome == "passed"
-            unjudged += result.outcome in ("error", "timed_out")
+            if result.outcome in ("error", "timed_out"):
+                unjudged.append(f"{task.id} {result.outcome}: {result.error}")
         return passed, unjudged
 
 

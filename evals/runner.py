@@ -60,6 +60,8 @@ class Result:
     session_id: str = ""
     harness_version: str | None = None
     error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The environment's measures beside the reward (a verifiers task's metrics)."""
 
 
 @dataclass
@@ -76,6 +78,8 @@ class Summary:
     rollouts: int
     per_task: dict[str, float] = field(default_factory=dict)
     """Each task's pass fraction over its scored rollouts."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Each of the environment's metrics, averaged over the scored rollouts that report it."""
 
 
 async def evaluate(spec: EvalSpec, config: Config, model: Model, run_dir: Path,
@@ -117,6 +121,7 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
                   run_dir: Path, harness_roots: dict | None = None) -> Result:
     started = time.monotonic()
     result = Result(task.id, r, key, "error")
+    limit = spec.timeout
     with tempfile.TemporaryDirectory(prefix="pa-eval-") as tmp:
         work = Path(tmp)
         off = config.checkpoints.model_copy(update={"enabled": False})
@@ -132,15 +137,27 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
 
         try:
             lay_out(task.files, work)
-            turn = await asyncio.wait_for(run_session(), spec.timeout)  # the start counts against the timeout too
+            if (prepare := getattr(env, "prepare", None)) is not None:  # e.g. a verifiers task's setup
+                try:
+                    await asyncio.to_thread(prepare, task, work)
+                except TimeoutError as e:  # the environment's own setup deadline, not the rollout's
+                    raise StageTimedOut(str(e) or "the task's setup ran past its time") from None
+            limit = min(spec.timeout, task.timeout or spec.timeout)
+            turn = await asyncio.wait_for(run_session(), limit)  # the start counts against the timeout too
             result.turns, result.cells, result.tokens = turn.steps, turn.cells, turn.usage.total_tokens
             await judge(result, env, task, turn.outcome, turn.answer, turn.error, work)
+        except StageTimedOut as e:
+            result.outcome, result.error = "timed_out", str(e)
         except TimeoutError:
-            ran_past(result, spec.timeout)
+            ran_past(result, limit)
         except Exception as e:  # a rollout that cannot run is an error of the run, not of the model
             result.error = f"{type(e).__name__}: {e}"
     result.seconds = time.monotonic() - started
     return result
+
+
+class StageTimedOut(Exception):
+    """An environment's own stage (a task's setup) ran past its deadline: the rollout is timed out."""
 
 
 def rollout_layout(run_dir: Path, result: Result) -> SessionLayout:
@@ -155,14 +172,20 @@ def prompt_of(task: Task) -> str:
 
 async def judge(result: Result, env: Environment, task: Task, outcome: str, answer: str | None, error: str | None,
                 work: Path) -> None:
-    """A finished turn's verdict into `result`: timed out (or out of its seconds), checked by the
-    environment (passed or failed, with the reward), or an error."""
+    """A finished turn's verdict into `result`: timed out (or out of its seconds, or its scoring out of
+    the environment's), checked by the environment (passed or failed, with the reward, its metrics and
+    any error of its scorer), or an error."""
     if outcome == "timed_out" or (outcome == "budget_exhausted" and "max_seconds" in (error or "")):
         result.outcome, result.error = "timed_out", error
     elif outcome in ("completed", "budget_exhausted"):
-        check = await asyncio.to_thread(env.check, task, answer or "", work)
+        try:
+            check = await asyncio.to_thread(env.check, task, answer or "", work)
+        except TimeoutError as e:  # the environment's own scoring deadline (a verifiers task's)
+            result.outcome, result.error = "timed_out", str(e) or "scoring ran past its time"
+            return
         result.outcome = "passed" if check.passed else "failed"
         result.reward, result.check = check.reward, check.detail
+        result.metrics, result.error = check.metrics, check.error
     else:
         result.outcome, result.error = "error", error
 
@@ -224,7 +247,16 @@ def summarize(results: list[Result]) -> Summary:
         tasks=len({r.task_id for r in results}),
         rollouts=len(results),
         per_task={t: sum(x.outcome == "passed" for x in v) / len(v) for t, v in by_task.items()},
+        metrics={k: sum(vs) / len(vs) for k, vs in _metric_values(scored).items()},
     )
+
+
+def _metric_values(results: list[Result]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in results:
+        for k, v in r.metrics.items():
+            out.setdefault(k, []).append(v)
+    return out
 
 
 def _pass_at_k(n: int, c: int, k: int) -> float:

@@ -20,9 +20,11 @@ class _Section(BaseModel):
 
 class EnvConfig(_Section):
     name: str = "reverse_text"
-    """A training environment from rl/envs."""
+    """A training environment from rl/envs: reverse_text, kernel_tasks, `rg:DATASET` (reasoning-gym) or
+    `vf:TASKSET_ID` (a verifiers taskset), as docs/environments.md describes."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """Passed to the environment (reverse_text: min_len, max_len)."""
+    """Passed to the environment (reverse_text: min_len, max_len; rg: and vf: their dataset's or taskset's
+    config, added to the name's query)."""
     harness: bool = False
     """Roll out through the agent itself: each rollout a real session (kernel, turn loop, text-mode
     cells) against the policy server, scored by the environment's check, trained on from its

@@ -15,8 +15,15 @@ if ! .venv/bin/pip install --quiet --disable-pip-version-check -e ".${extra}" > 
     cat .venv/pip.log >&2
     exit 1
 fi
-# The tests' third-party MCP servers from npm (node 20), pinned, beside the venv's own packages.
+# The tests' third-party MCP servers, pinned, beside the venv's own packages: from npm (node 20), and
+# mcp-server-time from PyPI in a venv of its own (it asks mcp>=2.3; the project pins verifiers' mcp 2.0.0).
 if [ "${1:-}" = "test" ]; then
+    time_venv=.venv/mcp-servers/time
+    .venv/bin/pip uninstall --quiet --yes mcp-server-time > /dev/null 2>&1 || true  # an older setup's, beside the project
+    [ -x "$time_venv/bin/mcp-server-time" ] || {
+        python3 -m venv "$time_venv" &&
+        "$time_venv/bin/pip" install --quiet --disable-pip-version-check mcp-server-time==2026.10.19 > .venv/pip-time.log 2>&1
+    } || { cat .venv/pip-time.log >&2; exit 1; }
     npm install --prefix .venv/mcp-servers --no-audit --no-fund --loglevel=error \
         @modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-filesystem@2026.8.31 \
         > .venv/npm.log 2>&1 || { cat .venv/npm.log >&2; exit 1; }

@@ -1,4 +1,6 @@
-"""Task sets by name (built-ins) or by path (a JSONL file of tasks, or a Python module)."""
+"""Task sets by name (built-ins), by path (a JSONL file of tasks, or a Python module), or from the
+ecosystem's packages: `rg:DATASET[?key=value&...]` (reasoning-gym) and `vf:TASKSET_ID[?key=value&...]`
+(a verifiers taskset)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,49 @@ import json
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
-from evals.env import Check, Environment, Task, pick
+from evals.env import Check, Environment, MissingPackage, Task, pick
 
 BUILTINS = ("reverse_text", "kernel_tasks", "repo_fix")
+PACKAGED = ("rg", "vf")
+"""Prefixes of task sets that come from another package: reasoning-gym and verifiers."""
 
 
-def load_taskset(spec: str) -> Environment:
+def parse_spec(spec: str, label: str | None = None) -> tuple[str, dict[str, Any]]:
+    """`NAME?key=value&...` as (NAME, options): each value read as a JSON literal where it is one
+    (`3`, `0.5`, `true`, `[1, 2]`), else kept as text. `label` names the task set in errors."""
+    label = label or spec
+    name, _, query = spec.partition("?")
+    options: dict[str, Any] = {}
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True) if query else []
+    except ValueError:
+        raise ValueError(f"task set {label!r}: the options after '?' are not key=value pairs joined by '&'") from None
+    for key, value in pairs:
+        if key in options:
+            raise ValueError(f"task set {label!r}: option {key!r} is given twice")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return name, options
+
+
+def load_taskset(spec: str, **options: Any) -> Environment:
+    """The task set `spec` names; `options` (an RL config's `[env] options`) add to those of its query."""
+    prefix, colon, rest = spec.partition(":")
+    if colon and prefix in PACKAGED:
+        name, query = parse_spec(rest, spec)
+        if prefix == "rg":
+            from evals.tasksets.reasoning_gym import ReasoningGym
+
+            return ReasoningGym(name, {**query, **options}, spec=spec)
+        from evals.tasksets.verifiers import VerifiersTaskset
+
+        return VerifiersTaskset(name, {**query, **options}, spec=spec)
+    if options:
+        raise ValueError(f"task set {spec!r} takes no options")
     if spec == "reverse_text":
         from evals.tasksets.reverse_text import ReverseText
 
@@ -37,7 +75,8 @@ def load_taskset(spec: str) -> Environment:
         if not hasattr(module, "environment"):
             raise ValueError(f"{path}: a task-set module must define `environment` (tasks(n, seed=...), check(...))")
         return module.environment
-    raise ValueError(f"unknown task set {spec!r}: a built-in ({', '.join(BUILTINS)}), a .jsonl file or a .py module")
+    raise ValueError(f"unknown task set {spec!r}: a built-in ({', '.join(BUILTINS)}), a .jsonl file, a .py module, "
+                     "rg:DATASET (reasoning-gym) or vf:TASKSET_ID (verifiers)")
 
 
 def select(spec: str, n: int | None, seed: int) -> list[Task]:

@@ -14,4 +14,8 @@ def load(name: str, **options) -> RLEnvironment:
         from evals.tasksets.kernel_tasks import KernelTasks
 
         return KernelTasks(**options)
-    raise ValueError(f"unknown environment {name!r}; known: reverse_text, kernel_tasks")
+    if name.partition(":")[0] in ("rg", "vf"):  # the ecosystem's: reasoning-gym datasets, verifiers tasksets
+        from evals.tasksets import load_taskset
+
+        return load_taskset(name, **options)
+    raise ValueError(f"unknown environment {name!r}; known: reverse_text, kernel_tasks, rg:DATASET, vf:TASKSET_ID")

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 NODE_BIN = Path(sys.prefix) / "mcp-servers" / "node_modules" / ".bin"
 """Where scripts/setup.sh installs the npm servers (beside the venv's own)."""
-TIME = str(Path(sys.executable).parent / "mcp-server-time")
+TIME = str(Path(sys.prefix) / "mcp-servers" / "time" / "bin" / "mcp-server-time")  # its own venv: scripts/setup.sh
 EVERYTHING = str(NODE_BIN / "mcp-server-everything")
 FILESYSTEM = str(NODE_BIN / "mcp-server-filesystem")
 SECRET = "s3cret-value-0123456789"

@@ -18,7 +18,7 @@ from agent.testing.openai_server import OpenAIServer, Reply
 from tests.e2e.test_run import prime_agent, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=f"{unavailable()}")]
-TIME = str(Path(sys.executable).parent / "mcp-server-time")
+TIME = str(Path(sys.prefix) / "mcp-servers" / "time" / "bin" / "mcp-server-time")  # its own venv: scripts/setup.sh
 KEY = "sk-test-0123456789abcdef"
 
 

@@ -110,7 +110,7 @@ async def test_tab_completes_a_slash_command_and_help_lists_every_one(daemon: Cl
 
 async def test_an_mcp_call_shows_under_its_cell_and_mcp_lists_the_servers(daemon: Client, project: Path,
                                                                           model_server):
-    time_server = str(Path(sys.executable).parent / "mcp-server-time")
+    time_server = str(Path(sys.prefix) / "mcp-servers" / "time" / "bin" / "mcp-server-time")
     (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"time": {"command": time_server}}}))
     trust(project, ".mcp.json")
     app = app_for(daemon, project, model_server)
