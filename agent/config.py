@@ -402,8 +402,19 @@ ENV_VARS = {
 
 
 def home() -> Path:
-    """The one root for all persistent state."""
-    return Path(os.environ.get("PRIME_AGENT_HOME") or Path.home() / ".prime-agent")
+    """The one root for all persistent state, always absolute. A relative `PRIME_AGENT_HOME` (`home`,
+    `~/x` quoted) is resolved once, against the directory it is first read in, and written back to
+    the environment: every later read, in this process after a change of directory and in the kernels,
+    git commands and daemon it starts, names the same directory."""
+    value = os.environ.get("PRIME_AGENT_HOME")
+    if not value:
+        return Path.home() / ".prime-agent"
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = Path(os.path.abspath(path))
+    if str(path) != value:
+        os.environ["PRIME_AGENT_HOME"] = str(path)
+    return path
 
 
 def project_root(cwd: Path) -> Path:

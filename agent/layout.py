@@ -5,7 +5,9 @@
         harness/            the session's harness scope (a git repository once written)
         subagents.json      the registry of its children; each child in sub-<name>/, a session directory too
         refinements/        plans waiting for review, <refinement id>.json
-        session.json        the daemon's metadata (daemon/meta.py), for daemon sessions
+        session.json        the registry's record of the session (daemon/meta.py), whichever front made it
+        session.lock        held (flock, with the pid in it) by a process other than the daemon hosting it
+                            (`prime-agent run`), for as long as it does (daemon/registry.py)
         events.jsonl        the daemon's event journal (daemon/journal.py)
         rating.json         a person's rating, the reward its training samples carry (rl/data.py)
         context.pkl         a child's `context` variable, pickled by its parent's kernel
@@ -54,6 +56,10 @@ class SessionLayout:
     @property
     def meta(self) -> Path:
         return self.dir / "session.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.dir / "session.lock"
 
     @property
     def events(self) -> Path:

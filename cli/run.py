@@ -19,6 +19,7 @@ from agent.approvals import Decision, NoTerminal, Request
 from agent.config import Config, ConfigError, load_config, merge, parse_override
 from cli.follow import EXIT_CODES, PrintAnswer, follow, on_ctrl_c, report
 from cli.show import Printer, print_json
+from daemon.meta import title_of
 
 EXIT_CONFIG = 2
 
@@ -48,7 +49,10 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--input-format", choices=["text", "stream-json"], default="text",
                    help="stream-json: prompts from stdin, one user message a line, each a turn of the session")
     p.add_argument("--daemon", action="store_true",
-                   help="run in a daemon session, which outlives this command (the daemon starts if needed)")
+                   help="run in a daemon session (the daemon starts if needed); the session is closed when the "
+                        "turn ends, unless --keep")
+    p.add_argument("--keep", action="store_true",
+                   help="with --daemon: keep the session open in the daemon after the turn (to `send` it more)")
     p.add_argument("--sandbox", choices=["read-only", "workspace-write", "full-access"],
                    help="how the OS confines the agent's code (sandbox.mode; default workspace-write); "
                         "full-access runs it with your rights")
@@ -87,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"prime-agent: {e}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        config = _config(args, cwd)
+        config, overrides = _config(args, cwd)
     except ConfigError as e:
         print(f"prime-agent: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -113,7 +117,8 @@ def main(args: argparse.Namespace) -> int:
         from daemon.client import DaemonError
 
         try:
-            return asyncio.run(run_via_daemon(config, cwd, task, show, print_answer=print_answer, goal=goal))
+            return asyncio.run(run_via_daemon(config, cwd, task, show, print_answer=print_answer, goal=goal,
+                                              keep=args.keep))
         except DaemonError as e:
             print(f"prime-agent: {e.message}", file=sys.stderr)
             return EXIT_CONFIG if e.status in (400, 409, 422) else 1
@@ -123,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
 
         task = stdin_prompts()
     return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=print_answer, goal=goal,
-                            approve_plan=args.approve_plan))
+                            approve_plan=args.approve_plan, overrides=overrides))
 
 
 def stream_json_usage(args: argparse.Namespace) -> str | None:
@@ -135,6 +140,8 @@ def stream_json_usage(args: argparse.Namespace) -> str | None:
         return "--json (our events) and --output-format (Claude Code's messages) exclude each other"
     if args.approve_plan and (args.permission_mode != "plan" or args.daemon):
         return "--approve-plan goes with --permission-mode plan, in this process (not with --daemon)"
+    if args.keep and not args.daemon:
+        return "--keep goes with --daemon (a session of this process is closed when it ends, and stays listed)"
     if streamed and (args.daemon or args.until is not None or args.autonomous):
         return "--input-format stream-json runs its turns in this process, one a prompt: not with --daemon or a goal"
     return None
@@ -185,7 +192,8 @@ def goal_spec(args: argparse.Namespace, task: str):
                                    for err in e.errors())) from None
 
 
-def _config(args: argparse.Namespace, cwd: Path) -> Config:
+def _config(args: argparse.Namespace, cwd: Path) -> tuple[Config, dict]:
+    """The run's config, and the overrides (flags and -c) it was loaded with."""
     overrides: dict = {}
     for text in args.config:
         merge(overrides, parse_override(text))
@@ -201,18 +209,19 @@ def _config(args: argparse.Namespace, cwd: Path) -> Config:
         overrides.setdefault("sandbox", {})["plan"] = True
     if args.approval or not sys.stdin.isatty():  # without a terminal, nobody to ask
         overrides.setdefault("sandbox", {})["approval"] = args.approval or "never"
-    return load_config(cwd, overrides)
+    return load_config(cwd, overrides), overrides
 
 
 async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answer: PrintAnswer,
-                         goal=None) -> int:
-    """`prime-agent run --daemon`: the same run, in a daemon session that outlives this process (a goal
-    too: it goes on in the daemon when this command is stopped or detaches)."""
-    from daemon.client import connect
+                         goal=None, keep: bool = False) -> int:
+    """`prime-agent run --daemon`: the same run, in a daemon session. The session is closed when its
+    turn (or goal) ends, unless `keep`; one this command detached from goes on in the daemon."""
+    from daemon.client import DaemonError, connect
     from daemon.schemas import ModelKey
 
     async with await connect(key=ModelKey.of(config.model)) as client:  # the daemon may have no key, or another
         s = await client.create_session(cwd, model=config.model.name, base_url=config.model.base_url,
+                                        title=title_of(goal.text if goal is not None else task),
                                         budget=config.budget.model_dump(), sandbox=config.sandbox.mode,
                                         config={"sandbox": {"plan": True}} if config.sandbox.plan else None)
         if goal is not None:
@@ -222,8 +231,16 @@ async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answe
         else:
             accepted = await client.send(s.id, task)
             code = await follow(client, s.id, accepted.turn_id, None, show, print_answer)
-        print(f"[session {s.id} stays in the daemon: prime-agent send {s.id} \"...\" | attach {s.id}]",
-              file=sys.stderr)
+        if not keep:
+            try:
+                await client.close_session(s.id, if_idle=True)
+                print(f"[session {s.id} closed; prime-agent send {s.id} \"...\" opens it again]", file=sys.stderr)
+                return code
+            except DaemonError as e:
+                if e.status != 409:  # busy: detached from a turn that goes on
+                    raise
+        print(f"[session {s.id} stays in the daemon: prime-agent send {s.id} \"...\" | attach {s.id} | "
+              f"sessions close {s.id}]", file=sys.stderr)
         return code
 
 
@@ -261,17 +278,26 @@ async def ask_at_terminal(req: Request) -> Decision:
 
 
 async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], session_dir: Path | None, show,
-               print_answer: PrintAnswer, goal=None, approve_plan: bool = False) -> int:
+               print_answer: PrintAnswer, goal=None, approve_plan: bool = False, overrides: dict | None = None) -> int:
     """One session: the task (or each prompt of a stream, a turn each), or a goal. In plan mode the
-    plan is the answer; `approve_plan` approves it and carries it out in the same session."""
+    plan is the answer; `approve_plan` approves it and carries it out in the same session. The session
+    is in the registry as the daemon's are (daemon/registry.py): listed while it runs, closed after."""
     from agent.model import OpenAIModel
     from agent.session import Session
+    from daemon.registry import Hosted, InUse
 
     model = OpenAIModel(config.model)
     gate = None
     if config.refine.gate_taskset:  # evals (and what it imports) only when a gate is asked for
         from evals.gate import gate_for as gate
     session = Session(config, model, cwd=cwd, session_dir=session_dir, on_event=show, ask=ask_at_terminal, gate=gate)
+    title = title_of(goal.text if goal is not None else task) if isinstance(task, str) else None
+    try:
+        hosted = Hosted.register(session.id, session.layout, cwd, config, overrides or {}, title)
+    except (InUse, FileExistsError) as e:
+        print(f"prime-agent: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    session.listeners.insert(0, hosted.on_event)  # journaled before it is shown
     loop = asyncio.get_running_loop()
     on_ctrl_c(session.interrupt, "stop at once", running=lambda: session.turn is not None)
     try:
@@ -290,6 +316,7 @@ async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], sessio
             result = None
             async for prompt in task:
                 result = await session.prompt(prompt)
+        await session.checkpoints.settle()  # the last turn's end checkpoint: `rewind` can come back to it
     except asyncio.CancelledError:
         print("prime-agent: stopped", file=sys.stderr)
         return EXIT_CODES["interrupted"]
@@ -297,8 +324,11 @@ async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], sessio
         # Keep Ctrl-C handled while the kernel shuts down; a third press changes nothing now.
         loop.remove_signal_handler(signal.SIGINT)
         loop.add_signal_handler(signal.SIGINT, lambda: None)
-        await session.close()
-        await model.close()
+        try:
+            await session.close()
+            await model.close()
+        finally:
+            hosted.close()
         loop.remove_signal_handler(signal.SIGINT)
     if goal is not None:
         answer = session.last_result.answer if session.last_result else None

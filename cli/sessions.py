@@ -1,7 +1,9 @@
 """Commands that work through the daemon: `sessions`, `send`, `attach`, `kernel`.
 
-Each starts the daemon when it is not running. `attach` follows a session's events until Ctrl-C,
-which detaches and leaves the session running.
+Each starts the daemon when it is not running. `sessions` lists every session, whichever front
+made it (`prime-agent run` too); `sessions close ID` (or `--idle`: every session nothing runs in)
+stops a session's turns and kernel, and leaves it listed: a prompt opens it again. `attach` follows
+a session's events until Ctrl-C, which detaches and leaves the session running.
 """
 
 from __future__ import annotations
@@ -17,10 +19,16 @@ from pathlib import Path
 from cli.follow import follow
 from cli.show import Printer, print_json
 from daemon.client import DaemonError, connect, own_key
+from daemon.schemas import SessionInfo
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     if command == "sessions":
+        p.add_argument("action", nargs="?", choices=["list", "close"], default="list",
+                       help="list (the default), or close: stop a session's turns and kernel (it stays listed, "
+                            "and a prompt opens it again)")
+        p.add_argument("session", nargs="?", help="with close: the session to close")
+        p.add_argument("--idle", action="store_true", help="with close: every session nothing runs or waits in")
         p.add_argument("--json", action="store_true")
     elif command == "send":
         p.add_argument("session")
@@ -48,18 +56,56 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def _sessions(args: argparse.Namespace) -> int:
+    if args.action == "close":
+        return await _close(args)
+    if args.session is not None or args.idle:
+        print("prime-agent: a session id and --idle go with `sessions close`", file=sys.stderr)
+        return 2
     async with await connect() as client:
         rows = await client.sessions()
     if args.json:
         print(json.dumps([s.model_dump() for s in rows], indent=2))
         return 0
     for s in rows:
-        age = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created))
-        sandbox = f"  [sandbox: {s.sandbox}]" if s.sandbox and s.sandbox != "workspace-write" else ""
-        goal = f"  [goal {s.goal}]" if s.goal else ""
-        print(f"{s.id}  {s.state:<8} {s.turns:>3} turns  {age}  {s.model:<20} {s.cwd}  {s.title or ''}{sandbox}{goal}")
+        print(_row(s))
     if not rows:
         print("(no sessions)", file=sys.stderr)
+    return 0
+
+
+def _row(s: SessionInfo) -> str:
+    age = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created))
+    title = (s.title or "(untitled)").replace("\n", " ")
+    sandbox = f"  [sandbox: {s.sandbox}]" if s.sandbox and s.sandbox != "workspace-write" else ""
+    goal = f"  [goal {s.goal}]" if s.goal else ""
+    where = f"  [in prime-agent run, pid {s.elsewhere}]" if s.elsewhere is not None else ""
+    return f"{s.id}  {s.state:<8} {s.turns:>3} turns  {age}  {title}  ({s.model}, {s.cwd}){sandbox}{goal}{where}"
+
+
+async def _close(args: argparse.Namespace) -> int:
+    if (args.session is None) == (not args.idle):
+        print("prime-agent: sessions close needs a session id, or --idle (every session nothing runs in)",
+              file=sys.stderr)
+        return 2
+    async with await connect() as client:
+        if args.session is not None:
+            info = await client.close_session(args.session)
+            print(f"closed {info.id}  {info.title or ''}".rstrip())
+            return 0
+        closed = 0
+        for s in await client.sessions():
+            if s.state not in ("idle", "dormant") or s.elsewhere is not None:
+                continue
+            try:
+                info = await client.close_session(s.id, if_idle=True)
+            except DaemonError as e:  # it became busy, or went, since the listing
+                if e.status not in (404, 409):
+                    raise
+                continue
+            print(f"closed {info.id}  {info.title or ''}".rstrip())
+            closed += 1
+        if not closed:
+            print("(no idle sessions to close)", file=sys.stderr)
     return 0
 
 

@@ -26,7 +26,10 @@ class Printer:
         self.console = Console(stderr=True, highlight=False)
         self.streaming = False
         self.said = ""
-        """The model's latest run of streamed text (its answer, when it answered in text)."""
+        """The text the model's latest call streamed (its answer, when it answered in text), a retry's
+        rest of a dropped stream included: what the person read."""
+        self.fresh = True
+        """The next streamed text is a new model call's (not the rest of one a retry picks up)."""
         self.lines = 0
         """Output lines of the running cell so far (past MAX_LINES they are counted, not shown)."""
 
@@ -49,8 +52,8 @@ class Printer:
 
         c = self.console
         if isinstance(e, ev.ModelDelta):
-            if not self.streaming:
-                self.said = ""
+            if self.fresh:
+                self.said, self.fresh = "", False
             self.streaming = True
             if not e.reasoning:
                 self.said += e.text
@@ -59,6 +62,8 @@ class Printer:
         if self.streaming:
             c.print()
             self.streaming = False
+        if not isinstance(e, ev.ModelRetry | ev.ModelFallback):  # a retry streams only what was not shown
+            self.fresh = True
         match e:
             case ev.SessionStarted() | ev.SessionResumed():
                 if e.context_window:  # the window in force: the user's, else what the server said, else the default

@@ -41,6 +41,7 @@ from daemon.manager import SessionManager
 from daemon.schedules import NewSchedule, Schedule
 from daemon.schemas import (
     ApprovalDecision,
+    CloseSession,
     CreateSession,
     Decide,
     DecideApproval,
@@ -83,7 +84,7 @@ STATUS = {
     "no_checkpoint": 409,
     "rewind_conflict": 409, "bad_rewind": 400, "rewind_failed": 409, "too_many_sessions": 429, "stopping": 503,
     "write_failed": 503, "disk_full": 507,
-    "goal_running": 409, "no_goal": 404, "too_many_goals": 429, "remote_loosening": 403,
+    "goal_running": 409, "in_use": 409, "no_goal": 404, "too_many_goals": 429, "remote_loosening": 403,
 }
 """The HTTP status of each reason the daemon refuses a request (daemon.errors.Refused)."""
 
@@ -147,16 +148,28 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
 
     @app.get("/v1/sessions")
     async def list_sessions() -> list[SessionInfo]:
-        return [s.info() for s in sorted(manager.sessions.values(), key=lambda s: s.meta.created)]
+        """Every session of the registry, whichever front made it (`prime-agent run` too), oldest first."""
+        return manager.listing()
 
     @app.get("/v1/sessions/{session_id}")
     async def get_session(session_id: str) -> SessionInfo:
-        return manager.get(session_id).info()
+        return manager.info(session_id)
 
     @app.patch("/v1/sessions/{session_id}")
     async def update_session(session_id: str, req: UpdateSession) -> SessionInfo:
         managed = manager.get(session_id)
         await managed.update(req.title, req.model, req.sandbox)
+        return managed.info()
+
+    @app.post("/v1/sessions/{session_id}/close")
+    async def close_session(session_id: str, req: CloseSession | None = None) -> SessionInfo:
+        """Close the session: its goal and turns stop (queued prompts are dropped, said why), then its
+        kernel. It stays listed (`closed`); a prompt opens it again. `if_idle`: only if nothing runs
+        or waits in it (else 409 `busy`)."""
+        managed = manager.get(session_id)
+        if req is not None and req.if_idle and managed.busy():
+            raise Refused("busy", f"session {session_id} is busy (a turn, queued prompts, a goal, or background work)")
+        await managed.end()
         return managed.info()
 
     @app.delete("/v1/sessions/{session_id}", status_code=204)

@@ -186,6 +186,10 @@ class Client:
     async def sleep(self, session_id: str) -> SessionInfo:
         return await self._typed(SessionInfo, "POST", f"/v1/sessions/{session_id}/sleep")
 
+    async def close_session(self, session_id: str, if_idle: bool = False) -> SessionInfo:
+        """Close the session (it stays listed; a prompt opens it again); `if_idle`: only if nothing runs in it."""
+        return await self._typed(SessionInfo, "POST", f"/v1/sessions/{session_id}/close", json={"if_idle": if_idle})
+
     async def delete(self, session_id: str) -> None:
         await self._call("DELETE", f"/v1/sessions/{session_id}")
 

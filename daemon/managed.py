@@ -30,12 +30,13 @@ from daemon.errors import Refused
 from daemon.fanout import Fanout, Subscriber
 from daemon.goals import DaemonGoal
 from daemon.journal import EventJournal
-from daemon.meta import SessionMeta
+from daemon.meta import SessionMeta, title_of
 from daemon.schemas import Interrupted, MessageAccepted, ModelKey, PlanDecision, SessionInfo
 from daemon.turns import TurnQueue
 
 log = logging.getLogger(__name__)
 RESTARTED = "The daemon restarted"
+RUN_ENDED = "The `prime-agent run` that hosted this session ended"
 SLEPT = "The session was idle and its kernel was stopped to free memory"
 NO_KEY = ("the daemon has no API key for this session: export OPENAI_API_KEY in your shell and send the prompt "
           "again (the daemon takes the key from the client that creates the session or sends it a prompt, and "
@@ -78,7 +79,7 @@ class ManagedSession:
         """Models switched away from, closed with the session (background work may still use them)."""
         self._waking = asyncio.Lock()
         self.last_active = time.monotonic()
-        self._woken_because = RESTARTED
+        self._woken_because = RESTARTED if meta.host == "daemon" else RUN_ENDED
         """Why a dormant session is dormant, told to the model when it wakes."""
         self.closed = False
 
@@ -104,8 +105,10 @@ class ManagedSession:
             state = "running"
         elif self.queue.busy():
             state = "queued"
+        elif self.session is not None:
+            state = "idle"
         else:
-            state = "idle" if self.session is not None else "dormant"
+            state = "closed" if m.closed else "dormant"
         return SessionInfo(
             id=m.id, cwd=m.cwd, model=m.model, base_url=m.base_url, title=m.title, created=m.created, state=state,
             turns=m.turns, queued=len(m.queued), last_seq=self.journal.last_seq, usage=m.usage,
@@ -143,14 +146,7 @@ class ManagedSession:
             self.fanout.publish(0, event.model_copy(update={"seq": 0}).model_dump_json())
             raise
         self.fanout.publish(event.seq, line)
-        if isinstance(event, ev.TurnStarted):
-            self.meta.turns += 1
-        elif isinstance(event, ev.UsageCharged):
-            self.meta.usage += event.usage
-        elif isinstance(event, ev.TurnFinished):
-            if self.meta.running_turn == event.turn_id:
-                self.meta.running_turn = None
-            self.meta.usage += event.usage
+        if self.meta.account(event):  # a turn's end
             try:
                 self.save()
                 self.journal.sync()
@@ -175,8 +171,11 @@ class ManagedSession:
     # --- turns -------------------------------------------------------------------------------
 
     def send(self, text: str, mode: str, key: ModelKey | None = None) -> MessageAccepted:
-        """Queue a prompt (or steer the running turn); `key`: the sending client's model key."""
+        """Queue a prompt (or steer the running turn); `key`: the sending client's model key. The
+        first prompt names a session that has no title."""
         self.use_key(key)
+        if self.meta.title is None and not self.closed:
+            self.meta.title = title_of(text)  # saved by the queue
         return self.queue.send(text, mode)
 
     async def interrupt(self, drop_queued: bool, turn_id: str | None = None) -> Interrupted:
@@ -270,6 +269,9 @@ class ManagedSession:
                 await session.close()
                 await model.close()
                 raise
+            if self.meta.closed or self.meta.host != "daemon":  # open again, here
+                self.meta.closed, self.meta.host = False, "daemon"
+                self.save()
             return session
 
     async def close(self, why: str = "the session was deleted") -> None:
@@ -284,6 +286,19 @@ class ManagedSession:
             self._retired = []
         self.fanout.end_all()
         self.journal.close()
+
+    async def end(self, why: str = "the session was closed") -> None:
+        """`sessions close`: stop its goal and its turns (queued ones dropped, said why), then its kernel
+        and children. It stays listed, closed; a prompt, a rewind or an attach that needs it opens it again."""
+        if self.goal.running():
+            self.goal.stop()
+        await self.goal.close()
+        await self.queue.stop(why, self.manager.config.kernel.interrupt_grace + 5)
+        if self.session is not None:
+            await self.session.checkpoints.settle()  # the last turn's end checkpoint: a rewind can come back to it
+        await self.sleep()
+        self.meta.closed = True
+        self.save()
 
     def busy(self) -> bool:
         """A turn running or queued, a goal being pursued, something waking it, or work of its own in
@@ -318,15 +333,16 @@ class ManagedSession:
         left queued."""
         if self.layout.rewind_intent.is_file():
             self._finish_rewind()
+        ended = RESTARTED if self.meta.host == "daemon" else RUN_ENDED
         turn_id = self.meta.running_turn
         if turn_id is not None:
-            why = f"{RESTARTED} while this turn ran; the turn was cut short"
+            why = f"{ended} while this turn ran; the turn was cut short"
             finished = finish_cut_turn(self.layout.trajectory, turn_id, why)
             seen = any(json.loads(line).get("turn_id") == turn_id
                        for _, line in self.journal.read_after(0) if '"turn.finished"' in line)
             if not seen:
                 if finished is None:
-                    self.queue.never_ran(turn_id, f"{RESTARTED} before this turn began")
+                    self.queue.never_ran(turn_id, f"{ended} before this turn began")
                 else:
                     self.emit(ev.TurnFinished(turn_id=turn_id, outcome=finished.outcome, answer=finished.answer,
                                               error=finished.error, usage=finished.usage, duration=finished.duration,

@@ -8,6 +8,7 @@ import asyncio
 import copy
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,13 @@ from daemon import meta as meta_file
 from daemon.errors import Refused
 from daemon.managed import ManagedSession
 from daemon.meta import SCHEMA, SessionMeta
+from daemon.registry import InUse, adopt, held_by
 from daemon.schedules import Scheduler
-from daemon.schemas import CreateSession
+from daemon.schemas import CreateSession, SessionInfo
 
 log = logging.getLogger(__name__)
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+"""What a session id may be (a directory name under sessions/, never a path)."""
 
 # The regression gate for a session (agent.refine.GateFactory). The daemon cannot build one itself
 # (gates run task sets, a layer above it); the command line that starts it hands it `evals.gate.gate_for`.
@@ -48,25 +52,14 @@ class SessionManager:
         self.write_error: str | None = None
         """The last write the disk refused (a full disk), until a turn's records are written again."""
         self._sweeper: asyncio.Task | None = None
+        self._gone: set[str] = set()
+        """Deleted sessions, whose files stay: never taken up again."""
         self.scheduler = Scheduler(self, root)
 
     async def start(self) -> None:
         """Load every session on disk (closing turns a crash cut) and fill the kernel pool."""
         reap_orphans(self.root)  # what the kernels of a killed daemon (or `prime-agent run`) left running
-        for layout in session_layouts(self.root, having="meta"):
-            try:
-                meta = meta_file.load(layout)
-            except (ValidationError, ValueError, OSError) as e:
-                log.error("skipping %s: %s", layout.meta, e)
-                continue
-            if meta.deleted:
-                continue
-            managed = ManagedSession(self, meta, layout)
-            try:
-                managed.recover()
-            except Exception:
-                log.exception("session %s could not be recovered", meta.id)
-            self.sessions[meta.id] = managed
+        self.scan()
         self.pool.fill()
 
         def room() -> bool:
@@ -112,9 +105,83 @@ class SessionManager:
                     await s.sleep()
 
     def get(self, session_id: str) -> ManagedSession:
+        """A session of the registry: one this daemon hosts, or one another process made since (and has
+        ended: one it still hosts is refused, `in_use`)."""
         managed = self.sessions.get(session_id)
+        if managed is None and SESSION_ID.fullmatch(session_id) and session_id not in self._gone:
+            layout = SessionLayout.of(session_id, self.root)
+            if not layout.meta.exists() and layout.trajectory.is_file() and held_by(layout) is None:
+                self._adopt(layout)
+            if layout.meta.is_file():
+                pid = held_by(layout)
+                if pid is not None:
+                    raise Refused("in_use", str(InUse(session_id, pid)))
+                managed = self._load(layout)
         if managed is None:
             raise Refused("not_found", f"no session {session_id!r}")
+        return managed
+
+    def info(self, session_id: str) -> SessionInfo:
+        """What `get` finds, and a session another process hosts now as it is (not refused)."""
+        try:
+            return self.get(session_id).info()
+        except Refused as e:
+            if e.code != "in_use":
+                raise
+        layout = SessionLayout.of(session_id, self.root)
+        pid = held_by(layout)
+        info = _elsewhere(layout, pid) if pid is not None else None
+        return info or self.get(session_id).info()  # it ended meanwhile
+
+    def listing(self) -> list[SessionInfo]:
+        """Every session of the registry, oldest first: this daemon's, and those other processes made
+        (`prime-agent run`), taken up once they have ended, listed as they are while they run."""
+        elsewhere = self.scan()  # first: what it takes up is listed with the rest
+        return sorted([s.info() for s in self.sessions.values()] + elsewhere, key=lambda i: i.created)
+
+    def scan(self) -> list[SessionInfo]:
+        """Take up the sessions on disk this daemon does not host yet (closing the turns a crash cut);
+        those another process hosts now are left alone, and returned as they are."""
+        elsewhere = []
+        for layout in session_layouts(self.root, having="trajectory"):  # what older `run`s left: entered first
+            if not layout.meta.exists() and layout.dir.name not in self._gone and held_by(layout) is None:
+                self._adopt(layout)
+        for layout in session_layouts(self.root, having="meta"):
+            session_id = layout.dir.name
+            if session_id in self.sessions or session_id in self._gone:
+                continue
+            pid = held_by(layout)
+            if pid is None:
+                self._load(layout)
+            elif (info := _elsewhere(layout, pid)) is not None:
+                elsewhere.append(info)
+        return elsewhere
+
+    def _adopt(self, layout: SessionLayout) -> None:
+        """A session an older `prime-agent run` left, entered in the registry (or never looked at again)."""
+        try:
+            if adopt(layout) is None:
+                self._gone.add(layout.dir.name)
+        except (OSError, ValueError) as e:
+            log.error("%s could not be entered in the registry: %s", layout.dir, e)
+            self._gone.add(layout.dir.name)
+
+    def _load(self, layout: SessionLayout) -> ManagedSession | None:
+        """A session from its files, recovered; None for a deleted one, or one that cannot be read."""
+        try:
+            meta = meta_file.load(layout)
+        except (ValidationError, ValueError, OSError) as e:
+            log.error("skipping %s: %s", layout.meta, e)
+            return None
+        if meta.deleted:
+            self._gone.add(meta.id)
+            return None
+        managed = ManagedSession(self, meta, layout)
+        try:
+            managed.recover()
+        except Exception:
+            log.exception("session %s could not be recovered", meta.id)
+        self.sessions[meta.id] = managed
         return managed
 
     async def create(self, req: CreateSession, may_loosen: bool = True) -> ManagedSession:
@@ -149,6 +216,7 @@ class SessionManager:
     async def delete(self, session_id: str) -> None:
         managed = self.get(session_id)
         del self.sessions[session_id]
+        self._gone.add(session_id)
         managed.meta.deleted = True
         managed.save()
         await managed.close()
@@ -174,6 +242,19 @@ class SessionManager:
                     log.error("session %s: its drain failed: %s", s.id, result, exc_info=result)
         finally:
             await self.pool.close()
+
+
+def _elsewhere(layout: SessionLayout, pid: int) -> SessionInfo | None:
+    """A session another process (`pid`) hosts, as its `session.json` says it is; None if unreadable."""
+    try:
+        meta = meta_file.load(layout)
+    except (ValidationError, ValueError, OSError) as e:
+        log.error("skipping %s: %s", layout.meta, e)
+        return None
+    return SessionInfo(id=meta.id, cwd=meta.cwd, model=meta.model, base_url=meta.base_url, title=meta.title,
+                       created=meta.created, updated=meta.updated or meta.created,
+                       state="running" if meta.running_turn else "idle", turns=meta.turns, queued=0, last_seq=0,
+                       usage=meta.usage, dir=str(layout.dir), elsewhere=pid)
 
 
 def validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:

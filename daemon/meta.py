@@ -13,10 +13,11 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from agent import events as ev
 from agent.events import EVENTS, migrate_v1
 from agent.goals import GoalState
 from agent.layout import SessionLayout
@@ -59,10 +60,47 @@ class SessionMeta(BaseModel):
     """The session's goal, running or the last one to end (a restart resumes one its budget has room for)."""
     updated: float = 0.0
     """When the session was last prompted or finished a turn."""
+    host: Literal["daemon", "run"] = "daemon"
+    """What hosts the session now, or did last: the daemon, or the `prime-agent run` that made it."""
+    closed: bool = False
+    """Closed (`prime-agent sessions close`, or the end of the `prime-agent run` that hosted it): no
+    kernel, nothing running; it stays listed, and a prompt opens it again."""
 
     def save(self, layout: SessionLayout) -> None:
         self.updated = time.time()
         write_atomically(layout.meta, self.model_dump_json(indent=1))
+
+    def account(self, event: ev.Event) -> bool:
+        """Keep what this file says of the session's events (turns, usage, the running turn, a title
+        from the first prompt), whichever process hosts it; True at a turn's end, when it is to be saved."""
+        if isinstance(event, ev.TurnStarted):
+            self.turns += 1
+            self.assigned = max(self.assigned, self.turns)  # the daemon's next turn id follows a run's turns
+            self.running_turn = event.turn_id
+            if self.title is None:
+                self.title = title_of(event.prompt)
+        elif isinstance(event, ev.UsageCharged):
+            self.usage += event.usage
+        elif isinstance(event, ev.TurnFinished):
+            if self.running_turn == event.turn_id:
+                self.running_turn = None
+            self.usage += event.usage
+            return True
+        return False
+
+
+TITLE_LENGTH = 60
+
+
+def title_of(prompt: str) -> str | None:
+    """A session's title, from its first prompt: the prompt's first line that says something, on one
+    line, cut to `TITLE_LENGTH` characters (None for a prompt of blanks)."""
+    text = prompt.encode("utf-8", "replace").decode("utf-8")  # lone surrogates (argv's undecodable bytes) as '?'
+    for line in text.splitlines():
+        line = " ".join(line.split())
+        if line:
+            return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
+    return None
 
 
 def load(layout: SessionLayout) -> SessionMeta:

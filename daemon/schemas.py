@@ -10,8 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from agent.config import ModelConfig
 from agent.types import Budget, Usage
 
-SessionState = Literal["idle", "queued", "running", "dormant"]
-"""dormant: known from disk, no kernel yet (after a daemon restart); it wakes on the next prompt."""
+SessionState = Literal["idle", "queued", "running", "dormant", "closed"]
+"""dormant: known from disk, no kernel yet (after a daemon restart, or put to sleep when idle); it wakes on the
+next prompt. closed: closed by a person (`sessions close`) or ended with the `prime-agent run` that made it; a
+prompt opens it again."""
 
 
 class _Body(BaseModel):
@@ -87,6 +89,13 @@ class SessionInfo(BaseModel):
                                "tighten the sandbox), a line each (live sessions).")
     goal: str | None = Field(None, description="The session's goal (running, or the last to end) in a line: "
                              "`running · continuation 2 of 10 · 1,200 tokens`; GET .../goal has all of it.")
+    elsewhere: int | None = Field(None, description="The pid of the process that hosts the session outside the "
+                                  "daemon now (`prime-agent run`): listed, not to be prompted, rewound or closed "
+                                  "until that process ends.")
+
+
+class CloseSession(_Body):
+    if_idle: bool = Field(False, description="Only if nothing runs or waits in the session (else 409 `busy`).")
 
 
 class UpdateSession(_Body):

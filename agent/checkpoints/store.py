@@ -24,6 +24,20 @@ EXCLUDE = f"*{safefs.TMP_SUFFIX}\n/.prime-agent/harness/\n"
 
 
 
+def _inside(path: Path, workspace: Path) -> list[str]:
+    """`path` relative to the workspace, as a one-item list, where it is inside it (and not it)."""
+    try:
+        rel = path.resolve().relative_to(workspace)
+    except ValueError:
+        return []
+    return [rel.as_posix()] if rel.parts else []
+
+
+def _glob_escape(rel: str) -> str:
+    """A path as a gitignore pattern that matches it alone."""
+    return "".join("\\" + c if c in "*?[]\\!# " else c for c in rel)
+
+
 @dataclass
 class Snapshot:
     tree: str
@@ -40,8 +54,12 @@ class WorkspaceStore:
         self.workspace = workspace.resolve()
         self.config = config
         key = hashlib.sha256(str(self.workspace).encode()).hexdigest()[:16]
-        self.git_dir = (root or home() / "checkpoints") / f"{self.workspace.name or 'root'}-{key}"
+        store = root or home() / "checkpoints"
+        self.git_dir = store / f"{self.workspace.name or 'root'}-{key}"
         self.index = self.git_dir / "indexes" / session_id
+        self._exclude = [f"--exclude=/{_glob_escape(rel)}/" for d in {home(), store} for rel in _inside(d, self.workspace)]
+        """$PRIME_AGENT_HOME where it is inside the workspace (`PRIME_AGENT_HOME=home`): its records, and
+        this store, are never the workspace's files."""
         self._ready = False
         self._tree: str | None = None
         """The tree of this session's index as last written (unchanged while nothing changed)."""
@@ -85,7 +103,7 @@ class WorkspaceStore:
         """The workspace as a tree now: every file git would not ignore, within the size caps."""
         self._ensure()
         c = self.config
-        listed = self._git("ls-files", "-z", "-t", "-m", "-o", "--exclude-standard").split(b"\0")
+        listed = self._git("ls-files", "-z", "-t", "-m", "-o", "--exclude-standard", *self._exclude).split(b"\0")
         update, drop, skipped, stored = [], [], [], 0
         for item in filter(None, listed):
             tag, rel = item[:1], os.fsdecode(item[2:])

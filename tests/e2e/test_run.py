@@ -59,7 +59,9 @@ def test_fixes_a_failing_test_in_a_small_repository(project: Path, prime_home: P
     cells = [r for r in records if isinstance(r, CellRecord)]
     assert [c.cell.code.splitlines()[0] for c in cells] == ["print(read('calc.py'))", "edit('calc.py', 'return a - b', 'return a + b')", "%%bash"]
     assert "1 passed" in cells[2].result.stdout
-    assert isinstance(records[-1], TurnFinished) and records[-1].outcome == "completed"
+    (finished,) = [r for r in records if isinstance(r, TurnFinished)]
+    assert finished.outcome == "completed"
+    assert (records[-1].kind, records[-1].at) == ("checkpoint", "end")  # kept before run exits: `rewind` comes back to it
     # what the model saw after the pytest cell
     assert "1 passed" in server.requests[3]["messages"][-1]["content"]
 
@@ -301,3 +303,23 @@ def test_run_fits_a_server_that_lists_its_context_and_refuses_tools(project: Pat
     assert said.count("fake-model · ctx 8,192") == 1 and said.count("goes on in text mode") == 1
     assert said.count("the short base prompt is used") == 1  # the full one is over an eighth of 8,192 tokens
     assert "--enable-auto-tool-choice" in said and "42" in said
+
+
+def test_at_a_terminal_the_answer_is_printed_once_even_when_its_stream_was_retried(project: Path):
+    answer = "The answer is 42, as a long and careful analysis of everything shows."
+    master, slave = os.openpty()
+    with OpenAIServer([Reply(content=answer, drop=True), Reply(content=answer)]) as server:
+        env = dict(os.environ, OPENAI_BASE_URL=server.base_url, PRIME_AGENT_MODEL="fake-model")
+        p = subprocess.Popen([sys.executable, "-c", AT_A_TERMINAL, os.ttyname(slave), PRIME_AGENT, "run", "q"],
+                             cwd=project, env=env, start_new_session=True)
+        seen = bytearray()
+        try:
+            _read_until(master, seen, b"[session ", 1)
+            assert p.wait(timeout=60) == 0, seen.decode(errors="replace")
+        finally:
+            p.kill()
+            os.close(master)
+            os.close(slave)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", seen.decode(errors="replace"))
+    assert "retry 1" in out  # the stream dropped midway and the retry streamed the rest
+    assert " ".join(out.split()).count("careful analysis of everything shows.") == 1, out
