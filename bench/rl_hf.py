@@ -62,8 +62,8 @@ def measure(model: Path, lora: str | None, steps: int, out: Path, vllm: str | No
 
     training.train_step = timed_step
     try:
-        history = training.train(cfg, log=lambda *_: None, progress=False, orchestrator=lambda url: Recording(
-            batches, url, env, cfg.train, tokenizer=tokenizer))
+        history = training.train(cfg, log=lambda *_: None, progress=False, orchestrator=lambda servers: Recording(
+            batches, servers, env, cfg.train, tokenizer=tokenizer))
     finally:
         training.train_step = real_step
     tokens = [sum(len(s.prompt_ids) + len(s.completion_ids) for s in b.samples) for b in batches]

@@ -74,6 +74,29 @@ class LossConfig(_Section):
         return {k: v for k, v in self.model_dump(exclude={"name"}).items() if v is not None and k in DEFAULTS[self.name]}
 
 
+class DifficultyConfig(_Section):
+    """Which tasks a step trains on, by how often the current policy solves them (INTELLECT-2 kept tasks
+    solved at most 75% of the time from 8 samples). Online: each task a step draws is first sampled
+    `samples` times (rollouts that only measure, never trained on), and enters the batch only when its solve
+    rate lies in [min_solve_rate, max_solve_rate]; more tasks are drawn to fill the batch (train.max_rounds).
+    `tasks_measured`, `tasks_too_easy`, `tasks_too_hard` are in metrics.jsonl every step."""
+
+    samples: int = Field(8, ge=1)
+    """Rollouts per task to estimate its solve rate."""
+    max_solve_rate: float = Field(0.75, ge=0, le=1)
+    """Tasks solved more often than this are too easy: left out."""
+    min_solve_rate: float = Field(0.0, ge=0, le=1)
+    """Tasks solved less often than this are too hard: left out."""
+    solved_at: float = Field(1.0, ge=0, le=1)
+    """A rollout solves its task when its reward is at least this (1.0: a perfect answer)."""
+
+    @model_validator(mode="after")
+    def _a_range(self) -> DifficultyConfig:
+        if self.min_solve_rate > self.max_solve_rate:
+            raise ValueError(f"min_solve_rate ({self.min_solve_rate}) is above max_solve_rate ({self.max_solve_rate})")
+        return self
+
+
 class TrainConfig(_Section):
     steps: int = Field(50, ge=0)
     """Optimizer steps of RL."""
@@ -97,6 +120,17 @@ class TrainConfig(_Section):
     std_normalize: bool = False
     """Also divide each group's advantages (reward minus the group's mean, rl.advantages) by the std of its
     scored rewards. Off by default, as in prime-rl."""
+    skip_zero_advantage: bool = False
+    """Drop groups whose rollouts all score alike (no signal; counted as `zero_advantage_groups`) and draw more
+    tasks until the batch holds batch_size groups with signal, for at most max_rounds more rounds
+    (INTELLECT-2). `useful_groups` and `extra_rounds` are in metrics.jsonl every step. Off: such groups still
+    take their place in the batch, training nothing."""
+    difficulty: DifficultyConfig | None = None
+    """Keep only tasks the current policy solves at a rate in range, e.g. `{samples = 8, max_solve_rate =
+    0.75}` (unset: every task)."""
+    max_rounds: int = Field(4, ge=0)
+    """With skip_zero_advantage or difficulty: the most extra rounds of tasks (each as many as the batch still
+    lacks) a step draws to fill its batch; a batch still short after them trains on what it holds."""
     async_level: int = Field(0, ge=0)
     """Batches sampling may run ahead of training (0: sample, then train)."""
     max_off_policy_steps: int = Field(1, ge=0)
@@ -127,10 +161,53 @@ class TrainConfig(_Section):
     """With rollout_url: the endpoint that loads weights from a path and answers once the server samples
     with them (default: rollout_url + "/reload", the policy server's). vLLM's own work as they are:
     "http://HOST:PORT/collective_rpc" (a model directory) or "http://HOST:PORT/v1/load_lora_adapter" (a LoRA
-    run's adapter, loaded as rollout_model); see rl.orchestrator.reload."""
+    run's adapter, loaded as rollout_model); see rl.fleet.reload."""
     rollout_model: str = "policy"
     """The model rollout requests name: vLLM's served model name, or with load_lora_adapter the adapter's
     name (the policy server takes any)."""
+    rollout_urls: list[str] = Field(default_factory=list)
+    """Several such servers (rollout_url is the case of one): each request goes to the least-loaded live one,
+    a step's tasks split across them; after each step all of them load the new weights at once, and one that
+    fails to (or cannot be reached) leaves the rotation, reported in the console and as `servers_lost` in
+    metrics.jsonl, while training goes on with the rest (rl/fleet.py). Each rollout carries the policy
+    version its server held."""
+    reload_urls: list[str] = Field(default_factory=list)
+    """With rollout_urls: each one's reload_url, in the same order (default: each URL + "/reload")."""
+
+    @model_validator(mode="after")
+    def _one_way_to_name_servers(self) -> TrainConfig:
+        if self.rollout_url and self.rollout_urls:
+            raise ValueError("rollout_url and rollout_urls: name the servers in one of them")
+        if self.reload_url and self.rollout_urls:
+            raise ValueError("reload_url is rollout_url's: with rollout_urls, set reload_urls")
+        if self.reload_urls and len(self.reload_urls) != len(self.rollout_urls):
+            raise ValueError(f"reload_urls: {len(self.reload_urls)} for {len(self.rollout_urls)} rollout_urls")
+        return self
+
+    def rollout_servers(self) -> list[tuple[str, str]]:
+        """Each external rollout server's base URL and reload URL ([]: the trainer starts its own)."""
+        urls = self.rollout_urls or ([self.rollout_url] if self.rollout_url else [])
+        reloads = self.reload_urls or ([self.reload_url] if self.reload_url else [])
+        return [(u, reloads[i] if reloads else u.rstrip("/") + "/reload") for i, u in enumerate(urls)]
+
+
+class EvalConfig(_Section):
+    """Evaluation during training: every `every` steps the weights the rollout servers hold answer a fixed
+    selection of tasks (the one `prime-agent eval TASKSET -n TASKS --seed SEED` makes), each `rollouts`
+    times, as bare completions at train.temperature and train.max_tokens, scored by the task set's reward.
+    Eval rows (`"kind": "eval"`) go to metrics.jsonl, their mean reward onto reward.png, and the last
+    evaluation, task by task, to results.json. The run's first step is preceded by one (step 0)."""
+
+    every: int = Field(0, ge=0)
+    """Steps between evaluations (0: none); the last step is always followed by one."""
+    tasks: int | None = Field(None, ge=1)
+    """How many tasks (eval's -n; unset: the set's own size)."""
+    taskset: str | None = None
+    """A task set as `prime-agent eval` names it (unset: the training environment, with env.options)."""
+    seed: int = 0
+    """The selection's seed (eval's --seed); the sampling seed is the same at every evaluation."""
+    rollouts: int = Field(1, ge=1)
+    """Rollouts per task."""
 
 
 class RunConfig(_Section):
@@ -139,6 +216,7 @@ class RunConfig(_Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
     @field_validator("model")
     @classmethod
@@ -151,6 +229,19 @@ class RunConfig(_Section):
         elif model.lora is not None:
             raise ValueError("lora: an adapter trains on a Hugging Face model (model.hf)")
         return model
+
+    @model_validator(mode="after")
+    def _the_harness_samples_one_server_plainly(self) -> RunConfig:
+        t = self.train
+        if self.env.harness and len(t.rollout_urls) > 1:
+            raise ValueError("train.rollout_urls: rollouts through the harness (env.harness) come from one server")
+        if self.env.harness and self.eval.every:
+            raise ValueError("eval.every: evaluation during training samples bare completions, not yet rollouts "
+                             "through the harness (env.harness); evaluate checkpoints with `prime-agent eval`")
+        if self.env.harness and (t.skip_zero_advantage or t.difficulty is not None):
+            raise ValueError("train.skip_zero_advantage and train.difficulty apply to bare completions, not yet to "
+                             "rollouts through the harness (env.harness)")
+        return self
 
     @model_validator(mode="after")
     def _whole_samples_fit_a_packed_row(self) -> RunConfig:

@@ -27,16 +27,17 @@ from pathlib import Path
 
 import torch
 
-from evals.tasksets import select
+from evals.tasksets import load_taskset, select
 from rl import dist
-from rl.config import RunConfig, TrainConfig
+from rl.config import RunConfig
 from rl.envs import load as load_env
 from rl.envs.harness import HarnessOrchestrator, policy_view
 from rl.model import (
     MARKER, ByteTokenizer, Policy, build_policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint,
     save_weights, token_logprobs,
 )
-from rl.orchestrator import Batch, Orchestrator, reload
+from rl.fleet import Fleet
+from rl.orchestrator import Batch, Orchestrator, rollout_seed
 from rl.packing import backward, micro_batches
 from rl.serve import BackgroundServer, Engine
 
@@ -138,8 +139,9 @@ def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: Run
 
 
 def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -> list[dict]:
-    """RL steps; returns the metrics of each. `orchestrator(base_url)`, if given, makes what samples the
-    batches from the policy server at base_url (default: from the config). Under torchrun every rank
+    """RL steps; returns the metrics of each. `orchestrator(servers)`, if given, makes what samples the
+    batches from the rollout servers (an rl.fleet.Fleet: the built-in policy server, or train.rollout_urls;
+    default: from the config). Under torchrun every rank
     runs this (rl/dist.py): rank 0 samples, logs, writes metrics and returns them; the other ranks
     train their shares and return []."""
     main = dist.rank() == 0
@@ -170,9 +172,10 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
     else:
         torch.manual_seed(cfg.train.seed)
         model = build_policy(cfg.model)
-    # rank 0's sampler, with its own copy of the weights, unless an external server samples (rollout_url);
+    # rank 0's sampler, with its own copy of the weights, unless external servers sample (rollout_urls);
     # the agent's prompt is far longer than a byte policy's context: keep its tail
-    engine = sampler_engine(model, start, cfg) if main and not cfg.train.rollout_url else None
+    external = cfg.train.rollout_servers()
+    engine = sampler_engine(model, start, cfg) if main and not external else None
     vocab_size = int(model.output_weight.shape[0])  # the ids this policy can train on
     model = dist.shard(model)
     opt = torch.optim.AdamW(trainable(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
@@ -181,26 +184,36 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
         torch.set_rng_state(state["rng"])
 
     metrics_path = out / "metrics.jsonl"
-    history = [json.loads(line) for line in metrics_path.read_text().splitlines()] if resume and metrics_path.exists() else []
-    history = [h for h in history if h["step"] < start]
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if resume and metrics_path.exists() \
+        else []
+    # a step's row, and an evaluation's of the weights after `step` steps (the last one's kept on resume)
+    rows = [r for r in rows if r["step"] < start or (r.get("kind") == "eval" and r["step"] <= start)]
+    history, evals = [r for r in rows if r.get("kind") != "eval"], [r for r in rows if r.get("kind") == "eval"]
     if main:
-        metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
+        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evaluating = evaluation(cfg, env) if main and cfg.eval.every else None
 
     lagged: deque = deque()
-    with BackgroundServer(engine) if engine else nullcontext(cfg.train.rollout_url) as base_url, \
+    with BackgroundServer(engine) if engine else nullcontext() as base_url, \
             _Progress(cfg.train.steps, start, progress) if main else nullcontext() as bar:
-        sampler = None  # rank 0 samples; with N processes each rank trains on its share of every batch
+        sampler = servers = None  # rank 0 samples; with N processes each rank trains on its share of every batch
+        if main:
+            urls, reload_urls = zip(*external) if external else ([base_url], None)
+            servers = Fleet(list(urls), reload_urls and list(reload_urls), version=start,
+                            timeout=cfg.train.request_timeout, model=cfg.train.rollout_model)
         if main and orchestrator is not None:
-            sampler = orchestrator(base_url)
+            sampler = orchestrator(servers)
         elif main and cfg.env.harness:
-            sampler = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, out, vocab_size=vocab_size)
+            sampler = HarnessOrchestrator(servers.url, env, cfg.train, cfg.env, out, vocab_size=vocab_size)
         elif main:
-            sampler = Orchestrator(base_url, env, cfg.train, version=start, tokenizer=tokenizer(model))
-        publish = engine.update if engine else partial(_reload, cfg.train, out / "weights", model, sampler)
-        if cfg.train.rollout_url:  # an external server may hold other weights (a resumed run's are newer)
+            sampler = Orchestrator(servers, env, cfg.train, tokenizer=tokenizer(model))
+        publish = engine.update if engine else partial(_reload, out / "weights", model, servers)
+        if external:  # an external server may hold other weights (a resumed run's are newer)
             weights = dist.full_weights(model)
             if main:
                 publish(weights, start)
+        if evaluating and start == 0:  # where the run begins
+            evals.append(evaluate(sampler, *evaluating, cfg, 0, out, metrics_path, bar))
         batches = sampler.batches(start, cfg.train.steps) if main else None
         waited = time.time()
         for batch, share, loss_tokens in dist.scatter(batches, start, cfg.train.steps):
@@ -221,21 +234,67 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
                     seconds=time.time() - t, sampling_seconds=t - waited)
                 m["tokens_per_s"] = m["tokens"] / max(m["seconds"], 1e-9)
                 m["sampled_share"] = sampled_share(batch.counts)
+                if external:  # servers that left the rotation while this step sampled, or on its reload
+                    m["servers_live"], m["servers_lost"] = len(servers.live), servers.take_failures()
                 _check_finite(m)
                 history.append(m)
                 with open(metrics_path, "a") as f:
                     f.write(json.dumps(m) + "\n")
                 bar.line(console_line(m))
-                if (warning := lost_signal(m)) is not None:
+                for warning in filter(None, [lost_signal(m), *map(lost_server, m.get("servers_lost", []))]):
                     logger.warning(warning)
                     bar.warn(warning)
+                if evaluating and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.train.steps):
+                    evals.append(evaluate(sampler, *evaluating, cfg, step + 1, out, metrics_path, bar))
             if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
                 dist.save(out / "checkpoints" / f"step-{step + 1}", model, opt, step + 1, weights)
             waited = time.time()
     if not main:
         return []
-    plot(history, out / "reward.png")
+    plot(history, out / "reward.png", evals)
     return history
+
+
+# --- evaluation during training ------------------------------------------------------------------------
+
+
+def evaluation(cfg: RunConfig, env) -> tuple:
+    """What [eval] evaluates on: the task set that scores (the training environment unless eval.taskset names
+    one) and its fixed selection, the one `prime-agent eval` makes for that set, -n and --seed."""
+    e = cfg.eval
+    taskset = load_taskset(e.taskset) if e.taskset else env
+    if not callable(getattr(taskset, "reward", None)):
+        raise ValueError(f"eval.taskset {e.taskset!r} judges agent sessions only (no reward for a bare answer): "
+                         "evaluate it with `prime-agent eval`")
+    tasks = evaluation_tasks(e.taskset, e.tasks, e.seed) if e.taskset else env.tasks(e.tasks, seed=e.seed)
+    return taskset, tasks
+
+
+def evaluate(sampler: Orchestrator, taskset, tasks: list, cfg: RunConfig, step: int, out: Path, metrics_path: Path,
+             bar) -> dict:
+    """The weights the rollout servers hold after `step` steps, on the evaluation's tasks: an eval row appended to
+    metrics.jsonl (with the oldest policy version that answered) and printed; every task's rewards in results.json
+    (written whole, then moved in place)."""
+    e, started = cfg.eval, time.time()
+    groups = sampler.rollouts(tasks, e.rollouts, rollout_seed(e.seed, 0, "eval"))  # the same seed every time
+    scored = [[r if isinstance(r, str) else taskset.reward(t, r.text) for r in g] for t, g in zip(tasks, groups)]
+    rewards = [r for group in scored for r in group if not isinstance(r, str)]
+    versions = [r.version for g in groups for r in g if not isinstance(r, str)]
+    row = {"kind": "eval", "step": step, "policy_version": min(versions, default=None),
+           "taskset": e.taskset or cfg.env.name, "tasks": len(tasks),
+           "rollouts": len(tasks) * e.rollouts, "reward_mean": _mean(rewards),
+           "solve_rate": _mean([float(r >= 1.0) for r in rewards]),
+           "errored": sum(r == "errored" for g in scored for r in g),
+           "timed_out": sum(r == "timed_out" for g in scored for r in g), "seconds": time.time() - started}
+    results = {**row, "results": [{"task_id": t.id, "rewards": group} for t, group in zip(tasks, scored)]}
+    tmp = out / "results.json.partial"
+    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    tmp.replace(out / "results.json")
+    with open(metrics_path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    bar.note(f"eval {step:4d}  reward {row['reward_mean']:.3f}  solved {row['solve_rate']:.0%}  {row['tasks']} tasks "
+             f"x {e.rollouts}  ({row['errored'] + row['timed_out']} failed)  {row['seconds']:.1f}s")
+    return row
 
 
 def sampled_share(counts: dict[str, int]) -> float | None:
@@ -249,10 +308,26 @@ def console_line(m: dict) -> str:
     """A step's line: the reward, the loss, and what trained (a step that trained nothing says so, not 0 tok/s)."""
     share = m.get("sampled_share")
     trained = f"{m['tokens_per_s']:,.0f} tok/s" if m["tokens"] else "nothing trained"
-    return (f"step {m['step']:4d}  reward {m['reward_mean']:.3f}  loss {m['loss']:+.4f}  "
+    line = (f"step {m['step']:4d}  reward {m['reward_mean']:.3f}  loss {m['loss']:+.4f}  "
             f"mismatch_kl {m.get('mismatch_kl', 0):.2e}  masked {m.get('masked_fraction', 0):.3f}  "
             f"off_policy {m['off_policy_max']}  samples {m['samples']} "
             f"({'-' if share is None else f'{share:.0%}'} of rollouts with signal)  {trained}")
+    if "useful_groups" in m:  # the batch: groups with signal, and what it took to find them
+        line += f"  groups {m['useful_groups']}/{m['groups']} with signal"
+        rounds = m["extra_rounds"]
+        line += f" (+{rounds} round{'s' if rounds > 1 else ''})" if rounds else ""
+    if "tasks_measured" in m:
+        kept = m["tasks_measured"] - m["tasks_too_easy"] - m["tasks_too_hard"] - m["tasks_unmeasured"]
+        line += (f"  tasks in range {kept}/{m['tasks_measured']} ({m['tasks_too_easy']} too easy, "
+                 f"{m['tasks_too_hard']} too hard)")
+    if "servers_live" in m:
+        line += f"  servers live {m['servers_live']}"
+    return line
+
+
+def lost_server(failure: str) -> str:
+    """The warning of a rollout server that left the rotation: training goes on with the others."""
+    return f"rollout server out of rotation, training goes on with the others: {failure}"
 
 
 def lost_signal(m: dict) -> str | None:
@@ -276,20 +351,18 @@ def sampler_engine(model: torch.nn.Module, version: int, cfg: RunConfig):
                     dtype=getattr(torch, cfg.train.sampler_dtype))
 
 
-def _reload(c: TrainConfig, folder: Path, model: torch.nn.Module, orchestrator, weights: dict[str, torch.Tensor],
+def _reload(folder: Path, model: torch.nn.Module, servers: Fleet, weights: dict[str, torch.Tensor],
             version: int) -> None:
-    """New weights for an external rollout server (train.rollout_url): written where it can read them (a
-    LoRA run's adapter alone), loaded by it before the next request; the previous version's folder is then
-    removed."""
+    """New weights for the external rollout servers (train.rollout_urls): written once where they can read
+    them (a LoRA run's adapter alone), loaded by every live server at once before the next request (one that
+    fails leaves the rotation: rl/fleet.py); the previous version's folder is then removed."""
     path = folder / f"step-{version}"
     if isinstance(model, Policy):  # under FSDP2 the gathered weights; a Hugging Face model saves its own
         save_weights(path, weights, model.config)
     else:
         model.save(path, tied_head=True)
     (path / MARKER).write_text(str(version))
-    reload(c.reload_url or c.rollout_url.rstrip("/") + "/reload", path, c.request_timeout, c.rollout_model)
-    if isinstance(orchestrator, Orchestrator):  # for replies that name no version (vLLM's)
-        orchestrator.version = version
+    servers.reload(path, version)
     for old in folder.glob("step-*"):
         if old != path:
             shutil.rmtree(old)
@@ -305,14 +378,17 @@ def _check_finite(m: dict) -> None:
         raise FloatingPointError(f"step {m['step']}: non-finite {', '.join(bad)}")
 
 
-def plot(history: list[dict], path: Path) -> None:
+def plot(history: list[dict], path: Path, evals: list[dict] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([h["step"] for h in history], [h["reward_mean"] for h in history])
+    ax.plot([h["step"] for h in history], [h["reward_mean"] for h in history], label="training rollouts")
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["reward_mean"] for r in evals], "o-", label="evaluation")
+        ax.legend(loc="lower right")
     ax.set_xlabel("step")
     ax.set_ylabel("reward mean")
     ax.set_ylim(0, 1)
@@ -342,6 +418,13 @@ class _Progress:
         if self.enabled:
             self.progress.console.print(text, soft_wrap=True)
             self.progress.advance(self.task)
+        else:
+            print(text, flush=True)
+
+    def note(self, text: str) -> None:
+        """A line on the console that is not a step's (the bar does not advance)."""
+        if self.enabled:
+            self.progress.console.print(text, soft_wrap=True, markup=False, highlight=False)
         else:
             print(text, flush=True)
 

@@ -307,7 +307,8 @@ def run(cfg: RunConfig, args: argparse.Namespace, run_dir: Path, console: Consol
     console.rule(f"[bold]3. RL: {cfg.train.steps} steps x {cfg.train.batch_size} tasks x {cfg.train.group_size} "
                  f"sessions, {cfg.loss.name.upper()} loss")
     history = train(cfg, log=lambda text: _log(console, text), progress=True,
-                    orchestrator=lambda url: DaemonOrchestrator(url, env, cfg, run_dir, args.concurrency))
+                    orchestrator=lambda servers: DaemonOrchestrator(servers.url, env, cfg, run_dir,
+                                                                     args.concurrency))
 
     console.rule("[bold]4. evaluate the trained policy")
     after = evaluation(cfg, env, tasks, args, run_dir, run_dir / "checkpoints", "after", console)

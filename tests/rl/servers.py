@@ -19,6 +19,13 @@ from rl.orchestrator import Orchestrator
 @contextmanager
 def policy_server(*args: str) -> Iterator[str]:
     """The server started with `args`, once it accepts connections: its base URL; stopped on exit."""
+    with policy_server_process(*args) as (url, _):
+        yield url
+
+
+@contextmanager
+def policy_server_process(*args: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """policy_server's base URL and its process (for a test that kills it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -33,7 +40,7 @@ def policy_server(*args: str) -> Iterator[str]:
             except OSError:
                 assert time.monotonic() < deadline and server.poll() is None, server.stdout.read()
                 time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://127.0.0.1:{port}/v1", server
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -128,8 +128,8 @@ def test_a_step_reports_the_share_of_rollouts_with_signal_that_trained_and_warns
         warm: Path, tmp_path: Path, prime_home, vocab_size: int | None, caplog, capsys):
     cfg, made = config(warm, tmp_path / "run"), []
 
-    def orchestrator(url: str) -> Recorded:
-        o = Recorded(url, CellOrGuess(), cfg.train, cfg.env, tmp_path / "run", vocab_size=vocab_size)
+    def orchestrator(servers) -> Recorded:
+        o = Recorded(servers.url, CellOrGuess(), cfg.train, cfg.env, tmp_path / "run", vocab_size=vocab_size)
         o.batches_made = made
         return o
 

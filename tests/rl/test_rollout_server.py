@@ -73,7 +73,7 @@ def test_without_versions_from_the_server_rollouts_carry_the_last_reload_and_sta
         for s in first.samples:  # one logprob per sampled token
             assert len(s.inference_logprobs) == len(s.completion_ids) > 0 and max(s.inference_logprobs) <= 0
         reload(f"{url}/reload", tmp_path / "new" / "step-5", timeout=30)
-        orchestrator.version = 5
+        orchestrator.servers.set_version(5)
         assert all(s.version == 5 for s in orchestrator.collect(step=5).samples)
 
         # No new weights come: step 5's rollouts are fresh, those of steps 6 and 7 one and two steps

@@ -46,7 +46,7 @@ def run(smollm2: Path, url: str, tmp_path: Path, lora: bool, *overrides: str) ->
     batches: list = []
     env, tokenizer = load_env(cfg.env.name, **cfg.env.options), load_hf(smollm2).tokenizer
     history = train(cfg, log=lambda *_: None, progress=False,
-                    orchestrator=lambda base_url: Recording(batches, base_url, env, cfg.train, tokenizer=tokenizer))
+                    orchestrator=lambda servers: Recording(batches, servers, env, cfg.train, tokenizer=tokenizer))
     return history, batches
 
 
