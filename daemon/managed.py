@@ -12,19 +12,25 @@ import errno
 import json
 import logging
 import time
+from dataclasses import asdict
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent import events as ev
+from agent.atif import to_atif
+from agent.checkpoints import PARTS, Plan, RewindError, WorkspaceStore, turn_list
 from agent.checkpoints import recover as finish_rewind
 from agent.checkpoints import rewound
 from agent.config import Config, ConfigError, home, load_config, project_root
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool
 from agent.layout import SessionLayout
-from agent.model import OpenAIModel
+from agent.mcp import McpServers, ServerInfo
+from agent.model import ModelError, OpenAIModel
 from agent.refine import GateFactory
 from agent.session import Session
+from agent.subagents import read_registry
+from agent.trajectory import TrajectoryError
 from agent.trajectory import SessionRecord, TurnStarted, finish_cut_turn, read_records
 from daemon.errors import Refused
 from daemon.fanout import Fanout, Subscriber
@@ -32,7 +38,9 @@ from daemon.goals import DaemonGoal
 from daemon.journal import EventJournal
 from daemon.meta import SessionMeta, title_of
 from daemon.schemas import Interrupted, MessageAccepted, ModelKey, PlanDecision, SessionInfo
+from daemon.schemas import ApprovalDecision, DecideApproval, RewindRequest, RewindResult
 from daemon.turns import TurnQueue
+from harness_store.refiner import RefinementFailed
 
 log = logging.getLogger(__name__)
 RESTARTED = "The daemon restarted"
@@ -183,6 +191,113 @@ class ManagedSession:
         if turn_id is None and self.goal.running():
             self.goal.stop()
         return await self.queue.interrupt(drop_queued, turn_id)
+
+    # --- what the API asks of it ----------------------------------------------------------------
+
+    async def mcp_servers(self, start: bool = False) -> list[ServerInfo]:
+        """Its MCP servers: transport, policy, state and tools (as last listed); starts none, unless
+        `start`: then those not started are (a dormant session wakes) and list their tools."""
+        if start:
+            return await (await self.wake()).mcp.list()
+        if self.session is not None:
+            return self.session.mcp.infos()
+        return McpServers(self._config_or_refuse().mcp, Path(self.meta.cwd), self.layout.dir).infos()
+
+    def decide_approval(self, request_id: str, req: DecideApproval, may_loosen: bool = True) -> ApprovalDecision:
+        """A person's decision on a request that waits (a command to run outside the sandbox, an MCP call
+        under policy "ask"). `may_loosen`: False for a client that may only deny (over TCP, unless the
+        daemon was started to allow it)."""
+        if self.session is None:
+            raise Refused("not_found", f"no approval request {request_id!r} waits: session {self.id} is dormant")
+        if req.decision != "deny" and not may_loosen:
+            raise Refused("remote_loosening", "over TCP a request to act outside the sandbox can only be denied: "
+                          "decide it over the daemon's Unix socket (the app, `prime-agent attach`), or start the "
+                          "daemon with --allow-remote-unsandboxed")
+        try:
+            decided = self.session.approvals.decide(request_id, req.decision, req.prefix, req.full_env)
+        except KeyError as e:
+            raise Refused("not_found", str(e.args[0])) from None
+        except ValueError as e:
+            raise Refused("bad_request", str(e)) from None
+        return ApprovalDecision(request_id=request_id, decision=req.decision, prefix=decided.prefix,
+                                full_env=decided.full_env)
+
+    async def records(self) -> list[dict[str, Any]]:
+        """Its whole trajectory: every record, in order (see agent/trajectory.py)."""
+        return await _records(self.layout)
+
+    async def atif(self, version: str) -> dict[str, Any]:
+        """Its trajectory as an ATIF v1.8 document (agent/atif.py), its subagents embedded; `version`: ours."""
+        path = self.layout.trajectory
+        if not path.is_file():
+            raise Refused("not_found", f"session {self.id} has no trajectory yet")
+        try:
+            doc = await asyncio.to_thread(to_atif, path, version)
+        except TrajectoryError as e:
+            raise Refused("bad_request", str(e)) from None
+        return doc.to_json_dict()
+
+    def subagents(self) -> list[dict[str, Any]]:
+        children = self.session.children() if self.session else read_registry(self.layout).values()
+        return [asdict(c) for c in children]
+
+    async def child_transcript(self, child_id: str) -> dict[str, Any]:
+        """A child's registry entry and whole trajectory."""
+        child = read_registry(self.layout).get(child_id)
+        if child is None:
+            raise Refused("not_found", f"no subagent {child_id!r} in session {self.id}")
+        return {"child": asdict(child), "records": await _records(SessionLayout(Path(child.dir)))}
+
+    async def decide_refinement(self, refinement_id: str, approve: bool) -> str:
+        """Approve or reject a refinement that waits for review; its outcome's status."""
+        session = await self.wake()
+        try:
+            outcome = await session.decide(refinement_id, approve)
+        except KeyError as e:
+            raise Refused("not_found", str(e.args[0])) from None
+        except (RefinementFailed, ModelError) as e:  # the plan still waits for review
+            raise Refused("refinement_failed", str(e)) from None
+        return outcome.status
+
+    async def checkpoints(self) -> list[dict[str, Any]]:
+        """Its turns, to choose where to rewind: number, id, prompt, time, outcome, files changed."""
+        live = self.session
+        if live is not None:
+            await live.checkpoints.settle()  # the last turn's end checkpoint, if still being taken
+            store = live.checkpoints.store
+        else:
+            store = WorkspaceStore(Path(self.meta.cwd), self.id, self._config_or_refuse().checkpoints)
+        return await asyncio.to_thread(turn_list, self.layout, store)
+
+    async def rewind(self, req: RewindRequest) -> RewindResult:
+        """Go back to a turn's checkpoint in the parts asked for; refused while a turn runs or is queued,
+        or (without `force`) when it would overwrite what a person changed since. Wakes it if dormant."""
+        parts = [p for p in PARTS if getattr(req, p)]
+        if not parts:
+            raise Refused("bad_rewind", "nothing to rewind: ask for code, conversation, harness or kernel")
+        if self.queue.busy() or (self.session is not None and self.session.turn is not None):
+            raise Refused("turn_running", "a turn is running or queued; interrupt it or wait, then rewind")
+        session = await self.wake()
+        if self.queue.busy():
+            raise Refused("turn_running", "a turn began meanwhile; interrupt it or wait, then rewind")
+        try:
+            done = await session.rewind(req.turn, parts, after=req.after, force=req.force, dry_run=req.dry_run)
+        except RewindError as e:
+            code = {"conflict": "rewind_conflict", "failed": "rewind_failed"}.get(e.code, e.code)
+            raise Refused(code, e.message) from None
+        if isinstance(done, Plan):
+            return RewindResult(rewind_id=None, dry_run=True, **done.summary())
+        return RewindResult(rewind_id=done.rewind_id, dry_run=False, turn=done.turn, after=done.after,
+                            parts=done.parts, files=[f.model_dump() for f in done.files],
+                            not_restored=[s.model_dump() for s in done.not_restored], conflicts=done.forced,
+                            harness=dict(done.harness), kernel=done.kernel, notice=done.notice)
+
+    def _config_or_refuse(self) -> Config:
+        """Its configuration; one that no longer loads (a file edited since) is `config_broken`."""
+        try:
+            return self.config()
+        except ConfigError as e:
+            raise Refused("config_broken", str(e)) from None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -406,6 +521,14 @@ class ManagedSession:
                 self._use_model(config)
             self.meta.overrides, self.meta.model = overrides, model
         self.save()
+
+
+async def _records(layout: SessionLayout) -> list[dict[str, Any]]:
+    """A session's whole trajectory: every record, in order (see agent/trajectory.py); a damaged line
+    (a write a full disk cut short) is skipped."""
+    path = layout.trajectory
+    records = await asyncio.to_thread(read_records, path, []) if path.is_file() else []
+    return [r.model_dump(mode="json") for r in records]
 
 
 async def _close(session: Session, models: list[OpenAIModel | None]) -> None:

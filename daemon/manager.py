@@ -5,18 +5,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import errno
 import json
 import logging
 import re
 import time
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from agent.config import MAX_DEPTH, Config, ConfigError, check_values, load_config, shorten
+from agent.config import MAX_DEPTH, Config, ConfigError, check_values, home, load_config, project_root, shorten
+from agent.goals import GoalSpec, GoalState
+from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool
 from agent.layout import SessionLayout, session_layouts
 from agent.kernel.reaper import reap_orphans
@@ -29,7 +35,9 @@ from daemon.managed import ManagedSession
 from daemon.meta import SCHEMA, SessionMeta
 from daemon.registry import InUse, adopt, held_by
 from daemon.schedules import Scheduler
-from daemon.schemas import CreateSession, SessionInfo
+from daemon.schemas import CreateSession, MessageAccepted, ModelKey, Rollback, RolledBack, SessionInfo
+from harness_store.entries import HarnessError
+from harness_store.store import HarnessStore
 
 log = logging.getLogger(__name__)
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
@@ -221,6 +229,72 @@ class SessionManager:
         managed.save()
         await managed.close()
 
+    def send(self, session_id: str, text: str, mode: str, key: ModelKey | None = None) -> MessageAccepted:
+        """Queue a prompt in a session (or steer its running turn), unless the daemon is stopping."""
+        if self.stopping:
+            raise Refused("stopping", "the daemon is stopping")
+        return self.get(session_id).send(text, mode, key)
+
+    def start_goal(self, session_id: str, spec: GoalSpec) -> GoalState:
+        """Pursue a goal in a session, within the daemon's limit of goals running at once."""
+        managed = self.get(session_id)
+        if self.stopping:
+            raise Refused("stopping", "the daemon is stopping")
+        if not managed.goal.running() and self.running_goals() >= self.config.daemon.max_goals:
+            raise Refused("too_many_goals", f"{self.running_goals()} goals are running (daemon.max_goals); "
+                          "stop one, or raise the limit")
+        return managed.goal.start(spec)
+
+    # --- the harness -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def harness(self, session_id: str | None, project: str | None) -> Iterator[SessionHarness]:
+        """The harness a session sees (its own, when live), or the user's and a project's. A project path
+        the file system refuses (too long, a loop) is the request's problem (`bad_project`), whether found
+        checking it or reading under it."""
+        if session_id is not None:
+            managed = self.get(session_id)
+            if managed.session is not None:
+                yield managed.session.harness
+                return
+            cwd, session_dir = Path(managed.meta.cwd), managed.layout.dir
+        else:
+            cwd, session_dir = Path(project or home()), None
+        try:
+            if project is not None and not Path(project).is_dir():
+                raise Refused("bad_project", f"project {shorten(project)!r} is not a directory")
+            harness = SessionHarness(scope_roots(home(), project_root(cwd), session_dir), session_id)
+        except OSError as e:
+            raise Refused("bad_project", f"project {shorten(str(project or cwd))!r}: {e.strerror or e}") from None
+        try:
+            yield harness
+        except OSError as e:
+            if e.errno not in _BAD_PATH:
+                raise
+            raise Refused("bad_project", f"{shorten(str(e.filename or project or cwd))!r}: {e.strerror}") from None
+
+    async def rollback(self, req: Rollback) -> RolledBack:
+        """Undo one harness change (or restore a whole earlier state), through the live session named if
+        there is one; every other live session on that scope picks it up at its next turn, and what
+        they had planned before it is stale."""
+        live = self.get(req.session).session if req.session else None
+        try:
+            if live is not None:
+                root = harness_scope(live.harness, req.scope).root
+                change = live.rollback(req.ref, req.scope, req.to)
+            else:
+                with self.harness(req.session, req.project) as harness:
+                    store = harness_scope(harness, req.scope)
+                    root = store.root
+                    rollback = store.rollback_to if req.to else store.rollback
+                    change = await asyncio.to_thread(rollback, req.ref, session=req.session)
+        except HarnessError as e:
+            raise Refused("harness", str(e)) from None
+        for other in self.live_sessions():
+            if other is not live and any(s.root == root for s in other.harness.stores.values()):
+                other.harness_changed("a rollback")
+        return RolledBack(scope=req.scope, **asdict(change))
+
     async def stop(self, timeout: float) -> None:
         """Interrupt every turn and wait (up to `timeout`) for each to be recorded; then close all.
         A session whose drain fails (its files went with a deleted home) is still closed, and the
@@ -242,6 +316,18 @@ class SessionManager:
                     log.error("session %s: its drain failed: %s", s.id, result, exc_info=result)
         finally:
             await self.pool.close()
+
+
+def harness_scope(harness: SessionHarness, scope: str) -> HarnessStore:
+    """One scope's store of `harness`; a scope it does not have is the request's problem (`bad_scope`)."""
+    try:
+        return harness.store(scope)
+    except ValueError as e:
+        raise Refused("bad_scope", str(e)) from None
+
+
+_BAD_PATH = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR}
+"""Errors of a path's shape, not of the disk: a request naming such a path gets a 400."""
 
 
 def _elsewhere(layout: SessionLayout, pid: int) -> SessionInfo | None:
