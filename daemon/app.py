@@ -158,7 +158,7 @@ def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = N
     @app.patch("/v1/sessions/{session_id}")
     async def update_session(session_id: str, req: UpdateSession) -> SessionInfo:
         managed = manager.get(session_id)
-        await managed.update(req.title, req.model, req.sandbox)
+        await managed.update(req.title, req.model, req.sandbox, req.plan)
         return managed.info()
 
     @app.post("/v1/sessions/{session_id}/close")
