@@ -21,14 +21,15 @@ from agent.checkpoints import rewound
 from agent.config import Config, ConfigError, home, load_config, project_root
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool
+from agent.kernel.sandbox import unavailable
 from agent.layout import SessionLayout
 from agent.model import OpenAIModel
 from agent.refine import GateFactory
 from agent.session import Session
-from agent.kernel.sandbox import unavailable
 from agent.trajectory import (
     PlanRecord,
     SessionRecord,
+    TrajectoryError,
     TurnStarted,
     append_record,
     finish_cut_turn,
@@ -147,7 +148,11 @@ class ManagedSession:
                 created = self.config().sandbox.plan
             except ConfigError:
                 created = bool(self.meta.overrides.get("sandbox", {}).get("plan"))
-            records = read_records(self.layout.trajectory, []) if self.layout.trajectory.is_file() else []
+            try:  # parsed only where plan mode ever changed: a listing reads no other trajectory whole
+                text = self.layout.trajectory.read_text(encoding="utf-8", errors="replace")
+                records = read_records(self.layout.trajectory, []) if '"kind":"plan"' in text else []
+            except (OSError, TrajectoryError):  # none yet, or unreadable: waking it says why
+                records = []
             planning = in_plan_mode(records, created)
             self._plan_state = planning, pending_plan(records) if planning else None
         return self._plan_state
