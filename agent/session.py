@@ -361,7 +361,7 @@ class Session:
         if isinstance(last, RewindRecord):  # rewound since the last turn: the model has yet to hear of it
             self.notices.append(last.notice)
         since = next((r for r in reversed(records) if isinstance(r, TurnStarted | PlanRecord)), None)
-        if isinstance(since, PlanRecord) and since.step != "proposed":  # plan mode changed since the last turn: the model has yet to hear of it
+        if isinstance(since, PlanRecord) and since.step != "proposed":  # changed since the last turn: not yet told
             self.notices.append(_plan_notice(since))
         self.notices.append(f"[{reason}. This session goes on in a new kernel: every variable, import and "
                             "running subagent from before is gone; files on disk are as they were.]")
@@ -762,13 +762,16 @@ class Session:
             except BaseException:
                 self.plan = proposed
                 raise
-            self.planning = self.config.sandbox.plan = False  # subagents spawned from now on write too
-            self.subagents.session_config.sandbox.plan = False
+            self._plan_mode(False)  # subagents spawned from now on write too
         # The approval's one durable fact (`in_plan_mode` reads it on resume): synced before anyone hears of it.
         self.record(PlanRecord(step="approved" if approve else "rejected", plan=plan, note=note))
         if approve:
             assert self._trajectory is not None
-            self._trajectory.sync()
+            try:
+                self._trajectory.sync()
+            except OSError as e:
+                self.emit(ev.Error(message=f"the plan's approval could not be made durable (a restart may find the "
+                                   f"session in plan mode again): {e}"))
         self.emit(ev.PlanDecided(approved=approve, note=note, plan=plan))
         if not approve:
             self.notices.append(f"[The user rejected your plan{': ' + note if note else ''}. The workspace stays "
