@@ -323,18 +323,21 @@ class PrimeAgent:
                 await updates.finish(event)
                 plan, updates.proposed = updates.proposed, None
                 if plan is not None and event.outcome == "completed":
-                    follow = await self._decide_plan(session_id, plan, event.turn_id or "")
+                    decided, follow = await self._decide_plan(session_id, plan, event.turn_id or "")
                     if follow is not None:  # approved: the same prompt goes on with the turn that carries it out
                         turn_id = self.turns[session_id] = follow
                         continue
+                    if decided == "cancelled":
+                        return s.PromptResponse(stop_reason="cancelled")
                 return s.PromptResponse(stop_reason=STOP[event.outcome])  # type: ignore[arg-type]
         raise acp.RequestError.internal_error({"message": "the session's event stream ended"})
 
-    async def _decide_plan(self, session_id: str, plan: str, turn_id: str) -> str | None:
-        """Ask the client to approve the plan: approved, the turn that carries it out (the session is
-        in workspace-write from now on); rejected, None (plan mode goes on; the model hears of it with
-        the next prompt). A client that cancels or fails to answer leaves the plan waiting, to be decided
-        in the app, over the API, or by the next plan's question."""
+    async def _decide_plan(self, session_id: str, plan: str, turn_id: str) -> tuple[str, str | None]:
+        """Ask the client to approve the plan: (what was decided, the turn that carries the plan out).
+        Approved, that turn (the session is in workspace-write from now on); rejected, plan mode goes
+        on and the model hears of it with the next prompt. Cancelled (the prompt was), or a client that
+        fails to answer, leaves the plan waiting, to be decided in the app, over the API, or by the
+        next plan's question."""
         assert self.conn is not None
         call = s.ToolCallUpdate(tool_call_id=f"plan-{turn_id}", title="Approve the plan?", kind="switch_mode",
                                 status="pending", content=[acp.tool_content(acp.text_block(plan))],
@@ -343,21 +346,21 @@ class PrimeAgent:
             answer = await self.conn.request_permission(session_id, call, PLAN_OPTIONS)
         except Exception:
             log.exception("the client did not answer the plan's permission request")
-            return None
+            return "unanswered", None
         if not isinstance(answer.outcome, s.AllowedOutcome):
-            return None
+            return "cancelled", None
         approve = answer.outcome.option_id == "approve"
         try:
             decision = await self.client.decide_plan(session_id, approve)
         except DaemonError as e:
             await self._send(session_id, acp.update_agent_message_text(f"\n[plan: {e.message}]"))
-            return None
+            return "failed", None
         if not approve:
-            return None
+            return "rejected", None
         self.modes[session_id] = "workspace-write"
         await self._send(session_id, s.CurrentModeUpdate(session_update="current_mode_update",
                                                          current_mode_id="workspace-write"))
-        return decision.turn_id
+        return "approved", decision.turn_id
 
     async def _send(self, session_id: str, update: Any) -> None:
         assert self.conn is not None

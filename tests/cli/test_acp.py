@@ -141,7 +141,7 @@ async def test_permissions_go_to_the_client_and_cancel_stops_a_running_cell(proj
 @pytest.mark.skipif(unavailable() is not None, reason=f"plan mode needs the sandbox: {unavailable()}")
 async def test_plan_mode_is_a_session_mode_its_plan_an_update_and_the_client_approves_or_rejects_it(
         project: Path, model_server):
-    editor = Editor(answers=["approve", "reject"])
+    editor = Editor(answers=["approve", "reject", "cancel"])
     plan = "1. look around\n2. run: open('w.txt', 'w').write('w')\nprint('wrote')"
     propose = [acp.text_block(f"run: propose_plan({plan!r})")]
     async with acp.spawn_agent_process(editor, *_agent(model_server), env=dict(os.environ)) as (conn, process):
@@ -170,6 +170,10 @@ async def test_plan_mode_is_a_session_mode_its_plan_an_update_and_the_client_app
         async with await connect(autostart=False) as daemon:  # rejected: still planning, nothing waits
             info = await daemon.session(new.session_id)
         assert info.planning and info.plan is None
+        reply = await conn.prompt(session_id=new.session_id, prompt=propose)
+        assert reply.stop_reason == "cancelled" and len(editor.asked) == 3
+        async with await connect(autostart=False) as daemon:  # cancelled: the plan still waits
+            assert (await daemon.session(new.session_id)).plan == plan
         await conn.set_session_mode(session_id=new.session_id, mode_id="full-access")  # leaves plan mode
         assert editor.of(s.CurrentModeUpdate)[-1].current_mode_id == "full-access"
         reply = await conn.prompt(session_id=new.session_id, prompt=[acp.text_block(plan.split("2. ")[1])])
