@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -51,6 +52,8 @@ from agent.trajectory import (
     TurnStarted,
     WriteFailed,
     contexts,
+    in_plan_mode,
+    pending_plan,
     turn_starts,
 )
 from agent.types import Message, Outcome, Turn, TurnResult, Usage
@@ -350,14 +353,16 @@ class Session:
             elif isinstance(r, TurnFinished):
                 self.usage += r.usage
                 self.last_result = TurnResult(r.turn_id, r.outcome, r.answer, r.error, r.usage, r.duration, r.steps, r.cells)
-        for r in records:
-            if isinstance(r, PlanRecord):
-                self.plan = r.plan if r.step == "proposed" else None
+        self._plan_mode(in_plan_mode(records, self.config.sandbox.plan))  # the trajectory decides, not session.json
+        self.plan = pending_plan(records) if self.planning else None
         self.subagents.interrupt_orphans(reason)
         self._resumed = reason
         last = next((r for r in reversed(records) if isinstance(r, TurnStarted | RewindRecord)), None)
         if isinstance(last, RewindRecord):  # rewound since the last turn: the model has yet to hear of it
             self.notices.append(last.notice)
+        since = next((r for r in reversed(records) if isinstance(r, TurnStarted | PlanRecord)), None)
+        if isinstance(since, PlanRecord) and since.step != "proposed":  # changed since the last turn: not yet told
+            self.notices.append(_plan_notice(since))
         self.notices.append(f"[{reason}. This session goes on in a new kernel: every variable, import and "
                             "running subagent from before is gone; files on disk are as they were.]")
 
@@ -757,15 +762,29 @@ class Session:
             except BaseException:
                 self.plan = proposed
                 raise
-            self.planning = self.config.sandbox.plan = False  # subagents spawned from now on write too
-            self.subagents.session_config.sandbox.plan = False
+            self._plan_mode(False)  # subagents spawned from now on write too
+        # The approval's one durable fact (`in_plan_mode` reads it on resume): synced before anyone hears of it.
         self.record(PlanRecord(step="approved" if approve else "rejected", plan=plan, note=note))
+        if approve:
+            assert self._trajectory is not None
+            try:
+                self._trajectory.sync()
+            except OSError as e:
+                self.emit(ev.Error(message=f"the plan's approval could not be made durable (a restart may find the "
+                                   f"session in plan mode again): {e}"))
         self.emit(ev.PlanDecided(approved=approve, note=note, plan=plan))
         if not approve:
             self.notices.append(f"[The user rejected your plan{': ' + note if note else ''}. The workspace stays "
                                 "read-only: investigate further and propose another with propose_plan().]")
             return None
         return render("plan_approved", note=f" ({note})" if note else "", plan=plan)
+
+    def _plan_mode(self, on: bool) -> None:
+        """Plan mode on or off from the next kernel start (a running kernel is thawed by `decide_plan`)."""
+        self.planning = self.config.sandbox.plan = on  # subagents spawned from now on follow
+        self.subagents.session_config.sandbox.plan = on
+        self.kernel.view = dataclasses.replace(self.kernel.view,
+                                               frozen=on and self.config.sandbox.mode == "workspace-write")
 
     async def _final(self, answer: str) -> None:
         if self.turn is None:
@@ -849,6 +868,21 @@ class Session:
                                       outcome=outcome, result=kept, error=error, duration=duration))
             self.emit(ev.McpCalled(turn_id=turn_id, cell_id=cell_id, server=server, tool=tool, arguments=arguments,
                                    outcome=outcome, result=kept, error=error, duration=duration))
+
+
+def _plan_notice(r: PlanRecord) -> str:
+    """What the model is told, resumed, of plan mode changing after its last turn (an approval whose
+    follow-up turn never ran: the process ended between the two)."""
+    why = f" ({r.note})" if r.note else ""
+    if r.step == "approved":
+        return f"[The user approved your plan{why}. The workspace is writable now: carry the plan out.]\n\n{r.plan}"
+    if r.step == "entered":
+        return f"[The user turned plan mode on{why}.] " + render("plan")
+    if r.step == "left":
+        return (f"[The user turned plan mode off{why}: no plan waits for approval any more, and the workspace is "
+                "as the session's sandbox allows. Go on with the task.]")
+    return (f"[The user rejected your plan{why}. The workspace stays read-only: investigate further and "
+            "propose another with propose_plan().]")
 
 
 def _arguments(arguments: dict) -> str:

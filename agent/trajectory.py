@@ -55,12 +55,15 @@ class TurnStarted(_Record):
 
 
 class PlanRecord(_Record):
-    """Plan mode: a plan the model proposed, and a person's decision on it."""
+    """Plan mode: a plan the model proposed, a person's decision on it, and a person turning plan
+    mode on or off between turns (`entered`, `left`: `plan` is empty). These records are the one
+    truth of whether a session is in plan mode (`in_plan_mode`): session.json keeps only the mode it
+    was created in, so an approval is durable the moment its record is written."""
 
     kind: Literal["plan"] = "plan"
     turn_id: str | None = None
-    step: Literal["proposed", "approved", "rejected"]
-    plan: str
+    step: Literal["proposed", "approved", "rejected", "entered", "left"]
+    plan: str = ""
     note: str | None = None
 
 
@@ -427,6 +430,31 @@ def finish_cut_turn(path: Path, turn_id: str, error: str) -> TurnFinished | None
     writer.append(finished)
     writer.close()
     return finished
+
+
+def in_plan_mode(records: list[Record], created_planning: bool) -> bool:
+    """Whether a session is in plan mode after `records`: the last plan record that turns it on
+    (`entered`) or off (`approved`, `left`) decides; without one, the mode it was created in."""
+    planning = created_planning
+    for r in records:
+        if isinstance(r, PlanRecord) and r.step in ("entered", "approved", "left"):
+            planning = r.step == "entered"
+    return planning
+
+
+def pending_plan(records: list[Record]) -> str | None:
+    """The plan proposed and not yet decided (nor voided by plan mode being turned off or on again)."""
+    last = next((r for r in reversed(records) if isinstance(r, PlanRecord)), None)
+    return last.plan if last is not None and last.step == "proposed" else None
+
+
+def append_record(path: Path, record: _Record) -> None:
+    """Append one record to the trajectory of a session no process is running, durably (fsynced)."""
+    writer = TrajectoryWriter(path)
+    try:
+        writer.append(record)
+    finally:
+        writer.close()
 
 
 def contexts(records: list[Record]) -> Iterator[list[Message]]:

@@ -13,10 +13,16 @@ daemon and its events become `session/update`s:
 | subagent.spawned / finished      | a tool_call of its own (kind think) with the child's answer      |
 | approval.requested               | session/request_permission (allow once, allow always, reject);    |
 |                                  | the client's answer decides, cancelled means denied               |
+| plan.proposed                    | a plan update (an entry per step), then, once the turn ends,      |
+|                                  | session/request_permission (kind switch_mode): approve or reject  |
 | turn.finished                    | the prompt's response: end_turn, cancelled, max_turn_requests     |
 
-Permission modes are ACP session modes (`read-only`, `workspace-write`, `full-access`); changing
-one restarts the session's kernel in the new sandbox at its next prompt. On stdin's end the agent
+Permission modes are ACP session modes (`read-only`, `workspace-write`, `full-access`), and so is
+`plan` (where the sandbox can keep the workspace read-only): the agent investigates and proposes a
+plan, which the client approves or rejects when asked; approved, the same prompt goes on carrying it
+out in `workspace-write` (a `current_mode_update` says so), rejected, the session stays in plan mode
+and the model hears why with the next prompt. Changing the mode restarts the session's kernel in the
+new sandbox at its next prompt; a plan that waited is dropped when plan mode is left. On stdin's end the agent
 puts its sessions to sleep (their kernels stop; they wake on their next prompt from any front) and
 exits. Standard output carries only protocol messages: everything else is sent to standard error.
 """
@@ -31,6 +37,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +47,7 @@ from acp import schema as s
 
 from agent import events as ev
 from agent.config import ConfigError, load_config, merge, parse_override
+from agent.kernel.sandbox import unavailable
 from cli import version
 from daemon.client import Client, DaemonError, connect
 
@@ -49,6 +57,11 @@ MODES = {
     "workspace-write": "The agent's code writes the workspace; .git, the harness and your secrets stay out of reach",
     "full-access": "No sandbox: the agent's code runs with your rights",
 }
+PLAN = ("plan", "Plan: the agent investigates with the workspace read-only and proposes a plan; once you approve "
+        "it, it carries it out in workspace-write")
+"""Plan mode, a session mode beside the permission modes where the sandbox can freeze the workspace."""
+PLAN_OPTIONS = [s.PermissionOption(option_id="approve", name="Approve the plan and carry it out", kind="allow_once"),
+                s.PermissionOption(option_id="reject", name="Reject: keep planning", kind="reject_once")]
 STOP = {"completed": "end_turn", "interrupted": "cancelled", "budget_exhausted": "max_turn_requests",
         "timed_out": "end_turn", "error": "end_turn"}
 """A turn's outcome as the prompt's stopReason."""
@@ -62,7 +75,8 @@ SHOWN = 64 * 1024
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--model", help="model name (PRIME_AGENT_MODEL)")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
-    p.add_argument("--sandbox", choices=list(MODES), help="the mode new sessions start in (default: the configuration's)")
+    p.add_argument("--sandbox", choices=[*MODES, PLAN[0]],
+                   help="the mode new sessions start in (default: the configuration's); plan: plan mode")
     p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field for new sessions, e.g. -c model.temperature=0.2 (repeatable)")
 
@@ -80,7 +94,9 @@ def main(args: argparse.Namespace) -> int:
         overrides.setdefault("model", {})["name"] = args.model
     if args.base_url:
         overrides.setdefault("model", {})["base_url"] = args.base_url
-    if args.sandbox:
+    if args.sandbox == PLAN[0]:
+        overrides.setdefault("sandbox", {})["plan"] = True
+    elif args.sandbox:
         overrides.setdefault("sandbox", {})["mode"] = args.sandbox
     # The protocol gets the real stdout; anything else printed (by us, a library, a child) goes to stderr.
     protocol = os.dup(1)
@@ -214,14 +230,15 @@ class PrimeAgent:
         except DaemonError as e:
             raise _request_error(e) from None
         self.opened.add(info.id)
-        self.modes[info.id] = config.sandbox.mode
+        self.modes[info.id] = PLAN[0] if info.planning else config.sandbox.mode
         return s.NewSessionResponse(session_id=info.id, modes=self._modes(info.id))
 
     async def load_session(self, cwd: str, session_id: str, mcp_servers: list | None = None,
                            **kwargs: Any) -> s.LoadSessionResponse:
         info = await self._info(session_id)
         self.opened.add(session_id)
-        self.modes.setdefault(session_id, _mode_of(info.sandbox) or load_config(Path(info.cwd)).sandbox.mode)
+        self.modes.setdefault(session_id, PLAN[0] if info.planning else
+                              _mode_of(info.sandbox) or load_config(Path(info.cwd)).sandbox.mode)
         turn = Updates(self, session_id, replay=True)
         if info.last_seq:
             async for event in self.client.events(session_id, after=0):
@@ -240,13 +257,18 @@ class PrimeAgent:
             for i in sorted(sessions, key=lambda i: -i.updated) if want is None or i.cwd == want])
 
     async def set_session_mode(self, session_id: str, mode_id: str, **kwargs: Any) -> s.SetSessionModeResponse:
-        if mode_id not in MODES:
-            raise acp.RequestError.invalid_params({"message": f"no mode {mode_id!r}: one of {', '.join(MODES)}"})
+        """A permission mode (leaving plan mode, if the session was in it), or plan mode."""
+        modes = [mode.id for mode in self._modes(session_id).available_modes]
+        if mode_id not in modes:
+            raise acp.RequestError.invalid_params({"message": f"no mode {mode_id!r}: one of {', '.join(modes)}"})
         if session_id in self.running:
             raise acp.RequestError.invalid_request({"message": "the mode changes between prompts: cancel or wait"})
         await self._info(session_id)
         try:
-            await self.client.update(session_id, sandbox=mode_id)
+            if mode_id == PLAN[0]:
+                await self.client.update(session_id, plan=True)
+            else:
+                await self.client.update(session_id, sandbox=mode_id, plan=False)
         except DaemonError as e:
             raise _request_error(e) from None
         self.modes[session_id] = mode_id
@@ -291,16 +313,54 @@ class PrimeAgent:
             accepted = await self.client.send(session_id, text)
         except DaemonError as e:
             raise _request_error(e) from None
-        self.turns[session_id] = accepted.turn_id
+        turn_id = self.turns[session_id] = accepted.turn_id
         updates = Updates(self, session_id)
         async for event in self.client.events(session_id, after=after):
-            if event.turn_id not in (None, accepted.turn_id):
+            if event.turn_id not in (None, turn_id):
                 continue
             await updates.on(event)
             if isinstance(event, ev.TurnFinished):
                 await updates.finish(event)
+                plan, updates.proposed = updates.proposed, None
+                if plan is not None and event.outcome == "completed":
+                    decided, follow = await self._decide_plan(session_id, plan, event.turn_id or "")
+                    if follow is not None:  # approved: the same prompt goes on with the turn that carries it out
+                        turn_id = self.turns[session_id] = follow
+                        continue
+                    if decided == "cancelled":
+                        return s.PromptResponse(stop_reason="cancelled")
                 return s.PromptResponse(stop_reason=STOP[event.outcome])  # type: ignore[arg-type]
         raise acp.RequestError.internal_error({"message": "the session's event stream ended"})
+
+    async def _decide_plan(self, session_id: str, plan: str, turn_id: str) -> tuple[str, str | None]:
+        """Ask the client to approve the plan: (what was decided, the turn that carries the plan out).
+        Approved, that turn (the session is in workspace-write from now on); rejected, plan mode goes
+        on and the model hears of it with the next prompt. Cancelled (the prompt was), or a client that
+        fails to answer, leaves the plan waiting, to be decided in the app, over the API, or by the
+        next plan's question."""
+        assert self.conn is not None
+        call = s.ToolCallUpdate(tool_call_id=f"plan-{turn_id}", title="Approve the plan?", kind="switch_mode",
+                                status="pending", content=[acp.tool_content(acp.text_block(plan))],
+                                raw_input={"plan": plan})
+        try:
+            answer = await self.conn.request_permission(session_id, call, PLAN_OPTIONS)
+        except Exception:
+            log.exception("the client did not answer the plan's permission request")
+            return "unanswered", None
+        if not isinstance(answer.outcome, s.AllowedOutcome):
+            return "cancelled", None
+        approve = answer.outcome.option_id == "approve"
+        try:
+            decision = await self.client.decide_plan(session_id, approve)
+        except DaemonError as e:
+            await self._send(session_id, acp.update_agent_message_text(f"\n[plan: {e.message}]"))
+            return "failed", None
+        if not approve:
+            return "rejected", None
+        self.modes[session_id] = "workspace-write"
+        await self._send(session_id, s.CurrentModeUpdate(session_update="current_mode_update",
+                                                         current_mode_id="workspace-write"))
+        return "approved", decision.turn_id
 
     async def _send(self, session_id: str, update: Any) -> None:
         assert self.conn is not None
@@ -313,8 +373,9 @@ class PrimeAgent:
             raise _request_error(e) from None
 
     def _modes(self, session_id: str) -> s.SessionModeState:
+        modes = {**MODES, **({PLAN[0]: PLAN[1]} if unavailable() is None else {})}  # plan mode needs the sandbox
         return s.SessionModeState(current_mode_id=self.modes.get(session_id, "workspace-write"), available_modes=[
-            s.SessionMode(id=mode, name=mode, description=text) for mode, text in MODES.items()])
+            s.SessionMode(id=mode, name=mode, description=text) for mode, text in modes.items()])
 
 
 class Updates:
@@ -324,6 +385,8 @@ class Updates:
         self.agent, self.session_id, self.replay = agent, session_id, replay
         self.output: dict[str, str] = {}
         self.said = ""
+        self.proposed: str | None = None
+        """The plan this turn proposed, for the client to decide once the turn ends."""
 
     async def on(self, e: ev.Event) -> None:
         send = self.send
@@ -365,6 +428,9 @@ class Updates:
             task = asyncio.ensure_future(self.ask(e))
             self.agent.asking.add(task)
             task.add_done_callback(self.agent.asking.discard)
+        elif isinstance(e, ev.PlanProposed):
+            self.proposed = e.plan
+            await send(acp.update_plan(acp.plan_entry(step) for step in _plan_steps(e.plan)))
         elif isinstance(e, ev.TurnFinished) and self.replay:
             await self.finish(e)
 
@@ -373,7 +439,7 @@ class Updates:
         `final()` from a cell), and the error of a turn that failed."""
         if e.answer and e.answer.strip() not in self.said:
             await self.send(acp.update_agent_message_text(e.answer))
-        if e.outcome in ("error", "timed_out") and e.error:
+        if e.outcome != "completed" and e.error:  # a turn that never ran says why (its session could not start)
             await self.send(acp.update_agent_message_text(f"\n[{e.outcome}: {e.error}]"))
         self.said = ""
 
@@ -410,6 +476,19 @@ def _prompt_text(blocks: list) -> str:
         elif isinstance(block, s.ResourceContentBlock):
             parts.append(f"[{block.name}: {block.uri}]")
     return "".join(parts)
+
+
+def _plan_steps(plan: str) -> list[str]:
+    """A plan's steps as the plan update's entries: its list items (`1.`, `-`, `*`), each with the
+    lines under it; a plan without a list is one entry."""
+    steps: list[str] = []
+    for line in plan.splitlines():
+        item = re.match(r"\s{0,3}(?:\d+[.)]|[-*+])\s+(.*)", line)
+        if item:
+            steps.append(item.group(1).strip())
+        elif steps and line.strip():
+            steps[-1] += "\n" + line.strip()
+    return steps or [plan.strip()]
 
 
 def _mcp_servers(servers: list) -> dict[str, dict[str, Any]]:

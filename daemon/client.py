@@ -143,8 +143,9 @@ class Client:
         return await self._typed(SessionInfo, "GET", f"/v1/sessions/{session_id}")
 
     async def update(self, session_id: str, title: str | None = None, model: str | None = None,
-                     sandbox: str | None = None) -> SessionInfo:
-        body = {k: v for k, v in {"title": title, "model": model, "sandbox": sandbox}.items() if v is not None}
+                     sandbox: str | None = None, plan: bool | None = None) -> SessionInfo:
+        body = {k: v for k, v in {"title": title, "model": model, "sandbox": sandbox, "plan": plan}.items()
+                if v is not None}
         return await self._typed(SessionInfo, "PATCH", f"/v1/sessions/{session_id}", json=body)
 
     async def compact(self, session_id: str) -> dict[str, Any]:

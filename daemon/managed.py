@@ -24,14 +24,24 @@ from agent.checkpoints import rewound
 from agent.config import Config, ConfigError, home, load_config, project_root
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool
+from agent.kernel.sandbox import unavailable
 from agent.layout import SessionLayout
 from agent.mcp import McpServers, ServerInfo
 from agent.model import ModelError, OpenAIModel
 from agent.refine import GateFactory
 from agent.session import Session
 from agent.subagents import read_registry
-from agent.trajectory import TrajectoryError
-from agent.trajectory import SessionRecord, TurnStarted, finish_cut_turn, read_records
+from agent.trajectory import (
+    PlanRecord,
+    SessionRecord,
+    TrajectoryError,
+    TurnStarted,
+    append_record,
+    finish_cut_turn,
+    in_plan_mode,
+    pending_plan,
+    read_records,
+)
 from daemon.errors import Refused
 from daemon.fanout import Fanout, Subscriber
 from daemon.goals import DaemonGoal
@@ -46,6 +56,7 @@ log = logging.getLogger(__name__)
 RESTARTED = "The daemon restarted"
 RUN_ENDED = "The `prime-agent run` that hosted this session ended"
 SLEPT = "The session was idle and its kernel was stopped to free memory"
+SWITCHED = "The user switched the session's sandbox or plan mode, which restarted its kernel"
 NO_KEY = ("the daemon has no API key for this session: export OPENAI_API_KEY in your shell and send the prompt "
           "again (the daemon takes the key from the client that creates the session or sends it a prompt, and "
           "keeps it in memory only: after a daemon restart, a prompt from a shell that has the key brings it back)")
@@ -90,6 +101,8 @@ class ManagedSession:
         self._woken_because = RESTARTED if meta.host == "daemon" else RUN_ENDED
         """Why a dormant session is dormant, told to the model when it wakes."""
         self.closed = False
+        self._plan_state: tuple[bool, str | None] | None = None
+        """A dormant session's plan mode and pending plan, as its trajectory says (read once, kept since)."""
 
     @property
     def id(self) -> str:
@@ -124,10 +137,32 @@ class ManagedSession:
             harness_version=self.session.harness_version if self.session else None,
             sandbox=self.session.sandbox if self.session else None,
             ignored=self.session.ignored if self.session else [],
-            planning=self.session.planning if self.session else self.config().sandbox.plan,
-            plan=self.session.plan if self.session else None,
+            planning=self.planning(),
+            plan=self.session.plan if self.session else self.plan_state()[1],
             goal=m.goal.summary() if m.goal else None,
         )
+
+    def planning(self) -> bool:
+        """Whether the session is in plan mode (its trajectory's plan records say; `in_plan_mode`)."""
+        return self.session.planning if self.session is not None else self.plan_state()[0]
+
+    def plan_state(self) -> tuple[bool, str | None]:
+        """Plan mode and the plan waiting for a decision, from the trajectory (the live session's, if live)."""
+        if self.session is not None:
+            return self.session.planning, self.session.plan
+        if self._plan_state is None:
+            try:
+                created = self.config().sandbox.plan
+            except ConfigError:
+                created = bool(self.meta.overrides.get("sandbox", {}).get("plan"))
+            try:  # parsed only where plan mode ever changed: a listing reads no other trajectory whole
+                text = self.layout.trajectory.read_text(encoding="utf-8", errors="replace")
+                records = read_records(self.layout.trajectory, []) if '"kind":"plan"' in text else []
+            except (OSError, TrajectoryError):  # none yet, or unreadable: waking it says why
+                records = []
+            planning = in_plan_mode(records, created)
+            self._plan_state = planning, pending_plan(records) if planning else None
+        return self._plan_state
 
     # --- events ------------------------------------------------------------------------------
 
@@ -428,20 +463,24 @@ class ManagedSession:
     async def sleep(self) -> None:
         """Stop the kernel of an idle session; it stays listed (dormant) and wakes on its next prompt."""
         async with self._waking:
-            if self.session is None:
-                return
-            session, models = self.session, [self.model, *self._retired]
-            self._woken_because = SLEPT
-            # Shielded: a cancelled caller (an interrupt of the turn that wanted the room) must not
-            # leave a kernel running that nothing refers to any more.
-            closing = asyncio.ensure_future(_close(session, models))
-            try:
-                await asyncio.shield(closing)
-            finally:
-                self.session = self.model = None
-                self._retired = []
-                if closing.done():
-                    self.journal.close()  # reopened by the next event
+            await self._sleep()
+
+    async def _sleep(self) -> None:
+        if self.session is None:
+            return
+        session, models = self.session, [self.model, *self._retired]
+        self._woken_because = SLEPT
+        self._plan_state = session.planning, session.plan
+        # Shielded: a cancelled caller (an interrupt of the turn that wanted the room) must not
+        # leave a kernel running that nothing refers to any more.
+        closing = asyncio.ensure_future(_close(session, models))
+        try:
+            await asyncio.shield(closing)
+        finally:
+            self.session = self.model = None
+            self._retired = []
+            if closing.done():
+                self.journal.close()  # reopened by the next event
 
     def recover(self) -> None:
         """After a crash: finish a rewind it cut, close the turn it cut (as interrupted) and the turns it
@@ -490,25 +529,18 @@ class ManagedSession:
             raise Refused("no_plan", str(e)) from None
         if not approve:
             return PlanDecision(approved=False, turn_id=None)
-        self.meta.overrides = {**self.meta.overrides, "sandbox": {**self.meta.overrides.get("sandbox", {}), "plan": False}}
-        self.save()
+        # The approval is durable once its trajectory record is (session.json does not change): a daemon
+        # that dies from here on wakes the session writable, and the model hears of the plan then.
         return PlanDecision(approved=True, turn_id=self.send(follow or "", "prompt").turn_id)
 
-    async def update(self, title: str | None, model: str | None, sandbox: str | None = None) -> None:
-        """Rename the session, switch its model (from the next turn on), or its sandbox mode (its
-        kernel stops now and restarts in the new mode at the next turn)."""
+    async def update(self, title: str | None, model: str | None, sandbox: str | None = None,
+                     plan: bool | None = None) -> None:
+        """Rename the session, switch its model (from the next turn on), its sandbox mode or plan mode
+        (its kernel stops now and restarts in the new mode at the next turn)."""
         if title is not None:
             self.meta.title = title
-        if sandbox is not None and sandbox != self.config().sandbox.mode:
-            if self.busy():
-                raise Refused("busy", "the sandbox mode can change between turns; interrupt or wait")
-            overrides = {**self.meta.overrides, "sandbox": {**self.meta.overrides.get("sandbox", {}), "mode": sandbox}}
-            try:
-                load_config(Path(self.meta.cwd), overrides)
-            except ConfigError as e:
-                raise Refused("bad_config", str(e)) from None
-            self.meta.overrides = overrides
-            await self.sleep()
+        if sandbox is not None or plan is not None:
+            await self._switch(sandbox, plan)
         if model is not None and model != self.meta.model:
             if self.session is not None and self.session.turn is not None:
                 raise Refused("turn_running", "the model can change between turns; interrupt or wait")
@@ -521,6 +553,60 @@ class ManagedSession:
                 self._use_model(config)
             self.meta.overrides, self.meta.model = overrides, model
         self.save()
+
+    async def _switch(self, sandbox: str | None, plan: bool | None) -> None:
+        """A person's switch of sandbox mode, or of plan mode (on: the workspace read-only in
+        workspace-write until they approve a plan; off: the pending plan is dropped). Another
+        sandbox mode for a session in plan mode turns plan mode off: plan mode exists only in
+        workspace-write, and whoever picks a mode wants the session to run in it.
+
+        Plan mode is the trajectory's (`in_plan_mode`), the sandbox mode session.json's: written in
+        the order that never leaves plan mode on in another sandbox mode (on: the mode first; off:
+        the record first), so a crash between the two leaves a session that starts."""
+        current, planning = self.config().sandbox.mode, self.planning()
+        if plan:
+            if sandbox not in (None, "workspace-write"):
+                raise Refused("bad_request", f"plan mode runs in the workspace-write sandbox, not {sandbox}: the "
+                              "workspace is read-only until you approve a plan, then writable")
+            if (why := unavailable()) is not None:
+                raise Refused("bad_config", f"plan mode needs the sandbox to keep the workspace read-only: {why}")
+            mode = "workspace-write"
+        else:
+            mode = sandbox or current
+        want = (plan if plan is not None else planning) and mode == "workspace-write"
+        if mode == current and want == planning:
+            return
+        if self.busy():
+            raise Refused("busy", "the sandbox or plan mode can change between turns; interrupt or wait")
+        overrides = {**self.meta.overrides, "sandbox": {**self.meta.overrides.get("sandbox", {}), "mode": mode}}
+        try:
+            load_config(Path(self.meta.cwd), overrides)
+        except ConfigError as e:
+            raise Refused("bad_config", str(e)) from None
+        async with self._waking:
+            if self.session is not None:
+                await self._sleep()  # the kernel restarts in the new mode at the next turn
+                self._woken_because = SWITCHED
+            pending = self.plan_state()[1]
+            if want and mode != current:
+                self.meta.overrides = overrides
+                self.save()
+            if want != planning:
+                note = f"the sandbox was switched to {mode}" if sandbox is not None and not want else None
+                try:
+                    append_record(self.layout.trajectory, PlanRecord(step="entered" if want else "left", note=note))
+                except OSError as e:
+                    self.manager.write_failed(e)
+                    raise Refused("write_failed", f"the daemon could not record plan mode in "
+                                  f"{self.layout.trajectory}: {e}") from e
+                self._plan_state = want, None
+            else:
+                self._plan_state = planning, pending
+            self.meta.overrides = overrides  # saved by `update`
+        if want != planning:
+            self.emit(ev.Note(text=("plan mode on: the workspace is read-only until you approve a plan"
+                                    if want else "plan mode off" + (" (the plan that waited is dropped)"
+                                                                    if pending else ""))))
 
 
 async def _records(layout: SessionLayout) -> list[dict[str, Any]]:

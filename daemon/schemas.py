@@ -103,7 +103,10 @@ class UpdateSession(_Body):
     model: str | None = Field(None, min_length=1, max_length=200, description="Used from the next turn on.")
     sandbox: Literal["read-only", "workspace-write", "full-access"] | None = Field(
         None, description="The sandbox mode from the next turn on: the session's kernel restarts in it (its "
-        "variables are lost).")
+        "variables are lost). A session in plan mode leaves it for any other mode (its pending plan is dropped).")
+    plan: bool | None = Field(None, description="Plan mode on (the workspace read-only, in workspace-write, until a "
+                              "person approves a plan: POST .../plan) or off (a pending plan is dropped), from the "
+                              "next turn on: the session's kernel restarts (its variables are lost).")
 
 
 class DecidePlan(_Body):

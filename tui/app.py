@@ -373,8 +373,14 @@ class PrimeApp(App):
         await self.new_session()
 
     async def plan_command(self, arg: str) -> None:
-        """A new session here in plan mode, with `arg` as its first prompt if given."""
-        await self.new_session(mode="plan")
+        """Plan mode for this session from its next turn (between turns; its kernel restarts), or a new
+        session in plan mode if there is none; `arg`, if given, is the next prompt."""
+        if self.session_id is None:
+            await self.new_session(mode="plan")
+        elif (await self.client.session(self.session_id)).planning:
+            await self.say("this session is in plan mode already")
+        else:
+            await self.client.update(self.session_id, plan=True)  # the daemon's note says so
         if arg and self.session_id:
             await self.client.send(self.session_id, arg)
 
@@ -639,8 +645,8 @@ class SlashCommand:
 
 COMMANDS = {  # the menu and /help list them in this order
     "/new": SlashCommand(PrimeApp.new_command, "start a new session here"),
-    "/plan": SlashCommand(PrimeApp.plan_command, "[TASK] a new session in plan mode: read-only until you approve "
-                          "its plan (y on the card; n rejects, with the prompt's text as your note)"),
+    "/plan": SlashCommand(PrimeApp.plan_command, "[TASK] plan mode for this session (a new one if none): read-only "
+                          "until you approve its plan (y on the card; n rejects, with the prompt's text as your note)"),
     "/resume": SlashCommand(PrimeApp.resume_command, "[ID] attach to a session (without ID: choose one)"),
     "/sessions": SlashCommand(PrimeApp.sessions_command, "sessions in this project: attach, delete"),
     "/model": SlashCommand(PrimeApp.model_command, "[NAME] show or switch the model (from the next turn)"),

@@ -50,7 +50,7 @@ async def get_session(session_id: str, manager: Manager) -> SessionInfo:
 @router.patch("/v1/sessions/{session_id}")
 async def update_session(session_id: str, req: UpdateSession, manager: Manager) -> SessionInfo:
     managed = manager.get(session_id)
-    await managed.update(req.title, req.model, req.sandbox)
+    await managed.update(req.title, req.model, req.sandbox, req.plan)
     return managed.info()
 
 

@@ -89,6 +89,25 @@ async def test_a_rejected_plan_keeps_the_workspace_read_only_and_the_model_hears
             await s.decide_plan(True)
 
 
+async def test_a_session_resumed_after_its_plan_was_approved_is_writable_whatever_its_config_says(project: Path):
+    """The approved record is plan mode's one truth: a process that died before it could note the
+    approval anywhere else (its follow-up turn unsent) resumes writable, the model told of the plan."""
+    async with planning(project, [cells("propose_plan('write w.txt')"), "proposed"]) as s:
+        await s.prompt("plan it")
+        await s.decide_plan(True, note="fine")
+    records = read_records(s.layout.trajectory)
+    config = load_config(project, {"kernel": {"interrupt_grace": 1.0}, "sandbox": {"plan": True}})
+    again = Session(config, ScriptedModel([cells("open('w.txt', 'w').write('w')"), "done"]), cwd=project,
+                    session_dir=s.dir, session_id=s.id)
+    again.resume(records, "The process ended")
+    assert not again.planning and again.plan is None
+    async with again:
+        await again.prompt("go on")
+        told = again.model.calls[0][-1].content
+        assert "The user approved your plan (fine)" in told and "write w.txt" in told
+    assert (project / "w.txt").read_text() == "w"
+
+
 async def test_plan_mode_needs_the_sandbox(project: Path):
     config = load_config(project, {"sandbox": {"plan": True, "mode": "full-access"}})
     with pytest.raises(Exception, match="plan mode keeps the workspace read-only"):

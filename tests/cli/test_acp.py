@@ -15,6 +15,7 @@ import acp
 import pytest
 from acp import schema as s
 
+from agent.kernel.sandbox import unavailable
 from agent.testing.openai_server import OpenAIServer
 from daemon.client import connect
 from tests.daemon.conftest import agent_script, no_daemon_left_behind  # noqa: F401 - the fixture is autouse
@@ -134,6 +135,52 @@ async def test_permissions_go_to_the_client_and_cancel_stops_a_running_cell(proj
         await conn.cancel(session_id=new.session_id)
         reply = await asyncio.wait_for(prompt, 30)
         assert reply.stop_reason == "cancelled" and time.monotonic() - began < 10
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(unavailable() is not None, reason=f"plan mode needs the sandbox: {unavailable()}")
+async def test_plan_mode_is_a_session_mode_its_plan_an_update_and_the_client_approves_or_rejects_it(
+        project: Path, model_server):
+    editor = Editor(answers=["approve", "reject", "cancel"])
+    plan = "1. look around\n2. run: open('w.txt', 'w').write('w')\nprint('wrote')"
+    propose = [acp.text_block(f"run: propose_plan({plan!r})")]
+    async with acp.spawn_agent_process(editor, *_agent(model_server), env=dict(os.environ)) as (conn, process):
+        await _initialize(conn)
+        new = await conn.new_session(cwd=str(project), mcp_servers=[])
+        assert "plan" in [m.id for m in new.modes.available_modes]
+        await conn.set_session_mode(session_id=new.session_id, mode_id="plan")
+        assert editor.of(s.CurrentModeUpdate)[-1].current_mode_id == "plan"
+        reply = await conn.prompt(session_id=new.session_id, prompt=propose)
+        assert reply.stop_reason == "end_turn"
+        shown, = editor.of(s.AgentPlanUpdate)
+        assert [e.content for e in shown.entries] == ["look around", plan.split("2. ")[1]]
+        asked, = editor.asked
+        assert asked.kind == "switch_mode" and asked.raw_input == {"plan": plan}
+        # approved within the same prompt: the plan carried out, writable, in workspace-write from now on
+        assert (project / "w.txt").read_text() == "w" and editor.text().endswith("ran: wrote")
+        assert editor.of(s.CurrentModeUpdate)[-1].current_mode_id == "workspace-write"
+        async with await connect(autostart=False) as daemon:
+            assert not (await daemon.session(new.session_id)).planning
+
+        (project / "w.txt").unlink()
+        await conn.set_session_mode(session_id=new.session_id, mode_id="plan")
+        reply = await conn.prompt(session_id=new.session_id, prompt=propose)
+        assert reply.stop_reason == "end_turn", editor.text()[-3000:]  # a turn that could not run says why
+        assert len(editor.asked) == 2 and not (project / "w.txt").exists()
+        async with await connect(autostart=False) as daemon:  # rejected: still planning, nothing waits
+            info = await daemon.session(new.session_id)
+        assert info.planning and info.plan is None
+        reply = await conn.prompt(session_id=new.session_id, prompt=propose)
+        assert reply.stop_reason == "cancelled" and len(editor.asked) == 3
+        async with await connect(autostart=False) as daemon:  # cancelled: the plan still waits
+            assert (await daemon.session(new.session_id)).plan == plan
+        await conn.set_session_mode(session_id=new.session_id, mode_id="full-access")  # leaves plan mode
+        assert editor.of(s.CurrentModeUpdate)[-1].current_mode_id == "full-access"
+        reply = await conn.prompt(session_id=new.session_id, prompt=[acp.text_block(plan.split("2. ")[1])])
+        assert reply.stop_reason == "end_turn" and (project / "w.txt").read_text() == "w"
+        async with await connect(autostart=False) as daemon:
+            info = await daemon.session(new.session_id)
+        assert not info.planning and info.sandbox.startswith("full-access")
 
 
 @pytest.mark.slow

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from agent.kernel.sandbox import unavailable
 from daemon.client import Client, DaemonError
-from tests.daemon.conftest import collect
+from tests.daemon.conftest import collect, running_daemon
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"no sandbox here: {unavailable()}")
 
@@ -36,3 +37,72 @@ async def test_a_plan_approved_over_the_api_is_carried_out_by_the_same_kernel(da
     with pytest.raises(DaemonError) as e:
         await daemon.decide_plan(s.id, True)
     assert e.value.status == 409 and "no plan waits" in e.value.message
+
+
+async def _propose(daemon: Client, session_id: str, plan: str) -> list:
+    accepted = await daemon.send(session_id, f"run: propose_plan({plan!r})")
+    return await collect(daemon, session_id, accepted.turn_id)
+
+
+WRITE = "run: open('w.txt', 'w').write('w')\nprint('wrote')"
+
+
+async def test_an_approval_survives_a_daemon_that_died_before_saving_session_json(prime_home: Path, project: Path,
+                                                                                  model_server):
+    """The approval's record is its one durable fact: session.json as a daemon killed right after the
+    record (before any save) left it still says plan mode, and the session wakes writable."""
+    async with running_daemon() as daemon:
+        s = await daemon.create_session(project, model="fake", base_url=model_server.base_url, mode="plan")
+        await _propose(daemon, s.id, "write w.txt")
+        await daemon.decide_plan(s.id, True)
+        await daemon.interrupt(s.id, drop_queued=True)  # its follow-up turn never ran, as after a crash
+    meta = Path(s.dir) / "session.json"
+    saved = json.loads(meta.read_text())
+    saved["overrides"].setdefault("sandbox", {})["plan"] = True  # what it said before approval's save, if any
+    meta.write_text(json.dumps(saved))
+    async with running_daemon() as daemon:
+        info = await daemon.session(s.id)
+        assert not info.planning and info.plan is None  # dormant: the trajectory says so
+        accepted = await daemon.send(s.id, WRITE)
+        events = await collect(daemon, s.id, accepted.turn_id)
+        assert events[-1].answer == "ran: wrote" and (project / "w.txt").read_text() == "w"
+        assert not (await daemon.session(s.id)).planning
+
+
+async def test_another_sandbox_mode_takes_a_session_out_of_plan_mode_and_it_still_starts(daemon: Client, project: Path,
+                                                                                           model_server):
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url, mode="plan")
+    events = await _propose(daemon, s.id, "write w.txt")
+    assert (await daemon.session(s.id)).plan == "write w.txt"
+    info = await daemon.update(s.id, sandbox="full-access")
+    assert not info.planning and info.plan is None  # the plan that waited is dropped, said so
+    with pytest.raises(DaemonError) as e:
+        await daemon.decide_plan(s.id, True)
+    assert e.value.status == 409
+    accepted = await daemon.send(s.id, WRITE)
+    events = await collect(daemon, s.id, accepted.turn_id, after=events[-1].seq)
+    assert any(e.type == "note" and "plan mode off" in e.text for e in events)
+    assert events[-1].answer == "ran: wrote" and (project / "w.txt").exists()
+    info = await daemon.session(s.id)
+    assert info.sandbox.startswith("full-access") and not info.planning
+    with pytest.raises(DaemonError) as e:  # plan mode exists only in workspace-write
+        await daemon.update(s.id, sandbox="read-only", plan=True)
+    assert e.value.status == 400 and "workspace-write" in e.value.message
+
+
+async def test_plan_mode_turned_on_between_turns_and_off_again(daemon: Client, project: Path, model_server):
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url, sandbox="full-access")
+    assert not s.planning
+    info = await daemon.update(s.id, plan=True)  # from full-access: plan mode is in workspace-write
+    assert info.planning
+    accepted = await daemon.send(s.id, WRITE.replace("print('wrote')", "") + "\nprint('wrote')")
+    events = await collect(daemon, s.id, accepted.turn_id)
+    assert "OSError" in events[-1].answer or "Read-only" in events[-1].answer
+    assert not (project / "w.txt").exists()
+    info = await daemon.session(s.id)
+    assert info.planning and info.sandbox.startswith("workspace-write")
+    info = await daemon.update(s.id, plan=False)
+    assert not info.planning
+    accepted = await daemon.send(s.id, WRITE)
+    events = await collect(daemon, s.id, accepted.turn_id, after=events[-1].seq)
+    assert events[-1].answer == "ran: wrote" and (project / "w.txt").exists()

@@ -289,8 +289,9 @@ async def test_the_approval_card_decides_an_mcp_call_under_policy_ask_too(daemon
 
 
 async def test_plan_mode_shows_the_plan_as_a_card_and_y_carries_it_out(daemon: Client, project: Path, model_server):
-    """/plan starts a session in plan mode; the plan is a card; n rejects it with the prompt's text
-    as the note, y approves the next one and the same kernel carries it out."""
+    """/plan puts the session in plan mode between turns (the same session, not a new one); the plan
+    is a card; n rejects it with the prompt's text as the note, y approves the next one and the same
+    kernel carries it out."""
     from tui.widgets.plan_card import PlanCard
 
     app = app_for(daemon, project, model_server)
@@ -301,7 +302,8 @@ async def test_plan_mode_shows_the_plan_as_a_card_and_y_carries_it_out(daemon: C
         first = app.session_id
         app.query_one("#prompt").load_text("/plan " + task)
         await pilot.press("enter")
-        await until(pilot, lambda: app.session_id != first and any(c.status == "waiting" for c in app.query(PlanCard)))
+        await until(pilot, lambda: any(c.status == "waiting" for c in app.query(PlanCard)))
+        assert app.session_id == first and (await daemon.session(first)).planning
         card = app.query(PlanCard).last()
         assert card.plan == plan
         app.query_one("#prompt").load_text("not yet")
@@ -310,8 +312,8 @@ async def test_plan_mode_shows_the_plan_as_a_card_and_y_carries_it_out(daemon: C
         await until(pilot, lambda: card.status == "rejected")
         assert not (project / "p.txt").exists() and app.query_one("#prompt").text == ""
         records = (await daemon.transcript(app.session_id))["records"]
-        assert [(r["step"], r["note"]) for r in records if r["kind"] == "plan"] == [("proposed", None),
-                                                                                  ("rejected", "not yet")]
+        steps = [(r["step"], r["note"]) for r in records if r["kind"] == "plan"]
+        assert steps == [("entered", None), ("proposed", None), ("rejected", "not yet")]
         app.query_one("#prompt").load_text(task)
         await pilot.press("enter")
         await until(pilot, lambda: len([c for c in app.query(PlanCard) if c.status == "waiting"]) == 1)
