@@ -21,7 +21,7 @@ from agent.atif import to_atif
 from agent.checkpoints import PARTS, Plan, RewindError, WorkspaceStore, turn_list
 from agent.checkpoints import recover as finish_rewind
 from agent.checkpoints import rewound
-from agent.config import Config, ConfigError, home, load_config, project_root
+from agent.config import SANDBOX_ORDER, Config, ConfigError, home, load_config, project_root
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool
 from agent.kernel.sandbox import unavailable
@@ -517,9 +517,14 @@ class ManagedSession:
         if done is not None:
             self.emit(rewound(done))
 
-    async def decide_plan(self, approve: bool, note: str | None, plan: str | None) -> PlanDecision:
+    async def decide_plan(self, approve: bool, note: str | None, plan: str | None,
+                          may_loosen: bool = True) -> PlanDecision:
         """A person's decision on the session's plan: approved, the same kernel goes on writable with
-        the plan as its next turn (and the session wakes out of plan mode from now on)."""
+        the plan as its next turn (and the session wakes out of plan mode from now on). `may_loosen`:
+        False for a client that may only reject (over TCP, where the token's holder may be a kernel)."""
+        if approve and not may_loosen:
+            raise Refused("remote_loosening", "over TCP a plan can only be rejected: approving it makes the "
+                          "workspace writable (approve it over the Unix socket: the app, `prime-agent`, ACP)")
         session = await self.wake()
         if session.turn is not None:
             raise Refused("turn_running", "a turn is running: decide the plan once it ends")
@@ -534,13 +539,14 @@ class ManagedSession:
         return PlanDecision(approved=True, turn_id=self.send(follow or "", "prompt").turn_id)
 
     async def update(self, title: str | None, model: str | None, sandbox: str | None = None,
-                     plan: bool | None = None) -> None:
+                     plan: bool | None = None, may_loosen: bool = True) -> None:
         """Rename the session, switch its model (from the next turn on), its sandbox mode or plan mode
-        (its kernel stops now and restarts in the new mode at the next turn)."""
+        (its kernel stops now and restarts in the new mode at the next turn). `may_loosen`: False for
+        a client that may only tighten the sandbox (over TCP)."""
         if title is not None:
             self.meta.title = title
         if sandbox is not None or plan is not None:
-            await self._switch(sandbox, plan)
+            await self._switch(sandbox, plan, may_loosen)
         if model is not None and model != self.meta.model:
             if self.session is not None and self.session.turn is not None:
                 raise Refused("turn_running", "the model can change between turns; interrupt or wait")
@@ -554,7 +560,7 @@ class ManagedSession:
             self.meta.overrides, self.meta.model = overrides, model
         self.save()
 
-    async def _switch(self, sandbox: str | None, plan: bool | None) -> None:
+    async def _switch(self, sandbox: str | None, plan: bool | None, may_loosen: bool = True) -> None:
         """A person's switch of sandbox mode, or of plan mode (on: the workspace read-only in
         workspace-write until they approve a plan; off: the pending plan is dropped). Another
         sandbox mode for a session in plan mode turns plan mode off: plan mode exists only in
@@ -576,6 +582,11 @@ class ManagedSession:
         want = (plan if plan is not None else planning) and mode == "workspace-write"
         if mode == current and want == planning:
             return
+        # plan mode's frozen workspace is as tight as read-only: leaving it loosens unless into read-only
+        if not may_loosen and (SANDBOX_ORDER[mode] > SANDBOX_ORDER[current] or (planning and not want and mode != "read-only")):
+            raise Refused("remote_loosening", f"over TCP a session's sandbox can only be tightened: {current}"
+                          f"{' in plan mode' if planning else ''} to {mode}{' in plan mode' if want else ''} loosens it "
+                          "(switch it over the Unix socket: the app or `prime-agent`)")
         if self.busy():
             raise Refused("busy", "the sandbox or plan mode can change between turns; interrupt or wait")
         overrides = {**self.meta.overrides, "sandbox": {**self.meta.overrides.get("sandbox", {}), "mode": mode}}

@@ -20,7 +20,17 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from agent.config import MAX_DEPTH, Config, ConfigError, check_values, home, load_config, project_root, shorten
+from agent.config import (
+    MAX_DEPTH,
+    SANDBOX_ORDER,
+    Config,
+    ConfigError,
+    check_values,
+    home,
+    load_config,
+    project_root,
+    shorten,
+)
 from agent.goals import GoalSpec, GoalState
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool
@@ -406,7 +416,6 @@ def _validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:
     return cwd, overrides, config
 
 
-MODES = {"read-only": 0, "workspace-write": 1, "full-access": 2}
 POLICIES = {"deny": 0, "ask": 1, "allow": 2}
 
 
@@ -418,7 +427,7 @@ def loosened(config: Config, cwd: Path) -> list[str]:
     except ConfigError as e:
         raise Refused("bad_config", str(e)) from None
     s, b = config.sandbox, base.sandbox
-    why = [f"sandbox.mode {s.mode} (configured: {b.mode})"] if MODES[s.mode] > MODES[b.mode] else []
+    why = [f"sandbox.mode {s.mode} (configured: {b.mode})"] if SANDBOX_ORDER[s.mode] > SANDBOX_ORDER[b.mode] else []
     why += ["sandbox.network on (configured: off)"] if s.network and not b.network else []
     why += ["sandbox.required off (configured: on)"] if b.required and not s.required else []
     why += [f"sandbox.approval {s.approval} (configured: never)"] if b.approval == "never" != s.approval else []

@@ -48,9 +48,11 @@ async def get_session(session_id: str, manager: Manager) -> SessionInfo:
 
 
 @router.patch("/v1/sessions/{session_id}")
-async def update_session(session_id: str, req: UpdateSession, manager: Manager) -> SessionInfo:
+async def update_session(session_id: str, req: UpdateSession, request: Request, manager: Manager) -> SessionInfo:
+    """Rename, switch model, sandbox or plan mode; over TCP the sandbox can only be tightened (else
+    403), unless the daemon was started with --allow-remote-unsandboxed."""
     managed = manager.get(session_id)
-    await managed.update(req.title, req.model, req.sandbox, req.plan)
+    await managed.update(req.title, req.model, req.sandbox, req.plan, may_loosen=not confined(request))
     return managed.info()
 
 
@@ -90,10 +92,11 @@ async def send_message(session_id: str, req: SendMessage, request: Request, mana
 
 
 @router.post("/v1/sessions/{session_id}/plan")
-async def decide_plan(session_id: str, req: DecidePlan, manager: Manager) -> PlanDecision:
+async def decide_plan(session_id: str, req: DecidePlan, request: Request, manager: Manager) -> PlanDecision:
     """Approve the plan the model proposed in plan mode (the same kernel goes on with the workspace
-    writable, the plan as its next turn) or reject it (`note` tells the model why)."""
-    return await manager.get(session_id).decide_plan(req.approve, req.note, req.plan)
+    writable, the plan as its next turn) or reject it (`note` tells the model why). Over TCP a plan
+    can only be rejected (else 403), unless the daemon was started with --allow-remote-unsandboxed."""
+    return await manager.get(session_id).decide_plan(req.approve, req.note, req.plan, may_loosen=not confined(request))
 
 
 @router.post("/v1/sessions/{session_id}/interrupt")

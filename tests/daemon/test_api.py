@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from agent.kernel.sandbox import unavailable
 from agent.testing.openai_server import OpenAIServer
 from daemon.client import Client, DaemonError
 from daemon.paths import socket_file
@@ -293,11 +294,11 @@ async def test_the_api_shows_usage_and_cost_per_turn_and_per_session(daemon: Cli
     assert info.usage == finished.usage
 
 
-def loosen_over_tcp(url: str, token: str, body: dict) -> str:
-    """A cell's code: POST `body` to the daemon's TCP listener with the token (as an attacker who read
+def request_over_tcp(url: str, token: str, method: str, path: str, body: dict) -> str:
+    """A cell's code: send `body` to the daemon's TCP listener with the token (as an attacker who read
     it would), printing the status and the reply."""
     return ("import json, urllib.request, urllib.error\n"
-            f"req = urllib.request.Request({url + '/v1/sessions'!r}, data=json.dumps({body!r}).encode(),\n"
+            f"req = urllib.request.Request({url + path!r}, data=json.dumps({body!r}).encode(), method={method!r},\n"
             f"    headers={{'Authorization': 'Bearer {token}', 'Content-Type': 'application/json'}})\n"
             "try:\n"
             "    r = urllib.request.urlopen(req, timeout=30)\n"
@@ -322,7 +323,7 @@ async def test_over_tcp_no_client_can_loosen_a_sandbox_unless_the_daemon_allows_
                    {"config": {"mcp": {"servers": {"x": {"command": "sh", "args": ["-c", "touch pwned"]}}}}}]
         after = 0
         for attack in attacks:
-            accepted = await client.send(s.id, "run: " + loosen_over_tcp(url, token, {**fake, **attack}))
+            accepted = await client.send(s.id, "run: " + request_over_tcp(url, token, "POST", "/v1/sessions", {**fake, **attack}))
             events = await collect(client, s.id, accepted.turn_id, after)
             after = events[-1].seq
             status, _, body = events[-1].answer.removeprefix("ran: ").partition(" ")
@@ -347,6 +348,50 @@ async def test_over_tcp_no_client_can_loosen_a_sandbox_unless_the_daemon_allows_
             loose = await tcp.create_session(project, model="fake", base_url=model_server.base_url,
                                              sandbox="full-access")
             assert loose.sandbox.startswith("full-access"), loose.sandbox
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"no sandbox here: {unavailable()}")
+async def test_over_tcp_a_session_cannot_loosen_itself_nor_approve_its_plan(project: Path, prime_home: Path,
+                                                                           model_server):
+    """With the token, a cell switched its own session to full-access (PATCH), or left plan mode or
+    approved its own plan: the sandbox loosened from inside it. Over TCP only tightening is taken."""
+    async with running_daemon(tcp="127.0.0.1:0") as client:
+        url = f"http://{(await client.status()).tcp}"
+        token = (prime_home / "run" / "token").read_text().strip()
+        s = await client.create_session(project, model="fake", base_url=model_server.base_url, mode="plan")
+        after = 0
+        plan = "run: print('carried out')"
+        for method, path, body in [("PATCH", f"/v1/sessions/{s.id}", {"sandbox": "full-access"}),
+                                   ("PATCH", f"/v1/sessions/{s.id}", {"plan": False}),
+                                   ("POST", f"/v1/sessions/{s.id}/plan", {"approve": True})]:
+            code = request_over_tcp(url, token, method, path, body) + ("" if "plan" in path else f"propose_plan({plan!r})")
+            accepted = await client.send(s.id, "run: " + code)
+            events = await collect(client, s.id, accepted.turn_id, after)
+            after = events[-1].seq
+            (out,) = [e.result.stdout for e in events if e.type == "cell.finished"]
+            status, _, reply = out.splitlines()[0].partition(" ")
+            assert status == "403", (body, reply)
+            assert json.loads(reply)["error"]["code"] == "remote_loosening"
+            info = await client.session(s.id)
+            assert info.sandbox.startswith("workspace-write") and info.planning, (body, info)
+        async with Client(url=url, token=token) as tcp:
+            # between turns, as a process the cell left behind would send them
+            for attempt in (tcp.update(s.id, sandbox="full-access"), tcp.update(s.id, plan=False),
+                            tcp.decide_plan(s.id, True)):
+                with pytest.raises(DaemonError) as e:
+                    await attempt
+                assert e.value.status == 403, e.value.message
+            assert (await client.session(s.id)).planning
+            # what tightens is fine over TCP: rejecting the plan, read-only
+            assert (await tcp.decide_plan(s.id, False, note="no")).approved is False
+            await tcp.update(s.id, sandbox="read-only")
+            with pytest.raises(DaemonError) as e:  # and from read-only, back is looser
+                await tcp.update(s.id, sandbox="workspace-write")
+            assert e.value.status == 403 and "read-only to workspace-write loosens it" in e.value.message
+        await client.update(s.id, sandbox="full-access")  # the person's client, over the Unix socket
+        accepted = await client.send(s.id, "run: print('unconfined')")
+        await collect(client, s.id, accepted.turn_id, after)
+        assert (await client.session(s.id)).sandbox.startswith("full-access")
 
 
 async def _post(url: str, token: str, body: dict) -> httpx2.Response:
