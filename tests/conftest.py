@@ -3,6 +3,7 @@ real SmolLM2-135M-Instruct, pulled once per test run."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -24,11 +25,15 @@ def prime_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The Hugging Face directory of the real SmolLM2-135M-Instruct, pulled once per test run (~20 s) as
     `prime-agent models pull` does, into a home of its own: `smollm2.parents[1]` is that $PRIME_AGENT_HOME.
-    Read it, never write it: every test that asks shares it."""
+    Read it, never write it: every test that asks shares it, in every xdist worker (the pull's own lock
+    lets the first worker convert it while the others wait)."""
     from rl.models import pull
 
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's base is under the run's own
+        root = root.parent
     with pytest.MonkeyPatch.context() as mp:  # this call only: each test still gets its own home (prime_home)
-        mp.setenv("PRIME_AGENT_HOME", str(tmp_path_factory.mktemp("models-home")))
+        mp.setenv("PRIME_AGENT_HOME", str(root / "models-home"))
         return pull("smollm2-135m-instruct")
 
 

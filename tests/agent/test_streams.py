@@ -153,7 +153,10 @@ async def test_output_past_the_spill_goes_to_a_file_named_with_its_tail(make_ker
     path = Path(note.split(" characters is in ")[1].split(" ...]")[0])
     spilled = path.read_text()
     assert (head + spilled).splitlines()[:500] == [f"line {i:04}" for i in range(500)]
-    assert spilled.splitlines()[-301:] == [str(i) for i in range(1, 301)] + ["THE END"]
-    assert res.stdout.endswith("300\nTHE END\n")  # the tail follows the note
+    # ipykernel reads fd 1 in a thread of its own, which may lag the cell's next print (and even its
+    # end, on a busy machine): the subprocess's lines are all there, in order, wherever they landed
+    tail = note.split(" ...]\n", 1)[1]
+    assert [line for line in (spilled + tail).splitlines() if line.isdigit()][-300:] == [str(i) for i in range(1, 301)]
+    assert "THE END" in spilled.splitlines() and "THE END" in tail.splitlines()  # the tail follows the note
     again = await kernel.execute(Cell(id="c2", code="print('short')"))
     assert again.stdout == "short\n"  # each cell counts anew
