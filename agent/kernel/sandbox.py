@@ -344,7 +344,9 @@ class View:
         for p in protected:
             if w not in p.parents or any(c in p.parents for c in there):
                 continue
-            first = next(a for a in (*reversed(p.parents), p) if w in a.parents and not os.path.lexists(a)) \
+            # the first absent component; none any more where another kernel's placeholder appeared
+            # meanwhile (sessions starting at once): p, to share (a StopIteration here hung the start)
+            first = next((a for a in (*reversed(p.parents), p) if w in a.parents and not os.path.lexists(a)), p) \
                 if p not in there else p
             out[first] = first != p or p not in self.hidden or p in self.store_dirs
         return list(out.items())
