@@ -13,7 +13,7 @@ import pytest
 from agent.trajectory import read_records
 from rl.data import samples
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # two demo runs, each allowed 300 s
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
 MINIATURE = [  # one task kind, a tiny policy: the warm start learns its one cell in a few steps
     "--eval-tasks", "4", "--eval-rollouts", "2", "--concurrency", "4",

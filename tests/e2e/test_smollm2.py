@@ -55,16 +55,19 @@ def test_prime_agent_run_with_no_settings_fits_the_model_and_runs_a_cell_in_four
     (so the short base prompt), no tools (so text mode), the card's sampling (temperature 0.2, top_p 0.9).
     `--max-turns 3` bounds a run: at temperature 0.2 the model may repeat its cell until the budget ends."""
     env = {**os.environ, "OPENAI_BASE_URL": served, "PRIME_AGENT_MODEL": "smollm2"}
-    ran = []
+    runs = []  # five users at once: the server batches their requests
     for i in range(5):
         project = tmp_path / f"project-{i}"
         (project / ".git").mkdir(parents=True)
         (project / "data.txt").write_text("a\nb\nc\nd\ne\nf\ng\n")
-        run = subprocess.run([str(Path(sys.executable).parent / "prime-agent"), "run", "--json", "--max-turns", "3",
-                              ACCEPTANCE], cwd=project, env={**env, "PRIME_AGENT_HOME": str(tmp_path / f"home-{i}")},
-                             capture_output=True, text=True, timeout=600)
-        events = [json.loads(line) for line in run.stdout.splitlines()]
-        assert events and events[-1]["type"] == "turn.finished", run.stderr[-3000:]
+        runs.append(subprocess.Popen([str(Path(sys.executable).parent / "prime-agent"), "run", "--json", "--max-turns",
+                                      "3", ACCEPTANCE], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env={**env, "PRIME_AGENT_HOME": str(tmp_path / f"home-{i}")}))
+    ran = []
+    for run in runs:
+        stdout, stderr = run.communicate(timeout=540)
+        events = [json.loads(line) for line in stdout.splitlines()]
+        assert events and events[-1]["type"] == "turn.finished", stderr[-3000:]
         (started,) = [e for e in events if e["type"] == "session.started"]
         notes = [e["text"] for e in events if e["type"] == "note"]
         assert started["context_window"] == 8192 and len(notes) == 2

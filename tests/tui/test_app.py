@@ -251,7 +251,8 @@ async def test_an_approval_card_decides_a_request_and_full_access_is_loud(daemon
             await pilot.press("enter")
             await until(pilot, lambda: any(c.status == "waiting" for c in app.query(ApprovalCard)))
             card = next(c for c in app.query(ApprovalCard) if c.status == "waiting")
-            assert card.summary == "touch .git/approved; echo made" and app.focused is card
+            assert card.summary == "touch .git/approved; echo made"
+            await until(pilot, lambda: app.focused is card)  # the card takes the focus as it is shown
             await pilot.press(key)
             await until(pilot, lambda: any(answer in m.text for m in app.query(AssistantMessage)))
         assert [c.status for c in app.query(ApprovalCard)] == ["deny", "approve"]
