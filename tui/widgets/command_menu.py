@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
+from tui.widgets.completion_menu import CompletionMenu
 
-class CommandMenu(OptionList):
+
+class CommandMenu(CompletionMenu):
     """Shown while the prompt is a partial slash command; Tab takes the highlighted one."""
 
     def __init__(self, commands: dict[str, str], **kwargs) -> None:
@@ -21,15 +22,5 @@ class CommandMenu(OptionList):
         if not text.startswith("/") or " " in text or "\n" in text:
             self.display = False
             return False
-        matches = [c for c in self.commands if c.startswith(word)]
-        self.clear_options()
-        self.add_options([Option(Text.assemble((c, "bold"), "  ", self.commands[c]), id=c) for c in matches])
-        self.display = bool(matches)
-        if matches:
-            self.highlighted = 0
-        return bool(matches)
-
-    def chosen(self) -> str | None:
-        if not self.display or self.highlighted is None:
-            return None
-        return self.get_option_at_index(self.highlighted).id
+        return self.show([Option(Text.assemble((c, "bold"), "  ", self.commands[c]), id=c)
+                          for c in self.commands if c.startswith(word)])

@@ -7,8 +7,9 @@ import os
 from pathlib import Path
 
 from rich.text import Text
-from textual.widgets import OptionList
 from textual.widgets.option_list import Option
+
+from tui.widgets.completion_menu import CompletionMenu
 
 SKIPPED = {"node_modules", "__pycache__", "venv", "site-packages", "dist", "build"}
 """Folders whose files nobody mentions (hidden ones, `.git` and `.venv` among them, are skipped too)."""
@@ -17,7 +18,7 @@ MOST_FILES = 20_000
 SHOWN = 8
 
 
-class FileMenu(OptionList):
+class FileMenu(CompletionMenu):
     def __init__(self, root: Path, **kwargs) -> None:
         super().__init__(**kwargs)
         self.root = root
@@ -32,18 +33,7 @@ class FileMenu(OptionList):
             return False
         if self._files is None:
             self._files = list_files(self.root)
-        matches = rank(self._files, word)[:SHOWN]
-        self.clear_options()
-        self.add_options([Option(Text(path), id=path) for path in matches])
-        self.display = bool(matches)
-        if matches:
-            self.highlighted = 0
-        return bool(matches)
-
-    def chosen(self) -> str | None:
-        if not self.display or self.highlighted is None:
-            return None
-        return self.get_option_at_index(self.highlighted).id
+        return self.show([Option(Text(path), id=path) for path in rank(self._files, word)[:SHOWN]])
 
 
 def list_files(root: Path) -> list[str]:
