@@ -255,7 +255,7 @@ async def test_an_approval_card_decides_a_request_and_full_access_is_loud(daemon
             await until(pilot, lambda: app.focused is card)  # the card takes the focus as it is shown
             await pilot.press(key)
             await until(pilot, lambda: any(answer in m.text for m in app.query(AssistantMessage)))
-        assert [c.status for c in app.query(ApprovalCard)] == ["deny", "approve"]
+        await until(pilot, lambda: [c.status for c in app.query(ApprovalCard)] == ["deny", "approve"])
         assert (project / ".git" / "approved").exists()
         app.save_screenshot(str(project / "approval.svg"))
     loud = app_for(daemon, project, model_server)
