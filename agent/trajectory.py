@@ -334,12 +334,12 @@ class AppendFile:
         os.fsync(self._fd)
 
     def close(self) -> None:
-        if self._fd >= 0:
+        fd, self._fd = self._fd, -1  # taken first: a second close (another thread's) finds nothing
+        if fd >= 0:
             try:
-                self.sync()
+                os.fsync(fd)
             finally:
-                os.close(self._fd)
-                self._fd = -1
+                os.close(fd)
 
 
 def cut_torn_line(path: Path) -> None:

@@ -424,9 +424,11 @@ Mount = tuple[str, str, str]
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC = 1, 32, 4096, 8192, 16384
 
 
-def _mount_all(user_ns: int, mount_ns: int, ops: list[Mount]) -> str:
-    """In a forked child of the host: enter the kernel's user and mount namespaces (as their owner,
-    with every capability there) and make `ops`; what failed, or ""."""
+def _mount_all(target: int, ops: list[Mount]) -> str:
+    """In a forked child of the host: enter the user and mount namespaces of process `target` (as
+    their owner, with every capability there) and make `ops`; what failed, or "". The namespaces are
+    opened here, not in the host: a descriptor the host opened could be closed and its number reused
+    by another of the host's threads before the fork."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -436,6 +438,7 @@ def _mount_all(user_ns: int, mount_ns: int, ops: list[Mount]) -> str:
             raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
 
     try:
+        user_ns, mount_ns = (os.open(f"/proc/{target}/ns/{ns}", os.O_RDONLY) for ns in ("user", "mnt"))
         check(libc.setns(user_ns, CLONE_NEWUSER), "entering the kernel's user namespace")
         check(libc.setns(mount_ns, CLONE_NEWNS), "entering the kernel's mount namespace")
         for op, a, b in ops:
@@ -462,19 +465,16 @@ async def apply_mounts(target: int, ops: list[Mount]) -> None:
     """Make `ops` in the namespaces of process `target`. A fork of this process does it, which
     needs no exec (util-linux's nsenter and mount took 8 ms idle and 20-60 ms on a loaded machine,
     a fork ~1 ms): the child only enters the namespaces, calls mount(2) and exits."""
-    fds = [os.open(f"/proc/{target}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC) for ns in ("user", "mnt")]
     r, w = os.pipe()
     try:
         pid = os.fork()
         if pid == 0:  # the child: nothing here may touch what the parent's other threads hold
             try:
-                os.write(w, _mount_all(fds[0], fds[1], ops).encode() or b"ok")
+                os.write(w, _mount_all(target, ops).encode() or b"ok")
             finally:
                 os._exit(0)
     finally:
         os.close(w)
-        for fd in fds:
-            os.close(fd)
     try:
         out = await asyncio.get_running_loop().run_in_executor(None, _read_to_end, r)
     finally:
