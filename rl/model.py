@@ -152,13 +152,14 @@ class Policy(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        """What a sampler loads (rl.serve.Engine.update)."""
-        return self.state_dict()
+    def weights(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """What a sampler loads (rl.serve.Engine.update): `state`, this module's state_dict (default: its
+        own; under FSDP2 the full one rl.dist.gathered collects)."""
+        return self.state_dict() if state is None else state
 
-    def save(self, folder: Path) -> None:
-        """The weights and config, as load_policy reads them."""
-        save_weights(folder, self.state_dict(), self.config)
+    def save(self, folder: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+        """The weights (`state`, as in `weights`) and config, as load_policy reads them."""
+        save_weights(folder, self.weights(state), self.config)
 
 
 def build_policy(config: PolicyConfig) -> nn.Module:

@@ -6,9 +6,11 @@
 One process on the CPU: the policy server runs in a thread beside the trainer, sampling with its
 own copy of the weights, which the trainer replaces after every step (a hot reload).
 
-N processes, the same config (rl/dist.py: FSDP2, gloo on CPU, NCCL on GPU; rank 0 samples and logs):
+N processes, the same config (rl/dist.py: FSDP2, gloo on CPU, NCCL on GPU; rank 0 samples and logs),
+on one machine or several (examples/cluster/):
 
     torchrun --nproc_per_node 2 -m rl.train examples/reverse_text/config.toml [--section.field VALUE ...]
+    torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:PORT -m rl.train CONFIG
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from rl.envs import load as load_env
 from rl.envs.harness import HarnessOrchestrator, policy_view
 from rl.model import (
     MARKER, ByteTokenizer, Policy, build_policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint,
-    save_weights, token_logprobs,
+    token_logprobs,
 )
 from rl.fleet import Fleet
 from rl.orchestrator import Batch, Orchestrator, rollout_seed
@@ -152,9 +154,6 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
     torch.set_num_threads(cfg.train.threads)
     env = load_env(cfg.env.name, **cfg.env.options)
 
-    if cfg.model.hf and dist.world() > 1:
-        raise ValueError("model.hf: Hugging Face models train in one process (FSDP2 shards byte policies only)")
-
     # --- weights: resume, else a named start, else the SFT warm start, else fresh
     resume = latest_checkpoint(out / "checkpoints")
     if resume is not None and cfg.train.policy_lag:
@@ -207,11 +206,12 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
             sampler = HarnessOrchestrator(servers.url, env, cfg.train, cfg.env, out, vocab_size=vocab_size)
         elif main:
             sampler = Orchestrator(servers, env, cfg.train, tokenizer=tokenizer(model))
-        publish = engine.update if engine else partial(_reload, out / "weights", model, servers)
+        publish = partial(_reload, out / "weights", model, servers) if external else \
+            (lambda state, version: engine.update(model.weights(state), version))
         if external:  # an external server may hold other weights (a resumed run's are newer)
-            weights = dist.full_weights(model)
+            state = dist.gathered(model)
             if main:
-                publish(weights, start)
+                publish(state, start)
         if evaluating and start == 0:  # where the run begins
             evals.append(evaluate(sampler, *evaluating, cfg, 0, out, metrics_path, bar))
         batches = sampler.batches(start, cfg.train.steps) if main else None
@@ -221,14 +221,14 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
             t = time.time()
             m = train_step(model, opt, share, cfg, loss_tokens) if share.samples else {"loss": 0.0, "tokens": 0}
             m = dist.reduce_metrics(m)
-            weights = dist.full_weights(model)  # the whole model on rank 0, for the sampler and checkpoints
+            state = dist.gathered(model)  # the whole model on rank 0, for the sampler and checkpoints
             if main:
                 if cfg.train.policy_lag:  # the sampler gets these weights policy_lag steps from now
-                    lagged.append(({k: v.detach().clone() for k, v in weights.items()}, step + 1))
+                    lagged.append(({k: v.detach().clone() for k, v in state.items()}, step + 1))
                     if len(lagged) > cfg.train.policy_lag:
                         publish(*lagged.popleft())
                 else:
-                    publish(weights, step + 1)  # the next rollouts sample the new policy
+                    publish(state, step + 1)  # the next rollouts sample the new policy
                 m.update(step=step, reward_mean=_mean(batch.rewards), off_policy_max=max(
                     (step - s.version for s in batch.samples), default=0), samples=len(batch.samples), **batch.counts,
                     seconds=time.time() - t, sampling_seconds=t - waited)
@@ -247,7 +247,7 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
                 if evaluating and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.train.steps):
                     evals.append(evaluate(sampler, *evaluating, cfg, step + 1, out, metrics_path, bar))
             if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
-                dist.save(out / "checkpoints" / f"step-{step + 1}", model, opt, step + 1, weights)
+                dist.save(out / "checkpoints" / f"step-{step + 1}", model, opt, step + 1, state)
             waited = time.time()
     if not main:
         return []
@@ -351,16 +351,17 @@ def sampler_engine(model: torch.nn.Module, version: int, cfg: RunConfig):
                     dtype=getattr(torch, cfg.train.sampler_dtype))
 
 
-def _reload(folder: Path, model: torch.nn.Module, servers: Fleet, weights: dict[str, torch.Tensor],
+def _reload(folder: Path, model: torch.nn.Module, servers: Fleet, state: dict[str, torch.Tensor],
             version: int) -> None:
-    """New weights for the external rollout servers (train.rollout_urls): written once where they can read
-    them (a LoRA run's adapter alone), loaded by every live server at once before the next request (one that
-    fails leaves the rotation: rl/fleet.py); the previous version's folder is then removed."""
+    """New weights (the model's `state`, rl.dist.gathered's) for the external rollout servers
+    (train.rollout_urls): written once where they can read them (a LoRA run's adapter alone), loaded by every
+    live server at once before the next request (one that fails leaves the rotation: rl/fleet.py); the
+    previous version's folder is then removed."""
     path = folder / f"step-{version}"
-    if isinstance(model, Policy):  # under FSDP2 the gathered weights; a Hugging Face model saves its own
-        save_weights(path, weights, model.config)
+    if isinstance(model, Policy):
+        model.save(path, state=state)
     else:
-        model.save(path, tied_head=True)
+        model.save(path, tied_head=True, state=state)
     (path / MARKER).write_text(str(version))
     servers.reload(path, version)
     for old in folder.glob("step-*"):

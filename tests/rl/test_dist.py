@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,9 @@ from rl.config import load
 from rl.dist import split
 from rl.orchestrator import Sample
 from rl.train import train
+from tests.rl.distributed import ROOT, same_steps
+from tests.rl.distributed import torchrun as launch
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "reverse_text" / "config.toml"
 TINY = ["--model.d_model", "32", "--model.n_layer", "2", "--model.n_head", "2", "--sft.steps", "20",
         "--sft.batch_size", "16", "--train.batch_size", "4", "--train.group_size", "4", "--train.threads", "1",
@@ -29,26 +28,11 @@ def one_process(out: Path, steps: int) -> list[dict]:
 
 
 def torchrun(out: Path, steps: int, *overrides: str) -> list[dict]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "rl.train",
-               str(EXAMPLE), *TINY, "--train.out", json.dumps(str(out)), "--train.steps", str(steps), *overrides]
-    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def same_steps(a: list[dict], b: list[dict]) -> None:
-    """The same rollouts (rewards exactly: rank 0 samples with the seeds one process uses) and the same
-    update up to the order of float additions across ranks."""
-    assert [h["step"] for h in a] == [h["step"] for h in b]
-    assert [h["reward_mean"] for h in a] == [h["reward_mean"] for h in b]
-    for x, y in zip(a, b):
-        assert (x["samples"], x["tokens"]) == (y["samples"], y["tokens"])
-        assert x["loss"] == pytest.approx(y["loss"], abs=1e-6)
-        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
-        assert x["entropy"] == pytest.approx(y["entropy"], rel=1e-5)
+    return launch(EXAMPLE, out, *TINY, "--train.steps", str(steps), *overrides)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # five runs, four under torchrun: past 120 s on 2 loaded cores
 def test_two_processes_train_like_one_and_resume_from_a_distributed_checkpoint(tmp_path: Path):
     one = one_process(tmp_path / "one", 4)
     two = torchrun(tmp_path / "two", 4)
