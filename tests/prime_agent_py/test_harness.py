@@ -51,8 +51,8 @@ __all__ = ["SumTaskset"]
 
 
 class Model:
-    """The fake model: a cell that prints the sum (one more than it for odd `a`: wrong), then the
-    cell's output as the answer. `failing`: the first call for `a` in it answers 400, once."""
+    """The fake model: a word and a cell that prints the sum (one more than it for odd `a`: wrong),
+    then the cell's output as the answer (the reply verifiers scores: the last message alone). `failing`: the first call for `a` in it answers 400, once."""
 
     def __init__(self, failing: set[int] = frozenset()):
         self.failing = set(failing)
@@ -66,7 +66,7 @@ class Model:
         if a in self.failing:
             self.failing.discard(a)
             return Reply(status=400, error={"message": "no such luck", "type": "invalid_request_error"})
-        return Reply(code=[f"print({a} + {b}{' + 1' if a % 2 else ''})"])
+        return Reply(content="Adding up.", code=[f"print({a} + {b}{' + 1' if a % 2 else ''})"])
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_vf_eval_scores_a_taskset_with_our_agent_and_resume_keeps_finished_rollo
             assert trace["rewards"] == {"correct": {"score": 1.0 if a % 2 == 0 else 0.0, "weight": 1.0}}
             # our agent's two model calls, each recorded by the interception: a cell, then the answer
             cell, answer = (trace["nodes"][call["node"]]["message"] for call in trace["calls"])
-            assert [c["name"] for c in cell["tool_calls"]] == ["ipython"]
+            assert cell["content"] == "Adding up." and [c["name"] for c in cell["tool_calls"]] == ["ipython"]
             assert json.loads(cell["tool_calls"][0]["arguments"])["code"].startswith(f"print({a} + 10")
             assert answer == {"role": "assistant", "content": str(a + 10 + a % 2)}
             assert [n["message"]["role"] for n in trace["nodes"]] == ["system", "user", "assistant", "tool", "assistant"]
