@@ -151,7 +151,8 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
                                     (await http_turn(client, follower, http_session, f"cells: {args.cells}"))[2])
                 finally:
                     await follower.close()
-                process.stdin.close()
+                assert process.stdin is not None
+                process.stdin.close()  # the editor goes: the agent puts its session to sleep and exits
                 await asyncio.wait_for(process.wait(), 60)
         requests = len(server.requests)
     # warm-up: 1 + 3 requests a side; a round: 1 (answer) + 2 (one cell) + N + 1 (N cells) a side

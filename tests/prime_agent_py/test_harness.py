@@ -143,3 +143,15 @@ def _sessions():
             return await client.sessions()
 
     return asyncio.run(listed())
+
+
+def test_a_bad_option_is_refused_naming_the_field_before_anything_runs(installed: Path, project: Path, tmp_path: Path):
+    done = subprocess.run([str(BIN / "vf-eval"), NAME, "--env.agent.harness.id", "prime_agent_py",
+                           "--env.agent.harness.sandbox", "yolo", "--env.agent.runtime.type", "subprocess",
+                           "-o", str(tmp_path / "outputs"), "--no-push", "--no-rich"], cwd=project,
+                          env={**os.environ, "PYTHONPATH": str(installed), "HOME": str(tmp_path / "user")},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert "--env.agent.harness.sandbox" in done.stdout + done.stderr
+    assert "'read-only', 'workspace-write' or 'full-access'" in done.stdout + done.stderr
+    assert not (tmp_path / "outputs").exists()
