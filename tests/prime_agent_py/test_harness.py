@@ -1,7 +1,10 @@
 """`vf-eval` (verifiers' own command line) evaluates a taskset built here with our agent as its harness
 (`--env.agent.harness.id prime_agent_py`): verifiers' ACP runner starts `prime-agent acp` in the
 subprocess runtime, every model call goes through verifiers' interception server to the fake model,
-each rollout is scored by the taskset's own reward, and `--resume` reruns only what is owed."""
+each rollout is scored by the taskset's own reward, and `--resume` reruns only what is owed.
+
+verifiers' runner is a script `uv` (the test extra's) prepares once: the first run here fetches its
+`agent-client-protocol` and `httpx` from the package registry into uv's cache."""
 
 from __future__ import annotations
 
