@@ -7,7 +7,8 @@ daemon and its events become `session/update`s:
 
 | daemon event                     | ACP update                                                        |
 | -------------------------------- | ----------------------------------------------------------------- |
-| model.delta                      | agent_message_chunk (reasoning: agent_thought_chunk)              |
+| model.started / model.delta      | agent_message_chunk (reasoning: agent_thought_chunk), with a      |
+|                                  | messageId for each model call                                     |
 | cell.started / output / finished | tool_call (kind execute, rawInput the code), tool_call_updates    |
 |                                  | with the output so far, then completed or failed                  |
 | subagent.spawned / finished      | a tool_call of its own (kind think) with the child's answer      |
@@ -50,6 +51,7 @@ from agent.config import ConfigError, load_config, merge, parse_override
 from agent.kernel.sandbox import unavailable
 from cli import version
 from daemon.client import Client, DaemonError, connect
+from daemon.schemas import ModelKey
 
 log = logging.getLogger("prime-agent.acp")
 MODES = {
@@ -98,14 +100,18 @@ def main(args: argparse.Namespace) -> int:
         overrides.setdefault("sandbox", {})["plan"] = True
     elif args.sandbox:
         overrides.setdefault("sandbox", {})["mode"] = args.sandbox
+    try:  # the key this process holds (OPENAI_API_KEY) goes to the daemon for its endpoint's sessions
+        key = ModelKey.of(load_config(Path.cwd(), overrides).model)
+    except ConfigError:
+        key = None  # a session's own configuration error is answered when it is created
     # The protocol gets the real stdout; anything else printed (by us, a library, a child) goes to stderr.
     protocol = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    return asyncio.run(_serve(protocol, overrides))
+    return asyncio.run(_serve(protocol, overrides, key))
 
 
-async def _serve(protocol_fd: int, overrides: dict[str, Any]) -> int:
+async def _serve(protocol_fd: int, overrides: dict[str, Any], key: ModelKey | None) -> int:
     loop = asyncio.get_running_loop()
     stdin = asyncio.StreamReader(limit=LINE_LIMIT)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
@@ -113,7 +119,7 @@ async def _serve(protocol_fd: int, overrides: dict[str, Any]) -> int:
     reader = asyncio.StreamReader(limit=LINE_LIMIT)
     lines = asyncio.ensure_future(_parse_errors_answered(stdin, reader, writer))
     try:
-        client = await connect()
+        client = await connect(key=key)
     except DaemonError as e:
         print(f"prime-agent acp: the daemon could not be reached: {e}", file=sys.stderr)
         return 1
@@ -385,6 +391,9 @@ class Updates:
         self.agent, self.session_id, self.replay = agent, session_id, replay
         self.output: dict[str, str] = {}
         self.said = ""
+        self.message: str | None = None
+        """The message the model's text is part of: one a model call (its `messageId`), so a client
+        that keeps only the last message (verifiers' ACP runner) gets the answer, not the chatter."""
         self.proposed: str | None = None
         """The plan this turn proposed, for the client to decide once the turn ends."""
 
@@ -392,12 +401,15 @@ class Updates:
         send = self.send
         if isinstance(e, ev.TurnStarted) and self.replay:
             await send(acp.update_user_message_text(e.prompt))
+        elif isinstance(e, ev.ModelStarted):
+            self.message = f"{e.turn_id}-{e.step}"
         elif isinstance(e, ev.ModelDelta):
             if e.reasoning:
-                await send(acp.update_agent_thought_text(e.text))
+                await send(s.AgentThoughtChunk(session_update="agent_thought_chunk", content=acp.text_block(e.text),
+                                               message_id=self.message))
             else:
                 self.said += e.text
-                await send(acp.update_agent_message_text(e.text))
+                await send(_said(e.text, self.message))
         elif isinstance(e, ev.CellStarted):
             self.output[e.cell_id] = ""
             title = next((line.strip() for line in e.code.splitlines() if line.strip()), "cell")[:120]
@@ -438,9 +450,10 @@ class Updates:
         """The answer, where the model's streamed text did not already say it (an answer given with
         `final()` from a cell), and the error of a turn that failed."""
         if e.answer and e.answer.strip() not in self.said:
-            await self.send(acp.update_agent_message_text(e.answer))
+            self.message = f"{e.turn_id}-answer"
+            await self.send(_said(e.answer, self.message))
         if e.outcome != "completed" and e.error:  # a turn that never ran says why (its session could not start)
-            await self.send(acp.update_agent_message_text(f"\n[{e.outcome}: {e.error}]"))
+            await self.send(_said(f"\n[{e.outcome}: {e.error}]", self.message))
         self.said = ""
 
     async def ask(self, e: ev.ApprovalRequested) -> None:
@@ -463,6 +476,10 @@ class Updates:
 
     async def send(self, update: Any) -> None:
         await self.agent._send(self.session_id, update)
+
+
+def _said(text: str, message_id: str | None) -> s.AgentMessageChunk:
+    return s.AgentMessageChunk(session_update="agent_message_chunk", content=acp.text_block(text), message_id=message_id)
 
 
 def _prompt_text(blocks: list) -> str:

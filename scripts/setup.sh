@@ -29,4 +29,4 @@ if [ "${1:-}" = "test" ]; then
         > .venv/npm.log 2>&1 || { cat .venv/npm.log >&2; exit 1; }
 fi
 # PYTHONDONTWRITEBYTECODE may be set: compile our own packages once so starts stay fast.
-.venv/bin/python -m compileall -q agent tui cli harness_store daemon evals rl
+.venv/bin/python -m compileall -q agent tui cli harness_store daemon evals rl prime_agent_py

@@ -10,7 +10,7 @@ from pathlib import Path
 from cli.main import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("harness_store", "agent", "daemon", "evals", "rl", "tui", "cli")
+PACKAGES = ("harness_store", "agent", "daemon", "evals", "rl", "tui", "cli", "prime_agent_py")
 MAY_IMPORT = {
     "harness_store": set(),
     "agent": {"harness_store"},
@@ -19,6 +19,7 @@ MAY_IMPORT = {
     "rl": {"evals", "agent", "harness_store"},
     "tui": {"daemon", "agent"},
     "cli": set(PACKAGES) - {"cli"},
+    "prime_agent_py": set(),  # verifiers' harness: it starts `prime-agent acp`, and imports nothing of ours
 }
 """Which packages each package's modules may import (besides its own)."""
 

@@ -84,6 +84,7 @@ async def test_an_editor_prompts_sees_the_cell_as_a_tool_call_and_a_new_process_
         final = editor.of(s.ToolCallProgress)[-1]
         assert final.status == "completed" and final.content[0].content.text == "x is 42\n"
         assert editor.text() == "ran: x is 42"
+        assert {u.message_id for u in editor.of(s.AgentMessageChunk)} == {"t1-2"}  # the turn's second model call
         # the editor's session is the daemon's: listed, with its turn
         async with await connect(autostart=False) as daemon:
             listed = {i.id: i for i in await daemon.sessions()}
