@@ -84,7 +84,7 @@ async def _through_daemon(client: Client, session_id: str, args: argparse.Namesp
     after = (await client.session(session_id)).last_seq
     if deciding:
         decided = await client.decide(session_id, args.id, args.what == "approve")
-        if decided["status"] == "ready":
+        if decided.status == "ready":
             print(f"{args.id} approved: it applies at the session's next turn boundary")
             return 0
     else:

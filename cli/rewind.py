@@ -45,14 +45,14 @@ async def _list(args: argparse.Namespace) -> int:
     async with await connect() as client:
         rows = await client.checkpoints(args.session)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([r.model_dump() for r in rows], indent=2))
         return 0
     for r in rows:
-        when = time.strftime("%m-%d %H:%M:%S", time.localtime(r["ts"]))
-        files = ", ".join(r["files"][:6]) + (f" (+{len(r['files']) - 6})" if len(r["files"]) > 6 else "")
-        prompt = r["prompt"].replace("\n", " ")[:60]
-        mark = "" if r["checkpoint"] else "  (no checkpoint)"
-        print(f"{r['turn']:>3}  {r['turn_id']:<6} {when}  {r['outcome'] or 'running':<16} {prompt:<60}  {files}{mark}")
+        when = time.strftime("%m-%d %H:%M:%S", time.localtime(r.ts))
+        files = ", ".join(r.files[:6]) + (f" (+{len(r.files) - 6})" if len(r.files) > 6 else "")
+        prompt = r.prompt.replace("\n", " ")[:60]
+        mark = "" if r.checkpoint else "  (no checkpoint)"
+        print(f"{r.turn:>3}  {r.turn_id:<6} {when}  {r.outcome or 'running':<16} {prompt:<60}  {files}{mark}")
     if not rows:
         print("(no turns yet)", file=sys.stderr)
     return 0

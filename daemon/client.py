@@ -29,27 +29,36 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx2
-from pydantic import BaseModel
+from pydantic import TypeAdapter
 
 from agent.config import ConfigError, load_config
 from agent.events import Event, TurnFinished, parse_event
+from agent.checkpoints import TurnRow
 from agent.goals import GoalState
+from agent.mcp import ServerInfo
+from agent.subagents import ChildInfo
 from daemon.paths import lock_file, log_file, pid_file, socket_file
 from daemon.schedules import Schedule
 from daemon.schemas import (
+    ApprovalDecision,
+    ChildTranscript,
+    HarnessChange,
+    HarnessEntry,
     Interrupted,
     KernelInfo,
     MessageAccepted,
-    PlanDecision,
     ModelKey,
-    RefineStarted,
+    Notice,
+    PlanDecision,
+    RefinementDecision,
     RewindResult,
     RolledBack,
     SessionInfo,
     Status,
+    Transcript,
 )
 
-_T = TypeVar("_T", bound=BaseModel)
+_T = TypeVar("_T")
 
 
 class DaemonError(RuntimeError):
@@ -122,7 +131,8 @@ class Client:
     # --- the daemon and its sessions ---------------------------------------------------------
 
     async def _typed(self, reply: type[_T], method: str, path: str, **kw: Any) -> _T:
-        return reply.model_validate(await self._call(method, path, **kw))
+        """The route's reply read as `reply` (a model, or `list[Model]`: the wire's types, parsed once here)."""
+        return TypeAdapter(reply).validate_python(await self._call(method, path, **kw))
 
     async def status(self) -> Status:
         return await self._typed(Status, "GET", "/v1/status")
@@ -137,7 +147,7 @@ class Client:
                                  json={k: v for k, v in body.items() if v is not None})
 
     async def sessions(self) -> list[SessionInfo]:
-        return [SessionInfo.model_validate(s) for s in await self._call("GET", "/v1/sessions")]
+        return await self._typed(list[SessionInfo], "GET", "/v1/sessions")
 
     async def session(self, session_id: str) -> SessionInfo:
         return await self._typed(SessionInfo, "GET", f"/v1/sessions/{session_id}")
@@ -148,19 +158,20 @@ class Client:
                 if v is not None}
         return await self._typed(SessionInfo, "PATCH", f"/v1/sessions/{session_id}", json=body)
 
-    async def compact(self, session_id: str) -> dict[str, Any]:
-        return await self._call("POST", f"/v1/sessions/{session_id}/compact")
+    async def compact(self, session_id: str) -> Notice:
+        return await self._typed(Notice, "POST", f"/v1/sessions/{session_id}/compact")
 
-    async def rebuild_prompt(self, session_id: str) -> dict[str, Any]:
-        return await self._call("POST", f"/v1/sessions/{session_id}/system-prompt")
+    async def rebuild_prompt(self, session_id: str) -> Notice:
+        return await self._typed(Notice, "POST", f"/v1/sessions/{session_id}/system-prompt")
 
-    async def decide(self, session_id: str, refinement_id: str, approve: bool) -> dict[str, Any]:
-        return await self._call("POST", f"/v1/sessions/{session_id}/refinements/{refinement_id}",
-                                json={"approve": approve})
+    async def decide(self, session_id: str, refinement_id: str, approve: bool) -> RefinementDecision:
+        return await self._typed(RefinementDecision, "POST", f"/v1/sessions/{session_id}/refinements/{refinement_id}",
+                                 json={"approve": approve})
 
-    async def mcp(self, session_id: str, start: bool = False) -> list[dict[str, Any]]:
+    async def mcp(self, session_id: str, start: bool = False) -> list[ServerInfo]:
         """The session's MCP servers, their state and tools (`start`: start those not started, to list them)."""
-        return await self._call("GET", f"/v1/sessions/{session_id}/mcp", params=_params(start=start or None))
+        return await self._typed(list[ServerInfo], "GET", f"/v1/sessions/{session_id}/mcp",
+                                 params=_params(start=start or None))
 
     async def decide_plan(self, session_id: str, approve: bool, note: str | None = None,
                           plan: str | None = None) -> PlanDecision:
@@ -169,14 +180,14 @@ class Client:
         return await self._typed(PlanDecision, "POST", f"/v1/sessions/{session_id}/plan", json=body)
 
     async def approve(self, session_id: str, request_id: str, decision: str, prefix: str | None = None,
-                      full_env: bool = False) -> dict[str, Any]:
+                      full_env: bool = False) -> ApprovalDecision:
         """Decide a waiting request (`approval.requested`: a command, or an MCP call): approve, always or
         deny; `full_env`: the command runs with the person's whole environment, secrets included."""
         body = {"decision": decision, **({"prefix": prefix} if prefix else {}), **({"full_env": True} if full_env else {})}
-        return await self._call("POST", f"/v1/sessions/{session_id}/approvals/{request_id}", json=body)
+        return await self._typed(ApprovalDecision, "POST", f"/v1/sessions/{session_id}/approvals/{request_id}", json=body)
 
-    async def child_transcript(self, session_id: str, child_id: str) -> dict[str, Any]:
-        return await self._call("GET", f"/v1/sessions/{session_id}/subagents/{child_id}/transcript")
+    async def child_transcript(self, session_id: str, child_id: str) -> ChildTranscript:
+        return await self._typed(ChildTranscript, "GET", f"/v1/sessions/{session_id}/subagents/{child_id}/transcript")
 
     async def harness_entry(self, entry_id: str, session: str | None = None) -> str:
         r = await self._http.get(f"/v1/harness/entries/{entry_id}", params=_params(session=session))
@@ -217,7 +228,7 @@ class Client:
         return await self._typed(GoalState, "DELETE", f"/v1/sessions/{session_id}/goal")
 
     async def schedules(self) -> list[Schedule]:
-        return [Schedule.model_validate(s) for s in await self._call("GET", "/v1/schedules")]
+        return await self._typed(list[Schedule], "GET", "/v1/schedules")
 
     async def add_schedule(self, **fields: Any) -> Schedule:
         """Fields of daemon.schedules.NewSchedule: prompt, every | cron, session | cwd, count, heartbeat, ..."""
@@ -227,32 +238,32 @@ class Client:
         """Pause (or resume) one schedule, or every one (`schedule_id` None)."""
         verb = "pause" if paused else "resume"
         if schedule_id is None:
-            return [Schedule.model_validate(s) for s in await self._call("POST", f"/v1/schedules/{verb}-all")]
+            return await self._typed(list[Schedule], "POST", f"/v1/schedules/{verb}-all")
         return [await self._typed(Schedule, "POST", f"/v1/schedules/{schedule_id}/{verb}")]
 
     async def remove_schedule(self, schedule_id: str) -> None:
         await self._call("DELETE", f"/v1/schedules/{schedule_id}")
 
-    async def transcript(self, session_id: str) -> dict[str, Any]:
-        return await self._call("GET", f"/v1/sessions/{session_id}/transcript")
+    async def transcript(self, session_id: str) -> Transcript:
+        return await self._typed(Transcript, "GET", f"/v1/sessions/{session_id}/transcript")
 
     async def trajectory(self, session_id: str, format: str = "atif") -> dict[str, Any]:
         """The session's trajectory as an ATIF v1.8 document."""
         return await self._call("GET", f"/v1/sessions/{session_id}/trajectory", params={"format": format})
 
-    async def subagents(self, session_id: str) -> list[dict[str, Any]]:
-        return await self._call("GET", f"/v1/sessions/{session_id}/subagents")
+    async def subagents(self, session_id: str) -> list[ChildInfo]:
+        return await self._typed(list[ChildInfo], "GET", f"/v1/sessions/{session_id}/subagents")
 
     async def kernel(self, session_id: str) -> KernelInfo:
         return await self._typed(KernelInfo, "GET", f"/v1/sessions/{session_id}/kernel")
 
-    async def refine(self, session_id: str, instructions: str | None = None, mode: str | None = None) -> RefineStarted:
+    async def refine(self, session_id: str, instructions: str | None = None, mode: str | None = None) -> Notice:
         body = {k: v for k, v in {"instructions": instructions, "mode": mode}.items() if v is not None}
-        return await self._typed(RefineStarted, "POST", f"/v1/sessions/{session_id}/refine", json=body)
+        return await self._typed(Notice, "POST", f"/v1/sessions/{session_id}/refine", json=body)
 
-    async def checkpoints(self, session_id: str) -> list[dict[str, Any]]:
+    async def checkpoints(self, session_id: str) -> list[TurnRow]:
         """The session's turns to rewind to: number, id, prompt, time, outcome, files changed."""
-        return await self._call("GET", f"/v1/sessions/{session_id}/checkpoints")
+        return await self._typed(list[TurnRow], "GET", f"/v1/sessions/{session_id}/checkpoints")
 
     async def rewind(self, session_id: str, turn: int, *, parts: list[str] | None = None, after: bool = False,
                      force: bool = False, dry_run: bool = False) -> RewindResult:
@@ -263,11 +274,12 @@ class Client:
             body.update({p: p in parts for p in ("code", "conversation", "harness", "kernel")})
         return await self._typed(RewindResult, "POST", f"/v1/sessions/{session_id}/rewind", json=body)
 
-    async def harness(self, session: str | None = None, project: str | None = None) -> list[dict[str, Any]]:
-        return await self._call("GET", "/v1/harness", params=_params(session=session, project=project))
+    async def harness(self, session: str | None = None, project: str | None = None) -> list[HarnessEntry]:
+        return await self._typed(list[HarnessEntry], "GET", "/v1/harness", params=_params(session=session, project=project))
 
-    async def harness_log(self, scope: str = "user", n: int = 20, session: str | None = None) -> list[dict[str, Any]]:
-        return await self._call("GET", "/v1/harness/log", params=_params(scope=scope, n=n, session=session))
+    async def harness_log(self, scope: str = "user", n: int = 20, session: str | None = None) -> list[HarnessChange]:
+        return await self._typed(list[HarnessChange], "GET", "/v1/harness/log",
+                                 params=_params(scope=scope, n=n, session=session))
 
     async def rollback(self, ref: str, scope: str = "user", to: bool = False, session: str | None = None,
                        project: str | None = None) -> RolledBack:

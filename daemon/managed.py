@@ -12,13 +12,12 @@ import errno
 import json
 import logging
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
 from agent import events as ev
 from agent.atif import to_atif
-from agent.checkpoints import PARTS, Plan, RewindError, WorkspaceStore, turn_list
+from agent.checkpoints import PARTS, Plan, RewindError, TurnRow, WorkspaceStore, turn_list
 from agent.checkpoints import recover as finish_rewind
 from agent.checkpoints import rewound
 from agent.config import SANDBOX_ORDER, Config, ConfigError, home, load_config, project_root
@@ -30,9 +29,10 @@ from agent.mcp import McpServers, ServerInfo
 from agent.model import ModelError, OpenAIModel
 from agent.refine import GateFactory
 from agent.session import Session
-from agent.subagents import read_registry
+from agent.subagents import ChildInfo, read_registry
 from agent.trajectory import (
     PlanRecord,
+    Record,
     SessionRecord,
     TrajectoryError,
     TurnStarted,
@@ -47,7 +47,7 @@ from daemon.fanout import Fanout, Subscriber
 from daemon.goals import DaemonGoal
 from daemon.journal import EventJournal
 from daemon.meta import SessionMeta, title_of
-from daemon.schemas import Interrupted, MessageAccepted, ModelKey, PlanDecision, SessionInfo
+from daemon.schemas import ChildTranscript, Interrupted, MessageAccepted, ModelKey, PlanDecision, SessionInfo, Transcript
 from daemon.schemas import ApprovalDecision, DecideApproval, RewindRequest, RewindResult
 from daemon.turns import TurnQueue
 from harness_store.refiner import RefinementFailed
@@ -257,9 +257,9 @@ class ManagedSession:
         return ApprovalDecision(request_id=request_id, decision=req.decision, prefix=decided.prefix,
                                 full_env=decided.full_env)
 
-    async def records(self) -> list[dict[str, Any]]:
+    async def transcript(self) -> Transcript:
         """Its whole trajectory: every record, in order (see agent/trajectory.py)."""
-        return await _records(self.layout)
+        return Transcript(session=self.info(), records=await _records(self.layout))
 
     async def atif(self, version: str) -> dict[str, Any]:
         """Its trajectory as an ATIF v1.8 document (agent/atif.py), its subagents embedded; `version`: ours."""
@@ -272,16 +272,15 @@ class ManagedSession:
             raise Refused("bad_request", str(e)) from None
         return doc.to_json_dict()
 
-    def subagents(self) -> list[dict[str, Any]]:
-        children = self.session.children() if self.session else read_registry(self.layout).values()
-        return [asdict(c) for c in children]
+    def subagents(self) -> list[ChildInfo]:
+        return list(self.session.children() if self.session else read_registry(self.layout).values())
 
-    async def child_transcript(self, child_id: str) -> dict[str, Any]:
+    async def child_transcript(self, child_id: str) -> ChildTranscript:
         """A child's registry entry and whole trajectory."""
         child = read_registry(self.layout).get(child_id)
         if child is None:
             raise Refused("not_found", f"no subagent {child_id!r} in session {self.id}")
-        return {"child": asdict(child), "records": await _records(SessionLayout(Path(child.dir)))}
+        return ChildTranscript(child=child, records=await _records(SessionLayout(Path(child.dir))))
 
     async def decide_refinement(self, refinement_id: str, approve: bool) -> str:
         """Approve or reject a refinement that waits for review; its outcome's status."""
@@ -294,7 +293,7 @@ class ManagedSession:
             raise Refused("refinement_failed", str(e)) from None
         return outcome.status
 
-    async def checkpoints(self) -> list[dict[str, Any]]:
+    async def checkpoints(self) -> list[TurnRow]:
         """Its turns, to choose where to rewind: number, id, prompt, time, outcome, files changed."""
         live = self.session
         if live is not None:
@@ -620,12 +619,11 @@ class ManagedSession:
                                                                     if pending else ""))))
 
 
-async def _records(layout: SessionLayout) -> list[dict[str, Any]]:
+async def _records(layout: SessionLayout) -> list[Record]:
     """A session's whole trajectory: every record, in order (see agent/trajectory.py); a damaged line
     (a write a full disk cut short) is skipped."""
     path = layout.trajectory
-    records = await asyncio.to_thread(read_records, path, []) if path.is_file() else []
-    return [r.model_dump(mode="json") for r in records]
+    return await asyncio.to_thread(read_records, path, []) if path.is_file() else []
 
 
 async def _close(session: Session, models: list[OpenAIModel | None]) -> None:

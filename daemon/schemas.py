@@ -8,6 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from agent.config import ModelConfig
+from agent.subagents import ChildInfo
+from agent.trajectory import Record
 from agent.types import Budget, Usage
 
 SessionState = Literal["idle", "queued", "running", "dormant", "closed"]
@@ -94,6 +96,20 @@ class SessionInfo(BaseModel):
                                   "until that process ends.")
 
 
+class Transcript(BaseModel):
+    """A session's whole trajectory: every record, in order (agent/trajectory.py)."""
+
+    session: SessionInfo
+    records: list[Record]
+
+
+class ChildTranscript(BaseModel):
+    """A subagent's registry entry and whole trajectory."""
+
+    child: ChildInfo
+    records: list[Record]
+
+
 class CloseSession(_Body):
     if_idle: bool = Field(False, description="Only if nothing runs or waits in the session (else 409 `busy`).")
 
@@ -177,8 +193,14 @@ class RefineRequest(_Body):
     mode: Literal["auto", "review", "dry-run"] | None = None
 
 
-class RefineStarted(BaseModel):
-    message: str = Field(description="What the refiner did with the request (planning started, or already busy).")
+class Notice(BaseModel):
+    message: str = Field(description="What was done with the request, in words (a refinement's planning started, "
+                         "or the refiner is busy; a compaction or a new system prompt due at the next turn).")
+
+
+class RefinementDecision(BaseModel):
+    refinement_id: str
+    status: str = Field(description="The refinement's outcome: applied, rejected, ...")
 
 
 class Rollback(_Body):
@@ -189,17 +211,32 @@ class Rollback(_Body):
     project: str | None = Field(None, description="The project whose project scope is meant (without `session`).")
 
 
-class RolledBack(BaseModel):
+class HarnessChange(BaseModel):
+    """A committed change to a harness scope, as its log shows it."""
+
+    commit: str
+    refinement_id: str
+    trigger: str
+    summary: str
+    date: datetime
+    entries: list[str]
+    trailers: dict[str, str] = Field(default_factory=dict)
+
+
+class RolledBack(HarnessChange):
     """The rollback's own change (a new commit; history is never rewritten)."""
 
-    refinement_id: str
     scope: str
-    entries: list[str]
-    commit: str
+
+
+class HarnessEntry(BaseModel):
+    """An entry in force, as the harness's listing shows it."""
+
+    id: str
+    kind: str
+    scope: str
+    title: str
     summary: str
-    trigger: str
-    date: datetime
-    trailers: dict[str, str] = Field(default_factory=dict)
 
 
 class RewindRequest(_Body):

@@ -28,7 +28,6 @@ from textual.containers import Vertical
 from agent import events as ev
 from agent.config import home
 from agent.events import Event
-from agent.mcp import ServerInfo
 from daemon.client import Client, DaemonError
 from tui.screens.harness import HarnessScreen
 from tui.screens.history_search import HistorySearch
@@ -418,10 +417,10 @@ class PrimeApp(App):
         self.push_screen(RewindScreen(self.client, self.session_id))
 
     async def compact_command(self, arg: str) -> None:
-        await self.say((await self.client.compact(self.session_id))["message"])
+        await self.say((await self.client.compact(self.session_id)).message)
 
     async def reprompt_command(self, arg: str) -> None:
-        await self.say((await self.client.rebuild_prompt(self.session_id))["message"])
+        await self.say((await self.client.rebuild_prompt(self.session_id)).message)
 
     async def interrupt_command(self, arg: str) -> None:
         await self.action_interrupt()
@@ -446,7 +445,7 @@ class PrimeApp(App):
         return self.goal is not None and self.goal.state == "running"
 
     async def mcp_command(self, arg: str) -> None:
-        servers = [ServerInfo.model_validate(x) for x in await self.client.mcp(self.session_id, start=True)]
+        servers = await self.client.mcp(self.session_id, start=True)
         if not servers:
             await self.say("no MCP servers configured (prime-agent mcp add NAME -- COMMAND ARGS..., "
                            "or the project's .mcp.json)")
@@ -486,7 +485,7 @@ class PrimeApp(App):
                 await self.rollback(None, event.card)
             else:
                 r = await self.client.decide(self.session_id, event.card.refinement_id, event.action == "approve")
-                event.card.set_status(r["status"])
+                event.card.set_status(r.status)
         except DaemonError as e:
             await self.say(f"refinement {event.card.refinement_id}: {e.message}", "error")
 
@@ -533,7 +532,7 @@ class PrimeApp(App):
         except DaemonError as e:
             await self.say(e.message, "error")
             return
-        self.push_screen(TranscriptScreen(f"subagent {t['child']['name']}: {t['child']['task'][:60]}", t["records"]))
+        self.push_screen(TranscriptScreen(f"subagent {t.child.name}: {t.child.task[:60]}", t.records))
 
     # --- keys ----------------------------------------------------------------------------------
 

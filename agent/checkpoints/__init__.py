@@ -22,6 +22,6 @@ from agent.checkpoints.recovery import recover
 from agent.checkpoints.rewind import PARTS, Part, Plan, rewound
 from agent.checkpoints.session import Checkpoints
 from agent.checkpoints.store import WorkspaceStore
-from agent.checkpoints.turns import RewindError, turn_list
+from agent.checkpoints.turns import RewindError, TurnRow, turn_list
 
-__all__ = ["PARTS", "Checkpoints", "Part", "Plan", "RewindError", "WorkspaceStore", "recover", "rewound", "turn_list"]
+__all__ = ["PARTS", "Checkpoints", "Part", "Plan", "RewindError", "WorkspaceStore", "recover", "rewound", "TurnRow", "turn_list"]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from pydantic import BaseModel
 
 from agent.checkpoints.store import WorkspaceStore
 from agent.layout import SessionLayout
@@ -82,23 +83,38 @@ def person_changes(store: WorkspaceStore, records: list[Record], index: int, now
     return {rel for rel, mine in theirs.items() if mine}
 
 
-def turn_list(layout: SessionLayout, store: WorkspaceStore | None) -> list[dict[str, Any]]:
-    """The session's turns for a person choosing where to rewind: number, id, prompt, when, how it
-    ended, and the files it changed (between its checkpoints)."""
+class TurnRow(BaseModel):
+    """A turn as a person choosing where to rewind sees it."""
+
+    turn: int
+    """1-based, in the order turns began."""
+    turn_id: str
+    prompt: str
+    ts: float
+    outcome: str | None
+    """How it ended (None: it has not, or the record was lost)."""
+    checkpoint: bool
+    """A checkpoint was taken before it began."""
+    files: list[str]
+    """The files it changed (between its checkpoints)."""
+
+
+def turn_list(layout: SessionLayout, store: WorkspaceStore | None) -> list[TurnRow]:
+    """The session's turns for a person choosing where to rewind."""
     records = read_records(layout.trajectory, []) if layout.trajectory.is_file() else []
-    turns: dict[str, dict[str, Any]] = {}
+    turns: dict[str, TurnRow] = {}
     trees = {(r.turn_id, r.at): r.tree for r in records if isinstance(r, CheckpointRecord) and r.tree is not None}
     for r in records:
         if isinstance(r, TurnStarted):
-            turns[r.turn_id] = {"turn": len(turns) + 1, "turn_id": r.turn_id, "prompt": r.prompt, "ts": r.ts,
-                                "outcome": None, "checkpoint": (r.turn_id, "start") in trees, "files": []}
+            turns[r.turn_id] = TurnRow(turn=len(turns) + 1, turn_id=r.turn_id, prompt=r.prompt, ts=r.ts,
+                                       outcome=None, checkpoint=(r.turn_id, "start") in trees, files=[])
         elif isinstance(r, TurnFinished) and r.turn_id in turns:
-            turns[r.turn_id]["outcome"] = r.outcome
+            turns[r.turn_id].outcome = r.outcome
     for turn_id, row in turns.items():
         start, end = trees.get((turn_id, "start")), trees.get((turn_id, "end"))
         if store is not None and start and end:
             try:
-                row["files"] = sorted(store.changed_paths(start, end))
+                row.files = sorted(store.changed_paths(start, end))
             except OSError:
                 pass
     return list(turns.values())

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from dataclasses import asdict
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
@@ -12,7 +13,7 @@ from fastapi.responses import Response
 from daemon.errors import Refused
 from daemon.manager import harness_scope
 from daemon.routes.common import Manager
-from daemon.schemas import Rollback, RolledBack
+from daemon.schemas import HarnessChange, HarnessEntry, Rollback, RolledBack
 from harness_store.entries import HarnessError
 
 router = APIRouter()
@@ -20,10 +21,10 @@ Scope = Annotated[str, Query(pattern="^(user|project|session)$")]
 
 
 @router.get("/v1/harness")
-async def harness_view(manager: Manager, session: str | None = None, project: str | None = None) -> list[dict[str, Any]]:
+async def harness_view(manager: Manager, session: str | None = None, project: str | None = None) -> list[HarnessEntry]:
     """The entries in force, narrowest scope first."""
     with manager.harness(session, project) as harness:
-        return await asyncio.to_thread(harness.list)
+        return [HarnessEntry.model_validate(e) for e in await asyncio.to_thread(harness.list)]
 
 
 @router.get("/v1/harness/entries/{entry_id:path}", response_class=Response,
@@ -41,9 +42,10 @@ async def harness_entry(entry_id: str, manager: Manager, session: str | None = N
 
 @router.get("/v1/harness/log")
 async def harness_log(manager: Manager, scope: Scope = "user", n: Annotated[int, Query(ge=1, le=1000)] = 20,
-                      session: str | None = None, project: str | None = None) -> list[dict[str, Any]]:
+                      session: str | None = None, project: str | None = None) -> list[HarnessChange]:
     with manager.harness(session, project) as harness:
-        return [_change(c) for c in await asyncio.to_thread(harness_scope(harness, scope).log, n)]
+        changes = await asyncio.to_thread(harness_scope(harness, scope).log, n)
+    return [HarnessChange.model_validate(asdict(c)) for c in changes]
 
 
 @router.get("/v1/harness/diff", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
@@ -63,7 +65,3 @@ async def harness_rollback(req: Rollback, manager: Manager) -> RolledBack:
     picks it up next turn, and what they had planned before it is stale."""
     return await manager.rollback(req)
 
-
-def _change(c) -> dict[str, Any]:
-    return {"commit": c.commit, "refinement_id": c.refinement_id, "trigger": c.trigger, "summary": c.summary,
-            "date": c.date.isoformat(), "entries": c.entries}

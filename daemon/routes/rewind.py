@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 
+from agent.checkpoints import TurnRow
 from daemon.routes.common import Manager
 from daemon.schemas import RewindRequest, RewindResult
 
@@ -13,7 +12,7 @@ router = APIRouter()
 
 
 @router.get("/v1/sessions/{session_id}/checkpoints")
-async def checkpoints(session_id: str, manager: Manager) -> list[dict[str, Any]]:
+async def checkpoints(session_id: str, manager: Manager) -> list[TurnRow]:
     """The session's turns, to choose where to rewind: number, id, prompt, time, outcome, files changed."""
     return await manager.get(session_id).checkpoints()
 

@@ -6,16 +6,17 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from agent.subagents import ChildInfo
 from daemon.routes.common import VERSION, Manager
+from daemon.schemas import ChildTranscript, Transcript
 
 router = APIRouter()
 
 
 @router.get("/v1/sessions/{session_id}/transcript")
-async def transcript(session_id: str, manager: Manager) -> dict[str, Any]:
+async def transcript(session_id: str, manager: Manager) -> Transcript:
     """The session's whole trajectory: every record, in order (see agent/trajectory.py)."""
-    managed = manager.get(session_id)
-    return {"session": managed.info().model_dump(), "records": await managed.records()}
+    return await manager.get(session_id).transcript()
 
 
 @router.get("/v1/sessions/{session_id}/trajectory")
@@ -27,11 +28,11 @@ async def trajectory(session_id: str, manager: Manager,
 
 
 @router.get("/v1/sessions/{session_id}/subagents")
-async def subagents(session_id: str, manager: Manager) -> list[dict[str, Any]]:
+async def subagents(session_id: str, manager: Manager) -> list[ChildInfo]:
     return manager.get(session_id).subagents()
 
 
 @router.get("/v1/sessions/{session_id}/subagents/{child_id}/transcript")
-async def child_transcript(session_id: str, child_id: str, manager: Manager) -> dict[str, Any]:
+async def child_transcript(session_id: str, child_id: str, manager: Manager) -> ChildTranscript:
     """A child's whole trajectory."""
     return await manager.get(session_id).child_transcript(child_id)

@@ -37,7 +37,7 @@ async def test_a_session_runs_a_turn_and_streams_its_events(daemon: Client, proj
     on_disk = prime_home / "sessions" / s.id
     assert {"session.json", "events.jsonl", "trajectory.jsonl"} <= {p.name for p in on_disk.iterdir()}
     transcript = await daemon.transcript(s.id)
-    kinds = [r["kind"] for r in transcript["records"]]
+    kinds = [r.kind for r in transcript.records]
     assert kinds[kinds.index("turn_finished") + 1:] in ([], ["checkpoint"])  # the turn's end checkpoint may follow
     assert [x.id for x in await daemon.sessions()] == [s.id]
 

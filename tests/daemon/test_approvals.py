@@ -163,7 +163,7 @@ async def test_an_approved_command_gets_the_kernels_environment_unless_the_perso
     async for e in daemon.events(s.id, after):  # the person asked for their full environment: this once
         if e.type == "approval.requested":
             decided = await daemon.approve(s.id, e.request_id, "approve", full_env=True)
-            assert decided["full_env"] is True
+            assert decided.full_env is True
         if e.type == "approval.decided":
             assert e.full_env is True
         if e.type == "turn.finished" and e.turn_id == accepted.turn_id:

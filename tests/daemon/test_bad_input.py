@@ -18,7 +18,8 @@ from daemon.paths import socket_file
 
 
 def http() -> httpx2.AsyncClient:
-    return httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(socket_file())), base_url="http://d")
+    return httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(socket_file())), base_url="http://d",
+                             timeout=60)  # a session create takes seconds on a loaded machine
 
 
 def tree(root: Path) -> set[str]:

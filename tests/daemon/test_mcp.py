@@ -33,11 +33,11 @@ def mcp_project(project: Path, policy: str = "allow") -> Path:
 async def test_an_ask_call_waits_for_a_decision_over_the_api(daemon: Client, project: Path, model_server):
     mcp_project(project, policy="ask")
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
-    listed = {m["name"]: m for m in await daemon.mcp(s.id)}
-    assert listed["time"]["policy"] == "ask" and listed["time"]["state"] == "stopped"
-    assert listed["everything"]["transport"] == "stdio"
-    started = {m["name"]: m for m in await daemon.mcp(s.id, start=True)}  # as the app's /mcp asks
-    assert started["time"]["state"] == "ready" and "get_current_time" in [t["name"] for t in started["time"]["tools"]]
+    listed = {m.name: m for m in await daemon.mcp(s.id)}
+    assert listed["time"].policy == "ask" and listed["time"].state == "stopped"
+    assert listed["everything"].transport == "stdio"
+    started = {m.name: m for m in await daemon.mcp(s.id, start=True)}  # as the app's /mcp asks
+    assert started["time"].state == "ready" and "get_current_time" in [t.name for t in started["time"].tools or []]
     code = ("for _ in range(2):\n    try:\n        print(await mcp.time.get_current_time(timezone='UTC'))\n"
             "    except McpError as e:\n        print('McpError:', e)")
     accepted = await daemon.send(s.id, "run: " + code)
@@ -46,7 +46,7 @@ async def test_an_ask_call_waits_for_a_decision_over_the_api(daemon: Client, pro
         if e.type == "approval.requested":
             assert e.kind == "mcp" and e.summary == "time.get_current_time(timezone='UTC')" and e.server == "time"
             decision = next(decisions)
-            assert (await daemon.approve(s.id, e.request_id, decision))["decision"] == decision
+            assert (await daemon.approve(s.id, e.request_id, decision)).decision == decision
         if e.type == "turn.finished" and e.turn_id == accepted.turn_id:
             break
     assert "McpError: the call time.get_current_time was not approved: the user denied it" in e.answer  # the model
@@ -57,8 +57,8 @@ async def test_an_ask_call_waits_for_a_decision_over_the_api(daemon: Client, pro
     with pytest.raises(DaemonError) as err:
         await daemon.approve(s.id, "nope", "maybe")
     assert err.value.status == 422
-    listed = {m["name"]: m for m in await daemon.mcp(s.id)}
-    assert listed["time"]["state"] == "ready" and "get_current_time" in [t["name"] for t in listed["time"]["tools"]]
+    listed = {m.name: m for m in await daemon.mcp(s.id)}
+    assert listed["time"].state == "ready" and "get_current_time" in [t.name for t in listed["time"].tools or []]
 
 
 async def test_an_untrusted_mcp_json_is_named_in_session_info_and_starts_nothing(daemon: Client, project: Path,
@@ -101,8 +101,8 @@ def test_no_server_outlives_a_deleted_session_nor_a_daemon_killed_with_kill_9(cl
                 assert "Echo: hi" in e.answer, e
                 break
         servers = client.mcp(s.id)
-        assert {m["state"] for m in servers} == {"ready"}
-        pids = [p for m in servers for p in descendants(m["pid"])]
+        assert {m.state for m in servers} == {"ready"}
+        pids = [p for m in servers if m.pid for p in descendants(m.pid)]
         assert pids and all(map(alive, pids))
         return s.id, pids
 

@@ -109,8 +109,8 @@ def test_kill_9_mid_turn_then_restart_recovers_every_session(client: SyncClient,
     assert "NameError" in events[-1].answer
     prompt = next(m for m in reversed(model_server.requests[-2]["messages"]) if m["role"] == "user")["content"]
     assert "new kernel" in prompt and "ended early (interrupted)" in prompt
-    records = client.transcript(busy.id)["records"]
-    assert [r["kind"] for r in records].count("resumed") == 1
+    records = client.transcript(busy.id).records
+    assert [r.kind for r in records].count("resumed") == 1
 
 
 @pytest.mark.slow

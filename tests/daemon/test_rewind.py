@@ -15,7 +15,7 @@ import pytest
 
 from agent.events import Rewound
 from agent.layout import SessionLayout
-from agent.trajectory import RewindRecord, read_records
+from agent.trajectory import MessageRecord, RewindRecord, read_records
 from daemon.client import Client, DaemonError, SyncClient, daemon_pid
 from tests.daemon.conftest import collect
 
@@ -35,9 +35,8 @@ async def test_rewind_over_the_api_lists_turns_previews_and_restores(daemon: Cli
     await turn(daemon, s.id, "run: open('a.txt', 'w').write('one'); n = 1")
     await turn(daemon, s.id, "run: open('a.txt', 'w').write('two'); open('b.txt', 'w').write('b'); n = 2")
     rows = await daemon.checkpoints(s.id)
-    assert [(r["turn"], r["files"], r["checkpoint"]) for r in rows] == [(1, ["a.txt"], True),
-                                                                     (2, ["a.txt", "b.txt"], True)]
-    assert rows[0]["prompt"].startswith("run: open('a.txt'") and rows[1]["outcome"] == "completed"
+    assert [(r.turn, r.files, r.checkpoint) for r in rows] == [(1, ["a.txt"], True), (2, ["a.txt", "b.txt"], True)]
+    assert rows[0].prompt.startswith("run: open('a.txt'") and rows[1].outcome == "completed"
 
     preview = await daemon.rewind(s.id, 2, dry_run=True)
     assert preview.dry_run and preview.rewind_id is None
@@ -64,8 +63,8 @@ async def test_rewind_over_the_api_lists_turns_previews_and_restores(daemon: Cli
     assert events[-1].turn == 2 and events[-1].files == done.files
     await turn(daemon, s.id, "run: print(n)")  # the namespace as it was before turn 2
     transcript = await daemon.transcript(s.id)
-    last_tool = [r for r in transcript["records"] if r["kind"] == "message" and r["message"]["role"] == "tool"][-1]
-    assert last_tool["message"]["content"] == "1"
+    last_tool = [r for r in transcript.records if isinstance(r, MessageRecord) and r.message.role == "tool"][-1]
+    assert last_tool.message.content == "1"
 
 
 async def collect_until(client: Client, sid: str, after: int, kind: type) -> list:

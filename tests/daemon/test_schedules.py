@@ -137,7 +137,7 @@ async def test_a_heartbeat_wakes_a_dormant_session_which_sleeps_again(daemon: Cl
 
         await wait_for(slept_again)
     transcript = await daemon.transcript(s.id)
-    prompts = [r["prompt"] for r in transcript["records"] if r["kind"] == "turn_started"]
+    prompts = [r.prompt for r in transcript.records if r.kind == "turn_started"]
     assert len(prompts) == 1 and prompts[0].startswith("[Heartbeat]")
 
 

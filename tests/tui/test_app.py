@@ -10,6 +10,7 @@ from pathlib import Path
 
 from textual.widgets import DataTable
 
+from agent.trajectory import PlanRecord
 from daemon.client import Client
 from tests.conftest import trust
 from tests.daemon.conftest import running_daemon
@@ -87,11 +88,11 @@ async def test_refine_shows_a_card_and_r_rolls_it_back(daemon: Client, project: 
         await until(pilot, lambda: len(app.query(RefinementCard)) == 1)
         card = app.query_one(RefinementCard)
         assert card.status == "applied" and card.scopes == ["project"] and "test-command" in card.diff
-        assert "test-command" in [e["id"] for e in await daemon.harness(session=app.session_id)]
+        assert "test-command" in [e.id for e in await daemon.harness(session=app.session_id)]
         card.focus()
         await pilot.press("r")
         await until(pilot, lambda: card.status == "rolled back")
-        assert "test-command" not in [e["id"] for e in await daemon.harness(session=app.session_id)]
+        assert "test-command" not in [e.id for e in await daemon.harness(session=app.session_id)]
         app.save_screenshot(str(project / "card.svg"))
 
 
@@ -312,8 +313,8 @@ async def test_plan_mode_shows_the_plan_as_a_card_and_y_carries_it_out(daemon: C
         await pilot.press("n")
         await until(pilot, lambda: card.status == "rejected")
         assert not (project / "p.txt").exists() and app.query_one("#prompt").text == ""
-        records = (await daemon.transcript(app.session_id))["records"]
-        steps = [(r["step"], r["note"]) for r in records if r["kind"] == "plan"]
+        records = (await daemon.transcript(app.session_id)).records
+        steps = [(r.step, r.note) for r in records if isinstance(r, PlanRecord)]
         assert steps == [("entered", None), ("proposed", None), ("rejected", "not yet")]
         app.query_one("#prompt").load_text(task)
         await pilot.press("enter")

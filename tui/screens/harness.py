@@ -39,11 +39,10 @@ class HarnessScreen(ModalScreen[None]):
             self.notify(e.message, severity="error")
             return
         kinds: dict[str, TreeNode] = {}
-        for row in sorted(entries, key=lambda r: (r["kind"], r["id"])):
-            node = kinds.get(row["kind"]) or tree.root.add(PLURAL.get(row["kind"], row["kind"]), expand=True)
-            kinds[row["kind"]] = node
-            label = Text.assemble(row["id"], "  ", (row["scope"], "dim"), "  ", row.get("title") or "")
-            node.add_leaf(label, data=row["id"])
+        for row in sorted(entries, key=lambda r: (r.kind, r.id)):
+            node = kinds.get(row.kind) or tree.root.add(PLURAL.get(row.kind, row.kind), expand=True)
+            kinds[row.kind] = node
+            node.add_leaf(Text.assemble(row.id, "  ", (row.scope, "dim"), "  ", row.title), data=row.id)
         if not entries:
             tree.root.add_leaf("(no entries yet: the refiner and you add them)")
         tree.focus()

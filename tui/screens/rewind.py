@@ -46,12 +46,12 @@ class RewindScreen(ModalScreen[RewindResult | None]):
             self.notify(e.message, severity="error")
             return
         for r in rows:
-            files = ", ".join(r["files"][:4]) + (f" +{len(r['files']) - 4}" if len(r["files"]) > 4 else "")
-            prompt = r["prompt"].replace("\n", " ")[:50] + ("" if r["checkpoint"] else "  (no checkpoint)")
-            table.add_row(f"before {r['turn']}", time.strftime("%H:%M:%S", time.localtime(r["ts"])), prompt,
-                          files or "-", key=str(r["turn"]))
+            files = ", ".join(r.files[:4]) + (f" +{len(r.files) - 4}" if len(r.files) > 4 else "")
+            prompt = r.prompt.replace("\n", " ")[:50] + ("" if r.checkpoint else "  (no checkpoint)")
+            table.add_row(f"before {r.turn}", time.strftime("%H:%M:%S", time.localtime(r.ts)), prompt,
+                          files or "-", key=str(r.turn))
         if rows:
-            table.add_row("latest", "", f"the state turn {rows[-1]['turn']} left", "", key=str(len(rows) + 1))
+            table.add_row("latest", "", f"the state turn {rows[-1].turn} left", "", key=str(len(rows) + 1))
             table.move_cursor(row=len(rows) - 1)
         else:
             self.notify("no turns yet: nothing to rewind to", severity="warning")

@@ -10,13 +10,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
 from agent.context import message_text
-from agent.types import Message
+from agent.trajectory import MessageRecord, Record, TurnFinished
 
 
 class TranscriptScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "back")]
 
-    def __init__(self, title: str, records: list[dict]):
+    def __init__(self, title: str, records: list[Record]):
         super().__init__()
         self.title_text, self.records = title, records
 
@@ -24,9 +24,9 @@ class TranscriptScreen(ModalScreen[None]):
         yield Static(self.title_text, classes="title")
         with VerticalScroll():
             for r in self.records:
-                if r["kind"] == "message" and r["message"]["role"] != "system":
-                    role, _, body = message_text(Message.model_validate(r["message"]), limit=4000).partition(" ")
+                if isinstance(r, MessageRecord) and r.message.role != "system":
+                    role, _, body = message_text(r.message, limit=4000).partition(" ")
                     yield Static(Text.assemble((role + " ", "bold"), body))
-                elif r["kind"] == "turn_finished":
-                    yield Static(Text(f"turn {r['outcome']}: {r.get('answer') or r.get('error') or ''}", style="dim"))
+                elif isinstance(r, TurnFinished):
+                    yield Static(Text(f"turn {r.outcome}: {r.answer or r.error or ''}", style="dim"))
         yield Footer()
