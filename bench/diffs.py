@@ -9,7 +9,9 @@
 2. A whole session (real kernel, scripted model): CELLS cells that each write a file, with
    `checkpoints.diffs` on and off, RUNS runs each, interleaved: the turn's time per cell, and the difference.
 
-A bare `git --version` is the floor: one git process on this machine, measured in the same run.
+A bare `git --version` is the floor: one git process on this machine, measured before and after.
+A cell that changed nothing costs one git process (the scan); one that changed files, six (the scan,
+the index updated, the tree written, the trees compared, the blobs' sizes, the small blobs read).
 """
 
 from __future__ import annotations
@@ -100,12 +102,17 @@ async def session_turn(project: Path, n: int, diffs: bool) -> float:
     return result.duration / n
 
 
-async def run(args: argparse.Namespace) -> dict:
-    floor = []
+def git_floor() -> float:
+    times = []
     for _ in range(20):
         t = time.perf_counter()
         subprocess.run(["git", "--version"], capture_output=True)
-        floor.append(time.perf_counter() - t)
+        times.append(time.perf_counter() - t)
+    return p50(times)
+
+
+async def run(args: argparse.Namespace) -> dict:
+    floor = [git_floor()]
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PRIME_AGENT_HOME"] = str(Path(tmp) / "home")
         stores = {name: await store_costs(Path(tmp), files, mb, args.cells) for name, (files, mb) in WORKSPACES.items()}
@@ -115,8 +122,9 @@ async def run(args: argparse.Namespace) -> dict:
                 project = Path(tmp) / f"project-{i}-{diffs}"
                 project.mkdir()
                 per_cell[diffs].append(await session_turn(project, args.cells, diffs))
+    floor.append(git_floor())  # the machine's speed drifts: before and after
     on, off = (statistics.median(per_cell[d]) * 1e3 for d in (True, False))
-    return {"git_process_floor_ms": p50(floor), "workspaces": {k: {"files": f, "mb": m} for k, (f, m) in WORKSPACES.items()},
+    return {"git_process_floor_ms": floor, "workspaces": {k: {"files": f, "mb": m} for k, (f, m) in WORKSPACES.items()},
             "store": stores, "session_cell_ms": {"diffs_on": on, "diffs_off": off, "difference": on - off,
                                                  "runs_on": [x * 1e3 for x in per_cell[True]],
                                                  "runs_off": [x * 1e3 for x in per_cell[False]]},
@@ -130,7 +138,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "diffs.json"))
     args = ap.parse_args()
     r = asyncio.run(run(args))
-    print(f"one git process (floor): {r['git_process_floor_ms']:.1f} ms; {r['nproc']} CPUs")
+    print("one git process (floor), before and after: " + " and ".join(f"{x:.1f} ms" for x in r["git_process_floor_ms"])
+          + f"; {r['nproc']} CPUs")
     print(f"{'after a cell (p50, ms)':<28}" + "".join(f"{k:>24}" for k in WORKSPACES))
     for key, label in (("cell_0_changed_ms", "no file changed"), ("cell_1_changed_ms", "1 file changed"),
                        ("cell_5_changed_ms", "5 files changed"), ("turn_summary_ms", "turn summary (5 cells)")):

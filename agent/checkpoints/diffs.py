@@ -57,7 +57,7 @@ def _diff(c: Change, sizes: dict[str, int], contents: dict[str, bytes]) -> FileD
         out.note = f"large: {old_size:,} -> {new_size:,} bytes"
         return out
     old, new = contents.get(c.old_blob, b""), contents.get(c.blob, b"")
-    if b"\0" in old[:8192] or b"\0" in new[:8192]:
+    if b"\0" in old or b"\0" in new:  # binary (a NUL anywhere: no text a terminal or a JSON journal should carry)
         out.note = f"binary: {old_size:,} -> {new_size:,} bytes"
         return out
     old_text, new_text = old.decode(errors="replace"), new.decode(errors="replace")
