@@ -1,5 +1,5 @@
-"""The files a cell changed, under the cell: a line per file and its coloured diff, collapsed past a
-few lines; Enter (or a click) expands and collapses it."""
+"""The files a cell changed, under the cell: a line per file (one line in all for one file) and its
+coloured diff, collapsed past a few lines; Enter (or a click) expands and collapses it."""
 
 from __future__ import annotations
 
@@ -38,10 +38,12 @@ class FilesRow(Static):
         self.action_toggle()
 
     def _show(self) -> None:
-        text = Text.assemble("└─ ", (self.files.summary(), "bold"))
+        only = self.files.files[0] if len(self.files.files) == 1 and not self.files.more else None
+        text = Text.assemble("└─ ", (only.headline() if only else self.files.summary(), "bold"))
         left = None if self.expanded else COLLAPSED_LINES
         for f in self.files.files:
-            text.append("\n   " + f.headline(), style="bold")
+            if only is None:
+                text.append("\n   " + f.headline(), style="bold")
             for kind, line in f.lines():
                 if left is not None and left <= 0:
                     break
