@@ -124,8 +124,7 @@ class Printer:
                              style="bold yellow"))
             case ev.TurnFinished():
                 if e.files is not None:
-                    c.print(Text(f"[{e.turn_id}: {e.files.summary()}: "
-                                 + ", ".join(f.headline() for f in e.files.files)
+                    c.print(Text(f"[{e.turn_id}: {e.files.summary()}: " + ", ".join(f.path for f in e.files.files)
                                  + (f" and {e.files.more} more" if e.files.more else "") + "]", style="bold"))
                 if e.usage.total_tokens or e.usage.cost:
                     others = ", ".join(f"{p} {u.describe()}" for p, u in e.spend.items() if p != "turn")

@@ -63,7 +63,7 @@ def test_fixes_a_failing_test_in_a_small_repository(project: Path, prime_home: P
     edited = r.stderr[r.stderr.index("edit('calc.py'"):]
     assert edited.index("~ calc.py +1 -1\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n") \
         < edited.index("%%bash")
-    assert "[t1: 1 file changed, +1 -1: calc.py +1 -1]" in r.stderr
+    assert "[t1: 1 file changed, +1 -1: calc.py]" in r.stderr
     (finished,) = [r for r in records if isinstance(r, TurnFinished)]
     assert finished.outcome == "completed"
     assert (records[-1].kind, records[-1].at) == ("checkpoint", "end")  # kept before run exits: `rewind` comes back to it
