@@ -225,9 +225,12 @@ class FilesChanged(BaseModel):
         return sum(f.removed or 0 for f in self.files)
 
     def summary(self) -> str:
-        """`3 files changed, +12 -4`."""
+        """`3 files changed, +12 -4`, and how many files' lines the counts leave out (binary, large,
+        past the cap on files listed)."""
         n = len(self.files) + self.more
-        return f"{n} file{'s' if n != 1 else ''} changed, +{self.added} -{self.removed}"
+        uncounted = sum(f.added is None for f in self.files) + self.more
+        return (f"{n} file{'s' if n != 1 else ''} changed, +{self.added} -{self.removed}"
+                + (f", lines of {uncounted} not counted" if uncounted else ""))
 
 
 class Budget(BaseModel):

@@ -54,7 +54,7 @@ def test_each_kind_of_change_is_a_bounded_diff(tmp_path: Path):
     assert long.cut == DIFF_LINES * 2 + 1 - DIFF_LINES and long.lines()[-1][0] == "cut"
     assert long.whole == (len((ws / "long.txt").read_bytes()) <= WHOLE_BYTES)
     assert by["run.sh"].note == "mode 100644 -> 100755"
-    assert files.summary() == f"7 files changed, +{1 + 3 + DIFF_LINES * 2} -{1 + 2}"
+    assert files.summary() == f"7 files changed, +{1 + 3 + DIFF_LINES * 2} -{1 + 2}, lines of 2 not counted"
     assert files_changed(store, after, after) is None
 
 
@@ -67,7 +67,7 @@ def test_past_the_cap_files_are_counted_not_listed(tmp_path: Path):
         (ws / f"f{i:03}.txt").write_text(f"{i}\n")
     files = files_changed(store, before, store.snapshot().tree)
     assert files is not None and len(files.files) == MAX_FILES and files.more == 7
-    assert files.summary() == f"{MAX_FILES + 7} files changed, +{MAX_FILES} -0"
+    assert files.summary() == f"{MAX_FILES + 7} files changed, +{MAX_FILES} -0, lines of 7 not counted"
 
 
 async def test_each_cell_carries_the_files_it_changed_and_the_turn_their_sum(project: Path):
