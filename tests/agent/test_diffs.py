@@ -3,13 +3,14 @@ the model is scripted."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 from agent.checkpoints import WorkspaceStore
 from agent.checkpoints.diffs import DIFF_BYTES, DIFF_LINES, MAX_FILES, WHOLE_BYTES, files_changed
 from agent.config import CheckpointConfig
-from agent.events import CellFinished, Event, TurnFinished
+from agent.events import CellFinished, CellStarted, Event, TurnFinished
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from tests.conftest import make_config
@@ -95,3 +96,28 @@ async def test_with_diffs_off_no_cell_snapshot_is_taken(project: Path):
         await s.prompt("work")
     assert all(e.files is None for e in events if isinstance(e, CellFinished | TurnFinished))
     assert (project / "a.py").read_text() == "x = 1\n"
+
+
+async def test_an_interrupt_while_a_cells_files_are_read_keeps_its_result_and_files(project: Path):
+    events: list[Event] = []
+
+    async def until(condition) -> None:
+        deadline = asyncio.get_running_loop().time() + 60
+        while not condition():
+            assert asyncio.get_running_loop().time() < deadline, "timed out"
+            await asyncio.sleep(0.01)
+
+    model = ScriptedModel([cells("write('a.py', 'x = 1\\n')"), "never asked"])
+    async with Session(make_config(), model, cwd=project, on_event=events.append) as s:
+        turn = asyncio.ensure_future(s.prompt("work"))
+        await until(lambda: any(isinstance(e, CellStarted) for e in events))
+        async with s.checkpoints.lock:  # the cell's snapshot waits for it: the interrupt lands meanwhile
+            await until(lambda: bool(s.checkpoints.lock._waiters))  # asyncio.Lock has no public view of its waiters
+            await s.interrupt()  # the kernel is idle: this cancels the turn's task
+        result = await asyncio.wait_for(turn, 60)
+    assert result.outcome == "interrupted"
+    (finished,) = [e for e in events if isinstance(e, CellFinished)]
+    assert finished.result.ok and [f.headline() for f in finished.files.files] == ["a.py (created) +1 -0"]
+    (ended,) = [e for e in events if isinstance(e, TurnFinished)]
+    assert ended.files is not None and ended.files.summary() == "1 file changed, +1 -0"
+    assert model.outputs == ["never asked"]  # the turn stopped at its next step
