@@ -98,8 +98,9 @@ async def test_with_diffs_off_no_cell_snapshot_is_taken(project: Path):
     assert (project / "a.py").read_text() == "x = 1\n"
 
 
-async def test_an_interrupt_while_a_cells_files_are_read_keeps_its_result_and_files(project: Path):
+async def test_an_interrupt_while_a_cells_files_are_read_keeps_its_result_and_files(project: Path, tmp_path: Path):
     events: list[Event] = []
+    go = tmp_path / "go"  # the cell goes on once the test holds the lock its snapshot takes
 
     async def until(condition) -> None:
         deadline = asyncio.get_running_loop().time() + 60
@@ -107,11 +108,13 @@ async def test_an_interrupt_while_a_cells_files_are_read_keeps_its_result_and_fi
             assert asyncio.get_running_loop().time() < deadline, "timed out"
             await asyncio.sleep(0.01)
 
-    model = ScriptedModel([cells("write('a.py', 'x = 1\\n')"), "never asked"])
+    code = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)\nwrite('a.py', 'x = 1\\n')"
+    model = ScriptedModel([cells(code), "never asked"])
     async with Session(make_config(), model, cwd=project, on_event=events.append) as s:
         turn = asyncio.ensure_future(s.prompt("work"))
         await until(lambda: any(isinstance(e, CellStarted) for e in events))
         async with s.checkpoints.lock:  # the cell's snapshot waits for it: the interrupt lands meanwhile
+            go.touch()
             await until(lambda: bool(s.checkpoints.lock._waiters))  # asyncio.Lock has no public view of its waiters
             await s.interrupt()  # the kernel is idle: this cancels the turn's task
         result = await asyncio.wait_for(turn, 60)
