@@ -300,6 +300,10 @@ class CheckpointConfig(_Section):
     """Largest binary file (a NUL in its first 8 KiB) a checkpoint copies: build outputs stay out."""
     max_checkpoint_bytes: int = Field(200 << 20, ge=0)
     """Most bytes of changed files one checkpoint copies; past it the rest are skipped."""
+    diffs: bool = True
+    """Snapshot the workspace after every cell too, to show the files each cell changed (a diff under
+    it) and each turn (a summary at its end): a scan of the workspace's metadata per cell, and what
+    changed hashed (bench/diffs.py)."""
     kernel: bool = True
     """Snapshot the kernel's user namespace when a turn ends (cloudpickle, in a forked child)."""
     max_variable_bytes: int = Field(64 << 20, ge=0)

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from agent.hooks import HookRun
-from agent.types import ApprovalKind, CellResult, Outcome, Text, ToolCall, Usage
+from agent.types import ApprovalKind, CellResult, FilesChanged, Outcome, Text, ToolCall, Usage
 
 
 class _Event(BaseModel):
@@ -130,6 +130,9 @@ class TurnFinished(_Event):
     duration: float = 0.0
     steps: int = 0
     cells: int = 0
+    files: FilesChanged | None = None
+    """The workspace files the turn's cells changed, from its start to its last cell: each file's line
+    counts, not its diff (the cells' `files` have those)."""
 
 
 class SteerDelivered(_Event):
@@ -215,6 +218,8 @@ class CellFinished(_Event):
     """Without its attachments' data (the trajectory keeps them): see `attachments`."""
     attachments: list[str] = Field(default_factory=list)
     """The MIME type of each display attachment."""
+    files: FilesChanged | None = None
+    """The workspace files the cell changed, with their diffs (None: none, or `checkpoints.diffs` is off)."""
 
 
 # --- the harness and its refinements -------------------------------------------------------------

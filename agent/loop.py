@@ -23,7 +23,7 @@ from agent.model import (ContextOverflow, Model, ModelError, ModelTimeout, Tools
                          parse_tool_arguments)
 from agent.prompt import render
 from agent.trajectory import CellRecord, CompactionRecord, ModelCall, WriteFailed
-from agent.types import Cell, CellResult, Completion, Message, Outcome, ToolCall, Turn
+from agent.types import Cell, CellResult, Completion, FilesChanged, Message, Outcome, ToolCall, Turn
 
 T = TypeVar("T")
 
@@ -60,15 +60,17 @@ class TurnLoop:
     def __init__(self, config: Config, model: Model, kernel: Kernel, context: Context, inbox: Inbox, sinks: Sinks,
                  system_prompt: Callable[[], str], hooks: Runner = NO_HOOKS,
                  ask_cell: Callable[[str, str], Awaitable[str | None]] | None = None,
-                 text_mode: Callable[[str], bool] = lambda reason: False):
+                 text_mode: Callable[[str], bool] = lambda reason: False,
+                 after_cell: Callable[[], Awaitable[FilesChanged | None]] | None = None):
         """`system_prompt()` builds the system prompt afresh: a compaction starts the context over with it.
         `hooks`: the person's (PreToolUse, PostToolUse, Stop, PreCompact); `ask_cell(code, reason)`: a
         person's say on a cell a hook asked about (None: approved, else why not); `text_mode(reason)`
-        switches the session to text mode when the server refuses tools (False: it did not)."""
+        switches the session to text mode when the server refuses tools (False: it did not);
+        `after_cell()`: the files the cell that just ran changed (the checkpoints')."""
         self.config, self.model, self.kernel, self.context, self.inbox = config, model, kernel, context, inbox
         self.emit, self.record, self.charge = sinks.emit, sinks.record, sinks.charge
         self.system_prompt = system_prompt
-        self.hooks, self.ask_cell, self.text_mode = hooks, ask_cell, text_mode
+        self.hooks, self.ask_cell, self.text_mode, self.after_cell = hooks, ask_cell, text_mode, after_cell
         self.said_no_logprobs = False
 
     async def run(self, turn: Turn) -> tuple[Outcome, str | None, str | None]:
@@ -301,12 +303,14 @@ class TurnLoop:
         if refused is None and pre.permission == "ask" and self.ask_cell is not None:
             refused = await self.ask_cell(cell.code, pre.reason)
         self.emit(ev.CellStarted(turn_id=turn.id, cell_id=cell.id, code=cell.code))
+        files = None
         if refused is not None:
             result = CellResult(error_name="BlockedByHook", error_value=f"a PreToolUse hook kept this cell from "
                                 f"running: {refused}")
         else:
             result = await self.kernel.execute(cell, on_output=lambda stream, text: self.emit(
                 ev.CellOutput(turn_id=turn.id, cell_id=cell.id, stream=stream, text=text)))
+            files = await self.files_of_cell(turn)
             failed = bool(result.error_name) or bool({"died", "timed_out"} & set(result.kernel_events))
             post = await self.hooks(
                 "PostToolUseFailure" if failed else "PostToolUse",
@@ -323,5 +327,22 @@ class TurnLoop:
             turn.stop = HookStopped(pre.stop)
         self.record(CellRecord(turn_id=turn.id, cell=cell, result=result))
         self.emit(ev.CellFinished(turn_id=turn.id, cell_id=cell.id, attachments=[a.mime for a in result.attachments],
-                                  result=result.model_copy(update={"attachments": []})))
+                                  result=result.model_copy(update={"attachments": []}), files=files))
         return result
+
+    async def files_of_cell(self, turn: Turn) -> FilesChanged | None:
+        """The files the cell changed. An interrupt meanwhile (which cancels the turn's task while the
+        kernel is idle) lets it finish: the cell ran, and its result and files are told; the turn
+        stops at its next step."""
+        if self.after_cell is None:
+            return None
+        job = asyncio.ensure_future(self.after_cell())
+        try:
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not isinstance(turn.stop, Interrupted) or task is None:  # the session is being torn down
+                job.cancel()
+                raise
+            task.uncancel()
+            return await job

@@ -56,7 +56,7 @@ from agent.trajectory import (
     pending_plan,
     turn_starts,
 )
-from agent.types import Message, Outcome, Turn, TurnResult, Usage
+from agent.types import FilesChanged, Message, Outcome, Turn, TurnResult, Usage
 from harness_store.refiner import Outcome as RefinementOutcome
 from harness_store.store import Change, HarnessStore
 from harness_store.watch import HarnessWatcher
@@ -148,12 +148,13 @@ class Session:
         self.kernel = Kernel(self.cwd, config.kernel, sandbox=config.sandbox, view=view)
         self.hooks = Runner(Hooks.of(config.hooks, self.cwd), self._hook_input, self._hook_ran)
         """The person's hooks (agent/hooks.py), every run recorded and shown."""
-        self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks, self._system_prompt,
-                             hooks=self.hooks, ask_cell=lambda code, reason: self.approvals.cell(code, reason),
-                             text_mode=self.text_mode)
         self.checkpoints = Checkpoints(config.checkpoints, self.cwd, self.layout, self.id, self.kernel, self.harness,
                                        self.context, sinks, enabled=parent is None)
-        """A checkpoint at every turn boundary (a subagent's files are in its parent's), for `rewind`."""
+        """A checkpoint at every turn boundary (a subagent's files are in its parent's), for `rewind`,
+        and the files each cell changed."""
+        self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks, self._system_prompt,
+                             hooks=self.hooks, ask_cell=lambda code, reason: self.approvals.cell(code, reason),
+                             text_mode=self.text_mode, after_cell=self.checkpoints.after_cell)
         self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
                                       turns=lambda: self.turns)
         self._gate = gate
@@ -413,7 +414,7 @@ class Session:
         turn = self.turn = Turn(id=turn_id or f"t{self.turns}", prompt=text, goal_id=goal_id,
                                 continuation=continuation)
         outcome: Outcome = "interrupted"
-        answer = None
+        answer = files = None
         error = "the session was closed during this turn"
         try:
             # Before anything of the turn: the last turn's checkpoint (or a rewind) finishes, and this
@@ -429,12 +430,14 @@ class Session:
                 outcome, error = "error", f"a UserPromptSubmit hook refused the prompt: {refused}"
             else:
                 outcome, answer, error = await self.loop.run(turn)
+                self._task = None  # nothing of the turn is left to interrupt
+                files = await self.checkpoints.turn_files()
         except WriteFailed as e:  # the turn's beginning could not be recorded: it ends here, said so
             outcome, error = "error", f"the session's records could not be written, so the turn stops: {e}"
             self.emit(ev.Error(turn_id=turn.id, message=error))
         finally:
             self._task = None
-            result = self._end_turn(turn, outcome, answer, error)
+            result = self._end_turn(turn, outcome, answer, error, files)
             self.checkpoints.after_turn(turn.id)
         return result
 
@@ -646,7 +649,8 @@ class Session:
         extra = [f"[Context from the user's UserPromptSubmit hook]\n{hook_context}"] if hook_context else []
         self.context.begin_turn(Message(role="user", content="\n\n".join([*notes, prompt, *extra])), turn.id)
 
-    def _end_turn(self, turn: Turn, outcome: Outcome, answer: str | None, error: str | None) -> TurnResult:
+    def _end_turn(self, turn: Turn, outcome: Outcome, answer: str | None, error: str | None,
+                  files: FilesChanged | None = None) -> TurnResult:
         """Close the turn, whatever else fails: the session is free for the next one."""
         result = TurnResult(
             turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
@@ -663,7 +667,8 @@ class Session:
         except WriteFailed as e:  # a restart finds the turn open and closes it as cut short
             self.emit(ev.Error(turn_id=turn.id, message=f"the end of this turn could not be recorded: {e}"))
         self.emit(ev.TurnFinished(turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
-                                  spend=turn.spend, duration=result.duration, steps=turn.steps, cells=turn.cells))
+                                  spend=turn.spend, duration=result.duration, steps=turn.steps, cells=turn.cells,
+                                  files=files))
         # The turn boundary: a refinement planned meanwhile lands now, in force from the next call.
         try:
             if outcome == "interrupted":

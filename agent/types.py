@@ -169,6 +169,70 @@ class CellResult(BaseModel):
         return "\n".join(parts) if parts else "(no output)"
 
 
+DiffLine = Literal["hunk", "added", "removed", "context", "cut"]
+
+
+class FileDiff(BaseModel):
+    """One workspace file a cell (or a turn) changed, as the checkpoint store saw it
+    (agent/checkpoints/diffs.py): bounded, whatever the file."""
+
+    path: str
+    """Relative to the workspace."""
+    change: Literal["created", "modified", "deleted"]
+    added: int | None = None
+    removed: int | None = None
+    """Lines; None where they were not counted (a binary or large file: see `note`)."""
+    diff: Text = ""
+    """The unified diff's hunks (`@@` lines, then ` `, `+` and `-` lines), without the file header;
+    empty where `note` says why, and in a turn's summary."""
+    cut: int = 0
+    """Lines of the diff left out past the cap."""
+    note: str | None = None
+    """Why there is no diff: `binary, 2,048 bytes`, `large: 300,000 -> 310,000 bytes`, ..."""
+    whole: bool = False
+    """`old_text` and `new_text` hold the whole file before and after (it is small): what an editor's
+    diff view takes (ACP's diff content)."""
+    old_text: Text = ""
+    new_text: Text = ""
+
+    def headline(self) -> str:
+        """`calc.py +1 -1`, `new.txt (created) +3`, `logo.png (binary: 0 -> 2,048 bytes)`."""
+        counts = f" +{self.added} -{self.removed}" if self.added is not None and self.removed is not None else ""
+        return (f"{self.path}{f' ({self.change})' if self.change != 'modified' else ''}{counts}"
+                + (f" ({self.note})" if self.note else ""))
+
+    def lines(self) -> list[tuple[DiffLine, str]]:
+        """The diff's lines, each with what it is (for a front to colour), and a last line saying
+        how many were cut."""
+        kinds: dict[str, DiffLine] = {"@": "hunk", "+": "added", "-": "removed"}
+        out = [(kinds.get(line[:1], "context"), line) for line in self.diff.splitlines()]
+        return out + ([("cut", f"... {self.cut:,} more lines of diff not kept")] if self.cut else [])
+
+
+class FilesChanged(BaseModel):
+    """What a cell, or a whole turn, changed in the workspace."""
+
+    files: list[FileDiff]
+    more: int = 0
+    """Files changed past the cap on files listed."""
+
+    @property
+    def added(self) -> int:
+        return sum(f.added or 0 for f in self.files)
+
+    @property
+    def removed(self) -> int:
+        return sum(f.removed or 0 for f in self.files)
+
+    def summary(self) -> str:
+        """`3 files changed, +12 -4`, and how many files' lines the counts leave out (binary, large,
+        past the cap on files listed)."""
+        n = len(self.files) + self.more
+        uncounted = sum(f.added is None for f in self.files) + self.more
+        return (f"{n} file{'s' if n != 1 else ''} changed, +{self.added} -{self.removed}"
+                + (f", lines of {uncounted} not counted" if uncounted else ""))
+
+
 class Budget(BaseModel):
     """Limits on one turn; None means unlimited."""
 

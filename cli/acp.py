@@ -10,7 +10,8 @@ daemon and its events become `session/update`s:
 | model.started / model.delta      | agent_message_chunk (reasoning: agent_thought_chunk), with a      |
 |                                  | messageId for each model call                                     |
 | cell.started / output / finished | tool_call (kind execute, rawInput the code), tool_call_updates    |
-|                                  | with the output so far, then completed or failed                  |
+|                                  | with the output so far, then completed or failed, with a `diff`   |
+|                                  | content block for each small text file the cell changed           |
 | subagent.spawned / finished      | a tool_call of its own (kind think) with the child's answer      |
 | approval.requested               | session/request_permission (allow once, allow always, reject);    |
 |                                  | the client's answer decides, cancelled means denied               |
@@ -49,6 +50,7 @@ from acp import schema as s
 from agent import events as ev
 from agent.config import ConfigError, load_config, merge, parse_override
 from agent.kernel.sandbox import unavailable
+from agent.types import FilesChanged
 from cli import version
 from daemon.client import Client, DaemonError, connect
 from daemon.schemas import ModelKey
@@ -245,7 +247,7 @@ class PrimeAgent:
         self.opened.add(session_id)
         self.modes.setdefault(session_id, PLAN[0] if info.planning else
                               _mode_of(info.sandbox) or load_config(Path(info.cwd)).sandbox.mode)
-        turn = Updates(self, session_id, replay=True)
+        turn = Updates(self, session_id, info.cwd, replay=True)
         if info.last_seq:
             async for event in self.client.events(session_id, after=0):
                 await turn.on(event)
@@ -290,7 +292,7 @@ class PrimeAgent:
         text = _prompt_text(prompt)
         if not text.strip():
             raise acp.RequestError.invalid_params({"message": "the prompt has no text"})
-        task = asyncio.ensure_future(self._prompt(session_id, text, info.last_seq))
+        task = asyncio.ensure_future(self._prompt(session_id, text, info.last_seq, info.cwd))
         self.running[session_id] = task
         try:
             return await task
@@ -314,13 +316,13 @@ class PrimeAgent:
 
     # --- one prompt ----------------------------------------------------------------------------
 
-    async def _prompt(self, session_id: str, text: str, after: int) -> s.PromptResponse:
+    async def _prompt(self, session_id: str, text: str, after: int, cwd: str) -> s.PromptResponse:
         try:
             accepted = await self.client.send(session_id, text)
         except DaemonError as e:
             raise _request_error(e) from None
         turn_id = self.turns[session_id] = accepted.turn_id
-        updates = Updates(self, session_id)
+        updates = Updates(self, session_id, cwd)
         async for event in self.client.events(session_id, after=after):
             if event.turn_id not in (None, turn_id):
                 continue
@@ -387,8 +389,8 @@ class PrimeAgent:
 class Updates:
     """One turn's daemon events as ACP updates (or, with `replay`, a past conversation's)."""
 
-    def __init__(self, agent: PrimeAgent, session_id: str, replay: bool = False):
-        self.agent, self.session_id, self.replay = agent, session_id, replay
+    def __init__(self, agent: PrimeAgent, session_id: str, cwd: str, replay: bool = False):
+        self.agent, self.session_id, self.cwd, self.replay = agent, session_id, Path(cwd), replay
         self.output: dict[str, str] = {}
         self.said = ""
         self.message: str | None = None
@@ -426,9 +428,10 @@ class Updates:
             text = "".join(part for part in (r.stdout, r.stderr, f"{r.result}\n" if r.result else "",
                                              f"{r.error_name}: {r.error_value}\n" if r.error_name else "",
                                              f"[{r.kernel_message}]\n" if r.kernel_message else "") if part)
+            content = [acp.tool_content(acp.text_block(text))] if text else []
+            content += _diffs(self.cwd, e.files) if e.files is not None else []
             await send(acp.update_tool_call(e.cell_id, status="failed" if failed else "completed",
-                                            content=[acp.tool_content(acp.text_block(text))] if text else None,
-                                            raw_output=r.model_dump(exclude={"attachments"})))
+                                            content=content or None, raw_output=r.model_dump(exclude={"attachments"})))
         elif isinstance(e, ev.SubagentSpawned):
             await send(acp.start_tool_call(f"subagent-{e.id}", f"subagent {e.name}", kind="think",
                                            status="in_progress", raw_input={"name": e.name}))
@@ -493,6 +496,23 @@ def _prompt_text(blocks: list) -> str:
         elif isinstance(block, s.ResourceContentBlock):
             parts.append(f"[{block.name}: {block.uri}]")
     return "".join(parts)
+
+
+def _diffs(cwd: Path, files: FilesChanged) -> list:
+    """The files a cell changed as tool call content: a `diff` block (path, oldText, newText) for each
+    small text file, which the editor shows as it shows its own diffs; the rest as text, their diff's
+    hunks or what they are (binary, large)."""
+    out: list = []
+    for f in files.files:
+        if f.whole:
+            out.append(acp.tool_diff_content(str(cwd / f.path), f.new_text,
+                                             None if f.change == "created" else f.old_text))
+        else:
+            lines = "\n".join(line for _, line in f.lines())
+            out.append(acp.tool_content(acp.text_block(f"{f.headline()}\n{lines}".rstrip("\n"))))
+    if files.more:
+        out.append(acp.tool_content(acp.text_block(f"... and {files.more} more files changed")))
+    return out
 
 
 def _plan_steps(plan: str) -> list[str]:

@@ -8,6 +8,9 @@ import sys
 
 from agent import events as ev
 from agent.events import Event
+from agent.types import FilesChanged
+
+DIFF_STYLES = {"hunk": "cyan", "added": "green", "removed": "red", "context": "", "cut": "dim"}
 
 
 def print_json(event: Event) -> None:
@@ -19,6 +22,8 @@ class Printer:
     """Human-readable progress on stderr; the final answer alone goes to stdout."""
 
     MAX_LINES = 20
+    MAX_DIFF_LINES = 40
+    """Diff lines shown under a cell, all its files together; the rest are counted."""
 
     def __init__(self) -> None:
         from rich.console import Console
@@ -40,6 +45,23 @@ class Printer:
             self.lines += 1
             if self.lines <= self.MAX_LINES:
                 self.console.print(Text(line, style=style))
+
+    def _files(self, files: FilesChanged) -> None:
+        """The files a cell changed, each with its coloured diff; past MAX_DIFF_LINES, counted."""
+        from rich.text import Text
+
+        left = self.MAX_DIFF_LINES
+        for f in files.files:
+            self.console.print(Text(f"~ {f.headline()}", style="bold"))
+            lines = f.lines()
+            shown = lines[:max(left, 0)]
+            for kind, line in shown:
+                self.console.print(Text(line, style=DIFF_STYLES[kind]))
+            if len(lines) > len(shown):
+                self.console.print(Text(f"... {len(lines) - len(shown)} more lines of diff", style="dim"))
+            left -= len(shown)
+        if files.more:
+            self.console.print(Text(f"... and {files.more} more files changed", style="dim"))
 
     def unseen(self, answer: str | None) -> bool:
         """Whether `answer` is still to be printed on stdout: not when it was just streamed to the
@@ -89,6 +111,8 @@ class Printer:
                 if r.kernel_message:
                     c.print(Text("kernel: " + r.kernel_message, style="yellow"))
                 c.print(Text(f"({r.duration:.2f}s)", style="dim"))
+                if e.files is not None:
+                    self._files(e.files)
             case ev.Note():
                 c.print(Text("note: " + e.text, style="bold"))
             case ev.HookRan():
@@ -98,10 +122,14 @@ class Printer:
             case ev.ModelFallback():
                 c.print(Text(f"model: {e.from_model} keeps failing ({e.reason}); switched to {e.to_model}",
                              style="bold yellow"))
-            case ev.TurnFinished() if e.usage.total_tokens or e.usage.cost:
-                others = ", ".join(f"{p} {u.describe()}" for p, u in e.spend.items() if p != "turn")
-                c.print(Text(f"[{e.turn_id}: {e.usage.describe()}" + (f"; of which {others}" if others else "") + "]",
-                             style="dim"))
+            case ev.TurnFinished():
+                if e.files is not None:
+                    c.print(Text(f"[{e.turn_id}: {e.files.summary()}: " + ", ".join(f.path for f in e.files.files)
+                                 + (f" and {e.files.more} more" if e.files.more else "") + "]", style="bold"))
+                if e.usage.total_tokens or e.usage.cost:
+                    others = ", ".join(f"{p} {u.describe()}" for p, u in e.spend.items() if p != "turn")
+                    c.print(Text(f"[{e.turn_id}: {e.usage.describe()}" + (f"; of which {others}" if others else "")
+                                 + "]", style="dim"))
             case ev.UsageCharged():
                 c.print(Text(f"[{e.purpose} for {e.turn_id or 'the session'}: {e.usage.describe()}]", style="dim"))
             case ev.Compaction():

@@ -62,8 +62,8 @@ def changes_since(store, commit: str | None) -> list:
 
 def file_changes(store: WorkspaceStore, now: str, target: str, keep: set[str]) -> list[FileChange]:
     kinds = {"A": "created", "D": "deleted"}
-    return [FileChange(path=rel, change=kinds.get(status, "restored"))
-            for status, rel, _, _ in store.changes(now, target) if rel not in keep]
+    return [FileChange(path=c.path, change=kinds.get(c.status, "restored"))
+            for c in store.changes(now, target) if c.path not in keep]
 
 
 def through_links(workspace: Path, files: list[FileChange]) -> list[str]:

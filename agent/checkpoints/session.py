@@ -15,6 +15,7 @@ from typing import Any
 
 from agent import events as ev
 from harness_store import safefs
+from agent.checkpoints.diffs import counts_only, files_changed
 from agent.checkpoints.rewind import (Part, Plan, apply, changes_since, file_changes, harness_heads, rewind_record,
                                      through_links, write_json)
 from agent.checkpoints.store import WorkspaceStore
@@ -25,7 +26,7 @@ from agent.harness import SessionHarness
 from agent.kernel import Kernel, KernelState
 from agent.layout import SessionLayout
 from agent.trajectory import CheckpointRecord, Record, RewindRecord, read_records
-from agent.types import Cell
+from agent.types import Cell, FilesChanged
 from harness_store.entries import HarnessError
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,10 @@ class Checkpoints:
         """Held by a rewind and by a checkpoint being taken; a turn begins once neither runs."""
         self._pending: asyncio.Task | None = None
         self._said_snapshots_fail = False
+        self._turn_tree: str | None = None
+        """The running turn's start checkpoint's tree (None: none was taken, or diffs are off)."""
+        self._tree: str | None = None
+        """The workspace's tree after the running turn's last cell (at its start: `_turn_tree`)."""
 
     async def settle(self) -> None:
         """Wait for the end-of-turn checkpoint still being taken, and for a rewind under way."""
@@ -76,7 +81,38 @@ class Checkpoints:
         """Before turn `turn_id` begins (before anything of it is recorded)."""
         if self.enabled:
             async with self.lock:
-                await self._checkpoint("start", turn_id, self.namespace)
+                record = await self._checkpoint("start", turn_id, self.namespace)
+            self._turn_tree = self._tree = record.tree if record is not None and self.config.diffs else None
+
+    async def after_cell(self) -> FilesChanged | None:
+        """What the cell that just ran changed in the workspace: a snapshot taken now, against the
+        last one (None: nothing changed, or diffs are off). A change made between the cells (a
+        person's editor during a model call) is counted with the next cell."""
+        if self.store is None or self._tree is None:
+            return None
+        store, before = self.store, self._tree
+        async with self.lock:
+            try:
+                tree = (await asyncio.to_thread(store.snapshot)).tree
+                files = await asyncio.to_thread(files_changed, store, before, tree)
+            except (OSError, subprocess.SubprocessError) as e:
+                log.warning("the files a cell changed could not be read: %s", e)
+                return None
+        self._tree = tree
+        return files
+
+    async def turn_files(self) -> FilesChanged | None:
+        """What the running turn's cells changed, from its start to its last cell (counts, not diffs)."""
+        if self.store is None or self._turn_tree is None or self._tree is None:
+            return None
+        store, start, end = self.store, self._turn_tree, self._tree
+        self._turn_tree = self._tree = None
+        try:
+            files = await asyncio.to_thread(files_changed, store, start, end)
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("the files a turn changed could not be read: %s", e)
+            return None
+        return counts_only(files) if files is not None else None
 
     def after_turn(self, turn_id: str) -> None:
         """Once the turn ended: snapshot the namespace, then checkpoint, in the background."""

@@ -13,6 +13,7 @@ import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from harness_store import safefs
 from agent.config import CheckpointConfig, home
@@ -36,6 +37,18 @@ def _inside(path: Path, workspace: Path) -> list[str]:
 def _glob_escape(rel: str) -> str:
     """A path as a gitignore pattern that matches it alone."""
     return "".join("\\" + c if c in "*?[]\\!# " else c for c in rel)
+
+
+class Change(NamedTuple):
+    """A file that differs between two trees: status A|M|D|T, its path, and its mode and blob in
+    each (git's zeros where it is absent)."""
+
+    status: str
+    path: str
+    mode: str
+    blob: str
+    old_mode: str
+    old_blob: str
 
 
 @dataclass
@@ -147,8 +160,8 @@ class WorkspaceStore:
             self._tree = self._git("write-tree").decode().strip()
         return Snapshot(self._tree, skipped, stored)
 
-    def changes(self, a: str, b: str) -> list[tuple[str, str, str, str]]:
-        """What changes from tree `a` to tree `b`: (status A|M|D|T, path, mode in b, blob in b)."""
+    def changes(self, a: str, b: str) -> list[Change]:
+        """What changes from tree `a` to tree `b`."""
         if a == b:
             return []
         fields = self._git("diff-tree", "-r", "-z", "--no-renames", a, b).split(b"\0")
@@ -156,12 +169,12 @@ class WorkspaceStore:
         for meta, rel in zip(fields[0::2], fields[1::2]):
             if not meta.startswith(b":"):
                 continue
-            _, mode, _, blob, status = meta[1:].decode().split(" ")
-            out.append((status[0], os.fsdecode(rel), mode, blob))
+            old_mode, mode, old_blob, blob, status = meta[1:].decode().split(" ")
+            out.append(Change(status[0], os.fsdecode(rel), mode, blob, old_mode, old_blob))
         return out
 
     def changed_paths(self, a: str, b: str) -> set[str]:
-        return {rel for _, rel, _, _ in self.changes(a, b)}
+        return {c.path for c in self.changes(a, b)}
 
     def restore(self, current: str, target: str, keep: set[str]) -> None:
         """Make the workspace's files, as they are in tree `current`, those of tree `target`.
@@ -170,16 +183,16 @@ class WorkspaceStore:
         beside it, then renamed over it; a link at its path is replaced), a link on the way to it is
         replaced by a real folder, and a file to remove behind a link is not the workspace's: it stays."""
         ws = self.workspace
-        changes = [c for c in self.changes(current, target) if c[1] not in keep]
-        for status, rel, _, _ in changes:
+        changes = [c for c in self.changes(current, target) if c.path not in keep]
+        for status, rel, *_ in changes:
             if status == "D":
                 try:
                     safefs.unlink(ws, Path(rel))
                 except (safefs.UnsafePath, IsADirectoryError):  # behind a link, or a folder now: not this file
                     continue
                 _prune(ws, rel)
-        writes = [(rel, mode, blob) for status, rel, mode, blob in changes if status != "D" and mode != "160000"]
-        contents = self._blobs([blob for _, _, blob in writes])
+        writes = [(c.path, c.mode, c.blob) for c in changes if c.status != "D" and c.mode != "160000"]
+        contents = self.blobs([blob for _, _, blob in writes])
         for rel, mode, blob in writes:
             with contextlib.suppress(FileNotFoundError, NotADirectoryError, safefs.UnsafePath):
                 safefs.rmdir(ws, Path(rel))  # a folder where the file was (its files were deleted above)
@@ -189,10 +202,18 @@ class WorkspaceStore:
                 safefs.write_bytes(ws, Path(rel), contents[blob], 0o755 if mode == "100755" else 0o644,
                                    replace_links=True)
 
-    def _blobs(self, ids: list[str]) -> dict[str, bytes]:
+    def blobs(self, ids: list[str]) -> dict[str, bytes]:
+        """The contents of blobs, by id."""
         if not ids:
             return {}
         return parse_batch(self._git("cat-file", "--batch", input=("\n".join(ids) + "\n").encode()))
+
+    def sizes(self, ids: list[str]) -> dict[str, int]:
+        """The sizes of blobs, by id."""
+        if not ids:
+            return {}
+        out = self._git("cat-file", "--batch-check", input=("\n".join(ids) + "\n").encode())
+        return {sha: int(size) for sha, _, size in (line.split(" ") for line in out.decode().splitlines())}
 
     def disk_bytes(self) -> int:
         """What the store takes on disk (for bench/rewind.py)."""

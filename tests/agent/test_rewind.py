@@ -151,7 +151,7 @@ async def test_a_file_the_person_edited_refuses_the_rewind_unless_forced(project
         # nothing is lost: the person's edits are in the tree the rewind kept
         store = s.checkpoints.store
         blob = store._git("rev-parse", f"{record.before_tree}:notes.md").decode().strip()
-        assert store._blobs([blob])[blob] == b"mine\n"
+        assert store.blobs([blob])[blob] == b"mine\n"
         # the edit made by the agent's own turn (turn 2) is no conflict when going forward again
         assert (await s.rewind(3, dry_run=True)).conflicts == []
 

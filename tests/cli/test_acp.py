@@ -109,6 +109,31 @@ async def test_an_editor_prompts_sees_the_cell_as_a_tool_call_and_a_new_process_
 
 
 @pytest.mark.slow
+async def test_the_files_a_cell_changed_are_diff_blocks_of_its_tool_call(project: Path, model_server):
+    (project / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (project / "old.txt").write_text("bye\n")
+    (project / "data.bin").write_bytes(b"\0" * 10)
+    code = ("edit('calc.py', 'a - b', 'a + b')\nwrite('new.txt', 'hello\\n')\nimport os; os.remove('old.txt')\n"
+            "open('data.bin', 'wb').write(bytes(20))\nprint('done')")
+    editor = Editor()
+    async with acp.spawn_agent_process(editor, *_agent(model_server), env=dict(os.environ)) as (conn, process):
+        await _initialize(conn)
+        new = await conn.new_session(cwd=str(project), mcp_servers=[])
+        reply = await conn.prompt(session_id=new.session_id, prompt=[acp.text_block("run: " + code)])
+        assert reply.stop_reason == "end_turn"
+    final = editor.of(s.ToolCallProgress)[-1]
+    assert final.status == "completed" and final.content[0].content.text == "done\n"
+    diffs = {Path(c.path).relative_to(project).as_posix(): c for c in final.content if c.type == "diff"}
+    assert sorted(diffs) == ["calc.py", "new.txt", "old.txt"]
+    assert (diffs["calc.py"].old_text, diffs["calc.py"].new_text) == ("def add(a, b):\n    return a - b\n",
+                                                                       "def add(a, b):\n    return a + b\n")
+    assert (diffs["new.txt"].old_text, diffs["new.txt"].new_text) == (None, "hello\n")
+    assert (diffs["old.txt"].old_text, diffs["old.txt"].new_text) == ("bye\n", "")
+    (binary,) = [c.content.text for c in final.content[1:] if c.type == "content"]  # no text to diff: said so
+    assert binary == "data.bin (binary: 10 -> 20 bytes)"
+
+
+@pytest.mark.slow
 async def test_permissions_go_to_the_client_and_cancel_stops_a_running_cell(project: Path, model_server):
     editor = Editor(answers=["approve", "deny"])
     code = ("import subprocess\nfor cmd in ['echo first', 'echo second']:\n"

@@ -59,6 +59,11 @@ def test_fixes_a_failing_test_in_a_small_repository(project: Path, prime_home: P
     cells = [r for r in records if isinstance(r, CellRecord)]
     assert [c.cell.code.splitlines()[0] for c in cells] == ["print(read('calc.py'))", "edit('calc.py', 'return a - b', 'return a + b')", "%%bash"]
     assert "1 passed" in cells[2].result.stdout
+    # under the edit cell, the file it changed and its diff; at the turn's end, what the turn changed
+    edited = r.stderr[r.stderr.index("edit('calc.py'"):]
+    assert edited.index("~ calc.py +1 -1\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n") \
+        < edited.index("%%bash")
+    assert "[t1: 1 file changed, +1 -1: calc.py]" in r.stderr
     (finished,) = [r for r in records if isinstance(r, TurnFinished)]
     assert finished.outcome == "completed"
     assert (records[-1].kind, records[-1].at) == ("checkpoint", "end")  # kept before run exits: `rewind` comes back to it

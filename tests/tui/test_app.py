@@ -20,6 +20,7 @@ from tui.screens.harness import HarnessScreen
 from tui.screens.sessions import SessionsScreen
 from tui.widgets.approval_card import ApprovalCard
 from tui.widgets.cell_view import CellView, McpRow
+from tui.widgets.files_row import FilesRow
 from tui.widgets.message import AssistantMessage, Notice, UserMessage
 from tui.widgets.refinement_card import RefinementCard
 from tui.widgets.status_bar import StatusBar
@@ -60,6 +61,34 @@ async def test_a_prompt_streams_its_answer_and_shows_the_cell(daemon: Client, pr
         assert re.search(r"fake · ctx [\d.]+k/32k · idle", str(status.render())), status.render()
         app.save_screenshot(str(project / "chat.svg"))
     assert "ran:\xa042" in (project / "chat.svg").read_text().replace("&#160;", "\xa0")
+
+
+async def test_a_cell_that_writes_files_shows_their_diff_under_it_collapsible_and_the_turn_sums_them_up(
+        daemon: Client, project: Path, model_server):
+    (project / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    app = app_for(daemon, project, model_server)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        app.query_one("#prompt").load_text("run: edit('calc.py', 'a - b', 'a + b')\n"
+                                           "write('notes.md', ''.join(f'line {i}\\n' for i in range(20)))")
+        await pilot.press("enter")
+        await until(pilot, lambda: app.state == "idle" and len(app.query(FilesRow)) == 1
+                    and any("files changed" in str(n.content) for n in app.query(Notice)))
+        (cell,), (row,) = app.query(CellView), app.query(FilesRow)
+        assert row.parent is cell
+        shown = row.content.plain
+        assert shown.splitlines()[:2] == ["└─ 2 files changed, +21 -1", "   calc.py +1 -1"]
+        assert "-    return a - b" in shown and "+    return a + b" in shown
+        assert "line 19" not in shown and "more lines (enter to expand)" in shown  # collapsed
+        styles = {span.style for span in row.content.spans}
+        assert {"green", "red", "cyan"} <= styles  # added, removed, hunk lines
+        row.focus()
+        await pilot.press("enter")
+        assert row.expanded and "+line 19" in row.content.plain and "(enter to collapse)" in row.content.plain
+        await pilot.click(row)  # a click toggles it too, and not the cell's output
+        assert not row.expanded and not cell.expanded
+        (summary,) = [n for n in app.query(Notice) if "files changed" in str(n.content)]
+        assert str(summary.content) == "2 files changed, +21 -1: calc.py, notes.md"
 
 
 async def test_escape_interrupts_a_long_cell_and_the_session_goes_on(daemon: Client, project: Path, model_server):

@@ -13,6 +13,7 @@ from agent import events as ev
 from agent.events import Event
 from tui.widgets.approval_card import ApprovalCard
 from tui.widgets.cell_view import CellView, McpRow, SubagentRow
+from tui.widgets.files_row import FilesRow
 from tui.widgets.message import AssistantMessage, Notice, UserMessage
 from tui.widgets.plan_card import PlanCard
 from tui.widgets.refinement_card import RefinementCard
@@ -107,9 +108,16 @@ class Conversation(VerticalScroll):
                     cell.add_output(e.stream, e.text)
                 return None
             case ev.CellFinished():
-                if cell := self.cells.get(e.cell_id):
+                cell = self.cells.get(e.cell_id)
+                if cell is not None:
                     cell.finish(e.result)
-                return None
+                if e.files is None:
+                    return None
+                row = FilesRow(e.files)
+                if cell is not None:
+                    await cell.add_row(row)
+                    return None
+                return row
             case ev.SubagentSpawned():
                 cell = self.last_cell.get(turn)
                 row = self.children_rows[e.id] = SubagentRow(e.id, e.name)
@@ -179,6 +187,10 @@ class Conversation(VerticalScroll):
             shown.append(Notice(f"turn {e.outcome}: {e.error or ''}", "error" if e.outcome == "error" else "warning"))
         elif e.answer and e.answer.strip() != self.said.get(turn, "").strip():
             shown.append(AssistantMessage(e.answer))
+        if e.files is not None:
+            names = ", ".join(f.path for f in e.files.files[:6]) + (", ..." if len(e.files.files) + e.files.more > 6
+                                                                     else "")
+            shown.append(Notice(f"{e.files.summary()}: {names}", "files"))
         if e.usage.total_tokens or e.usage.cost:
             shown.append(Notice(spent(e)))
         return shown

@@ -1,0 +1,36 @@
+"""How `prime-agent run` shows events to a person: the files a cell changed, coloured, and bounded."""
+
+from __future__ import annotations
+
+import re
+
+from rich.console import Console
+
+from agent.events import CellFinished, TurnFinished
+from agent.types import CellResult, FileDiff, FilesChanged
+from cli.show import Printer
+
+
+def printed(*events) -> str:
+    printer = Printer()
+    printer.console = Console(record=True, force_terminal=True, color_system="standard", width=100)
+    for e in events:
+        printer.show(e)
+    return printer.console.export_text(styles=True)
+
+
+def test_a_cells_diff_is_coloured_and_cut_past_its_lines_and_the_turn_sums_it_up():
+    edit = FileDiff(path="calc.py", change="modified", added=1, removed=1,
+                    diff="@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b")
+    long = FileDiff(path="log.txt", change="created", added=60, removed=0,
+                    diff="@@ -0,0 +1,60 @@\n" + "\n".join(f"+{i}" for i in range(60)))
+    files = FilesChanged(files=[edit, long], more=2)
+    out = printed(CellFinished(cell_id="c1", result=CellResult(duration=0.1), files=files),
+                  TurnFinished(outcome="completed", turn_id="t1", files=files))
+    assert "\x1b[31m-    return a - b" in out and "\x1b[32m+    return a + b" in out  # red, green
+    assert "\x1b[36m@@ -1,2 +1,2 @@" in out  # cyan
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    assert "~ calc.py +1 -1" in text and "~ log.txt (created) +60 -0" in text
+    assert "+34" in text and "+35" not in text  # 40 diff lines a cell: calc.py's 4, then log.txt's first 36
+    assert "... 25 more lines of diff" in text and "... and 2 more files changed" in text
+    assert "[t1: 4 files changed, +61 -1, lines of 2 not counted: calc.py, log.txt and 2 more]" in text
