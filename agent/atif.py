@@ -46,8 +46,8 @@ from agent.trajectory import (
     SessionRecord,
     SubagentRecord,
     SystemPromptRecord,
-    TurnFinished,
-    TurnStarted,
+    TurnFinishedRecord,
+    TurnStartedRecord,
     read_records,
 )
 from agent.types import Message, Usage
@@ -187,7 +187,7 @@ def to_atif(trajectory: Path, agent_version: str) -> Document:
             b.context("compaction", r, r.summary)
         elif isinstance(r, RewindRecord) and r.messages is not None:
             b.context("rewind", r, r.notice or f"rewound to turn {r.turn}")
-        elif isinstance(r, TurnFinished):
+        elif isinstance(r, TurnFinishedRecord):
             harness = r.harness_version or harness
         elif isinstance(r, SubagentRecord):
             child = Path(r.dir) / "trajectory.jsonl"
@@ -202,7 +202,7 @@ def to_atif(trajectory: Path, agent_version: str) -> Document:
             if b.agent is not None:
                 b.result(ObservationResult(subagent_trajectory_ref=[ref]))
     metrics = [s.metrics for s in b.steps if s.metrics is not None]
-    turns = [r for r in records if isinstance(r, TurnStarted)]
+    turns = [r for r in records if isinstance(r, TurnStartedRecord)]
     reward = _rating(layout)
     return Document(
         schema_version=SCHEMA_VERSION, session_id=session.session_id if session else None,

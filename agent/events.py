@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from agent.hooks import HookRun
-from agent.types import ApprovalKind, CellResult, FilesChanged, Outcome, Text, ToolCall, Usage
+from agent.types import ApprovalKind, CellResult, FilesChanged, McpCall, Outcome, Text, ToolCall, TurnBegun, TurnOutcome, Usage
 
 
 class _Event(BaseModel):
@@ -110,26 +110,14 @@ class TurnQueued(_Event):
     position: int
 
 
-class TurnStarted(_Event):
+class TurnStarted(TurnBegun, _Event):
     type: Literal["turn.started"] = "turn.started"
-    prompt: Text
-    goal_id: str | None = None
-    """The goal this turn works toward, when it is one of a goal's turns."""
-    continuation: int | None = None
-    """0 for a goal's first turn, n for its n-th continuation."""
 
 
-class TurnFinished(_Event):
+class TurnFinished(TurnOutcome, _Event):
     type: Literal["turn.finished"] = "turn.finished"
-    outcome: Outcome
-    answer: Text | None = None
-    error: Text | None = None
-    usage: Usage = Field(default_factory=Usage)
     spend: dict[str, Usage] = Field(default_factory=dict)
     """`usage` by what it was for: turn, compaction, refine, llm, subagent."""
-    duration: float = 0.0
-    steps: int = 0
-    cells: int = 0
     files: FilesChanged | None = None
     """The workspace files the turn's cells changed, from its start to its last cell: each file's line
     counts, not its diff (the cells' `files` have those)."""
@@ -309,20 +297,8 @@ class RefinementRolledBack(_Event):
 # --- MCP and approvals ---------------------------------------------------------------------------
 
 
-class McpCalled(_Event):
-    """A cell called a tool of an MCP server (or read one of its resources), and how it went."""
-
+class McpCalled(McpCall, _Event):
     type: Literal["mcp.called"] = "mcp.called"
-    cell_id: str | None = None
-    server: str
-    tool: str
-    """The tool's name, or `read:URI` for a resource."""
-    arguments: dict[str, Any] = Field(default_factory=dict)
-    outcome: Literal["ok", "error", "denied", "cancelled"]
-    result: Any = None
-    """The result as the trajectory keeps it (binary data as its size, long text cut)."""
-    error: Text | None = None
-    duration: float = 0.0
 
 
 

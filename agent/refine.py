@@ -26,7 +26,7 @@ from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
 from agent.trajectory import RefinementRecord
 from agent.types import Cell, Completion, Message
 from harness_store.entries import InvalidEntry
-from harness_store.refiner import Outcome, Plan, Proposal, ProposedEdit, RefinementFailed, Refiner, Verdict, render_edits
+from harness_store.refiner import Outcome, Plan, Proposal, ProposedEdit, RefinementError, Refiner, Verdict, render_edits
 from harness_store.store import ForeignRepository, new_refinement_id
 
 
@@ -36,7 +36,7 @@ def model_caller(model: Model | None, config: Config, on_usage=None):
 
     async def complete(messages: list[dict[str, str]]) -> str:
         if model is None:
-            raise RefinementFailed("no model configured to plan with (set PRIME_AGENT_MODEL and OPENAI_BASE_URL)")
+            raise RefinementError("no model configured to plan with (set PRIME_AGENT_MODEL and OPENAI_BASE_URL)")
         c = await model.complete([Message(**m) for m in messages], tools=False, json_mode=config.refine.json_mode)
         if on_usage:
             on_usage(c)
@@ -185,7 +185,7 @@ class SessionRefiner:
                 id=plan.id, trigger=trigger, summary=plan.proposal.summary, rationale=plan.proposal.rationale,
                 edits=[e.model_dump() for e in plan.proposal.edits]))
             outcome = await self.refiner.prepare(plan, mode=mode)
-        except (RefinementFailed, ModelError) as e:
+        except (RefinementError, ModelError) as e:
             self._failed(trigger, str(e))
             return
         except Exception as e:  # a crash of the planning task is a failed refinement, never a dead session

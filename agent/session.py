@@ -48,15 +48,15 @@ from agent.trajectory import (
     SessionRecord,
     SystemPromptRecord,
     TrajectoryWriter,
-    TurnFinished,
-    TurnStarted,
+    TurnFinishedRecord,
+    TurnStartedRecord,
     WriteFailed,
     contexts,
     in_plan_mode,
     pending_plan,
     turn_starts,
 )
-from agent.types import FilesChanged, Message, Outcome, Turn, TurnResult, Usage
+from agent.types import FilesChanged, McpCall, Message, Outcome, Turn, TurnBegun, TurnOutcome, TurnResult, Usage
 from harness_store.refiner import Outcome as RefinementOutcome
 from harness_store.store import Change, HarnessStore
 from harness_store.watch import HarnessWatcher
@@ -339,7 +339,7 @@ class Session:
         self.context.turn_starts = turn_starts(records)
         self.harness_version = next(
             (r.harness_version for r in reversed(records)
-             if isinstance(r, SystemPromptRecord | SessionRecord) or (isinstance(r, TurnFinished) and r.harness_version)),
+             if isinstance(r, SystemPromptRecord | SessionRecord) or (isinstance(r, TurnFinishedRecord) and r.harness_version)),
             None,
         )
         self._told = told(self.harness.view)
@@ -349,19 +349,19 @@ class Session:
         # What changed while the session was away is not known entry by entry: the prompt starts afresh.
         self._rebuild = (self.harness.view.version() or None) != (self.harness_version or None)
         for r in records:
-            if isinstance(r, TurnStarted):
+            if isinstance(r, TurnStartedRecord):
                 self.turns += 1
-            elif isinstance(r, TurnFinished):
+            elif isinstance(r, TurnFinishedRecord):
                 self.usage += r.usage
-                self.last_result = TurnResult(r.turn_id, r.outcome, r.answer, r.error, r.usage, r.duration, r.steps, r.cells)
+                self.last_result = TurnResult(turn_id=r.turn_id, **{f: getattr(r, f) for f in TurnOutcome.model_fields})
         self._plan_mode(in_plan_mode(records, self.config.sandbox.plan))  # the trajectory decides, not session.json
         self.plan = pending_plan(records) if self.planning else None
         self.subagents.interrupt_orphans(reason)
         self._resumed = reason
-        last = next((r for r in reversed(records) if isinstance(r, TurnStarted | RewindRecord)), None)
+        last = next((r for r in reversed(records) if isinstance(r, TurnStartedRecord | RewindRecord)), None)
         if isinstance(last, RewindRecord):  # rewound since the last turn: the model has yet to hear of it
             self.notices.append(last.notice)
-        since = next((r for r in reversed(records) if isinstance(r, TurnStarted | PlanRecord)), None)
+        since = next((r for r in reversed(records) if isinstance(r, TurnStartedRecord | PlanRecord)), None)
         if isinstance(since, PlanRecord) and since.step != "proposed":  # changed since the last turn: not yet told
             self.notices.append(_plan_notice(since))
         self.notices.append(f"[{reason}. This session goes on in a new kernel: every variable, import and "
@@ -626,9 +626,9 @@ class Session:
         """Record the turn's start and put its prompt in the context, with what UserPromptSubmit
         hooks added (`hook_context`; None: a hook refused the prompt, which stays out of it)."""
         prompt = turn.prompt
-        mark = {"goal_id": turn.goal_id, "continuation": turn.continuation}
-        self.record(TurnStarted(turn_id=turn.id, prompt=prompt, **mark))
-        self.emit(ev.TurnStarted(turn_id=turn.id, prompt=prompt, **mark))
+        begun = dict(TurnBegun(prompt=prompt, goal_id=turn.goal_id, continuation=turn.continuation))
+        self.record(TurnStartedRecord(turn_id=turn.id, **begun))
+        self.emit(ev.TurnStarted(turn_id=turn.id, **begun))
         try:
             self.refiner.at_boundary()
             self.reload_harness(turn)
@@ -652,23 +652,16 @@ class Session:
     def _end_turn(self, turn: Turn, outcome: Outcome, answer: str | None, error: str | None,
                   files: FilesChanged | None = None) -> TurnResult:
         """Close the turn, whatever else fails: the session is free for the next one."""
-        result = TurnResult(
-            turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
-            duration=time.monotonic() - turn.started, steps=turn.steps, cells=turn.cells,
-            final=turn.final and outcome == "completed",
-        )
+        done = TurnOutcome(outcome=outcome, answer=answer, error=error, usage=turn.usage,
+                           duration=time.monotonic() - turn.started, steps=turn.steps, cells=turn.cells)
+        result = TurnResult(turn_id=turn.id, **dict(done), final=turn.final and outcome == "completed")
         self.turn = None
         self.last_result = result
         try:
-            self.record(TurnFinished(
-                turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
-                duration=result.duration, steps=turn.steps, cells=turn.cells, harness_version=self.harness_version,
-            ))
+            self.record(TurnFinishedRecord(turn_id=turn.id, **dict(done), harness_version=self.harness_version))
         except WriteFailed as e:  # a restart finds the turn open and closes it as cut short
             self.emit(ev.Error(turn_id=turn.id, message=f"the end of this turn could not be recorded: {e}"))
-        self.emit(ev.TurnFinished(turn_id=turn.id, outcome=outcome, answer=answer, error=error, usage=turn.usage,
-                                  spend=turn.spend, duration=result.duration, steps=turn.steps, cells=turn.cells,
-                                  files=files))
+        self.emit(ev.TurnFinished(turn_id=turn.id, **dict(done), spend=turn.spend, files=files))
         # The turn boundary: a refinement planned meanwhile lands now, in force from the next call.
         try:
             if outcome == "interrupted":
@@ -869,10 +862,10 @@ class Session:
             raise
         finally:
             kept, duration = summary(result), time.monotonic() - started
-            self.record(McpCallRecord(turn_id=turn_id, cell_id=cell_id, server=server, tool=tool, arguments=arguments,
-                                      outcome=outcome, result=kept, error=error, duration=duration))
-            self.emit(ev.McpCalled(turn_id=turn_id, cell_id=cell_id, server=server, tool=tool, arguments=arguments,
-                                   outcome=outcome, result=kept, error=error, duration=duration))
+            call = dict(McpCall(cell_id=cell_id, server=server, tool=tool, arguments=arguments, outcome=outcome,
+                                result=kept, error=error, duration=duration))
+            self.record(McpCallRecord(turn_id=turn_id, **call))
+            self.emit(ev.McpCalled(turn_id=turn_id, **call))
 
 
 def _plan_notice(r: PlanRecord) -> str:

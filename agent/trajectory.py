@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, TypeAdapter
 
 from agent.hooks import HookRun
-from agent.types import ApprovalKind, Cell, CellResult, Message, Outcome, Usage
+from agent.types import ApprovalKind, Cell, CellResult, McpCall, Message, TurnBegun, TurnOutcome, Usage
 
 SCHEMA = 1
 """The record format written here (in each trajectory's `session` record). A change to it appends
@@ -43,15 +43,9 @@ class SessionRecord(_Record):
     since); None in records from before it was kept."""
 
 
-class TurnStarted(_Record):
+class TurnStartedRecord(TurnBegun, _Record):
     kind: Literal["turn_started"] = "turn_started"
     turn_id: str
-    prompt: str
-    goal_id: str | None = None
-    """The goal this turn works toward (its `goal` records say how the goal went), so a whole goal can
-    be scored as one."""
-    continuation: int | None = None
-    """0 for a goal's first turn, n for its n-th continuation."""
 
 
 class PlanRecord(_Record):
@@ -164,19 +158,9 @@ class CellRecord(_Record):
     result: CellResult
 
 
-class McpCallRecord(_Record):
-    """A call to an MCP server's tool (or a resource read) from a cell; `result` as `McpCalled` keeps it."""
-
+class McpCallRecord(McpCall, _Record):
     kind: Literal["mcp_call"] = "mcp_call"
     turn_id: str | None = None
-    cell_id: str | None = None
-    server: str
-    tool: str
-    arguments: dict[str, Any] = Field(default_factory=dict)
-    outcome: str
-    result: Any = None
-    error: str | None = None
-    duration: float
 
 
 class ApprovalRecord(_Record):
@@ -209,16 +193,9 @@ class CompactionRecord(_Record):
     """Where each turn kept verbatim begins in `messages`."""
 
 
-class TurnFinished(_Record):
+class TurnFinishedRecord(TurnOutcome, _Record):
     kind: Literal["turn_finished"] = "turn_finished"
     turn_id: str
-    outcome: Outcome
-    answer: str | None = None
-    error: str | None = None
-    usage: Usage
-    duration: float
-    steps: int
-    cells: int
     harness_version: str | None = None
     """The harness in force in this turn (told to the model in the system prompt or a notice)."""
 
@@ -292,8 +269,8 @@ class RewindRecord(_Record):
 
 
 Record = Annotated[
-    SessionRecord | TurnStarted | MessageRecord | SystemPromptRecord | ModelCall | CellRecord | SubagentRecord
-    | RefinementRecord | CompactionRecord | TurnFinished | ResumedRecord | McpCallRecord | ApprovalRecord
+    SessionRecord | TurnStartedRecord | MessageRecord | SystemPromptRecord | ModelCall | CellRecord | SubagentRecord
+    | RefinementRecord | CompactionRecord | TurnFinishedRecord | ResumedRecord | McpCallRecord | ApprovalRecord
     | CheckpointRecord | RewindRecord | GoalRecord | HookRecord | PlanRecord,
     Field(discriminator="kind"),
 ]
@@ -408,19 +385,19 @@ def read_records(path: Path, damaged: list[str] | None = None) -> list[Record]:
     return out
 
 
-def finish_cut_turn(path: Path, turn_id: str, error: str) -> TurnFinished | None:
+def finish_cut_turn(path: Path, turn_id: str, error: str) -> TurnFinishedRecord | None:
     """The record that closes turn `turn_id`: its own, or, for a turn a dead process left open, a new
     `interrupted` one written now. None when the turn never began. (Recovery: damaged lines are
     skipped.)"""
     records = read_records(path, []) if path.exists() else []
-    started = next((r for r in records if isinstance(r, TurnStarted) and r.turn_id == turn_id), None)
+    started = next((r for r in records if isinstance(r, TurnStartedRecord) and r.turn_id == turn_id), None)
     if started is None:
         return None
-    finished = next((r for r in records if isinstance(r, TurnFinished) and r.turn_id == turn_id), None)
+    finished = next((r for r in records if isinstance(r, TurnFinishedRecord) and r.turn_id == turn_id), None)
     if finished is not None:
         return finished
     calls = [r for r in records if isinstance(r, ModelCall) and r.turn_id == turn_id]
-    finished = TurnFinished(
+    finished = TurnFinishedRecord(
         turn_id=turn_id, outcome="interrupted", error=error,
         usage=sum((c.usage for c in calls), Usage()), duration=records[-1].ts - started.ts,
         steps=sum(1 for c in calls if c.purpose == "turn"),

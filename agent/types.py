@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -233,6 +233,48 @@ class FilesChanged(BaseModel):
                 + (f", lines of {uncounted} not counted" if uncounted else ""))
 
 
+# --- facts a session both records (agent/trajectory.py) and tells (agent/events.py) ---------------
+# Each is typed once, here; the record and the event carry its fields (and add their own).
+
+
+class TurnBegun(BaseModel):
+    """A turn's start: its prompt, and the goal it works toward if it is one of a goal's turns."""
+
+    prompt: Text
+    goal_id: str | None = None
+    """The goal this turn works toward (its `goal` records say how the goal went), so a whole goal can
+    be scored as one."""
+    continuation: int | None = None
+    """0 for a goal's first turn, n for its n-th continuation."""
+
+
+class TurnOutcome(BaseModel):
+    """How a turn ended."""
+
+    outcome: Outcome
+    answer: Text | None = None
+    error: Text | None = None
+    usage: Usage = Field(default_factory=Usage)
+    duration: float = 0.0
+    steps: int = 0
+    cells: int = 0
+
+
+class McpCall(BaseModel):
+    """A cell's call to an MCP server's tool (or a read of one of its resources), and how it went."""
+
+    cell_id: str | None = None
+    server: str
+    tool: str
+    """The tool's name, or `read:URI` for a resource."""
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    outcome: Literal["ok", "error", "denied", "cancelled"]
+    result: Any = None
+    """The result as the trajectory keeps it (binary data as its size, long text cut)."""
+    error: Text | None = None
+    duration: float = 0.0
+
+
 class Budget(BaseModel):
     """Limits on one turn; None means unlimited."""
 
@@ -276,15 +318,9 @@ class Turn:
             self.stop = reason
 
 
-@dataclass
-class TurnResult:
+class TurnResult(TurnOutcome):
+    """A turn's end as its caller gets it."""
+
     turn_id: str
-    outcome: Outcome
-    answer: str | None
-    error: str | None
-    usage: Usage
-    duration: float
-    steps: int
-    cells: int
     final: bool = False
     """The turn ended with a call to `final()`."""

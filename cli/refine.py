@@ -20,7 +20,7 @@ from agent.trajectory import SessionRecord, read_records
 from agent.types import Usage
 from cli.trajectory import find_trajectory
 from daemon.client import Client, DaemonError, daemon_pid
-from harness_store.refiner import RefinementFailed
+from harness_store.refiner import RefinementError
 
 STATUS = {"refinement.applied": "applied", "refinement.pending": "pending", "refinement.dry_run": "dry-run",
           "refinement.rejected": "rejected"}
@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_main(args))
-    except (FileNotFoundError, KeyError, ConfigError, ModelError, RefinementFailed) as e:
+    except (FileNotFoundError, KeyError, ConfigError, ModelError, RefinementError) as e:
         print(f"prime-agent: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
     except DaemonError as e:

@@ -12,7 +12,7 @@ from agent import events as ev
 from agent.goals import CheckResult, GoalSpec, GoalState, finish, pursue
 from agent.layout import SessionLayout
 from agent.session import Session
-from agent.trajectory import Record, TurnFinished, TurnStarted, read_records
+from agent.trajectory import Record, TurnFinishedRecord, TurnStartedRecord, read_records
 from agent.types import TurnResult
 from daemon.errors import Refused
 from daemon.meta import SessionMeta
@@ -100,9 +100,9 @@ class DaemonGoal:
         """The goal's turns the crash cut (closed as interrupted by the recovery) count against its budget."""
         path = self.host.layout.trajectory
         records = read_records(path, []) if path.is_file() else []
-        ours = {r.turn_id for r in records if isinstance(r, TurnStarted) and r.goal_id == state.id}
+        ours = {r.turn_id for r in records if isinstance(r, TurnStartedRecord) and r.goal_id == state.id}
         for r in records:
-            if isinstance(r, TurnFinished) and r.turn_id in ours and r.turn_id not in state.turn_ids:
+            if isinstance(r, TurnFinishedRecord) and r.turn_id in ours and r.turn_id not in state.turn_ids:
                 state.turns += 1
                 state.turn_ids.append(r.turn_id)
                 state.usage += r.usage

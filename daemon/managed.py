@@ -35,7 +35,7 @@ from agent.trajectory import (
     Record,
     SessionRecord,
     TrajectoryError,
-    TurnStarted,
+    TurnStartedRecord,
     append_record,
     finish_cut_turn,
     in_plan_mode,
@@ -50,7 +50,7 @@ from daemon.meta import SessionMeta, title_of
 from daemon.schemas import ChildTranscript, Interrupted, MessageAccepted, ModelKey, PlanDecision, SessionInfo, Transcript
 from daemon.schemas import ApprovalDecision, DecideApproval, RewindRequest, RewindResult
 from daemon.turns import TurnQueue
-from harness_store.refiner import RefinementFailed
+from harness_store.refiner import RefinementError
 
 log = logging.getLogger(__name__)
 RESTARTED = "The daemon restarted"
@@ -289,7 +289,7 @@ class ManagedSession:
             outcome = await session.decide(refinement_id, approve)
         except KeyError as e:
             raise Refused("not_found", str(e.args[0])) from None
-        except (RefinementFailed, ModelError) as e:  # the plan still waits for review
+        except (RefinementError, ModelError) as e:  # the plan still waits for review
             raise Refused("refinement_failed", str(e)) from None
         return outcome.status
 
@@ -501,7 +501,7 @@ class ManagedSession:
                                               error=finished.error, usage=finished.usage, duration=finished.duration,
                                               steps=finished.steps, cells=finished.cells))
             records = read_records(self.layout.trajectory, []) if self.layout.trajectory.is_file() else []
-            self.meta.turns = sum(1 for r in records if isinstance(r, TurnStarted))
+            self.meta.turns = sum(1 for r in records if isinstance(r, TurnStartedRecord))
             self.meta.running_turn = None
         for queued in self.meta.queued:
             self.queue.never_ran(queued.turn_id, f"{RESTARTED} before this turn began")

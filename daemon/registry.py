@@ -21,7 +21,7 @@ from typing import Any
 from agent import events as ev
 from agent.config import Config
 from agent.layout import SessionLayout
-from agent.trajectory import SessionRecord, TrajectoryError, TurnFinished, TurnStarted, read_records
+from agent.trajectory import SessionRecord, TrajectoryError, TurnFinishedRecord, TurnStartedRecord, read_records
 from agent.types import Usage
 from daemon.journal import EventJournal
 from daemon.meta import SCHEMA, SessionMeta, title_of
@@ -159,14 +159,14 @@ def adopt(layout: SessionLayout) -> SessionMeta | None:
     start = next((r for r in records if isinstance(r, SessionRecord)), None)
     if start is None or start.parent is not None or start.session_id != layout.dir.name:
         return None
-    turns = [r for r in records if isinstance(r, TurnStarted)]
+    turns = [r for r in records if isinstance(r, TurnStartedRecord)]
     base_url = (start.config.get("model") or {}).get("base_url")
     model: dict[str, Any] = {"name": start.model}
     if base_url:
         model.update(base_url=base_url, api_key=None)  # as `kept` says: the daemon's key stays its own
     usage = Usage()
     for r in records:
-        if isinstance(r, TurnFinished):
+        if isinstance(r, TurnFinishedRecord):
             usage += r.usage
     meta = SessionMeta(schema_version=SCHEMA, id=start.session_id, cwd=start.cwd, model=start.model,
                        base_url=base_url, title=title_of(turns[0].prompt) if turns else None,

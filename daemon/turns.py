@@ -13,7 +13,7 @@ from typing import Protocol
 
 from agent import events as ev
 from agent.session import Session
-from agent.types import TurnResult, Usage
+from agent.types import TurnResult
 from daemon.errors import Refused
 from daemon.meta import QueuedTurn, SessionMeta
 from daemon.schemas import Interrupted, MessageAccepted
@@ -116,7 +116,7 @@ class TurnQueue:
 
     def never_ran(self, turn_id: str, why: str) -> None:
         self.host.emit(ev.TurnFinished(turn_id=turn_id, outcome="interrupted", error=why))
-        self._resolve(TurnResult(turn_id, "interrupted", None, why, Usage(), 0.0, 0, 0))
+        self._resolve(TurnResult(turn_id=turn_id, outcome="interrupted", error=why))
 
     def _resolve(self, result: TurnResult) -> None:
         future = self.waiting.get(result.turn_id)
@@ -159,7 +159,7 @@ class TurnQueue:
                 log.exception("session %s: turn %s could not run", h.id, q.turn_id)
                 self.never_ran(q.turn_id, f"the session could not start: {type(e).__name__}: {e}")
             finally:
-                self._resolve(TurnResult(q.turn_id, "interrupted", None, "the turn was cut short", Usage(), 0.0, 0, 0))
+                self._resolve(TurnResult(turn_id=q.turn_id, outcome="interrupted", error="the turn was cut short"))
                 self.running = None
                 h.last_active = time.monotonic()
                 if meta.running_turn == q.turn_id:

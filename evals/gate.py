@@ -20,7 +20,7 @@ from agent.model import Model
 from agent.refine import Gate
 from evals.runner import EvalSpec, rollout
 from evals.tasksets import load_taskset
-from harness_store.refiner import Plan, RefinementFailed, Refiner, Verdict
+from harness_store.refiner import Plan, RefinementError, Refiner, Verdict
 from harness_store.store import HarnessStore
 
 
@@ -66,7 +66,7 @@ async def passes(config: Config, model: Model, harness: SessionHarness, taskset:
             copy = Refiner({sc: HarnessStore(r, sc) for sc, r in roots.items()}, _no_planning)
             outcome = await copy.apply(plan, generation=plan.generation)
             if outcome.status != "applied":
-                raise RefinementFailed(f"the change could not be applied to the gate's copy: {outcome.reason}")
+                raise RefinementError(f"the change could not be applied to the gate's copy: {outcome.reason}")
         passed, unjudged = 0, []
         for task in env.tasks(n, seed=seed):
             result = await rollout(env, task, 0, "", spec, config, model, Path(tmp) / "runs", harness_roots=roots)
@@ -77,4 +77,4 @@ async def passes(config: Config, model: Model, harness: SessionHarness, taskset:
 
 
 async def _no_planning(messages):
-    raise RefinementFailed("the gate's copy of the harness never plans")
+    raise RefinementError("the gate's copy of the harness never plans")

@@ -61,7 +61,7 @@ class Review(BaseModel):
     instructions: str | None = None
 
 
-class RefinementFailed(Exception):
+class RefinementError(Exception):
     """Planning produced nothing usable; the message is the reason."""
 
 
@@ -155,16 +155,16 @@ def parse_json_reply(text: str, model: type[BaseModel]):
     """The first JSON object in a reply (fences and prose around it are fine), as `model`."""
     start = text.find("{")
     if start < 0:
-        raise RefinementFailed(f"the reply holds no JSON object: {text[:200]!r}")
+        raise RefinementError(f"the reply holds no JSON object: {text[:200]!r}")
     try:
         obj, _ = json.JSONDecoder().raw_decode(text[start:])
     except json.JSONDecodeError as e:
-        raise RefinementFailed(f"the reply's JSON is invalid or truncated: {e}") from None
+        raise RefinementError(f"the reply's JSON is invalid or truncated: {e}") from None
     try:
         return model.model_validate(obj)
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()[:5])
-        raise RefinementFailed(f"the reply is not a valid {model.__name__}: {problems}") from None
+        raise RefinementError(f"the reply is not a valid {model.__name__}: {problems}") from None
 
 
 class Refiner:
@@ -234,37 +234,37 @@ class Refiner:
                 if pe.kind == "skill" and pe.action != "delete" and self.check_skill is not None:
                     problem = await self.check_skill(edit.id, edit.body or "", edit.files or {})
                     if problem:
-                        raise RefinementFailed(f"skill check: {problem}")
+                        raise RefinementError(f"skill check: {problem}")
                 ok.append((pe, scope, edit))
                 seen.add((scope, edit.id))
-            except (HarnessError, RefinementFailed, ValueError) as e:
+            except (HarnessError, RefinementError, ValueError) as e:
                 refused.append((pe, str(e)))
         return ok, refused
 
     def _check(self, pe: ProposedEdit, plan: Plan, seen: set) -> tuple[Scope, Edit]:
         if not pe.id:
-            raise RefinementFailed("the edit has no id")
+            raise RefinementError("the edit has no id")
         check_id(pe.id)  # the base prompt and malformed ids are refused here
         scope: Scope = pe.scope or self.default_scope
         if scope not in self.stores:
-            raise RefinementFailed(f"unknown scope {scope!r}")
+            raise RefinementError(f"unknown scope {scope!r}")
         if (scope, pe.id) in seen:
-            raise RefinementFailed(f"{pe.id!r} is edited twice in one proposal")
+            raise RefinementError(f"{pe.id!r} is edited twice in one proposal")
         store = self.stores[scope]
         planned = plan.versions.get(f"{scope}:{pe.id}")
         current = store.version_of(pe.id)
         if current != planned:
-            raise RefinementFailed(f"conflict: {pe.id!r} changed in the {scope} scope since planning began")
+            raise RefinementError(f"conflict: {pe.id!r} changed in the {scope} scope since planning began")
         if pe.action == "create" and current is not None:
-            raise RefinementFailed(f"{pe.id!r} already exists in the {scope} scope; update it instead")
+            raise RefinementError(f"{pe.id!r} already exists in the {scope} scope; update it instead")
         if pe.action != "create" and current is None:
-            raise RefinementFailed(f"no entry {pe.id!r} in the {scope} scope to {pe.action}")
+            raise RefinementError(f"no entry {pe.id!r} in the {scope} scope to {pe.action}")
         if pe.action == "create" and pe.kind is None:
-            raise RefinementFailed(f"creating {pe.id!r} needs a kind")
+            raise RefinementError(f"creating {pe.id!r} needs a kind")
         text = "\n".join(filter(None, [pe.title, pe.description, pe.content, *(pe.files or {}).values()]))
         violation = self.rules.violation(text)
         if violation:
-            raise RefinementFailed(violation)
+            raise RefinementError(violation)
         for path in pe.files or {}:
             safe_relative(path)
         edit = Edit(pe.action, pe.id, kind=pe.kind if pe.action == "create" else None, title=pe.title,

@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from agent.checkpoints.store import WorkspaceStore
 from agent.layout import SessionLayout
-from agent.trajectory import CheckpointRecord, Record, RewindRecord, TurnFinished, TurnStarted, contexts, read_records, turn_starts
+from agent.trajectory import CheckpointRecord, Record, RewindRecord, TurnFinishedRecord, TurnStartedRecord, contexts, read_records, turn_starts
 from agent.types import Message
 
 
@@ -35,7 +35,7 @@ class Target:
 
 def turn_ids(records: list[Record]) -> list[str]:
     """The session's turns in the order they began: turn N is `turn_ids(...)[N - 1]`."""
-    return [r.turn_id for r in records if isinstance(r, TurnStarted)]
+    return [r.turn_id for r in records if isinstance(r, TurnStartedRecord)]
 
 
 def find(records: list[Record], turn: int, after: bool = False) -> Target:
@@ -105,10 +105,10 @@ def turn_list(layout: SessionLayout, store: WorkspaceStore | None) -> list[TurnR
     turns: dict[str, TurnRow] = {}
     trees = {(r.turn_id, r.at): r.tree for r in records if isinstance(r, CheckpointRecord) and r.tree is not None}
     for r in records:
-        if isinstance(r, TurnStarted):
+        if isinstance(r, TurnStartedRecord):
             turns[r.turn_id] = TurnRow(turn=len(turns) + 1, turn_id=r.turn_id, prompt=r.prompt, ts=r.ts,
                                        outcome=None, checkpoint=(r.turn_id, "start") in trees, files=[])
-        elif isinstance(r, TurnFinished) and r.turn_id in turns:
+        elif isinstance(r, TurnFinishedRecord) and r.turn_id in turns:
             turns[r.turn_id].outcome = r.outcome
     for turn_id, row in turns.items():
         start, end = trees.get((turn_id, "start")), trees.get((turn_id, "end"))

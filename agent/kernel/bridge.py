@@ -63,6 +63,8 @@ class BridgeServer:
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
+        except asyncio.CancelledError:  # the loop is ending: end as done, since Python 3.11's stream
+            pass  # server asks a finished handler for its exception, which a cancelled one raises (a traceback)
         finally:
             writer.close()
 

@@ -16,7 +16,7 @@ from agent.goals import GoalBudget, GoalSpec, GoalState
 from agent.kernel.sandbox import unavailable
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
-from agent.trajectory import GoalRecord, TurnStarted, read_records
+from agent.trajectory import GoalRecord, TurnStartedRecord, read_records
 from tests.conftest import make_config
 
 CHECK = f"{shlex.quote(sys.executable)} -c 'import calc; assert calc.add(2, 3) == 5, calc.add(2, 3)'"
@@ -41,7 +41,7 @@ async def test_a_wrong_fix_then_a_right_one_achieves_the_goal_in_two_turns(proje
     goal_events = [e.type for e in events if e.type.startswith("goal.")]
     assert goal_events == ["goal.started", "goal.check", "goal.continued", "goal.check", "goal.finished"]
     records = read_records(s.layout.trajectory)
-    turns = [(r.goal_id, r.continuation) for r in records if isinstance(r, TurnStarted)]
+    turns = [(r.goal_id, r.continuation) for r in records if isinstance(r, TurnStartedRecord)]
     assert turns == [(goal.id, 0), (goal.id, 1)]
     steps = [r.step for r in records if isinstance(r, GoalRecord)]
     assert steps == ["started", "check", "continued", "check", "finished"]

@@ -13,7 +13,7 @@ from agent.model import ContextOverflow, ModelError, ModelTimeout
 from agent.prompt import system_prompt
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
-from agent.trajectory import CellRecord, CompactionRecord, TurnFinished, read_records
+from agent.trajectory import CellRecord, CompactionRecord, TurnFinishedRecord, read_records
 from agent.types import Completion, Message, ToolCall
 from tests.conftest import make_config, trust
 
@@ -201,7 +201,7 @@ async def test_note_reaches_the_user_and_everything_is_recorded(project: Path):
     kinds = [r.kind for r in records]
     assert kinds[0] == "session" and kinds[-1] == "turn_finished"
     assert [r.cell.code for r in records if isinstance(r, CellRecord)] == ["note('halfway'); print(1)"]
-    assert isinstance(records[-1], TurnFinished) and records[-1].outcome == "completed"
+    assert isinstance(records[-1], TurnFinishedRecord) and records[-1].outcome == "completed"
 
 
 async def test_a_long_single_turn_compacts_its_own_early_steps_and_ids_stay_unique(project: Path):

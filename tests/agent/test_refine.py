@@ -18,7 +18,7 @@ from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from agent.trajectory import RefinementRecord, read_records
 from agent.types import Message
-from harness_store.refiner import Proposal, RefinementFailed, parse_json_reply
+from harness_store.refiner import Proposal, RefinementError, parse_json_reply
 from tests.conftest import make_config
 
 PLANNER = "You refine the harness"
@@ -249,7 +249,7 @@ def test_replies_are_parsed_tolerantly_but_strictly():
     assert parse_json_reply(fenced, Proposal).summary == "s"
     for bad, reason in [("no json", "no JSON object"), ('{"summary": "s", "edits": [', "invalid or truncated"),
                         ('{"edits": []}', "summary: Field required")]:
-        with pytest.raises(RefinementFailed, match=reason):
+        with pytest.raises(RefinementError, match=reason):
             parse_json_reply(bad, Proposal)
 
 

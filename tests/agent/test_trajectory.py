@@ -14,7 +14,7 @@ from agent.trajectory import (
     SessionRecord,
     TrajectoryError,
     TrajectoryWriter,
-    TurnStarted,
+    TurnStartedRecord,
     export_openai_chat,
     read_records,
 )
@@ -34,7 +34,7 @@ def msg(role: str, content: str = "", **kw) -> MessageRecord:
 
 def test_a_torn_last_line_is_dropped_but_corruption_elsewhere_is_an_error(tmp_path: Path):
     path = tmp_path / "trajectory.jsonl"
-    write(path, SessionRecord(session_id="s", cwd="/", model="m", action_format="tools"), TurnStarted(turn_id="t1", prompt="p"))
+    write(path, SessionRecord(session_id="s", cwd="/", model="m", action_format="tools"), TurnStartedRecord(turn_id="t1", prompt="p"))
     with open(path, "a") as f:
         f.write('{"kind": "message", "message": {"role": "us')  # the process died mid-write
     assert [r.kind for r in read_records(path)] == ["session", "turn_started"]

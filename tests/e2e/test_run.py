@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.testing.openai_server import VLLM_NO_TOOL_PARSER, OpenAIServer, Reply
-from agent.trajectory import CellRecord, TurnFinished, read_records
+from agent.trajectory import CellRecord, TurnFinishedRecord, read_records
 from tests.conftest import trust
 
 pytestmark = pytest.mark.slow
@@ -64,7 +64,7 @@ def test_fixes_a_failing_test_in_a_small_repository(project: Path, prime_home: P
     assert edited.index("~ calc.py +1 -1\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n") \
         < edited.index("%%bash")
     assert "[t1: 1 file changed, +1 -1: calc.py]" in r.stderr
-    (finished,) = [r for r in records if isinstance(r, TurnFinished)]
+    (finished,) = [r for r in records if isinstance(r, TurnFinishedRecord)]
     assert finished.outcome == "completed"
     assert (records[-1].kind, records[-1].at) == ("checkpoint", "end")  # kept before run exits: `rewind` comes back to it
     # what the model saw after the pytest cell

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.testing.openai_server import OpenAIServer, Reply
-from agent.trajectory import RewindRecord, TurnFinished, read_records
+from agent.trajectory import RewindRecord, TurnFinishedRecord, read_records
 
 pytestmark = pytest.mark.slow
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
@@ -173,6 +173,6 @@ def test_a_run_killed_mid_turn_is_taken_up_with_its_cut_turn_closed_and_said_why
     (session_dir,) = (work / "home" / "sessions").iterdir()
     row = listed(work)[session_dir.name]
     assert (row["state"], row["elsewhere"], row["turns"], row["title"]) == ("dormant", None, 1, "a turn that never ends")
-    (finished,) = [r for r in read_records(session_dir / "trajectory.jsonl") if isinstance(r, TurnFinished)]
+    (finished,) = [r for r in read_records(session_dir / "trajectory.jsonl") if isinstance(r, TurnFinishedRecord)]
     assert finished.outcome == "interrupted"
     assert finished.error.startswith("The `prime-agent run` that hosted this session ended while this turn ran")

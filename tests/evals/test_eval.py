@@ -60,6 +60,7 @@ def agent_config(server: OpenAIServer) -> Config:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # twelve rollouts four at a time, each up to 15 s, on a loaded machine
 async def test_repo_fix_outcomes_are_counted_exactly(tmp_path: Path):
     with OpenAIServer(scripted) as server:
         config = agent_config(server)

@@ -10,7 +10,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
 from agent.context import message_text
-from agent.trajectory import MessageRecord, Record, TurnFinished
+from agent.trajectory import MessageRecord, Record, TurnFinishedRecord
 
 
 class TranscriptScreen(ModalScreen[None]):
@@ -27,6 +27,6 @@ class TranscriptScreen(ModalScreen[None]):
                 if isinstance(r, MessageRecord) and r.message.role != "system":
                     role, _, body = message_text(r.message, limit=4000).partition(" ")
                     yield Static(Text.assemble((role + " ", "bold"), body))
-                elif isinstance(r, TurnFinished):
+                elif isinstance(r, TurnFinishedRecord):
                     yield Static(Text(f"turn {r.outcome}: {r.answer or r.error or ''}", style="dim"))
         yield Footer()
