@@ -415,9 +415,9 @@ class Kernel:
         await _handshake(self._km, self._kc, self.config.startup_timeout)
 
     async def _bootstrap(self) -> None:
-        boot = (f"import os as _os; _os.chdir({str(self.cwd)!r}); _os.environ.update({self.env!r}); del _os\n"
-                f"import agent.kernel.runtime as _pa; _pa.bootstrap(globals(), {self.config.output_spill}); del _pa")
-        for code in [boot, *self.setup]:  # one round trip, and one for each piece of setup
+        prelude = (f"import os as _os; _os.chdir({str(self.cwd)!r}); _os.environ.update({self.env!r}); del _os\n"
+                   f"import agent.kernel.runtime as _pa; _pa.bootstrap(globals(), {self.config.output_spill}); del _pa")
+        for code in [prelude, *self.setup]:  # one round trip, and one for each piece of setup
             boot = await self._run(code, None, None)
             if boot.error_name:
                 raise KernelError(f"kernel bootstrap failed: {boot.error_name}: {boot.error_value}\n{boot.traceback}")
