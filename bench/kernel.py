@@ -237,7 +237,9 @@ def run_cli(n_cells: int, workdir: Path, code: str = "1", measure_memory_after: 
 async def system_figures(n_cells: int, repeats: int, floor_cells: int = 200) -> dict[str, float]:
     """`prime-agent run` with 1 and with n+1 cells, interleaved (the order alternating), and the floor
     measured between the pairs; one more cell is the median over the pairs of (n+1-cell - 1-cell) / n."""
-    one, many, floor = [], [], []
+    one: list[float] = []
+    many: list[float] = []
+    floor: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         async with bare_kernel() as kc:
