@@ -212,10 +212,15 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def run_cli(n_cells: int, workdir: Path, code: str = "1", measure_memory_after: float | None = None) -> tuple[float, float]:
-    """Wall seconds of `prime-agent run` with n cells, and PSS in MB if asked (sampled mid-run)."""
+def run_cli(n_cells: int, workdir: Path, measure_memory: bool = False) -> tuple[float, float]:
+    """Wall seconds of `prime-agent run` with n cells; with `measure_memory`, its one cell waits 3 s
+    and the PSS of the CLI process and its kernel, in MB, is sampled once that cell runs (a marker file
+    says so: on a loaded machine, a fixed delay sampled a session not yet whole)."""
     script = cells_then_answer(n_cells)
-    if code != "1":
+    marker = workdir / "cell-running"
+    marker.unlink(missing_ok=True)
+    if measure_memory:
+        code = f"open({str(marker)!r}, 'w').close(); import time; time.sleep(3)"
         script = lambda request: Reply(code=[code]) if len(request["messages"]) < 3 else Reply(content="done")  # noqa: E731
     with OpenAIServer(script) as server:
         env = dict(os.environ, OPENAI_BASE_URL=server.base_url, PRIME_AGENT_MODEL="bench",
@@ -224,8 +229,9 @@ def run_cli(n_cells: int, workdir: Path, code: str = "1", measure_memory_after: 
         p = subprocess.Popen([PRIME_AGENT, "run", "--max-turns", "1000", "bench"], cwd=workdir, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         mem = 0.0
-        if measure_memory_after is not None:
-            time.sleep(measure_memory_after)
+        if measure_memory:
+            while not marker.exists() and p.poll() is None:
+                time.sleep(0.02)
             mem = sum(pss_kb(pid) for pid in [p.pid, *descendants(p.pid)]) / 1024
         rc = p.wait(timeout=300)
         wall = time.perf_counter() - t
@@ -248,7 +254,7 @@ async def system_figures(n_cells: int, repeats: int, floor_cells: int = 200) -> 
                 for n in (1, n_cells + 1) if i % 2 == 0 else (n_cells + 1, 1):
                     (one if n == 1 else many).append(run_cli(n, work)[0])
                 floor += await round_trips(kc, floor_cells)
-        _, mem = run_cli(1, work, code="import time; time.sleep(3)", measure_memory_after=2.0)
+        _, mem = run_cli(1, work, measure_memory=True)
     per_cell = statistics.median((m - o) / n_cells for o, m in zip(one, many)) * 1e3
     floor_ms = pct(floor, 0.5) * 1e3
     return {
