@@ -15,11 +15,13 @@ import asyncio
 import contextlib
 import datetime
 import email.utils
+import functools
 import html
 import json
 import random
 import re
 import secrets
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -148,6 +150,16 @@ class Model(Protocol):
         ...
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """The TLS settings every client of this process shares: what httpx makes for each client by default
+    (its CA bundle, or SSL_CERT_FILE / SSL_CERT_DIR), made once. Loading the bundle took 20-70 ms a
+    client here, on every session a daemon starts; an `SSLContext` is safe to share."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
 def fenced_cells(text: str) -> list[str]:
     """The ```python cells in a text-mode reply, in order."""
     return [m.group(1) for m in FENCE.finditer(text)]
@@ -236,6 +248,7 @@ class OpenAIModel:
                 api_key=self.config.api_key or "not-needed",
                 max_retries=0,  # we retry ourselves, so dropped streams and bad replies are retried too
                 timeout=self.config.timeout,
+                http_client=openai.DefaultAsyncHttpxClient(timeout=self.config.timeout, verify=_tls_context()),
             )
 
     async def describe(self) -> ServerModel:

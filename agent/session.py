@@ -232,19 +232,26 @@ class Session:
             raise SandboxError("plan mode keeps the workspace read-only until you approve a plan, which needs the "
                                f"sandbox in workspace-write (here: {unavailable() or mode})")
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fit = await self._fit()  # before the system prompt is built: it depends on the fit
-        self._trajectory = TrajectoryWriter(self.layout.trajectory)
-        if self._resumed is not None:
-            self.record(ResumedRecord(reason=self._resumed, harness_version=self.harness_version))
-            self._close_open_tool_calls()
-        else:
-            self._record_start()
-        self._watch_harness()
-        self.checkpoints.warm()
         if self.checkpoints.enabled and self.config.checkpoints.kernel:  # before the sandbox binds it writable
             with contextlib.suppress(OSError):  # else snapshots fail, and the session says so once
                 self.layout.kernel_snapshots.mkdir(parents=True, exist_ok=True)
-        await self.kernel.start(self.kernel_pool, ready=self._bridge_up)
+        # The kernel starts while the model's server is asked about the model: both wait on other processes.
+        kernel = asyncio.ensure_future(self.kernel.start(self.kernel_pool, ready=self._bridge_up))
+        try:
+            fit = await self._fit()  # before the system prompt is built: it depends on the fit
+            self._trajectory = TrajectoryWriter(self.layout.trajectory)
+            if self._resumed is not None:
+                self.record(ResumedRecord(reason=self._resumed, harness_version=self.harness_version))
+                self._close_open_tool_calls()
+            else:
+                self._record_start()
+            self._watch_harness()
+            self.checkpoints.warm()
+        except BaseException:
+            kernel.cancel()
+            await asyncio.gather(kernel, return_exceptions=True)
+            raise
+        await kernel
         window = self.config.model.context_window
         if self._resumed is not None:
             self.emit(ev.SessionResumed(reason=self._resumed, turns=self.turns, sandbox=self.sandbox,

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import re
 import signal
@@ -51,6 +50,7 @@ from agent.events import Event, parse_event  # noqa: E402
 from agent.layout import SessionLayout  # noqa: E402
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
 from bench.kernel import descendants, pct, print_table, pss_kb  # noqa: E402
+from bench.report import load_average, save  # noqa: E402
 from daemon import meta as meta_file  # noqa: E402
 from daemon.client import Client, DaemonUnavailable, spawn  # noqa: E402
 from daemon.paths import log_file, socket_file  # noqa: E402
@@ -452,7 +452,7 @@ def main() -> None:
     TARGETS["replay_ms"] = (f"replay: {args.replay:,} events, client, median (ms)", 200.0 if args.replay == 10_000 else None)
     TARGETS["daemon_pss_mb"] = (f"memory: daemon PSS, {args.idle} idle sessions (MB)", None)
 
-    started = time.perf_counter()
+    started, load = time.perf_counter(), load_average()
     with tempfile.TemporaryDirectory(prefix="bench-daemon-") as tmp:
         os.environ["PRIME_AGENT_HOME"] = tmp  # before anything starts; each part moves it to its own home
         try:
@@ -467,10 +467,8 @@ def main() -> None:
     total = time.perf_counter() - started
 
     print_table(figures, TARGETS, total)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"figures": figures, "args": {k: v for k, v in vars(args).items() if k != "out"},
-                                          "total_s": total, "nproc": os.cpu_count()}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    save(args.out, {"figures": figures, "args": {k: v for k, v in vars(args).items() if k != "out"}, "total_s": total},
+         load)
 
 
 if __name__ == "__main__":

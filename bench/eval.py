@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ from agent.config import Config  # noqa: E402
 from agent.model import OpenAIModel  # noqa: E402
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
 from agent.trajectory import ModelCall, read_records  # noqa: E402
+from bench.report import load_average, save  # noqa: E402
 from evals.runner import EvalSpec, evaluate, rollout_layout  # noqa: E402
 from evals.tasksets import select  # noqa: E402
 
@@ -64,15 +64,14 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=24)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "eval.json"))
     args = ap.parse_args()
+    load = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PRIME_AGENT_HOME"] = str(Path(tmp) / "home")
         figures = {f"c{c}": asyncio.run(measure(args.rollouts, c, Path(tmp))) for c in (1, 8)}
     print(f"{'concurrency':<12} {'rollouts/min':>13} {'overhead/rollout (s)':>21}")
     for c, f in figures.items():
         print(f"{c:<12} {f['rollouts_per_min']:>13.1f} {f['overhead_per_rollout_s']:>21.3f}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"figures": figures, "rollouts": args.rollouts, "nproc": os.cpu_count()}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    save(args.out, {"figures": figures, "rollouts": args.rollouts}, load)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -49,6 +48,7 @@ from agent.events import Event  # noqa: E402
 from agent.testing.openai_server import OpenAIServer  # noqa: E402
 from bench.daemon import agent_script, processes_of  # noqa: E402
 from bench.kernel import descendants, pct, print_table  # noqa: E402
+from bench.report import load_average, save  # noqa: E402
 from daemon.client import Client, DaemonUnavailable, spawn  # noqa: E402
 from daemon.paths import socket_file  # noqa: E402
 
@@ -290,7 +290,7 @@ def main() -> int:
     args = ap.parse_args()
     rng = random.Random(args.seed)
 
-    started = time.perf_counter()
+    started, load = time.perf_counter(), load_average()
     trials: list[Trial] = []
     with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp, OpenAIServer(agent_script) as server:
         root = Path(tmp)
@@ -343,12 +343,8 @@ def main() -> int:
     left = sorted({c for t in trials for c in t.leftover_cmds})
     if left:
         print("left alive: " + ", ".join(left))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
-        "figures": figures, "args": {k: v for k, v in vars(args).items() if k != "out"}, "total_s": total,
-        "nproc": os.cpu_count(), "trials": [asdict(t) for t in trials],
-    }, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    save(args.out, {"figures": figures, "args": {k: v for k, v in vars(args).items() if k != "out"}, "total_s": total,
+                    "trials": [asdict(t) for t in trials]}, load)
     return 1 if figures["trials_failed"] else 0
 
 

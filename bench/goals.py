@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from agent.session import Session  # noqa: E402
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
 from agent.testing.scripted import ScriptedModel  # noqa: E402
 from bench.kernel import pct  # noqa: E402
+from bench.report import load_average, save  # noqa: E402
 from daemon.client import Client  # noqa: E402
 from daemon.server import serve  # noqa: E402
 
@@ -115,6 +115,7 @@ async def main() -> None:
     p.add_argument("--fires", type=int, default=20)
     p.add_argument("--every", type=float, default=0.5)
     a = p.parse_args()
+    load = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PRIME_AGENT_HOME"] = str(Path(tmp) / "home")
         cwd = Path(tmp) / "project"
@@ -143,9 +144,7 @@ async def main() -> None:
     print(f"{'schedule fire lateness (p50 / max)':<52} {figures['fire_late_p50_ms']:>8.1f} "
           f"{figures['fire_late_max_ms']:>8.1f}")
     print(f"{'schedule drift over the fires (last - first)':<52} {figures['fire_drift_ms']:>8.1f}")
-    out = ROOT / "bench" / "results" / "goals.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({**vars(a), "sandbox": unavailable() or "bubblewrap", **figures}, indent=2))
+    save(ROOT / "bench" / "results" / "goals.json", {**vars(a), "sandbox": unavailable() or "bubblewrap", **figures}, load)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ Figures:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import sys
@@ -37,6 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import load_average, save
 from rl.config import RunConfig
 from rl.hf import HFPolicy
 from rl.model import token_logprobs
@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="tiny config on the CPU: the same code path, no GPU")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense bf16 peak (H200: 989)")
     args = ap.parse_args(argv)
+    load = load_average()
     if not args.dry_run and not torch.cuda.is_available():
         print("bench/gpu.py needs a CUDA device and none is present (use --dry-run to check it on the CPU)",
               file=sys.stderr)
@@ -181,10 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for name, value in table:
         print(f"{name:<30} {value:>14}")
-    out = ROOT / "bench" / "results" / ("gpu-dry-run.json" if args.dry_run else "gpu.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(r, indent=2) + "\n")
-    print(f"wrote {out}")
+    save(ROOT / "bench" / "results" / ("gpu-dry-run.json" if args.dry_run else "gpu.json"), r, load)
     return 0
 
 

@@ -10,8 +10,6 @@ warm (the view as a session re-renders it at each turn boundary after a change).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -21,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import load_average, save  # noqa: E402
 from harness_store.store import Edit, HarnessStore  # noqa: E402
 from harness_store.view import HarnessView  # noqa: E402
 
@@ -71,14 +70,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "harness.json"))
     args = ap.parse_args()
+    load = load_average()
     results = {n: measure(n, args.repeats) for n in map(int, args.sizes.split(","))}
     print(f"{'entries':>8} {'commit p50':>11} {'rollback p50':>13} {'view p50':>9} {'view cold':>10}   (ms)")
     for n, r in results.items():
         print(f"{n:>8} {r['commit_ms']:>11.1f} {r['rollback_ms']:>13.1f} {r['view_warm_ms']:>9.1f} {r['view_cold_ms']:>10.1f}")
     print("targets at 1,000 entries: view <= 20 ms, commit <= 30 ms")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"results": results, "repeats": args.repeats, "nproc": os.cpu_count()}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    save(args.out, {"results": results, "repeats": args.repeats}, load)
 
 
 if __name__ == "__main__":

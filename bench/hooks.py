@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -29,6 +28,7 @@ from agent.hooks import HooksFile  # noqa: E402
 from agent.kernel.sandbox import unavailable  # noqa: E402
 from agent.session import Session  # noqa: E402
 from agent.testing.scripted import ScriptedModel, cells  # noqa: E402
+from bench.report import load_average, save  # noqa: E402
 
 COUNTS = (0, 1, 5)
 
@@ -46,6 +46,7 @@ async def main() -> None:
     p.add_argument("--cells", type=int, default=20)
     p.add_argument("--rounds", type=int, default=5)
     a = p.parse_args()
+    load = load_average()
     per_cell: dict[int, list[float]] = {k: [] for k in COUNTS}
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         os.environ["PRIME_AGENT_HOME"] = str(Path(tmp) / "home")
@@ -79,9 +80,7 @@ async def main() -> None:
         added = figures.get(f"added_{k}_hooks_ms", 0.0)
         each = figures.get(f"added_per_hook_{k}_ms", 0.0)
         print(f"{k:<16} {figures[f'cell_{k}_hooks_ms']:>12.2f} {added:>10.2f} {each:>12.2f}")
-    out = ROOT / "bench" / "results" / "hooks.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({**vars(a), "sandbox": unavailable() or "bubblewrap", **figures}, indent=2))
+    save(ROOT / "bench" / "results" / "hooks.json", {**vars(a), "sandbox": unavailable() or "bubblewrap", **figures}, load)
 
 
 if __name__ == "__main__":

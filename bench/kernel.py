@@ -10,15 +10,17 @@ apply (nsenter and mount, what a pooled kernel pays when a session takes it); ke
 kernel's own exit); a trivial cell's round trip through the runtime (p50/p99); a host-bridge call
 from inside a cell (p50/p99); a cell printing 1 MB;
 `prime-agent run` against a local OpenAI-compatible server: the cost of one more cell
-((N+1-cell run - 1-cell run) / N), the wall time of a 1-cell run, and the session's memory
-(PSS summed over the CLI process and its kernel).
+((N+1-cell run - 1-cell run) / N, the two sizes interleaved, each pair giving one figure), the wall
+time of a 1-cell run, and the session's memory (PSS summed over the CLI process and its kernel);
+beside them, between the pairs, the floor they build on: a bare jupyter_client round trip on a
+kernel of its own (this machine's speed drifts 2x within minutes: read one more cell against it).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import contextlib
 import os
 import statistics
 import subprocess
@@ -34,7 +36,10 @@ from agent.config import Config, SandboxConfig  # noqa: E402
 from agent.session import Session  # noqa: E402
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
 from agent.testing.scripted import ScriptedModel  # noqa: E402
+from agent.kernel.manager import _handshake, _Manager, _open_client, _stop  # noqa: E402
+from agent.kernel.sandbox import Box, Launch  # noqa: E402
 from agent.types import Cell  # noqa: E402
+from bench.report import load_average, save  # noqa: E402
 
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
 
@@ -91,19 +96,7 @@ async def runtime_figures(n_cells: int, n_starts: int) -> dict[str, float]:
 
             # The same cell through bare jupyter_client on the same kernel: the floor we build on,
             # measured in the same conditions (this machine's speed varies by 2x over a day).
-            kc = k._kc
-            raw = []
-            for i in range(n_cells + 50):
-                t = time.perf_counter()
-                msg_id = kc.execute("1+1")
-                while True:
-                    m = await kc.get_iopub_msg()
-                    if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "status" \
-                            and m["content"]["execution_state"] == "idle":
-                        break
-                raw.append(time.perf_counter() - t)
-            while await kc.shell_channel.msg_ready():
-                await kc.shell_channel.get_msg()
+            raw = await round_trips(k._kc, n_cells + 50)
             out["raw_jupyter_client_p50_ms"] = pct(raw[50:], 0.5) * 1e3
 
             mb = []
@@ -113,6 +106,38 @@ async def runtime_figures(n_cells: int, n_starts: int) -> dict[str, float]:
                 mb.append(time.perf_counter() - t)
             out["output_1mb_ms"] = statistics.median(mb) * 1e3
     return out
+
+
+async def round_trips(kc, n: int) -> list[float]:
+    """Seconds of each of n `1+1` cells through bare jupyter_client: execute, then IOPub until idle."""
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        msg_id = kc.execute("1+1")
+        while True:
+            m = await kc.get_iopub_msg()
+            if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "status" \
+                    and m["content"]["execution_state"] == "idle":
+                break
+        times.append(time.perf_counter() - t)
+    while await kc.shell_channel.msg_ready():
+        await kc.shell_channel.get_msg()
+    return times
+
+
+@contextlib.asynccontextmanager
+async def bare_kernel():
+    """A client of an ipykernel launched as ours are (the running interpreter) but with nothing of
+    ours in it: no sandbox, no runtime."""
+    km = _Manager(Box(Launch.of(SandboxConfig(mode="full-access"))))
+    kc = None
+    try:
+        await km.start_kernel()
+        kc = _open_client(km)
+        await _handshake(km, kc, 60)
+        yield kc
+    finally:
+        await _stop((km, kc), wait=5)
 
 
 async def sandbox_figures(n_starts: int, n_cells: int) -> dict[str, float]:
@@ -187,10 +212,15 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def run_cli(n_cells: int, workdir: Path, code: str = "1", measure_memory_after: float | None = None) -> tuple[float, float]:
-    """Wall seconds of `prime-agent run` with n cells, and PSS in MB if asked (sampled mid-run)."""
+def run_cli(n_cells: int, workdir: Path, measure_memory: bool = False) -> tuple[float, float]:
+    """Wall seconds of `prime-agent run` with n cells; with `measure_memory`, its one cell waits 3 s
+    and the PSS of the CLI process and its kernel, in MB, is sampled once that cell runs (a marker file
+    says so: on a loaded machine, a fixed delay sampled a session not yet whole)."""
     script = cells_then_answer(n_cells)
-    if code != "1":
+    marker = workdir / "cell-running"
+    marker.unlink(missing_ok=True)
+    if measure_memory:
+        code = f"open({str(marker)!r}, 'w').close(); import time; time.sleep(3)"
         script = lambda request: Reply(code=[code]) if len(request["messages"]) < 3 else Reply(content="done")  # noqa: E731
     with OpenAIServer(script) as server:
         env = dict(os.environ, OPENAI_BASE_URL=server.base_url, PRIME_AGENT_MODEL="bench",
@@ -199,8 +229,9 @@ def run_cli(n_cells: int, workdir: Path, code: str = "1", measure_memory_after: 
         p = subprocess.Popen([PRIME_AGENT, "run", "--max-turns", "1000", "bench"], cwd=workdir, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         mem = 0.0
-        if measure_memory_after is not None:
-            time.sleep(measure_memory_after)
+        if measure_memory:
+            while not marker.exists() and p.poll() is None:
+                time.sleep(0.02)
             mem = sum(pss_kb(pid) for pid in [p.pid, *descendants(p.pid)]) / 1024
         rc = p.wait(timeout=300)
         wall = time.perf_counter() - t
@@ -209,16 +240,29 @@ def run_cli(n_cells: int, workdir: Path, code: str = "1", measure_memory_after: 
     return wall, mem
 
 
-def system_figures(n_cells: int, repeats: int) -> dict[str, float]:
+async def system_figures(n_cells: int, repeats: int, floor_cells: int = 200) -> dict[str, float]:
+    """`prime-agent run` with 1 and with n+1 cells, interleaved (the order alternating), and the floor
+    measured between the pairs; one more cell is the median over the pairs of (n+1-cell - 1-cell) / n."""
+    one: list[float] = []
+    many: list[float] = []
+    floor: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        one = [run_cli(1, work)[0] for _ in range(repeats)]
-        many = [run_cli(n_cells + 1, work)[0] for _ in range(repeats)]
-        _, mem = run_cli(1, work, code="import time; time.sleep(3)", measure_memory_after=2.0)
+        async with bare_kernel() as kc:
+            await round_trips(kc, 50)  # warm-up
+            for i in range(repeats):
+                for n in (1, n_cells + 1) if i % 2 == 0 else (n_cells + 1, 1):
+                    (one if n == 1 else many).append(run_cli(n, work)[0])
+                floor += await round_trips(kc, floor_cells)
+        _, mem = run_cli(1, work, measure_memory=True)
+    per_cell = statistics.median((m - o) / n_cells for o, m in zip(one, many)) * 1e3
+    floor_ms = pct(floor, 0.5) * 1e3
     return {
         "run_1_cell_s": statistics.median(one),
         f"run_{n_cells + 1}_cells_s": statistics.median(many),
-        "per_cell_ms": (statistics.median(many) - statistics.median(one)) / n_cells * 1e3,
+        "per_cell_ms": per_cell,
+        "floor_round_trip_p50_ms": floor_ms,
+        "per_cell_over_floor": per_cell / floor_ms,
         "session_pss_mb": mem,
     }
 
@@ -244,6 +288,8 @@ TARGETS = {
     "host_call_p99_ms": ("host-bridge call p99 from a cell (ms)", None),
     "output_1mb_ms": ("cell printing 1 MB (ms)", None),
     "per_cell_ms": ("whole system: one more cell (ms)", 9.0),
+    "floor_round_trip_p50_ms": ("beside it: bare jupyter_client round trip p50 (ms)", None),
+    "per_cell_over_floor": ("one more cell / the floor (x)", None),
     "run_1_cell_s": ("prime-agent run, 1 cell, wall (s)", 2.0),
     "session_pss_mb": ("session memory, PSS (MB)", 150.0),
 }
@@ -252,26 +298,24 @@ TARGETS = {
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=60, help="extra cells in the long run")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each `prime-agent run` size")
+    ap.add_argument("--repeats", type=int, default=4, help="pairs of `prime-agent run` (1 cell, cells + 1)")
     ap.add_argument("--starts", type=int, default=12, help="session starts of each sandbox mode")
     ap.add_argument("--only-sandbox", action="store_true", help="the sandbox's figures alone")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "kernel.json"))
     args = ap.parse_args()
 
+    load = load_average()
     figures = {} if args.only_sandbox else asyncio.run(runtime_figures(n_cells=500, n_starts=5))
     figures.update(asyncio.run(sandbox_figures(n_starts=args.starts, n_cells=200)))
     if not args.only_sandbox:
-        figures.update(system_figures(args.cells, args.repeats))
+        figures.update(asyncio.run(system_figures(args.cells, args.repeats)))
 
     print(f"{'measure':<42} {'value':>10} {'target':>8}")
     for key, value in figures.items():
         label, target = TARGETS.get(key, (key, None))
         mark = "" if target is None else ("ok" if value <= target else "MISS")
         print(f"{label:<42} {value:>10.3f} {('<= %g' % target) if target else '':>8} {mark}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"figures": figures, "cells": args.cells, "repeats": args.repeats,
-                                          "nproc": os.cpu_count()}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    save(args.out, {"figures": figures, "cells": args.cells, "repeats": args.repeats}, load)
 
 
 if __name__ == "__main__":

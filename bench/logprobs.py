@@ -19,7 +19,6 @@ two ways:
 from __future__ import annotations
 
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import load_average, save
 from rl.logprobs import chunked_logprobs, plain_logprobs
 from rl.model import Policy, PolicyConfig, token_logprobs
 
@@ -101,6 +101,7 @@ def measure(case: str, path: str) -> dict:
 
 
 def main() -> None:
+    load = load_average()
     rows = []
     for case in CASES:
         for path in ("plain", "chunked"):
@@ -117,11 +118,8 @@ def main() -> None:
         plain, chunked = (next(r for r in rows if r["case"] == case and r["path"] == p) for p in ("plain", "chunked"))
         ratios[case] = plain["peak_alloc_mb"] / chunked["peak_alloc_mb"]
         print(f"{case}: chunked peak tensor memory is {ratios[case]:.1f}x lower")
-    out = ROOT / "bench" / "results" / "logprobs.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"vocab": VOCAB, "cases": CASES, "rows": rows, "peak_alloc_ratio": ratios,
-                               "threads": 2, "nproc": os.cpu_count()}, indent=2) + "\n")
-    print(f"wrote {out}")
+    save(ROOT / "bench" / "results" / "logprobs.json",
+         {"vocab": VOCAB, "cases": CASES, "rows": rows, "peak_alloc_ratio": ratios, "threads": 2}, load)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from agent.config import Config  # noqa: E402
 from agent.session import Session  # noqa: E402
 from agent.testing.scripted import ScriptedModel  # noqa: E402
 from agent.types import Cell  # noqa: E402
+from bench.report import load_average, save  # noqa: E402
 
 TIME = str(Path(sys.prefix) / "mcp-servers" / "time" / "bin" / "mcp-server-time")  # its own venv: scripts/setup.sh
 ARGS = {"timezone": "UTC"}
@@ -77,6 +78,7 @@ async def main() -> None:
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args()
+    load = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PRIME_AGENT_HOME"] = str(Path(tmp) / "home")
         config = Config.model_validate({"mcp": {"servers": {"time": {"command": TIME, "args": ["--local-timezone", "UTC"]}}}})
@@ -96,9 +98,7 @@ async def main() -> None:
     print(f"{'measure (mcp-server-time get_current_time, stdio)':<52} {'ms':>8} {'target':>8}")
     for label, key, target in rows:
         print(f"{label:<52} {figures[key]:>8.3f} {'' if target is None else f'<= {target:g}':>8}")
-    out = ROOT / "bench" / "results" / "mcp.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"calls": a.calls, "repeats": a.repeats, **figures}, indent=2))
+    save(ROOT / "bench" / "results" / "mcp.json", {"calls": a.calls, "repeats": a.repeats, **figures}, load)
 
 
 if __name__ == "__main__":

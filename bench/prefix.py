@@ -171,6 +171,10 @@ def main() -> None:
         sys.path.insert(0, os.environ["PYTHONPATH"])
         print(json.dumps(asyncio.run(scenario(args.turns, args.refinements, args.context_window))))
         return
+    sys.path.insert(0, str(ROOT))
+    from bench.report import load_average, save
+
+    load = load_average()
     before = args.before or subprocess.run(["git", "merge-base", "HEAD", "main"], cwd=ROOT, capture_output=True,
                                            text=True, check=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="pa-prefix-before-") as old:
@@ -182,10 +186,8 @@ def main() -> None:
     for name, r in rows.items():
         print(f"{name:8} {r['requests']:>8} {r['compactions']:>7} {r['refinements']:>7} {r['share']:>7.1%} "
               f"{r['share_outside_compactions']:>20.1%} {r['prefix_breaks_outside_compactions']:>6}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "prefix.json").write_text(json.dumps({"turns": args.turns, "refinements": args.refinements,
-                                                     "before_rev": before, **rows}, indent=1))
-    print(f"wrote {RESULTS / 'prefix.json'}")
+    save(RESULTS / "prefix.json", {"turns": args.turns, "refinements": args.refinements, "before_rev": before, **rows},
+         load)
 
 
 if __name__ == "__main__":

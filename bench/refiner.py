@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 from agent.config import Config  # noqa: E402
 from agent.session import Session, Turn  # noqa: E402
 from agent.testing.scripted import ScriptedModel, cells  # noqa: E402
+from bench.report import load_average, save  # noqa: E402
 
 PLANNER = "You refine the harness"
 
@@ -86,6 +87,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "refiner.json"))
     args = ap.parse_args()
+    load = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PRIME_AGENT_HOME"] = str(Path(tmp) / "home")
         work = Path(tmp) / "project"
@@ -97,9 +99,7 @@ def main() -> None:
                "turn_5_cells_idle_ms": ms(idle), "turn_5_cells_plan_in_flight_ms": ms(busy)}
     for key, value in figures.items():
         print(f"{key:<40} {value:>8.2f}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"figures": figures, "repeats": args.repeats, "nproc": os.cpu_count()}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    save(args.out, {"figures": figures, "repeats": args.repeats}, load)
 
 
 if __name__ == "__main__":

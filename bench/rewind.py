@@ -39,6 +39,7 @@ from agent.layout import SessionLayout  # noqa: E402
 from agent.kernel.runtime import ENV_PATH, ENV_TOKEN  # noqa: E402
 from agent.trajectory import CheckpointRecord  # noqa: E402
 from agent.types import Cell  # noqa: E402
+from bench.report import load_average, save  # noqa: E402
 
 WORDS = ("def class return import self value result index items print error path config open with "
          "for while if else try except raise lambda yield async await None True False").split()
@@ -181,6 +182,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=100)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "rewind.json"))
     args = ap.parse_args()
+    load = load_average()
     r = asyncio.run(run(args))
     w = r["workspace"]
     print(f"workspace: {w['files']} files, {w['mb']} MB; {w['changed_per_turn']} files changed a turn, "
@@ -203,8 +205,7 @@ def main() -> None:
     ]
     for name, value, note in rows:
         print(f"{name:<32} {value:>10}   {note}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(r, indent=2) + "\n")
+    save(args.out, r, load)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ policy in examples/reverse_text/config.toml.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import load_average, save  # noqa: E402
 from rl import losses  # noqa: E402
 from rl.config import load  # noqa: E402
 from rl.model import ByteTokenizer, Policy, generate, token_logprobs  # noqa: E402
@@ -61,6 +60,7 @@ def loss_seconds_per_million(name: str, n: int = 1_000_000) -> float:
 
 
 def main() -> None:
+    started = load_average()
     cfg = load(str(ROOT / "examples" / "reverse_text" / "config.toml"), [])
     torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(0)
@@ -74,10 +74,7 @@ def main() -> None:
     }
     for key, value in figures.items():
         print(f"{key:<36} {value:>12,.3f}" if isinstance(value, float) else f"{key:<36} {value:>12,}")
-    out = ROOT / "bench" / "results" / "rl.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"figures": figures, "threads": cfg.train.threads, "nproc": os.cpu_count()}, indent=2) + "\n")
-    print(f"wrote {out}")
+    save(ROOT / "bench" / "results" / "rl.json", {"figures": figures, "threads": cfg.train.threads}, started)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import load_average, save  # noqa: E402
 from rl import train as training  # noqa: E402
 from rl.config import load  # noqa: E402
 from rl.envs import load as load_env  # noqa: E402
@@ -84,6 +85,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--no-vllm", action="store_true")
     args = ap.parse_args()
+    load = load_average()
     model = pull("smollm2-135m-instruct", print)
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,11 +106,8 @@ def main() -> int:
     for name, r in results.items():
         print(f"{name:28} {r['train_tokens_per_s']:11.0f} {r['train_s']:8.1f} {r['sample_s']:9.1f} "
               f"{r['publish_s']:10.2f} {r['tokens_per_step']:11.0f} {r['mismatch_kl_max']:12.1e}")
-    path = ROOT / "bench" / "results" / "rl_hf.json"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps({"steps": args.steps, "results": results, "time": time.strftime("%Y-%m-%d %H:%M")},
-                               indent=1))
-    print(f"wrote {path}")
+    save(ROOT / "bench" / "results" / "rl_hf.json",
+         {"steps": args.steps, "results": results, "time": time.strftime("%Y-%m-%d %H:%M")}, load)
     return 0
 
 

@@ -25,8 +25,6 @@ tokens/s counts every token of the batch (prompt + completion), the same figure 
 from __future__ import annotations
 
 import copy
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -38,6 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import load_average, save
 from rl.config import RunConfig
 from rl.hf import HFPolicy
 from rl.orchestrator import Batch, Sample
@@ -127,6 +126,7 @@ def main() -> None:
     import trl as trl_package
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    load = load_average()
     torch.set_num_threads(2)
     torch.manual_seed(0)
     inner = AutoModelForCausalLM.from_config(AutoConfig.for_model(**MODEL), attn_implementation="sdpa",
@@ -151,12 +151,10 @@ def main() -> None:
     for name, r in rows.items():
         print(f"{name:<18} {r['median_s']:>14.3f} {r['min_s']:>11.3f} {r['tokens_per_s']:>10,.0f}")
     print(f"ratio (ours / trl, tokens/s): {ratio:.2f} at the median step, {ratio_min:.2f} at the fastest")
-    out = ROOT / "bench" / "results" / "rl_vs_trl.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": MODEL, "params": params, "batch": BATCH, "group": GROUP, "prompt": PROMPT,
-                               "completion": COMPLETION, "tokens_per_step": tokens, "rows": rows, "ratio": ratio, "ratio_min": ratio_min,
-                               "trl": trl_package.__version__, "threads": 2, "nproc": os.cpu_count()}, indent=2) + "\n")
-    print(f"wrote {out}")
+    save(ROOT / "bench" / "results" / "rl_vs_trl.json",
+         {"model": MODEL, "params": params, "batch": BATCH, "group": GROUP, "prompt": PROMPT, "completion": COMPLETION,
+          "tokens_per_step": tokens, "rows": rows, "ratio": ratio, "ratio_min": ratio_min,
+          "trl": trl_package.__version__, "threads": 2}, load)
 
 
 if __name__ == "__main__":

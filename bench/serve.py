@@ -53,6 +53,7 @@ import httpx2  # noqa: E402
 from agent.config import Config  # noqa: E402
 from agent.prompt import system_prompt  # noqa: E402
 from bench.kernel import descendants, pss_kb  # noqa: E402
+from bench.report import load_average, save  # noqa: E402
 from evals.runner import prompt_of  # noqa: E402
 from evals.tasksets.kernel_tasks import KernelTasks  # noqa: E402
 from rl.models import ModelError, resolve  # noqa: E402
@@ -603,7 +604,7 @@ def main() -> int:
         else:
             names.append("vllm")
 
-    started, load = time.perf_counter(), os.getloadavg()
+    started, load = time.perf_counter(), load_average()
     results: dict[str, dict[str, Any]] = {}
     servers: list[Server] = []
     logs = Path(tempfile.mkdtemp(prefix="bench-serve-logs-"))
@@ -630,13 +631,9 @@ def main() -> int:
     print_table(results, args.concurrency, args.group, args.ttft_tokens)
     print(f"{'total bench time (s)':<44}{total:>16.1f}")
     print("2 shared cores: these figures are indicative; compare servers within one run only.")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
-        "servers": results, "notes": notes,
-        "args": {k: v for k, v in vars(args).items() if k != "out"},
-        "total_s": total, "nproc": os.cpu_count(), "loadavg_before": load,
-    }, indent=2, default=str) + "\n")
-    print(f"wrote {args.out} (server logs: bench/results/serve-*.log)")
+    save(args.out, {"servers": results, "notes": notes, "args": {k: v for k, v in vars(args).items() if k != "out"},
+                    "total_s": total}, load)
+    print("server logs: bench/results/serve-*.log")
     return 0 if any("figures" in r for r in results.values()) else 1
 
 

@@ -12,8 +12,6 @@ empty folder, and the rollback of the first import.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import statistics
 import sys
@@ -24,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import load_average, save  # noqa: E402
 from harness_store.skills import export_skills, import_skills, skill_folders  # noqa: E402
 from harness_store.store import HarnessStore, size_text  # noqa: E402
 from harness_store.view import HarnessView  # noqa: E402
@@ -90,14 +89,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "skills.json"))
     args = ap.parse_args()
+    load = load_average()
     results, (count, size) = measure(args.repeats)
     print(f"17 skills, {count} files, {size_text(size)}; median of {args.repeats} (ms)")
     for name, ms in results.items():
         print(f"{name:>20} {ms:>9.1f}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"results_ms": results, "files": count, "bytes": size, "repeats": args.repeats,
-                                          "nproc": os.cpu_count()}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    save(args.out, {"results_ms": results, "files": count, "bytes": size, "repeats": args.repeats}, load)
 
 
 if __name__ == "__main__":

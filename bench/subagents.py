@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -25,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 from agent.config import Config  # noqa: E402
 from agent.session import Session  # noqa: E402
 from agent.testing.scripted import ScriptedModel, cells  # noqa: E402
+from bench.report import load_average, save  # noqa: E402
 
 
 def model(parent_code: str, first_calls: list[float]) -> ScriptedModel:
@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--children", type=int, default=16)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "subagents.json"))
     args = ap.parse_args()
+    load = load_average()
     os.environ["PRIME_AGENT_HOME"] = tempfile.mkdtemp()
     latency = asyncio.run(spawn_latency(args.repeats))
     wall = asyncio.run(fan_out(args.children))
@@ -78,9 +79,7 @@ def main() -> None:
     print(f"{'rlm() to child first model call, p50 (s)':<44} {figures['spawn_to_first_call_p50_s']:>8.3f}")
     print(f"{'rlm() to child first model call, max (s)':<44} {figures['spawn_to_first_call_max_s']:>8.3f}")
     print(f"{f'{args.children} children, one trivial cell each, wall (s)':<44} {wall:>8.3f}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"figures": figures, "nproc": os.cpu_count(), "kernel_pool": False}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    save(args.out, {"figures": figures, "kernel_pool": False}, load)
 
 
 if __name__ == "__main__":

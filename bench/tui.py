@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.report import load_average, save  # noqa: E402
 
 
 async def build(client, project: Path, base_url: str, events: int) -> tuple[str, int]:
@@ -92,10 +93,8 @@ if __name__ == "__main__":
     p.add_argument("--events", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
+    load = load_average()
     figures = asyncio.run(main(args))
     for key, value in figures.items():
         print(f"{key:<32} {value:>10.3f}")
-    out = ROOT / "bench" / "results" / "tui.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2))
-    print(f"wrote {out}")
+    save(ROOT / "bench" / "results" / "tui.json", figures, load)

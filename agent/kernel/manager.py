@@ -197,10 +197,11 @@ _Started = tuple[_Manager, Any]
 class KernelPool:
     """Kernels started ahead of time, so that a new session does not wait for a kernel to boot.
 
-    A pooled kernel is a bare ipykernel in the sandbox every kernel starts in (agent/kernel/sandbox.py);
-    `Kernel.start` makes it a session's own (its sandbox's view, working directory, environment,
-    runtime bootstrap) before the session's first cell, in ~25 ms instead of ~0.6 s. It goes only to
-    a session that would have launched its own the same way (`launch`: mode, network, limits, environment).
+    A pooled kernel is a bare ipykernel in the sandbox every kernel starts in (agent/kernel/sandbox.py),
+    the other homes of this user already covered (`Box.cover_others`); `Kernel.start` makes it a
+    session's own (its sandbox's view, working directory, environment, runtime bootstrap) before the
+    session's first cell, in ~25 ms instead of ~0.6 s. It goes only to a session that would have
+    launched its own the same way (`launch`: mode, network, limits, environment).
     """
 
     def __init__(self, size: int, config: KernelConfig, launch: Launch):
@@ -224,7 +225,8 @@ class KernelPool:
         try:
             await km.start_kernel()
             kc = _open_client(km)
-            await _handshake(km, kc, self.config.startup_timeout)
+            await asyncio.gather(_handshake(km, kc, self.config.startup_timeout),
+                                 km.box.cover_others(km.provisioner.process.pid))
         except BaseException:
             await _stop((km, kc), wait=0)  # it failed to start: nothing in it to shut down cleanly
             raise
@@ -413,8 +415,9 @@ class Kernel:
         await _handshake(self._km, self._kc, self.config.startup_timeout)
 
     async def _bootstrap(self) -> None:
-        prelude = f"import os as _os; _os.chdir({str(self.cwd)!r}); _os.environ.update({self.env!r}); del _os"
-        for code in [prelude, f"import agent.kernel.runtime as _pa; _pa.bootstrap(globals(), {self.config.output_spill}); del _pa", *self.setup]:
+        prelude = (f"import os as _os; _os.chdir({str(self.cwd)!r}); _os.environ.update({self.env!r}); del _os\n"
+                   f"import agent.kernel.runtime as _pa; _pa.bootstrap(globals(), {self.config.output_spill}); del _pa")
+        for code in [prelude, *self.setup]:  # one round trip, and one for each piece of setup
             boot = await self._run(code, None, None)
             if boot.error_name:
                 raise KernelError(f"kernel bootstrap failed: {boot.error_name}: {boot.error_value}\n{boot.traceback}")

@@ -37,12 +37,13 @@ import struct
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.config import SandboxConfig, SandboxMode, home
 from agent.layout import SessionLayout
+from agent.kernel.mounts import CLONE_NEWUSER, Mount, MountError, apply_mounts, mount_points
 from agent.kernel.reaper import ProcessTree, collect_cgroups, host_tag, made_by_a_gone_host
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,6 @@ def kernel_env(environ: dict[str, str] | os._Environ, config: SandboxConfig) -> 
 
 # --- the seccomp filter ---------------------------------------------------------------------------
 
-CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 DENIED = {  # name: (x86_64, aarch64); the new mount API (open_tree ... mount_setattr) has one number everywhere
     "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "keyctl": (250, 219),
@@ -339,10 +339,11 @@ class View:
         if self.mode != "workspace-write":
             return []
         w, out = self.workspace, {}
-        protected = (*self.read_only, *self.hidden)
-        there = [p for p in protected if os.path.lexists(p)]
-        for p in protected:
-            if w not in p.parents or any(c in p.parents for c in there):
+        # only paths inside the workspace need one, and only they and its ancestors can stand above them
+        near = [p for p in (*self.read_only, *self.hidden) if _within(p, w) or _within(w, p)]
+        there = [p for p in near if os.path.lexists(p)]
+        for p in near:
+            if p == w or not _within(p, w) or any(c != p and _within(p, c) for c in there):
                 continue
             # the first absent component; none any more where another kernel's placeholder appeared
             # meanwhile (sessions starting at once): p, to share (a StopIteration here hung the start)
@@ -351,10 +352,11 @@ class View:
             out[first] = first != p or p not in self.hidden or p in self.store_dirs
         return list(out.items())
 
-    def mounts(self, stage: Path) -> list[Mount]:
+    def mounts(self, stage: Path, covered: frozenset[str] = frozenset()) -> list[Mount]:
         """The mounts (made in the kernel's namespaces) that make this view; order matters: each
         later one lies on top of the earlier ones. `stage`: an empty directory the sandbox shows,
-        where what shows through a cover waits while the cover is made."""
+        where what shows through a cover waits while the cover is made. `covered`: hidden paths
+        covered in these namespaces already (`Box.cover_others`); a recursive bind over one keeps it."""
         ops: list[Mount] = []
         w = self.workspace
         if self.mode == "workspace-write":
@@ -376,14 +378,21 @@ class View:
             for p in self.writable:
                 if p.is_dir():
                     ops += [("bind", str(p), str(p)), ("remount", str(p), "rw")]
-        for p in self.hidden:
-            if p.is_dir():
-                ops.append(("tmpfs", str(p), "ro"))
-            elif p.exists():
-                ops.append(("file", "/dev/null", str(p)))
+        ops += _covers(p for p in self.hidden if str(p) not in covered)
         if self.frozen:  # on top of all the rest, which the recursive bind keeps as it is beneath
             ops += [("bind", str(w), str(w)), ("remount", str(w), "ro")]
         return ops
+
+
+def _covers(paths: Iterable[Path]) -> list[Mount]:
+    """Each of `paths` that exists covered: a directory by an empty read-only tmpfs, a file by /dev/null."""
+    ops: list[Mount] = []
+    for p in paths:
+        if p.is_dir():
+            ops.append(("tmpfs", str(p), "ro"))
+        elif p.exists():
+            ops.append(("file", "/dev/null", str(p)))
+    return ops
 
 
 def _cover(target: Path, shown: list[Path], stage: Path, rw: Path | None = None) -> list[Mount]:
@@ -406,89 +415,33 @@ def _others(root: Path, needed: list[Path]) -> list[Path]:
     """What of the other homes of this user (and the kernels' directories of every home) a kernel
     under `root` must not see: a home whole, or where it holds what the kernel needs (`needed`: its
     workspace...), its run/, config.toml, checkpoints/ and sessions/."""
+    # What holds a needed path is one of its ancestors: looked up in a set, not by walking `parents`
+    # (with a thousand homes registered, that walk made a session's view take 0.4 s).
+    holds = {str(a) for n in needed for a in (n, *n.parents)}
     own_tmp, out = private_root(), []
     for other, tmp in registered_homes():
         if other != root:
-            if any(other == n or other in n.parents for n in needed):
+            if str(other) in holds:
                 out += [other / "run", other / "config.toml", other / "checkpoints", other / "sessions"]
             else:
                 out.append(other)
         out.append(tmp)
     out.append(user_base())
-    return [p for p in out if p != own_tmp and not any(p == n or p in n.parents for n in (*needed, own_tmp))]
+    holds.update(str(a) for a in (own_tmp, *own_tmp.parents))
+    return [p for p in dict.fromkeys(out) if str(p) not in holds]
 
 
-Mount = tuple[str, str, str]
-"""(bind, source, target) | (remount, target, ro|rw) | (tmpfs, target, ro|rw) | (move, source, target)
-| (file, source, target): a bind of one file | (mkdir, path, ""): a mount point in a cover being made."""
-MS_RDONLY, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC = 1, 32, 4096, 8192, 16384
+def _within(path: Path, directory: Path) -> bool:
+    """`path` is `directory` or lies under it (both absolute and resolved)."""
+    p, d = str(path), str(directory)
+    return p == d or p.startswith(d if d.endswith("/") else d + "/")
 
 
-def _mount_all(target: int, ops: list[Mount]) -> str:
-    """In a forked child of the host: enter the user and mount namespaces of process `target` (as
-    their owner, with every capability there) and make `ops`; what failed, or "". The namespaces are
-    opened here, not in the host: a descriptor the host opened could be closed and its number reused
-    by another of the host's threads before the fork."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def check(rc: int, what: str) -> None:
-        if rc != 0:
-            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
-
+async def _mount(target: int, ops: list[Mount]) -> None:
     try:
-        user_ns, mount_ns = (os.open(f"/proc/{target}/ns/{ns}", os.O_RDONLY) for ns in ("user", "mnt"))
-        check(libc.setns(user_ns, CLONE_NEWUSER), "entering the kernel's user namespace")
-        check(libc.setns(mount_ns, CLONE_NEWNS), "entering the kernel's mount namespace")
-        for op, a, b in ops:
-            if op in ("bind", "file"):
-                flags = MS_BIND | (MS_REC if op == "bind" else 0)
-                check(libc.mount(a.encode(), b.encode(), None, flags, None), f"bind {a} on {b}")
-            elif op == "remount":
-                flags = MS_REMOUNT | MS_BIND | (MS_RDONLY if b == "ro" else 0)
-                check(libc.mount(None, a.encode(), None, flags, None), f"remount {a} {b}")
-            elif op == "tmpfs":
-                flags = MS_RDONLY if b == "ro" else 0
-                check(libc.mount(b"prime-agent", a.encode(), b"tmpfs", flags, b"mode=0755,size=1m"), f"cover {a}")
-            elif op == "move":
-                os.makedirs(b, exist_ok=True)
-                check(libc.mount(a.encode(), b.encode(), None, MS_MOVE, None), f"move {a} to {b}")
-            elif op == "mkdir":
-                os.makedirs(a, exist_ok=True)
-    except OSError as e:
-        return str(e.strerror or e)
-    return ""
-
-
-async def apply_mounts(target: int, ops: list[Mount]) -> None:
-    """Make `ops` in the namespaces of process `target`. A fork of this process does it, which
-    needs no exec (util-linux's nsenter and mount took 8 ms idle and 20-60 ms on a loaded machine,
-    a fork ~1 ms): the child only enters the namespaces, calls mount(2) and exits."""
-    r, w = os.pipe()
-    try:
-        pid = os.fork()
-        if pid == 0:  # the child: nothing here may touch what the parent's other threads hold
-            try:
-                os.write(w, _mount_all(target, ops).encode() or b"ok")
-            finally:
-                os._exit(0)
-    finally:
-        os.close(w)
-    try:
-        out = await asyncio.get_running_loop().run_in_executor(None, _read_to_end, r)
-    finally:
-        os.close(r)
-        await asyncio.get_running_loop().run_in_executor(None, os.waitpid, pid, 0)
-    if out != "ok":
-        raise SandboxError(f"the kernel's sandbox could not be set up: {out or 'its helper died'}")
-
-
-def _read_to_end(fd: int) -> str:
-    chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
-    return b"".join(chunks).decode(errors="replace")
+        await apply_mounts(target, ops)
+    except MountError as e:
+        raise SandboxError(str(e)) from None
 
 
 # --- one kernel's box -------------------------------------------------------------------------------
@@ -556,20 +509,29 @@ def _register(root: str, tmp: str) -> None:
             part.replace(entry)
 
 
+_ENTRIES: dict[str, tuple[Path, Path]] = {}
+"""The registry's entries read so far, by name: an entry is named by its content's hash and put in
+place whole (a rename), so a name always holds the same (home, kernels' directory)."""
+
+
 def registered_homes() -> list[tuple[Path, Path]]:
     """Every (home, kernels' directory) some host of this user registered, but those whose home is gone."""
-    out = []
+    out, registry = [], user_base() / "homes"
     with contextlib.suppress(OSError):
-        for entry in (user_base() / "homes").glob("[!.]*"):
-            try:
-                data = json.loads(entry.read_text())
-                root, tmp = Path(data["home"]), Path(data["tmp"])
-            except (OSError, ValueError, KeyError, TypeError):
+        for name in os.listdir(registry):
+            if name.startswith("."):  # one being written
                 continue
-            if root.is_dir():
+            if name not in _ENTRIES:
+                try:
+                    data = json.loads((registry / name).read_text())
+                    _ENTRIES[name] = Path(data["home"]), Path(data["tmp"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+            root, tmp = _ENTRIES[name]
+            if os.path.isdir(root):
                 out.append((root, tmp))
             else:
-                entry.unlink(missing_ok=True)
+                (registry / name).unlink(missing_ok=True)
     return out
 
 
@@ -672,6 +634,8 @@ class Box:
         """The placeholders this box holds (`hold_placeholder`), released when it closes."""
         self.target: int | None = None
         """The sandboxed process whose namespaces `confine` set up (the kernel's)."""
+        self.covered: frozenset[str] = frozenset()
+        """What `cover_others` covered in the namespaces of `target` before a session took the kernel."""
         self._seccomp: int | None = None
         """The read end of a pipe holding the seccomp filter, for bubblewrap's `--seccomp FD`."""
         self._lifeline: tuple[int, int] | None = None
@@ -728,6 +692,7 @@ class Box:
         """`argv` (the kernel) wrapped: joined to its limit cgroups, rlimits set, then bubblewrap."""
         if self.groups is not None:
             self.groups.remove()
+        self.covered = frozenset()  # a restart: new namespaces, where `confine` applies the whole view
         self._cut_lifeline()  # a restart: the old kernel's
         self._lifeline = os.pipe()  # the launch passes the kernel `read` (pass_fds); `write` stays here
         limits = self.launch.limits
@@ -754,6 +719,21 @@ class Box:
         ]
         return [*prefix, *box, "--", *argv]
 
+    async def cover_others(self, pid: int) -> None:
+        """Before any session takes this kernel (a pooled one): cover the other homes of this user
+        (`_others`), what every session of this process hides unless its workspace lies in one. With
+        a thousand homes registered (tests leave theirs) these covers took most of a session's start
+        from the pool (~130 ms on two loaded cores); `confine` lifts the few its view keeps visible,
+        and covers the homes registered since and any cover no longer standing (a home removed and
+        made again)."""
+        if not self.launch.confined:
+            return
+        target = self.target = await _sandboxed_child(pid)
+        root = home().resolve()
+        ops = await asyncio.get_running_loop().run_in_executor(None, lambda: _covers(_others(root, [root])))
+        await _mount(target, ops)
+        self.covered = frozenset(b if op == "file" else a for op, a, b in ops)
+
     async def confine(self, pid: int, view: View) -> None:
         """Apply `view` to the namespaces of the kernel whose launcher is `pid` (the process
         jupyter_client started); before any of the session's code runs in it."""
@@ -763,18 +743,20 @@ class Box:
         stage = self.dir / ".stage"
         try:
             ops = await asyncio.get_running_loop().run_in_executor(None, self._prepare, view, stage)
-            await apply_mounts(target, ops)
+            await _mount(target, ops)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
+        self.covered = frozenset()
 
     async def thaw(self, view: View) -> None:
         """Make a frozen view's workspace writable again (plan mode approved), in the running kernel:
         its top read-only bind is remounted read-write; what lies beneath stays as it was."""
         if self.launch.confined and view.frozen and self.target is not None:
-            await apply_mounts(self.target, [("remount", str(view.workspace), "rw")])
+            await _mount(self.target, [("remount", str(view.workspace), "rw")])
 
     def _prepare(self, view: View, stage: Path) -> list[Mount]:
-        """The placeholders `view` needs, held; then its mounts."""
+        """The placeholders `view` needs, held; then its mounts, after lifting the covers made ahead
+        (`cover_others`) that it does not keep."""
         owner = f"{host_tag()}-{self.token}"
         for path, directory in view.placeholders():
             try:
@@ -782,7 +764,12 @@ class Box:
                     self.placeholders.append(path)
             except OSError as e:
                 raise SandboxError(f"the kernel's sandbox could not cover {path}: {e.strerror or e}") from None
-        return view.mounts(stage)
+        try:
+            covered = self.covered & mount_points(self.target) if self.covered and self.target else frozenset()
+        except OSError as e:
+            raise SandboxError(f"the kernel's mounts could not be read: {e.strerror or e}") from None
+        hidden = {str(p) for p in view.hidden}
+        return [*(("detach", p, "") for p in covered - hidden), *view.mounts(stage, covered & hidden)]
 
     def hits(self) -> list[str]:
         return self.groups.hits() if self.groups is not None else []

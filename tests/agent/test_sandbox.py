@@ -441,6 +441,53 @@ async def test_no_kernel_reads_the_homes_keys_checkpoints_or_another_homes_daemo
     assert whole.stdout.strip() == "", whole  # nowhere on the machine the kernel can read
 
 
+async def test_pooled_kernels_cover_other_homes_ahead_and_a_session_inside_one_still_works_there(
+        tmp_path: Path, prime_home: Path, monkeypatch):
+    """The pool covers the other homes of this user before any session takes a kernel. A session then
+    reads none of them: one registered before the kernel started, one after, one removed and made
+    again since (its first cover went with it); and a session whose workspace lies inside another
+    home works there, that home's secrets still covered."""
+    from agent.kernel import KernelPool
+    from agent.kernel.sandbox import Launch, register_home
+
+    def register(name: str) -> Path:
+        home = tmp_path / name
+        home.mkdir()
+        (home / "config.toml").write_text(f"secret of {name}")
+        monkeypatch.setenv("PRIME_AGENT_HOME", str(home))
+        register_home()
+        monkeypatch.setenv("PRIME_AGENT_HOME", str(prime_home))  # what the pool and the sessions run under
+        return home
+
+    before, again = register("before"), register("again")
+    (before / "work").mkdir()
+    project = tmp_path / "project"
+    project.mkdir()
+    config = make_config()
+    pool = KernelPool(2, config.kernel, Launch.of(config.sandbox))
+    pool.fill()
+    try:
+        pooled = [km for km, _ in await asyncio.gather(*pool._starting)]
+        assert all(str(before) in km.box.covered and str(again) in km.box.covered for km in pooled)
+        shutil.rmtree(again)
+        again.mkdir()
+        (again / "config.toml").write_text("secret of again")
+        register("after")
+        reads = "".join(f"attempt({n!r}, lambda: open({str(tmp_path / n / 'config.toml')!r}).read().index('secret'))\n"
+                        for n in ("before", "again", "after"))  # a file covered reads empty
+        write = "attempt('work', lambda: open('notes.txt', 'w').write('x'))\n"
+        async with Session(config, ScriptedModel([]), cwd=project, kernel_pool=pool) as s, \
+                Session(config, ScriptedModel([]), cwd=before / "work", kernel_pool=pool) as inside:
+            assert {s.kernel._km, inside.kernel._km} == set(pooled)  # both from the pool
+            got = outcomes((await run(s, TRY + reads)).stdout)
+            there = outcomes((await run(inside, TRY + reads + write)).stdout)
+    finally:
+        await pool.close()
+    assert set(got) == {"before", "again", "after"} and all(v != "ok" for v in got.values()), got
+    assert there.pop("work") == "ok" and set(there) == set(got) and all(v != "ok" for v in there.values()), there
+    assert (before / "work" / "notes.txt").read_text() == "x"
+
+
 async def test_secret_looking_variables_and_urls_with_passwords_do_not_reach_a_kernel(project: Path, monkeypatch):
     secrets_ = {"DATABASE_URL": "postgres://app:hunter2@db:5432/x", "MYSQL_PWD": "pw-1", "GH_PAT": "pat-2",
                 "SENTRY_DSN": "https://abc@o1.ingest.sentry.io/1", "NPM_AUTH": "auth-3", "CI_JOB_JWT": "jwt-4",
