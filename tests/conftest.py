@@ -4,21 +4,40 @@ real SmolLM2-135M-Instruct, pulled once per test run."""
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.config import ENV_VARS, Config, home
+from agent.kernel.sandbox import forget_home
 from agent.trust import TrustStore
 
 
+FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+    report = yield
+    if report.failed:
+        item.stash[FAILED] = True
+    return report
+
+
 @pytest.fixture(autouse=True)
-def prime_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def prime_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[Path]:
     home = tmp_path / "home"
     monkeypatch.setenv("PRIME_AGENT_HOME", str(home))
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
-    return home
+    yield home
+    if not request.node.stash.get(FAILED, False):  # a failed test's home is kept to read (and stays registered)
+        # Removed, as a person removes a home: every kernel started later covers each registered home
+        # (a registry that only grows makes every start slower), and one no longer registered must be gone.
+        shutil.rmtree(home, ignore_errors=True)
+        forget_home(home)
 
 
 @pytest.fixture(scope="session")

@@ -509,6 +509,20 @@ def _register(root: str, tmp: str) -> None:
             part.replace(entry)
 
 
+def forget_home(root: Path) -> None:
+    """Take `root` out of the user's registry of homes (a home being removed, or a test's at its end:
+    every kernel started later covers each registered home, so a registry that only grows makes every
+    start slower)."""
+    root = root.resolve()
+    registered_homes()  # every entry read (and kept in _ENTRIES)
+    for name, (other, _tmp) in list(_ENTRIES.items()):
+        if other == root:
+            with contextlib.suppress(OSError):
+                (user_base() / "homes" / name).unlink(missing_ok=True)
+            del _ENTRIES[name]
+    _register.cache_clear()
+
+
 _ENTRIES: dict[str, tuple[Path, Path]] = {}
 """The registry's entries read so far, by name: an entry is named by its content's hash and put in
 place whole (a rename), so a name always holds the same (home, kernels' directory)."""
