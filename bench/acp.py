@@ -24,14 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import re
-import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +40,8 @@ import acp  # noqa: E402
 from acp import schema as s  # noqa: E402
 
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
-from bench.daemon import Daemon, Follower, processes_of, status_round_trip  # noqa: E402
+from bench.daemon import Daemon, Follower, in_a_home, status_round_trip  # noqa: E402
+from bench.report import load_average, save  # noqa: E402
 from bench.kernel import pct, print_table  # noqa: E402
 from daemon.client import Client  # noqa: E402
 
@@ -206,31 +204,12 @@ def main() -> None:
         "model_requests": ("model requests served (as many as the turns make)", None),
     }
 
-    load_before = os.getloadavg()
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in load_before)}", file=sys.stderr)
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-acp-") as tmp:
-        os.environ["PRIME_AGENT_HOME"] = tmp
-        try:
-            figures = asyncio.run(run(args, Path(tmp)))
-        finally:
-            left = processes_of(tmp)
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if left:
-                print(f"killed processes left behind: {left}", file=sys.stderr)
+    started, load = time.perf_counter(), load_average()
+    figures = in_a_home("bench-acp-", lambda home: run(args, home))
     total = time.perf_counter() - started
-    load_after = os.getloadavg()
-
     print_table(figures, targets, total)
-    print(f"load average: before {' '.join(f'{x:.2f}' for x in load_before)}, "
-          f"after {' '.join(f'{x:.2f}' for x in load_after)} ({os.cpu_count()} cpus)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
-        "figures": figures, "args": {k: v for k, v in vars(args).items() if k != "out"}, "total_s": total,
-        "nproc": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    save(args.out, {"figures": figures, "args": {k: v for k, v in vars(args).items() if k != "out"}, "total_s": total},
+         load)
 
 
 if __name__ == "__main__":

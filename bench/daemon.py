@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,22 @@ def agent_script(request: dict[str, Any]) -> Reply:
     if m := re.search(r"run: (.*)", prompt, re.DOTALL):
         return Reply(code=[m.group(1)])
     return Reply(content="echo: " + prompt.rsplit("\n\n", 1)[-1])
+
+
+def in_a_home(prefix: str, main: Callable[[Path], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """`main(home)` run under a temporary $PRIME_AGENT_HOME (set before anything starts); whatever it
+    left running there is killed, and said."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        os.environ["PRIME_AGENT_HOME"] = tmp
+        try:
+            return asyncio.run(main(Path(tmp)))
+        finally:
+            left = processes_of(tmp)
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if left:
+                print(f"killed processes left behind: {left}", file=sys.stderr)
 
 
 def processes_of(home: str) -> list[int]:
@@ -453,17 +470,7 @@ def main() -> None:
     TARGETS["daemon_pss_mb"] = (f"memory: daemon PSS, {args.idle} idle sessions (MB)", None)
 
     started, load = time.perf_counter(), load_average()
-    with tempfile.TemporaryDirectory(prefix="bench-daemon-") as tmp:
-        os.environ["PRIME_AGENT_HOME"] = tmp  # before anything starts; each part moves it to its own home
-        try:
-            figures = asyncio.run(run(args, Path(tmp)))
-        finally:
-            left = processes_of(tmp)
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if left:
-                print(f"killed processes left behind: {left}", file=sys.stderr)
+    figures = in_a_home("bench-daemon-", lambda home: run(args, home))  # each part moves to a home of its own
     total = time.perf_counter() - started
 
     print_table(figures, TARGETS, total)
