@@ -39,7 +39,7 @@ from tui.widgets.plan_card import PlanCard
 from tui.widgets.cell_view import SubagentRow
 from tui.widgets.command_menu import CommandMenu
 from tui.widgets.conversation import Conversation
-from tui.widgets.file_menu import FileMenu
+from tui.widgets.file_menu import FileMenu, attach
 from tui.widgets.message import Notice, UserMessage
 from tui.widgets.prompt_input import PromptInput
 from tui.widgets.refinement_card import RefinementCard
@@ -347,7 +347,7 @@ class PrimeApp(App):
         conversation = self.conversation
         conversation.scroll_end(animate=False)  # what you send, and its answer, are what you want to see
         try:
-            accepted = await self.client.send(self.session_id, text, mode)
+            accepted = await self.client.send(self.session_id, attach(text, self.cwd), mode)
         except DaemonError as e:
             await self.say(f"not sent: {e.message}", "error")
             return

@@ -17,7 +17,7 @@ from tui.app import NewSession, PrimeApp
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.sessions import SessionsScreen
 from tui.widgets.cell_view import CellView
-from tui.widgets.file_menu import FileMenu
+from tui.widgets.file_menu import FileMenu, attach
 from tui.widgets.message import AssistantMessage, Notice, UserMessage
 from tui.widgets.status_bar import StatusBar
 from tui.widgets.welcome import Welcome
@@ -228,9 +228,32 @@ async def test_an_at_mention_completes_a_path_of_the_project(daemon: Client, pro
         await pilot.press("tab")
         assert app.query_one("#prompt").text == "look at @src/parser.py and @src/printer.py "
         assert not menu.display and (await daemon.session(app.session_id)).turns == 0
-        await pilot.press("enter")  # no menu open: Enter sends, the paths as typed
-        await until(pilot, lambda: any("echo: look at @src/parser.py and @src/printer.py" in m.text
-                                       for m in app.query(AssistantMessage)))
+        await pilot.press("enter")  # no menu open: Enter sends, the paths as typed and each file's content
+
+        def sent() -> str:  # the prompt as the model got it
+            asked = [r["messages"][-1]["content"] for r in model_server.requests if r["messages"][-1]["role"] == "user"]
+            return asked[-1] if asked else ""
+
+        await until(pilot, lambda: "look at @src/parser.py and @src/printer.py" in sent())
+        assert "[@src/parser.py]\n```\nx = 1\n```" in sent() and "[@src/printer.py]\n```\n\n```" in sent()
+
+
+def test_a_mention_sends_a_file_of_the_project_and_never_one_a_link_leads_out_to(tmp_path: Path):
+    root, secret = tmp_path / "project", tmp_path / "id_rsa"
+    root.mkdir()
+    secret.write_text("PRIVATE KEY")
+    (root / "notes.md").write_text("the plan\n")
+    (root / "key").symlink_to(secret)  # links the kernel could have made
+    (root / "sub").symlink_to(tmp_path)
+    (root / "big.log").write_text("x" * 70_000)
+    (root / "blob.bin").write_bytes(b"a\0b")
+    sent = attach("see @notes.md, @key and @sub/id_rsa; @big.log @blob.bin @missing.py me@example.com", root)
+    assert "PRIVATE KEY" not in sent
+    assert sent.split("\n\n")[1:] == [
+        "[@notes.md]\n```\nthe plan\n```", "[@key: a link, not attached]",
+        "[@sub/id_rsa: not a file of the project, not attached]", "[@big.log: 70,000 bytes, not attached]",
+        "[@blob.bin: binary, not attached]"]
+    assert attach("no mention here", root) == "no mention here"
 
 
 async def test_ctrl_r_finds_a_prompt_sent_before_and_puts_it_in_the_prompt(daemon: Client, project: Path,

@@ -1,9 +1,13 @@
 """The menu that completes an `@` mention with a file of the project: shown while the word at the
-cursor starts with `@`; Tab or Enter puts the highlighted path in its place."""
+cursor starts with `@`; Tab or Enter puts the highlighted path in its place. On sending, each file
+mentioned goes with the message (`attach`)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import stat
 from pathlib import Path
 
 from rich.text import Text
@@ -55,3 +59,38 @@ def rank(files: list[str], word: str) -> list[str]:
     hits = [f for f in files if q in f.lower()]
     return sorted(hits, key=lambda f: (not f.rsplit("/", 1)[-1].lower().startswith(q), not f.lower().startswith(q),
                                        f.count("/"), len(f)))
+
+
+ATTACHED_BYTES = 64 * 1024
+"""A mentioned file larger than this is named, not attached (the model can read it from its kernel)."""
+MENTION = re.compile(r"(?<!\S)@([^\s@`'\"]*[^\s@`'\".,;:!?)])")
+
+
+def attach(text: str, root: Path) -> str:
+    """`text` with each project file it mentions (`@path`) after it: its content, or why not. Only
+    regular files that really lie in `root` are read: the kernel writes there, and a link it made to
+    a file outside (a key in the person's home) must not send that file to the model."""
+    blocks = [block for rel in dict.fromkeys(MENTION.findall(text)) if (block := _block(root, rel))]
+    return "\n\n".join([text, *blocks])
+
+
+def _block(root: Path, rel: str) -> str | None:
+    """File `rel` of `root` as it goes with a message; None when it names no file there."""
+    real_root = os.path.realpath(root)
+    try:
+        fd = os.open(os.path.join(real_root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:  # a link as the last step is not followed (a kernel could have made it)
+        return f"[@{rel}: a link, not attached]" if e.errno == errno.ELOOP else None
+    try:
+        opened = os.readlink(f"/proc/self/fd/{fd}")  # where the path led, through any links on the way
+        st = os.fstat(fd)
+        if os.path.commonpath([opened, real_root]) != real_root or not stat.S_ISREG(st.st_mode):
+            return f"[@{rel}: not a file of the project, not attached]"
+        if st.st_size > ATTACHED_BYTES:
+            return f"[@{rel}: {st.st_size:,} bytes, not attached]"
+        data = os.read(fd, ATTACHED_BYTES + 1)
+    finally:
+        os.close(fd)
+    if b"\0" in data:
+        return f"[@{rel}: binary, not attached]"
+    return f"[@{rel}]\n```\n{data.decode(errors='replace').rstrip()}\n```"
