@@ -32,6 +32,8 @@ class FilesRow(Static):
     def action_toggle(self) -> None:
         self.expanded = not self.expanded
         self._show()
+        if self.expanded:  # the lines it opened are what the person wants to read
+            self.call_after_refresh(self.scroll_visible, animate=False)
 
     def on_click(self, event: events.Click) -> None:
         event.stop()  # not a click on the cell around it
