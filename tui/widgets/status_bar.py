@@ -68,8 +68,8 @@ class StatusBar(Static):
         (yellow, red past 80%)."""
         if not self.context_window:
             return ""
-        if not self.context_used:
-            return f" · ctx 0/{_k(self.context_window)}"
+        if not self.context_used:  # not known until a model call ends (the prompt alone is not nothing)
+            return f" · ctx -/{_k(self.context_window)}"
         share = self.context_used / self.context_window
         style = "bold red" if share > 0.8 else "yellow" if share > 0.5 else ""
         loud = f" {share:.0%}" if share > 0.5 else ""
