@@ -443,7 +443,17 @@ async def measure(server: Server, args, model_dir: Path | None) -> dict[str, Any
             if figures is not None:
                 out[key] = figures
     out["pss_mb"] = server_pss_mb(server)
+    out["memory_mb"] = await reported_memory(server)
     return out
+
+
+async def reported_memory(server: Server) -> dict[str, float] | None:
+    """The memory breakdown the server reports in GET /v1/models (ours does), in MB; None if it says none."""
+    with contextlib.suppress(httpx2.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        async with httpx2.AsyncClient(timeout=30) as client:
+            memory = (await client.get(f"{server.base_url}/models")).json()["data"][0]["memory"]
+            return {k: v / 2**20 for k, v in memory.items()}
+    return None
 
 
 # --- the table --------------------------------------------------------------------------------
@@ -465,6 +475,8 @@ def rows(levels: list[int], group: int, ttft_tokens: int) -> list[tuple[str, str
         ("  prompt tokens each / shared head", "group_as_sent.prompt_tokens_each|group_as_sent.shared_head_tokens",
          "{:.0f}"),
         ("server memory after, PSS (MB)", "pss_mb", "{:.0f}"),
+        ("  weights / kv cache / prefix cache / other", "memory_mb.weights|memory_mb.kv_cache|memory_mb.prefix_cache|"
+                                                        "memory_mb.other", "{:.0f}"),
     ]
 
 
@@ -571,6 +583,8 @@ def main() -> int:
     ap.add_argument("--url", action="append", default=[], help="measure a running OpenAI-compatible server")
     ap.add_argument("--served-model", help="the model id to ask a --url server for (default: its first listed)")
     ap.add_argument("--build-vllm", action="store_true", help="build .venv-vllm first (then run any server named)")
+    ap.add_argument("--order", choices=("ours,vllm", "vllm,ours"), default="ours,vllm",
+                    help="which server goes first (run both orders: the machine's load drifts)")
     ap.add_argument("--model", default=DEFAULT_MODEL, help="an installed model's name or an HF directory")
     ap.add_argument("--vllm-venv", type=Path, default=VLLM_VENV, help="the venv vLLM runs from (--build-vllm builds it)")
     ap.add_argument("--vllm-dtype", default="float32", help="vLLM's --dtype (ours serves fp32 by default)")
@@ -593,15 +607,14 @@ def main() -> int:
             return 1
     if args.build_vllm and not (args.ours or args.vllm or args.url):
         return 0
-    names = (["ours"] if args.ours else []) + (["vllm"] if args.vllm else []) + args.url
+    names = [n for n in args.order.split(",") if getattr(args, n, False)] + args.url
     notes = []
     if not names:
-        names = ["ours"]
+        names = args.order.split(",")
         if why := vllm_ready(args.vllm_venv):
             notes.append(f"vLLM not run: {why}")
             print(notes[-1])
-        else:
-            names.append("vllm")
+            names.remove("vllm")
 
     started, load = time.perf_counter(), os.getloadavg()
     results: dict[str, dict[str, Any]] = {}
@@ -629,12 +642,14 @@ def main() -> int:
 
     print_table(results, args.concurrency, args.group, args.ttft_tokens)
     print(f"{'total bench time (s)':<44}{total:>16.1f}")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in load)}; after: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} cores)")
     print("2 shared cores: these figures are indicative; compare servers within one run only.")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
         "servers": results, "notes": notes,
         "args": {k: v for k, v in vars(args).items() if k != "out"},
-        "total_s": total, "nproc": os.cpu_count(), "loadavg_before": load,
+        "total_s": total, "nproc": os.cpu_count(), "loadavg_before": load, "loadavg_after": os.getloadavg(),
     }, indent=2, default=str) + "\n")
     print(f"wrote {args.out} (server logs: bench/results/serve-*.log)")
     return 0 if any("figures" in r for r in results.values()) else 1
