@@ -103,11 +103,10 @@ class Decoder:
                         b(m + "gate_proj.bias", m + "up_proj.bias"), self.batch),
                 _Linear(w(m + "down_proj.weight"), b(m + "down_proj.bias"), self.batch),
             ))
-            state = {k: v for k, v in state.items() if not k.startswith(p)} if isinstance(state, dict) else state
         self.layers = layers
         self.embed = w(self.embed_key).clone()
         self.norm = w("model.norm.weight").clone()
-        self.head = _Linear(state.get(self.head_key, self.embed) if not self.tied else self.embed, None, 4 * self.batch)
+        self.head = _Linear(self.embed if self.tied else w(self.head_key), None, self.batch)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The weights under transformers' names, dense (a LoRA adapter is merged into them)."""
