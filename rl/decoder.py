@@ -80,6 +80,8 @@ class Decoder:
         model.model.layers = nn.ModuleList()
         model.model.embed_tokens.weight = nn.Parameter(torch.empty(0), requires_grad=False)
         model.get_output_embeddings().weight = nn.Parameter(torch.empty(0), requires_grad=False)
+        for t in [*model.parameters(), *model.buffers()]:  # the final norm's: the weights may be views of
+            t.data = t.data.clone()  # a memory-mapped file, which stays mapped (resident) while any is alive
 
     def load(self, state: dict[str, torch.Tensor]) -> None:
         """New weights (transformers' names, this model's shapes: the engine checks them)."""

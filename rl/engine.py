@@ -29,6 +29,7 @@ temperature 0 (greedy), under the model's own.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import queue
 import threading
@@ -265,9 +266,12 @@ def _pss() -> int:
     return 0
 
 
-def _trim() -> None:
+def _trim(collect: bool = False) -> None:
     """Hand the C heap's free pages back to the system (glibc keeps freed activations and cache
-    buffers below its mmap threshold, which rises to 32 MB as large blocks are freed)."""
+    buffers below its mmap threshold, which rises to 32 MB as large blocks are freed); `collect`
+    first frees what only reference cycles held (a transformers model's modules)."""
+    if collect:
+        gc.collect()
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
@@ -340,6 +344,7 @@ class HFEngine:
         self._pending: tuple[dict, int] | None = None
         self._lock = threading.Lock()
         self._rng = torch.Generator().manual_seed(0)
+        _trim(collect=True)  # the model as loaded, before its weights were fused and packed
         if thread:
             threading.Thread(target=self.run, daemon=True, name="hf-sampler").start()
 
@@ -395,6 +400,8 @@ class HFEngine:
             self.prefix.clear()  # its keys and values came from the old weights
         except (RuntimeError, ValueError) as e:  # keep serving the weights it has
             print(f"policy server: could not load new weights: {e}", flush=True)
+        del pending
+        _trim(collect=True)  # the old weights and the new ones as they came
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] fp32 from final hidden states [rows, dim]."""

@@ -483,7 +483,7 @@ def hf_engine(model: str, name: str | None = None, dtype: str = "float32", trunc
     path = resolve(model)
     version = int((path / "COMPLETE").read_text()) if (path / "COMPLETE").is_file() else 0
     policy = load_hf(path)
-    return HFEngine(policy.plain(), name=name or Path(model).name, version=version, truncate=truncate,
+    return HFEngine(policy.plain() if policy.adapter else policy, name=name or Path(model).name, version=version, truncate=truncate,
                     dtype=getattr(torch, dtype), base=policy.base_weights() if policy.adapter else None, **options)
 
 
