@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from rl.engine import BLOCK, HFEngine
+from rl.engine import BLOCK, HFEngine, _Threads
 from rl.hf import load_hf
 from rl.model import Job
 from rl.serve import BackgroundServer
@@ -332,3 +332,14 @@ def test_the_model_listing_says_what_a_client_needs_to_fit_the_model_and_tools_a
         r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=1,
                                            tools=IPYTHON)
     assert "Tools: ipython" in engine.tok.tok.decode(r.model_extra["prompt_token_ids"])
+
+
+def test_decode_steps_run_on_the_thread_count_that_has_been_faster():
+    threads = _Threads(2, period=10, trial=2)
+    for slow in (1, 2):  # a period where one thread is the slower, then one where it is the faster
+        seen = []
+        for _ in range(10):
+            n = threads.next()
+            seen.append(n)
+            threads.took(n, 0.2 if n == slow else 0.1)
+        assert seen[:4] == [1, 1, 2, 2] and set(seen[4:]) == {3 - slow}
