@@ -1,5 +1,7 @@
-"""The policy server's forward pass for llama-shaped causal LMs (llama, mistral, qwen2): one step of
-the whole batch in few, large operations, on the only copy of the weights the server keeps.
+"""The policy server's key/value cache (`Slots`) and the forward passes over it: transformers' own
+modules through a `Cache` that writes into it, or for llama-shaped causal LMs (llama, mistral, qwen2)
+`Decoder`: one step of the whole batch in few, large operations, on the only copy of the weights
+the server keeps.
 
 - **Fused projections.** Per layer, q/k/v are one matmul and gate/up another; the rotary embedding
   turns q and k at once; the output and down projections add their residual in the matmul.
@@ -8,7 +10,7 @@ the whole batch in few, large operations, on the only copy of the weights the se
   transformers modules' own weights are dropped: the packed ones are the model. Only a tied output
   head is held twice (the embedding lookup needs the table dense, the head packed).
 - **Attention** is one `scaled_dot_product_attention` per layer over the engine's key/value slots
-  (rl/engine.py `_Slots`: rows × columns, left-padded), the new keys and values written in place.
+  (`Slots`: rows × columns, left-padded), the new keys and values written in place.
 
 It computes what transformers' LlamaDecoderLayer computes (its RMSNorm, rotary embedding, SDPA),
 in another order of float additions: results differ by rounding (~1e-6), as another batch would."""
@@ -18,6 +20,150 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+class Slots:
+    """Per layer, key and value buffers [rows, kv_heads, columns, head_dim]. Rows 0..n-1 are in use
+    and all end at column `t`; row r's tokens are columns start[r]..t-1, the columns before it padding
+    (zeros: attention reads them, masked). Columns at t and beyond, and rows from n, are unused room."""
+
+    def __init__(self, layers: int, heads: int, dim: int, dtype: torch.dtype, rows: int = 1, cols: int = 64):
+        self.shape = (heads, dim)
+        self.dtype = dtype
+        self.k = [torch.zeros(rows, heads, cols, dim, dtype=dtype) for _ in range(layers)]
+        self.v = [torch.zeros(rows, heads, cols, dim, dtype=dtype) for _ in range(layers)]
+        self.n = 0
+        self.t = 0
+        self.start: list[int] = []
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        return self.k[0].shape[0], self.k[0].shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.k + self.v)
+
+    def reserve(self, rows: int, cols: int, shift: int = 0) -> None:
+        """Room for `rows` rows and `cols` columns; `shift` moves every row's columns right by that much."""
+        have_rows, have_cols = self.capacity
+        if rows <= have_rows and cols <= have_cols and shift == 0:
+            return
+        rows, cols = max(rows, have_rows), max(cols, have_cols)
+        if cols > have_cols:
+            cols = max(cols, have_cols * 5 // 4)
+        if rows > have_rows:
+            rows = max(rows, have_rows * 2)
+        self._move(rows, cols, shift)
+
+    def _move(self, rows: int, cols: int, shift: int = 0) -> None:
+        """New buffers of rows x cols with the rows in use copied over (`shift` columns to the right).
+        Their unused room is never written, so the pages of a large one stay untouched (not resident)."""
+        n, t = self.n, self.t
+        for bufs in (self.k, self.v):
+            for i, old in enumerate(bufs):
+                new = torch.empty(rows, self.shape[0], cols, self.shape[1], dtype=self.dtype)
+                new[:n, :, :shift] = 0
+                new[:n, :, shift : shift + t] = old[:n, :, :t]
+                bufs[i] = new
+        self.t += shift
+        self.start = [s + shift for s in self.start]
+
+    def add(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> int:
+        """A new row from one sequence's keys and values (per layer [kv_heads, length, head_dim]); its index."""
+        length = keys[0].shape[1]
+        if self.n == 0:
+            self.t = 0
+        shift = max(0, length - self.t)
+        self.reserve(self.n + 1, self.t + shift + 1, shift)
+        r, lo = self.n, self.t - length
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            self.k[layer][r, :, :lo] = 0
+            self.v[layer][r, :, :lo] = 0
+            self.k[layer][r, :, lo : self.t] = k
+            self.v[layer][r, :, lo : self.t] = v
+        self.start.append(lo)
+        self.n += 1
+        return r
+
+    def remove(self, r: int) -> None:
+        """Drop row r: the last row moves into its place. Padding nobody needs moves out, and half-unused
+        buffers shrink (an empty batch keeps one small row)."""
+        last = self.n - 1
+        if r != last:
+            for bufs in (self.k, self.v):
+                for b in bufs:
+                    b[r, :, : self.t] = b[last, :, : self.t]
+            self.start[r] = self.start[last]
+        self.start.pop()
+        self.n -= 1
+        if not self.n:
+            self.t = 0
+            if self.capacity != (1, 64):
+                self._move(1, 64)
+            return
+        m = min(self.start)
+        if m > max(256, self.t // 4):  # move left
+            for bufs in (self.k, self.v):
+                for b in bufs:
+                    b[: self.n, :, : self.t - m] = b[: self.n, :, m : self.t].clone()
+            self.t -= m
+            self.start = [s - m for s in self.start]
+        rows, cols = self.capacity
+        if rows * cols >= 2 * max(self.n * (self.t + 64), 64):
+            self._move(self.n, self.t + 64)
+
+    def row(self, r: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Row r's keys and values, per layer [kv_heads, length, head_dim] (views)."""
+        lo = self.start[r]
+        return [k[r, :, lo : self.t] for k in self.k], [v[r, :, lo : self.t] for v in self.v]
+
+    def cache(self, new: int) -> Cache:
+        """The transformers cache for a forward pass that appends `new` columns to rows 0..n-1."""
+        self.reserve(self.n, self.t + new)
+        return Cache(layers=[_SlotLayer(self, i) for i in range(len(self.k))])
+
+    def mask(self, new: int) -> torch.Tensor:
+        """[n, 1, new, t+new] bool: each row attends to its own tokens, causally over the new ones; a
+        padding column's query attends to itself alone (all masked would make NaNs that spread)."""
+        cols = torch.arange(self.t + new)
+        own = cols[None, :] >= torch.tensor(self.start)[:, None]  # [n, T]
+        here = (self.t + torch.arange(new))[:, None]  # [new, 1]: each new column
+        return ((own[:, None, :] & (cols[None, :] <= here)[None]) | (cols[None, :] == here)[None])[:, None]
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer of `Slots` as transformers' attention sees it: writes the new keys and values in
+    place at columns t.. and returns every column so far. The owner moves `t` after the pass."""
+
+    is_compileable = False
+
+    def __init__(self, slots: Slots, layer: int):
+        super().__init__()
+        self.slots, self.layer = slots, layer
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        s, n, t = self.slots, self.slots.n, self.slots.t
+        end = t + key_states.shape[2]
+        k, v = s.k[self.layer], s.v[self.layer]
+        k[:n, :, t:end] = key_states
+        v[:n, :, t:end] = value_states
+        return k[:n, :, :end], v[:n, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.slots.t + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.slots.t
+
+    def get_max_length(self) -> int:
+        return -1
+
+
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 """Architectures whose decoder layers are exactly RMSNorm, rotary attention, RMSNorm, SiLU-gated MLP."""
