@@ -148,13 +148,14 @@ def _trim(collect: bool = False) -> None:
 class _Threads:
     """How many of torch's threads a decode step (and a prefill) uses, chosen by the time steps take:
     every `period` steps each choice (one thread, all of them) runs `trial` steps and the faster is
-    kept until the next trial. On a quiet CPU all threads win; on a loaded one (more runnable threads than cores)
-    one thread was 1.8-6x as fast here (53-180 vs 145-538 ms a step at batch 16, load 7.5 on 2 cores),
-    as each of a step's ~600 parallel regions waits for a thread the system has descheduled."""
+    kept until the next trial (a choice that wins again doubles the period, up to `longest`). On a
+    quiet CPU all threads win; on a loaded one (more runnable threads than cores) one thread was
+    1.8-6x as fast here (53-180 vs 145-538 ms a step at batch 16, load 7.5 on 2 cores), as each of a
+    step's ~600 parallel regions waits for a thread the system has descheduled."""
 
-    def __init__(self, most: int, period: int = 64, trial: int = 3):
+    def __init__(self, most: int, period: int = 64, trial: int = 3, longest: int = 1024):
         self.choices = sorted({1, most})
-        self.period, self.trial = period, trial
+        self.period, self.trial, self.shortest, self.longest = period, trial, period, longest
         self.best, self.steps = most, 0
         self.times: dict[int, list[float]] = {}
 
@@ -164,12 +165,14 @@ class _Threads:
         return self.choices[phase // self.trial] if phase < self.trial * len(self.choices) else self.best
 
     def took(self, threads: int, seconds: float) -> None:
-        phase, self.steps = self.steps % self.period, self.steps + 1
+        phase = self.steps % self.period
+        self.steps = phase + 1  # steps since the last trial began
         if phase < self.trial * len(self.choices):
             self.times.setdefault(threads, []).append(seconds)
-            if phase == self.trial * len(self.choices) - 1:
-                self.best = min(self.times, key=lambda n: statistics.median(self.times[n]))
-                self.times = {}
+            if phase == self.trial * len(self.choices) - 1:  # a choice that keeps winning is tried less often
+                best = min(self.times, key=lambda n: statistics.median(self.times[n]))
+                self.period = min(2 * self.period, self.longest) if best == self.best else self.shortest
+                self.best, self.times = best, {}
 
 
 @dataclass

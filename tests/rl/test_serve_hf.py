@@ -335,11 +335,12 @@ def test_the_model_listing_says_what_a_client_needs_to_fit_the_model_and_tools_a
 
 
 def test_decode_steps_run_on_the_thread_count_that_has_been_faster():
-    threads = _Threads(2, period=10, trial=2)
-    for slow in (1, 2):  # a period where one thread is the slower, then one where it is the faster
+    threads = _Threads(2, period=10, trial=2, longest=20)
+    for slow, period in ((1, 20), (1, 20), (2, 10), (2, 20)):  # one thread slower, then faster
         seen = []
-        for _ in range(10):
+        for _ in range(period):
             n = threads.next()
             seen.append(n)
             threads.took(n, 0.2 if n == slow else 0.1)
-        assert seen[:4] == [1, 1, 2, 2] and set(seen[4:]) == {3 - slow}
+        # each choice tried twice, the faster kept; one that wins again is kept twice as long (at most 20)
+        assert seen[:4] == [1, 1, 2, 2] and set(seen[4:]) == {3 - slow}, (slow, seen)
