@@ -4,7 +4,9 @@
     .venv/bin/python bench/serve.py --build-vllm      # builds .venv-vllm/ (bench/vllm_venv.sh), ~3.4 GB
 
 With no server named it measures ours and, where its venv is built, vLLM, one after the other in
-the same run (never both up at once), each started here and stopped after. `--url` measures a server
+the same run (never both up at once; `--order vllm,ours` reverses them: run both, the machine's
+load drifts), each started here and stopped after. It prints the load average before and after,
+and ours' own memory breakdown (GET /v1/models: weights, KV cache, prefix cache, other). `--url` measures a server
 already running (any OpenAI-compatible one). Every figure goes over HTTP, as the agent and the RL
 trainer reach a server:
 
