@@ -4,7 +4,9 @@
     .venv/bin/python bench/serve.py --build-vllm      # builds .venv-vllm/ (bench/vllm_venv.sh), ~3.4 GB
 
 With no server named it measures ours and, where its venv is built, vLLM, one after the other in
-the same run (never both up at once), each started here and stopped after. `--url` measures a server
+the same run (never both up at once; `--order vllm,ours` reverses them: run both, the machine's
+load drifts), each started here and stopped after. It prints the load average before and after,
+and ours' own memory breakdown (GET /v1/models: weights, KV cache, prefix cache, other). `--url` measures a server
 already running (any OpenAI-compatible one). Every figure goes over HTTP, as the agent and the RL
 trainer reach a server:
 
@@ -444,7 +446,17 @@ async def measure(server: Server, args, model_dir: Path | None) -> dict[str, Any
             if figures is not None:
                 out[key] = figures
     out["pss_mb"] = server_pss_mb(server)
+    out["memory_mb"] = await reported_memory(server)
     return out
+
+
+async def reported_memory(server: Server) -> dict[str, float] | None:
+    """The memory breakdown the server reports in GET /v1/models (ours does), in MB; None if it says none."""
+    with contextlib.suppress(httpx2.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        async with httpx2.AsyncClient(timeout=30) as client:
+            memory = (await client.get(f"{server.base_url}/models")).json()["data"][0]["memory"]
+            return {k: v / 2**20 for k, v in memory.items()}
+    return None
 
 
 # --- the table --------------------------------------------------------------------------------
@@ -466,6 +478,8 @@ def rows(levels: list[int], group: int, ttft_tokens: int) -> list[tuple[str, str
         ("  prompt tokens each / shared head", "group_as_sent.prompt_tokens_each|group_as_sent.shared_head_tokens",
          "{:.0f}"),
         ("server memory after, PSS (MB)", "pss_mb", "{:.0f}"),
+        ("  weights / kv cache / prefix cache / other", "memory_mb.weights|memory_mb.kv_cache|memory_mb.prefix_cache|"
+                                                        "memory_mb.other", "{:.0f}"),
     ]
 
 
@@ -572,6 +586,8 @@ def main() -> int:
     ap.add_argument("--url", action="append", default=[], help="measure a running OpenAI-compatible server")
     ap.add_argument("--served-model", help="the model id to ask a --url server for (default: its first listed)")
     ap.add_argument("--build-vllm", action="store_true", help="build .venv-vllm first (then run any server named)")
+    ap.add_argument("--order", choices=("ours,vllm", "vllm,ours"), default="ours,vllm",
+                    help="which server goes first (run both orders: the machine's load drifts)")
     ap.add_argument("--model", default=DEFAULT_MODEL, help="an installed model's name or an HF directory")
     ap.add_argument("--vllm-venv", type=Path, default=VLLM_VENV, help="the venv vLLM runs from (--build-vllm builds it)")
     ap.add_argument("--vllm-dtype", default="float32", help="vLLM's --dtype (ours serves fp32 by default)")
@@ -594,15 +610,14 @@ def main() -> int:
             return 1
     if args.build_vllm and not (args.ours or args.vllm or args.url):
         return 0
-    names = (["ours"] if args.ours else []) + (["vllm"] if args.vllm else []) + args.url
+    names = [n for n in args.order.split(",") if getattr(args, n, False)] + args.url
     notes = []
     if not names:
-        names = ["ours"]
+        names = args.order.split(",")
         if why := vllm_ready(args.vllm_venv):
             notes.append(f"vLLM not run: {why}")
             print(notes[-1])
-        else:
-            names.append("vllm")
+            names.remove("vllm")
 
     started, load = time.perf_counter(), load_average()
     results: dict[str, dict[str, Any]] = {}

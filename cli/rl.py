@@ -34,8 +34,11 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     serve.add_argument("--served-model-name", metavar="ID", help="the id /v1/models lists (default: the model's name)")
     serve.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                        help="weights and activations of --model (float32: greedy decoding as plain transformers)")
-    serve.add_argument("--prefix-cache-mb", type=int, default=1024, metavar="MB",
-                       help="memory for the keys and values of shared prompt heads (0: no prefix cache)")
+    serve.add_argument("--prefix-cache-mb", type=int, metavar="MB",
+                       help="memory for the keys and values of shared prompt heads (0: no prefix cache; "
+                            "default: one full context's, --max-model-len tokens)")
+    serve.add_argument("--max-num-seqs", type=int, default=64, metavar="N",
+                       help="rows of --model decoding at once (more requests wait)")
     serve.add_argument("--max-model-len", type=int, metavar="TOKENS",
                        help="the context of --model (default: its config's max_position_embeddings)")
     serve.add_argument("--host", default="127.0.0.1")

@@ -4,14 +4,21 @@ key/value cache written in place, and a prefix cache of shared prompt heads.
 - **Continuous batching.** Rows decode together one token per step. A request that arrives
   while others decode is prefilled and joins the running batch at the next step; a row that
   finishes leaves it at once. Every row ends at the same cache column (left-padded), so a step
-  is one forward pass of the model as transformers defines it, with our cache (`_Slots`) instead
+  is one forward pass of the model as transformers defines it, with our cache (`Slots`) instead
   of its growing one: new keys and values are written in place, nothing is copied per step.
 - **Prefix caching.** A prompt's keys and values are kept in blocks of `BLOCK` tokens, keyed by
   the whole prefix up to the block, and reused by the next prompt with the same head: the
   agent's system prompt is computed once per weights, not once per rollout. Identical prompts
   arriving together (a group's `n` rollouts) are prefilled once. New weights empty the cache.
 - **Weights** swap in once the running rows have finished (new requests wait meanwhile), so a
-  request finishes on the weights it started with and its reply names their version.
+  request finishes on the weights it started with and its reply names their version. A llama-shaped
+  model runs on rl/decoder.py (fused, oneDNN-packed projections: the only copy of its weights); any
+  other through transformers' own modules, over the same cache.
+- **Memory follows the work.** The key/value slots hold the running rows' columns and no more: they
+  grow as rows join and lengthen, shrink once half of them is unused, and are freed (and the C heap
+  trimmed) when the batch empties. The prefix cache keeps at most one full context of blocks by
+  default (`--max-model-len` tokens of keys and values); `memory()` reports the breakdown
+  (`GET /v1/models`: weights, kv_cache, prefix_cache, other; the process's PSS).
 
 Each row samples with its own temperature and top-p, and a seeded request with its own
 generator: what it samples does not depend on what else is in the batch. Logprobs are of each
@@ -21,145 +28,26 @@ temperature 0 (greedy), under the model's own.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import queue
+import statistics
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from transformers.cache_utils import Cache, CacheLayerMixin
 
+from rl.decoder import Decoder, Slots, supports
 from rl.hf import HFPolicy, HFTokenizer, load_hf, merged
 from rl.model import Job, Sampled, latest_checkpoint
 
 BLOCK = 16
 """Tokens per prefix-cache block: a prompt's head is reused in whole blocks."""
-
-
-# --- the key/value cache -------------------------------------------------------------------------
-
-
-class _Slots:
-    """Per layer, key and value buffers [rows, kv_heads, columns, head_dim]. Rows 0..n-1 are in use
-    and all end at column `t`; row r's tokens are columns start[r]..t-1, the columns before it padding."""
-
-    def __init__(self, layers: int, heads: int, dim: int, dtype: torch.dtype, rows: int = 1, cols: int = 64):
-        self.shape = (heads, dim)
-        self.dtype = dtype
-        self.k = [torch.zeros(rows, heads, cols, dim, dtype=dtype) for _ in range(layers)]
-        self.v = [torch.zeros(rows, heads, cols, dim, dtype=dtype) for _ in range(layers)]
-        self.n = 0
-        self.t = 0
-        self.start: list[int] = []
-
-    @property
-    def capacity(self) -> tuple[int, int]:
-        return self.k[0].shape[0], self.k[0].shape[2]
-
-    def reserve(self, rows: int, cols: int, shift: int = 0) -> None:
-        """Room for `rows` rows and `cols` columns; `shift` moves every row's columns right by that much."""
-        have_rows, have_cols = self.capacity
-        if rows <= have_rows and cols <= have_cols and shift == 0:
-            return
-        rows, cols = max(rows, have_rows), max(cols, have_cols)
-        if cols > have_cols:
-            cols = max(cols, have_cols * 3 // 2)
-        if rows > have_rows:
-            rows = max(rows, have_rows * 2)
-        for bufs in (self.k, self.v):
-            for i, old in enumerate(bufs):
-                new = torch.zeros(rows, *self.shape[:1], cols, self.shape[1], dtype=self.dtype)
-                new[: self.n, :, shift : shift + self.t] = old[: self.n, :, : self.t]
-                bufs[i] = new
-        self.t += shift
-        self.start = [s + shift for s in self.start]
-
-    def add(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> int:
-        """A new row from one sequence's keys and values (per layer [kv_heads, length, head_dim]); its index."""
-        length = keys[0].shape[1]
-        if self.n == 0:
-            self.t = 0
-        shift = max(0, length - self.t)
-        self.reserve(self.n + 1, self.t + shift + 1, shift)
-        r, lo = self.n, self.t - length
-        for layer, (k, v) in enumerate(zip(keys, values)):
-            self.k[layer][r, :, lo : self.t] = k
-            self.v[layer][r, :, lo : self.t] = v
-        self.start.append(lo)
-        self.n += 1
-        return r
-
-    def remove(self, r: int) -> None:
-        """Drop row r: the last row moves into its place."""
-        last = self.n - 1
-        if r != last:
-            for bufs in (self.k, self.v):
-                for b in bufs:
-                    b[r, :, : self.t] = b[last, :, : self.t]
-            self.start[r] = self.start[last]
-        self.start.pop()
-        self.n -= 1
-        if self.n and min(self.start) > max(BLOCK * 16, self.t // 4):  # padding nobody needs: move left
-            m = min(self.start)
-            for bufs in (self.k, self.v):
-                for b in bufs:
-                    b[: self.n, :, : self.t - m] = b[: self.n, :, m : self.t].clone()
-            self.t -= m
-            self.start = [s - m for s in self.start]
-
-    def row(self, r: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Row r's keys and values, per layer [kv_heads, length, head_dim] (views)."""
-        lo = self.start[r]
-        return [k[r, :, lo : self.t] for k in self.k], [v[r, :, lo : self.t] for v in self.v]
-
-    def cache(self, new: int) -> Cache:
-        """The transformers cache for a forward pass that appends `new` columns to rows 0..n-1."""
-        self.reserve(self.n, self.t + new)
-        return Cache(layers=[_SlotLayer(self, i) for i in range(len(self.k))])
-
-    def mask(self, new: int) -> torch.Tensor:
-        """[n, 1, new, t+new] bool: each row attends to its own tokens, causally over the new ones; a
-        padding column's query attends to itself alone (all masked would make NaNs that spread)."""
-        cols = torch.arange(self.t + new)
-        own = cols[None, :] >= torch.tensor(self.start)[:, None]  # [n, T]
-        here = (self.t + torch.arange(new))[:, None]  # [new, 1]: each new column
-        return ((own[:, None, :] & (cols[None, :] <= here)[None]) | (cols[None, :] == here)[None])[:, None]
-
-
-class _SlotLayer(CacheLayerMixin):
-    """One layer of a `_Slots` as transformers' attention sees it: writes the new keys and values in
-    place at columns t.. and returns every column so far. The owner moves `t` after the pass."""
-
-    is_compileable = False
-
-    def __init__(self, slots: _Slots, layer: int):
-        super().__init__()
-        self.slots, self.layer = slots, layer
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        pass
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        s, n, t = self.slots, self.slots.n, self.slots.t
-        end = t + key_states.shape[2]
-        k, v = s.k[self.layer], s.v[self.layer]
-        k[:n, :, t:end] = key_states
-        v[:n, :, t:end] = value_states
-        return k[:n, :, :end], v[:n, :, :end]
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.slots.t + query_length, 0
-
-    def get_seq_length(self) -> int:
-        return self.slots.t
-
-    def get_max_length(self) -> int:
-        return -1
 
 
 # --- the prefix cache ----------------------------------------------------------------------------
@@ -223,6 +111,70 @@ def sampling_defaults(generation_config) -> dict[str, float]:
     return {k: float(given[k]) for k in ("temperature", "top_p") if isinstance(given.get(k), int | float)}
 
 
+def _pss() -> int:
+    """This process's proportional set size in bytes (0 where /proc does not say)."""
+    try:
+        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return 0
+
+
+def _heap_maps_large_blocks() -> None:
+    """Blocks of 1 MB and more (key/value buffers, logits) mmapped by glibc, so that freeing one
+    returns it to the system at once, not when the heap is next trimmed: its own threshold rises to
+    32 MB as such blocks are freed, and the slots a batch of long prompts leaves behind stayed
+    resident (1.1 GB measured after a group of 16 1.3k-token prompts)."""
+    try:
+        ctypes.CDLL(None).mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _trim(collect: bool = False) -> None:
+    """Hand the C heap's free pages back to the system (glibc keeps freed activations and cache
+    buffers below its mmap threshold, which rises to 32 MB as large blocks are freed); `collect`
+    first frees what only reference cycles held (a transformers model's modules)."""
+    if collect:
+        gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+class _Threads:
+    """How many of torch's threads a decode step (and a prefill) uses, chosen by the time steps take:
+    every `period` steps each choice (one thread, all of them) runs `trial` steps and the faster is
+    kept until the next trial (a choice that wins again doubles the period, up to `longest`). On a
+    quiet CPU all threads win; on a loaded one (more runnable threads than cores) one thread was
+    1.8-6x as fast here (53-180 vs 145-538 ms a step at batch 16, load 7.5 on 2 cores), as each of a
+    step's ~600 parallel regions waits for a thread the system has descheduled."""
+
+    def __init__(self, most: int, period: int = 64, trial: int = 3, longest: int = 1024):
+        self.choices = sorted({1, most})
+        self.period, self.trial, self.shortest, self.longest = period, trial, period, longest
+        self.best, self.steps = most, 0
+        self.times: dict[int, list[float]] = {}
+
+    def next(self) -> int:
+        """The thread count for the next step."""
+        phase = self.steps % self.period
+        return self.choices[phase // self.trial] if phase < self.trial * len(self.choices) else self.best
+
+    def took(self, threads: int, seconds: float) -> None:
+        phase = self.steps % self.period
+        self.steps = phase + 1  # steps since the last trial began
+        if phase < self.trial * len(self.choices):
+            self.times.setdefault(threads, []).append(seconds)
+            if phase == self.trial * len(self.choices) - 1:  # a choice that keeps winning is tried less often
+                best = min(self.times, key=lambda n: statistics.median(self.times[n]))
+                self.period = min(2 * self.period, self.longest) if best == self.best else self.shortest
+                self.best, self.times = best, {}
+
+
 @dataclass
 class _Row:
     job: Job
@@ -236,10 +188,14 @@ class _Row:
 
 
 class HFEngine:
-    """A Hugging Face causal LM and a worker thread that samples the queued jobs (see the module doc)."""
+    """A Hugging Face causal LM and a worker thread that samples the queued jobs (see the module doc).
+
+    `max_rows` rows decode at once (requests beyond wait); `context` is the longest sequence
+    (`--max-model-len`, default the model's); `prefix_cache_mb` caps the prefix cache (default: the
+    keys and values of one full context)."""
 
     def __init__(self, policy: HFPolicy, name: str = "prime-policy", version: int = 0, truncate: bool = False,
-                 dtype: torch.dtype = torch.float32, prefix_cache_mb: int = 1024, max_rows: int = 64,
+                 dtype: torch.dtype = torch.float32, prefix_cache_mb: int | None = None, max_rows: int = 64,
                  context: int | None = None, thread: bool = True, base: dict[str, torch.Tensor] | None = None):
         if policy.tokenizer is None:
             raise ValueError("the model has no tokenizer: serve a model directory with its tokenizer files")
@@ -264,17 +220,20 @@ class HFEngine:
         heads = config.num_key_value_heads or config.num_attention_heads
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self._layout = (config.num_hidden_layers, heads, dim)
+        self.token_bytes = 2 * config.num_hidden_layers * heads * dim * dtype.itemsize
+        """Bytes of keys and values per token."""
         self._shapes = {k: v.shape for k, v in self.model.inner.state_dict().items()}
         self.parameters = policy.num_params()
-        """The model's, counted before packing (oneDNN's packed weights are buffers, not parameters)."""
         self.base = base
         """The weights a LoRA adapter is merged into (`load`): the base model's, when the served model is
         base + adapter; else those served when the first adapter arrives."""
-        self._packed: list[tuple[nn.Module, str, nn.Linear]] = []
-        self._head: nn.Module | None = None
-        self._pack()
+        self.decoder = Decoder(self.model.inner, batch=min(max_rows, 16)) if supports(self.model.inner) else None
+        """The forward pass of a llama-shaped model (rl/decoder.py), which then holds its weights; None:
+        transformers' own modules run."""
+        if prefix_cache_mb is None:
+            prefix_cache_mb = -(-self.context * self.token_bytes >> 20)
         self.prefix = PrefixCache(prefix_cache_mb << 20)
-        self.slots = _Slots(*self._layout, dtype)
+        self.slots = Slots(*self._layout, dtype)
         self.rows: list[_Row] = []
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "steps": 0}
         self._jobs: queue.Queue[Job] = queue.Queue()
@@ -282,8 +241,20 @@ class HFEngine:
         self._pending: tuple[dict, int] | None = None
         self._lock = threading.Lock()
         self._rng = torch.Generator().manual_seed(0)
+        self._threads = _Threads(torch.get_num_threads())
+        _heap_maps_large_blocks()
+        _trim(collect=True)  # the model as loaded, before its weights were fused and packed
         if thread:
             threading.Thread(target=self.run, daemon=True, name="hf-sampler").start()
+
+    def memory(self) -> dict[str, int]:
+        """Bytes: the weights held, the key/value slots, the prefix cache, the rest of the process
+        (`other`: Python, torch, the tokenizer, activations, the C heap) and its PSS (all of it)."""
+        weights = self.decoder.nbytes if self.decoder else sum(
+            t.numel() * t.element_size() for t in {id(t): t for t in self.model.state_dict().values()}.values())
+        parts = {"weights": weights, "kv_cache": self.slots.nbytes, "prefix_cache": self.prefix.bytes}
+        pss = _pss()
+        return {**parts, "other": max(0, pss - sum(parts.values())), "pss": pss}
 
     # --- weights -------------------------------------------------------------------------------
 
@@ -307,9 +278,9 @@ class HFEngine:
         if (path / "adapter_config.json").is_file():
             from safetensors.torch import load_file
 
-            if self.base is None:  # oneDNN-packed projections hold their weights in its layout, and a bias
-                self.base = {k: (v.to_dense() if v.is_mkldnn else v).to(torch.float32, copy=True)
-                             for k, v in self.model.inner.state_dict().items() if k in self._shapes}
+            if self.base is None:
+                weights = self.decoder.state_dict() if self.decoder else self.model.inner.state_dict()
+                self.base = {k: v.to(torch.float32, copy=True) for k, v in weights.items()}
             config = json.loads((path / "adapter_config.json").read_text())
             self.update(merged(self.base, load_file(str(path / "adapter_model.safetensors")), config), version)
         else:
@@ -319,46 +290,21 @@ class HFEngine:
     def _swap(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, None
-        self._unpack()
         try:
-            self.model.inner.load_state_dict(pending[0])
+            if self.decoder:
+                self.decoder.load(pending[0])
+            else:
+                self.model.inner.load_state_dict(pending[0])
             self.version = pending[1]
             self.prefix.clear()  # its keys and values came from the old weights
         except (RuntimeError, ValueError) as e:  # keep serving the weights it has
             print(f"policy server: could not load new weights: {e}", flush=True)
-        self._pack()
-
-    def _pack(self) -> None:
-        """In fp32, the large projections and the output head run as oneDNN matmuls on weights packed
-        once for it: at batch 16 about 1.6x (gate/up) and 2.4x (head) faster than MKL on the dense
-        weights here. Results differ from transformers' own by float rounding (~1e-6), as a different
-        batch would. The dense modules are kept for new weights (`_unpack`, load, pack again)."""
-        if self.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
-            return
-        import warnings
-
-        with warnings.catch_warnings():  # torch.jit's deprecation, raised by MkldnnLinear's own definition
-            warnings.simplefilter("ignore", DeprecationWarning)
-            from torch.utils.mkldnn import MkldnnLinear
-
-        head = self.model.inner.get_output_embeddings()
-        for parent in list(self.model.inner.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear and child is not head and child.weight.numel() >= 1 << 19:
-                    setattr(parent, name, MkldnnLinear(child, torch.float32))
-                    self._packed.append((parent, name, child))
-        tied = nn.Linear(head.in_features, head.out_features, bias=False)
-        tied.weight = self.model.output_weight
-        self._head = MkldnnLinear(tied, torch.float32)
-
-    def _unpack(self) -> None:
-        for parent, name, child in self._packed:
-            setattr(parent, name, child)
-        self._packed, self._head = [], None
+        del pending
+        _trim(collect=True)  # the old weights and the new ones as they came
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] fp32 from final hidden states [rows, dim]."""
-        return (self._head(h) if self._head is not None else h @ self.model.output_weight.T).float()
+        return self.decoder.logits(h) if self.decoder else (h @ self.model.output_weight.T).float()
 
     # --- sampling ------------------------------------------------------------------------------
 
@@ -379,6 +325,8 @@ class HFEngine:
                         self._step()
                     except Exception as e:  # a failed step fails its requests, not the server
                         self._fail(e)
+                    if not self.rows:
+                        _trim()
 
     def close(self) -> None:
         """Fail every job not finished (the server is stopping), so no one waits on them. Call it once
@@ -459,6 +407,7 @@ class HFEngine:
         Prompts whose uncached tails are of about the same length share a forward pass: each is
         left-padded to end at the same column, and the pass covers the longest tail (a shorter one
         recomputes a few cached tokens before its own)."""
+        torch.set_num_threads(self._threads.best)  # as fast steps are (one thread was 2.7x as fast at load 6 here)
         tails = []
         for p in prompts:
             blocks = self.prefix.lookup(p, ((len(p) - 1) // BLOCK) * BLOCK)  # >= 1 token computed: its logits
@@ -477,7 +426,7 @@ class HFEngine:
     def _prefill_batch(self, tails: list[tuple[list[int], list[torch.Tensor], int]]) -> list[tuple]:
         new = max(t for _, _, t in tails)
         end = max(len(p) for p, _, _ in tails)
-        pre = _Slots(*self._layout, self.dtype, rows=len(tails), cols=end)
+        pre = Slots(*self._layout, self.dtype, rows=len(tails), cols=end)
         pre.n, pre.t, pre.start = len(tails), end - new, [end - len(p) for p, _, _ in tails]
         ids = torch.zeros(len(tails), new, dtype=torch.long)
         positions = torch.zeros(len(tails), new, dtype=torch.long)
@@ -493,7 +442,7 @@ class HFEngine:
             positions[r] = (torch.arange(new) + first).clamp(min=0)
         h = self._forward(pre, ids, positions)
         pre.t += new
-        logits = self._logits(h[:, -1])
+        logits = self._logits(h)
         results = []
         for r, (p, _, _) in enumerate(tails):
             keys, values = pre.row(r)
@@ -501,34 +450,52 @@ class HFEngine:
             results.append((keys, values, logits[r], min(new, len(p))))
         return results
 
-    def _forward(self, slots: _Slots, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _forward(self, slots: Slots, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The final hidden states [n, dim] of the rows' last new tokens; their keys and values go into
+        `slots` at columns t.. (the caller moves t)."""
         new = ids.shape[1]
+        if self.decoder:
+            slots.reserve(slots.n, slots.t + new)
+            return self.decoder.forward(ids, positions, slots.k, slots.v, slots.t, slots.mask(new))
         out = self.model.inner.base_model(input_ids=ids, position_ids=positions, attention_mask=slots.mask(new),
                                           past_key_values=slots.cache(new), use_cache=True)
-        return out.last_hidden_state
+        return out.last_hidden_state[:, -1]
 
     def _step(self) -> None:
         s = self.slots
         ids = torch.tensor([[r.last] for r in self.rows])
         positions = torch.tensor([[s.t - lo] for lo in s.start])
-        h = self._forward(s, ids, positions)
+        threads = self._threads.next()
+        torch.set_num_threads(threads)
+        started = time.perf_counter()
+        logits = self._logits(self._forward(s, ids, positions))
+        self._threads.took(threads, time.perf_counter() - started)
         s.t += 1
         self.stats["steps"] += 1
-        self._emit(list(self.rows), self._logits(h[:, -1]))
+        self._emit(list(self.rows), logits)
 
     def _emit(self, rows: list[_Row], logits: torch.Tensor) -> None:
-        """Sample each row's next token from its logits [len(rows), vocab]; finish the rows that end."""
+        """Sample each row's next token from its logits [len(rows), vocab]; finish the rows that end.
+        Rows that share a generator (a seeded job's own, or the engine's) sample in one call, in the
+        job's row order."""
         temps = torch.tensor([r.job.temperature if r.job.temperature > 0 else 1.0 for r in rows])
         logp = F.log_softmax(logits / temps[:, None], dim=-1)
         tokens = logits.argmax(-1).tolist()
+        groups: dict[int, list[int]] = {}
         for i, r in enumerate(rows):
             if r.job.temperature > 0:
-                probs = logp[i].exp()
-                if r.job.top_p < 1.0:
-                    sorted_p, order = probs.sort(descending=True)
-                    probs = torch.zeros_like(probs).scatter(0, order, sorted_p * (sorted_p.cumsum(0) - sorted_p
-                                                                                   < r.job.top_p))
-                tokens[i] = int(torch.multinomial(probs, 1, generator=r.generator or self._rng))
+                groups.setdefault(id(r.generator), []).append(i)
+        for group in groups.values():
+            group.sort(key=lambda i: (id(rows[i].job), rows[i].index))
+            probs = logp[group].exp()
+            top_p = torch.tensor([rows[i].job.top_p for i in group])[:, None]
+            if (top_p < 1.0).any():
+                sorted_p, order = probs.sort(dim=1, descending=True)
+                keep = (sorted_p.cumsum(1) - sorted_p < top_p) | (top_p >= 1.0)
+                probs = torch.zeros_like(probs).scatter(1, order, sorted_p * keep)
+            picked = torch.multinomial(probs, 1, generator=rows[group[0]].generator or self._rng)[:, 0].tolist()
+            for i, token in zip(group, picked):
+                tokens[i] = token
         lps = logp.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
         ended = []
         for r, token, lp in zip(rows, tokens, lps):
@@ -564,7 +531,7 @@ class HFEngine:
             j.error = error
         if job is None:
             self.rows.clear()
-            self.slots = _Slots(*self._layout, self.dtype)
+            self.slots = Slots(*self._layout, self.dtype)
         else:
             for r in [r for r in self.rows if r.job is job]:
                 self._finish(r)

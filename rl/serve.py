@@ -189,9 +189,11 @@ def create_app(engine) -> FastAPI:
         # What a client needs to fit the model (agent.model.OpenAIModel.describe): its context, whether its
         # template renders tools, and its own sampling defaults (a request that names no temperature is
         # still sampled at 1.0 here: the client sends them)
+        # and, from the built-in engine, its memory in bytes (weights, kv_cache, prefix_cache, other, pss)
+        memory = {"memory": engine.memory()} if hasattr(engine, "memory") else {}
         return {"object": "list", "data": [{"id": engine.name, "object": "model", "owned_by": "prime-agent",
                                             "max_model_len": engine.context, "policy_version": engine.version,
-                                            "tools": engine.tools, "sampling_defaults": engine.sampling}]}
+                                            "tools": engine.tools, "sampling_defaults": engine.sampling, **memory}]}
 
     @app.post("/v1/reload")
     async def reload(body: dict) -> dict:
@@ -481,7 +483,7 @@ def hf_engine(model: str, name: str | None = None, dtype: str = "float32", trunc
     path = resolve(model)
     version = int((path / "COMPLETE").read_text()) if (path / "COMPLETE").is_file() else 0
     policy = load_hf(path)
-    return HFEngine(policy.plain(), name=name or Path(model).name, version=version, truncate=truncate,
+    return HFEngine(policy.plain() if policy.adapter else policy, name=name or Path(model).name, version=version, truncate=truncate,
                     dtype=getattr(torch, dtype), base=policy.base_weights() if policy.adapter else None, **options)
 
 
@@ -496,7 +498,8 @@ def main(args) -> int:
                     timeout_graceful_shutdown=3)
         return 0
     engine = hf_engine(args.model, args.served_model_name, args.dtype, args.truncate, thread=False,
-                       prefix_cache_mb=args.prefix_cache_mb, context=args.max_model_len)
+                       prefix_cache_mb=args.prefix_cache_mb, context=args.max_model_len,
+                       max_rows=args.max_num_seqs)
     _announce(f"{engine.name} ({engine.parameters:,} parameters, {args.dtype}, context {engine.context})",
               engine, args)
     signal.signal(signal.SIGTERM, lambda *_: _stop())

@@ -13,9 +13,9 @@ import httpx2 as httpx
 import openai
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from rl.engine import BLOCK, HFEngine
+from rl.engine import BLOCK, HFEngine, _Threads
 from rl.hf import load_hf
 from rl.model import Job
 from rl.serve import BackgroundServer
@@ -59,6 +59,28 @@ def test_greedy_decoding_equals_plain_transformers_token_for_token(tiny: Path, e
         got = job.result[0].tokens
         assert got[: len(expected)] == expected.tolist(), text
         assert len(job.result[0].logprobs) == len(got)
+
+
+@pytest.mark.parametrize("config", [
+    Qwen2Config(vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, tie_word_embeddings=False, initializer_range=0.3, use_sliding_window=False),
+    Qwen3Config(vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, initializer_range=0.3),
+], ids=["qwen2-fused", "qwen3-transformers-modules"])
+def test_other_architectures_decode_greedily_as_plain_transformers(tiny: Path, tmp_path: Path, config):
+    # qwen2: rl/decoder.py's fused pass with q/k/v biases and an untied head; qwen3 (q/k norms): transformers' own modules
+    for f in tiny.iterdir():
+        if "token" in f.name or f.suffix == ".jinja":
+            shutil.copy(f, tmp_path / f.name)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp_path)
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    engine = HFEngine(load_hf(tmp_path))
+    assert (engine.decoder is not None) == (config.model_type == "qwen2")
+    for text in PROMPTS:
+        prompt = chat(engine, text)
+        expected = reference.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):]
+        assert sample(engine, [prompt])[0].result[0].tokens[: len(expected)] == expected.tolist(), text
 
 
 def test_requests_join_a_running_batch_and_each_equals_its_own_request_alone(engine: HFEngine):
@@ -241,9 +263,38 @@ def test_rl_serve_model_stops_on_sigterm_with_a_request_in_flight(tiny: Path):
         server.wait()
 
 
+def test_memory_follows_the_work_and_the_listing_reports_it(tiny: Path):
+    engine = HFEngine(load_hf(tiny), name="tiny")
+    config = load_hf(tiny).inner.config
+    assert engine.token_bytes == 2 * config.num_hidden_layers * config.num_key_value_heads * 16 * 4
+    assert engine.prefix.max_bytes >= engine.context * engine.token_bytes  # one full context, by default
+    idle = 64 * engine.token_bytes  # one row of 64 columns
+    with BackgroundServer(engine) as url:
+        def memory() -> dict[str, int]:
+            return httpx.get(f"{url}/models").json()["data"][0]["memory"]
+
+        before = memory()
+        # the packed weights are the only copy: the model's parameters, and a tied head packed again
+        assert before["weights"] == (load_hf(tiny).num_params() + config.vocab_size * config.hidden_size) * 4
+        assert before["kv_cache"] == idle and before["prefix_cache"] == 0
+        assert before["pss"] == before["weights"] + before["kv_cache"] + before["other"] > before["weights"]
+        jobs = [engine.submit(Job([chat(engine, f"Say {i} things.")], 300, 0.0, 1.0, None, [], ignore_eos=True))
+                for i in range(8)]
+        deadline = time.monotonic() + 60
+        while engine.stats["steps"] < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        during = memory()
+        for j in jobs:
+            assert j.done.wait(120) and j.error is None
+        after = memory()
+    assert during["kv_cache"] >= 8 * 20 * engine.token_bytes  # 8 rows of at least 20 columns
+    assert after["kv_cache"] == idle  # the batch ended: its slots are freed
+    assert 0 < after["prefix_cache"] <= engine.prefix.max_bytes  # the prompts' whole blocks
+
+
 def test_bfloat16_serves_the_model_at_half_the_width(tiny: Path):
     engine = HFEngine(load_hf(tiny), dtype=torch.bfloat16)
-    assert next(engine.model.parameters()).dtype == torch.bfloat16
+    assert engine.memory()["weights"] * 2 == HFEngine(load_hf(tiny), thread=False).memory()["weights"]
     (job,) = sample(engine, [chat(engine, PROMPTS[0])], 8)
     assert len(job.result[0].tokens) == 8
     assert all(-30 < lp <= 0 for lp in job.result[0].logprobs)
@@ -281,3 +332,15 @@ def test_the_model_listing_says_what_a_client_needs_to_fit_the_model_and_tools_a
         r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=1,
                                            tools=IPYTHON)
     assert "Tools: ipython" in engine.tok.tok.decode(r.model_extra["prompt_token_ids"])
+
+
+def test_decode_steps_run_on_the_thread_count_that_has_been_faster():
+    threads = _Threads(2, period=10, trial=2, longest=20)
+    for slow, period in ((1, 20), (1, 20), (2, 10), (2, 20)):  # one thread slower, then faster
+        seen = []
+        for _ in range(period):
+            n = threads.next()
+            seen.append(n)
+            threads.took(n, 0.2 if n == slow else 0.1)
+        # each choice tried twice, the faster kept; one that wins again is kept twice as long (at most 20)
+        assert seen[:4] == [1, 1, 2, 2] and set(seen[4:]) == {3 - slow}, (slow, seen)

@@ -1,0 +1,313 @@
+"""The policy server's key/value cache (`Slots`) and the forward passes over it: transformers' own
+modules through a `Cache` that writes into it, or for llama-shaped causal LMs (llama, mistral, qwen2)
+`Decoder`: one step of the whole batch in few, large operations, on the only copy of the weights
+the server keeps.
+
+- **Fused projections.** Per layer, q/k/v are one matmul and gate/up another; the rotary embedding
+  turns q and k at once; the output and down projections add their residual in the matmul.
+- **Packed weights.** In fp32 every projection and the output head run as oneDNN matmuls on weights
+  reordered once for them (`torch.ops.mkldnn._linear_pointwise`), dense tensors in, dense out. The
+  transformers modules' own weights are dropped: the packed ones are the model. Only a tied output
+  head is held twice (the embedding lookup needs the table dense, the head packed).
+- **Attention** is one `scaled_dot_product_attention` per layer over the engine's key/value slots
+  (`Slots`: rows × columns, left-padded), the new keys and values written in place.
+
+It computes what transformers' LlamaDecoderLayer computes (its RMSNorm, rotary embedding, SDPA),
+in another order of float additions: results differ by rounding (~1e-6), as another batch would."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+class Slots:
+    """Per layer, key and value buffers [rows, kv_heads, columns, head_dim]. Rows 0..n-1 are in use
+    and all end at column `t`; row r's tokens are columns start[r]..t-1, the columns before it padding
+    (zeros: attention reads them, masked). Columns at t and beyond, and rows from n, are unused room."""
+
+    def __init__(self, layers: int, heads: int, dim: int, dtype: torch.dtype, rows: int = 1, cols: int = 64):
+        self.shape = (heads, dim)
+        self.dtype = dtype
+        self.k = [torch.zeros(rows, heads, cols, dim, dtype=dtype) for _ in range(layers)]
+        self.v = [torch.zeros(rows, heads, cols, dim, dtype=dtype) for _ in range(layers)]
+        self.n = 0
+        self.t = 0
+        self.start: list[int] = []
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        return self.k[0].shape[0], self.k[0].shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.k + self.v)
+
+    def reserve(self, rows: int, cols: int, shift: int = 0) -> None:
+        """Room for `rows` rows and `cols` columns; `shift` moves every row's columns right by that much."""
+        have_rows, have_cols = self.capacity
+        if rows <= have_rows and cols <= have_cols and shift == 0:
+            return
+        rows, cols = max(rows, have_rows), max(cols, have_cols)
+        if cols > have_cols:
+            cols = max(cols, have_cols * 5 // 4)
+        if rows > have_rows:
+            rows = max(rows, have_rows * 2)
+        self._move(rows, cols, shift)
+
+    def _move(self, rows: int, cols: int, shift: int = 0) -> None:
+        """New buffers of rows x cols with the rows in use copied over (`shift` columns to the right).
+        Their unused room is never written, so the pages of a large one stay untouched (not resident)."""
+        n, t = self.n, self.t
+        for bufs in (self.k, self.v):
+            for i, old in enumerate(bufs):
+                new = torch.empty(rows, self.shape[0], cols, self.shape[1], dtype=self.dtype)
+                new[:n, :, :shift] = 0
+                new[:n, :, shift : shift + t] = old[:n, :, :t]
+                bufs[i] = new
+        self.t += shift
+        self.start = [s + shift for s in self.start]
+
+    def add(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> int:
+        """A new row from one sequence's keys and values (per layer [kv_heads, length, head_dim]); its index."""
+        length = keys[0].shape[1]
+        if self.n == 0:
+            self.t = 0
+        shift = max(0, length - self.t)
+        self.reserve(self.n + 1, self.t + shift + 1, shift)
+        r, lo = self.n, self.t - length
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            self.k[layer][r, :, :lo] = 0
+            self.v[layer][r, :, :lo] = 0
+            self.k[layer][r, :, lo : self.t] = k
+            self.v[layer][r, :, lo : self.t] = v
+        self.start.append(lo)
+        self.n += 1
+        return r
+
+    def remove(self, r: int) -> None:
+        """Drop row r: the last row moves into its place. Padding nobody needs moves out, and half-unused
+        buffers shrink (an empty batch keeps one small row)."""
+        last = self.n - 1
+        if r != last:
+            for bufs in (self.k, self.v):
+                for b in bufs:
+                    b[r, :, : self.t] = b[last, :, : self.t]
+            self.start[r] = self.start[last]
+        self.start.pop()
+        self.n -= 1
+        if not self.n:
+            self.t = 0
+            if self.capacity != (1, 64):
+                self._move(1, 64)
+            return
+        m = min(self.start)
+        if m > max(256, self.t // 4):  # move left
+            for bufs in (self.k, self.v):
+                for b in bufs:
+                    b[: self.n, :, : self.t - m] = b[: self.n, :, m : self.t].clone()
+            self.t -= m
+            self.start = [s - m for s in self.start]
+        rows, cols = self.capacity
+        if rows * cols >= 2 * max(self.n * (self.t + 64), 64):
+            self._move(self.n, self.t + 64)
+
+    def row(self, r: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Row r's keys and values, per layer [kv_heads, length, head_dim] (views)."""
+        lo = self.start[r]
+        return [k[r, :, lo : self.t] for k in self.k], [v[r, :, lo : self.t] for v in self.v]
+
+    def cache(self, new: int) -> Cache:
+        """The transformers cache for a forward pass that appends `new` columns to rows 0..n-1."""
+        self.reserve(self.n, self.t + new)
+        return Cache(layers=[_SlotLayer(self, i) for i in range(len(self.k))])
+
+    def mask(self, new: int) -> torch.Tensor:
+        """[n, 1, new, t+new] bool: each row attends to its own tokens, causally over the new ones; a
+        padding column's query attends to itself alone (all masked would make NaNs that spread)."""
+        cols = torch.arange(self.t + new)
+        own = cols[None, :] >= torch.tensor(self.start)[:, None]  # [n, T]
+        here = (self.t + torch.arange(new))[:, None]  # [new, 1]: each new column
+        return ((own[:, None, :] & (cols[None, :] <= here)[None]) | (cols[None, :] == here)[None])[:, None]
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer of `Slots` as transformers' attention sees it: writes the new keys and values in
+    place at columns t.. and returns every column so far. The owner moves `t` after the pass."""
+
+    is_compileable = False
+
+    def __init__(self, slots: Slots, layer: int):
+        super().__init__()
+        self.slots, self.layer = slots, layer
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        s, n, t = self.slots, self.slots.n, self.slots.t
+        end = t + key_states.shape[2]
+        k, v = s.k[self.layer], s.v[self.layer]
+        k[:n, :, t:end] = key_states
+        v[:n, :, t:end] = value_states
+        return k[:n, :, :end], v[:n, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.slots.t + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.slots.t
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+
+SUPPORTED = ("llama", "mistral", "qwen2")
+"""Architectures whose decoder layers are exactly RMSNorm, rotary attention, RMSNorm, SiLU-gated MLP."""
+
+
+def supports(model: nn.Module) -> bool:
+    """Whether `model` (a transformers CausalLM) is one this module runs."""
+    c = model.config
+    return (c.model_type in SUPPORTED and getattr(c, "hidden_act", "silu") == "silu"
+            and type(model.get_input_embeddings()) is nn.Embedding and hasattr(model.model, "rotary_emb"))
+
+
+class _Linear:
+    """x @ w.T + b (+ add), on a oneDNN-packed `w` where that is possible, else on the dense one."""
+
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, batch: int):
+        self.shape, self.dtype = tuple(w.shape), w.dtype
+        self.packed = w.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+        self.w = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), batch) if self.packed else w.contiguous()
+        self.b = None if b is None else b.contiguous()
+
+    def __call__(self, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.packed:
+            y = F.linear(x, self.w, self.b)
+            return y if add is None else add + y
+        if add is None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.w, self.b, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, add, self.w, self.b, "add")
+
+    def dense(self) -> torch.Tensor:
+        return self.w.to_dense() if self.packed else self.w
+
+    @property
+    def nbytes(self) -> int:
+        n = self.shape[0] * self.shape[1] + (0 if self.b is None else self.b.numel())
+        return n * self.dtype.itemsize
+
+
+class Decoder:
+    """A llama-shaped model's weights, fused and packed, and its forward pass over the engine's slots.
+    Made from the transformers model, whose decoder layers and head it then empties."""
+
+    def __init__(self, model: nn.Module, batch: int = 16):
+        c = model.config
+        self.heads = c.num_attention_heads
+        self.kv_heads = c.num_key_value_heads or c.num_attention_heads
+        self.dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.hidden, self.eps, self.batch = c.hidden_size, c.rms_norm_eps, batch
+        self.layers_n = c.num_hidden_layers
+        self.rotary = model.model.rotary_emb
+        self.scale = self.dim ** -0.5
+        self.head_key = next(n for n, m in model.named_modules() if m is model.get_output_embeddings()) + ".weight"
+        self.embed_key = next(n for n, m in model.named_modules() if m is model.get_input_embeddings()) + ".weight"
+        self.tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+        state = model.state_dict()
+        self.keys = {k: v.shape for k, v in state.items()}
+        """The weights' names and shapes under transformers' names: what `load` takes."""
+        self.load(state)
+        # the packed weights are the model now: the modules' own go
+        model.model.layers = nn.ModuleList()
+        model.model.embed_tokens.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+        model.get_output_embeddings().weight = nn.Parameter(torch.empty(0), requires_grad=False)
+        for t in [*model.parameters(), *model.buffers()]:  # the final norm's: the weights may be views of
+            t.data = t.data.clone()  # a memory-mapped file, which stays mapped (resident) while any is alive
+
+    def load(self, state: dict[str, torch.Tensor]) -> None:
+        """New weights (transformers' names, this model's shapes: the engine checks them)."""
+        def w(name: str) -> torch.Tensor:
+            return state[name].detach()
+
+        def b(*names: str) -> torch.Tensor | None:
+            return torch.cat([w(n) for n in names]) if all(n in state for n in names) else None
+
+        layers = []
+        for i in range(self.layers_n):
+            p = f"model.layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            qkv = [f"{a}{x}_proj" for x in "qkv"]
+            layers.append((
+                w(p + "input_layernorm.weight").clone(),
+                _Linear(torch.cat([w(n + ".weight") for n in qkv]), b(*(n + ".bias" for n in qkv)), self.batch),
+                _Linear(w(a + "o_proj.weight"), b(a + "o_proj.bias"), self.batch),
+                w(p + "post_attention_layernorm.weight").clone(),
+                _Linear(torch.cat([w(m + "gate_proj.weight"), w(m + "up_proj.weight")]),
+                        b(m + "gate_proj.bias", m + "up_proj.bias"), self.batch),
+                _Linear(w(m + "down_proj.weight"), b(m + "down_proj.bias"), self.batch),
+            ))
+        self.layers = layers
+        self.embed = w(self.embed_key).clone()
+        self.norm = w("model.norm.weight").clone()
+        self.head = _Linear(self.embed if self.tied else w(self.head_key), None, self.batch)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights under transformers' names, dense (a LoRA adapter is merged into them)."""
+        out = {self.embed_key: self.embed, "model.norm.weight": self.norm}
+        q, kv = self.heads * self.dim, self.kv_heads * self.dim
+        for i, (n1, qkv, o, n2, gu, down) in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            out[p + "input_layernorm.weight"], out[p + "post_attention_layernorm.weight"] = n1, n2
+            for name, part in zip("qkv", qkv.dense().split([q, kv, kv])):
+                out[f"{p}self_attn.{name}_proj.weight"] = part
+            out[p + "self_attn.o_proj.weight"] = o.dense()
+            gate, up = gu.dense().chunk(2)
+            out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"], out[p + "mlp.down_proj.weight"] = \
+                gate, up, down.dense()
+            for name, lin, parts in ((p + "self_attn.", qkv, ("q", "k", "v")), (p + "mlp.", gu, ("gate", "up"))):
+                if lin.b is not None:
+                    for x, bias in zip(parts, lin.b.split([q, kv, kv] if len(parts) == 3 else [lin.shape[0] // 2] * 2)):
+                        out[f"{name}{x}_proj.bias"] = bias
+        out[self.head_key] = self.embed if self.tied else self.head.dense()
+        return {k: v for k, v in out.items() if k in self.keys}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weights held, the packed head of a tied model included."""
+        norms = (self.norm.numel() + sum(l[0].numel() + l[3].numel() for l in self.layers)) * self.norm.element_size()
+        linears = sum(x.nbytes for l in self.layers for x in (l[1], l[2], l[4], l[5])) + self.head.nbytes
+        return norms + linears + self.embed.numel() * self.embed.element_size()
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, keys: list[torch.Tensor],
+                values: list[torch.Tensor], t: int, mask: torch.Tensor) -> torch.Tensor:
+        """The final hidden state [n, hidden] of each row's last new token. `ids` and `positions` are
+        [n, new]; per layer, keys and values [rows, kv_heads, columns, dim] get the new ones at columns
+        t..t+new-1; `mask` [n, 1, new, t+new] (True: attend)."""
+        n, new = ids.shape
+        h_, kv, d, end = self.heads, self.kv_heads, self.dim, t + new
+        h = F.embedding(ids.reshape(-1), self.embed)
+        cos, sin = self.rotary(h, positions)
+        cos, sin = cos[:, :, None], sin[:, :, None]  # [n, new, 1, dim]: the same for every head
+        half, width = d // 2, self.hidden
+        for (n1, qkv, o, n2, gate_up, down), k_buf, v_buf in zip(self.layers, keys, values):
+            x = qkv(F.rms_norm(h, (width,), n1, self.eps)).view(n, new, h_ + 2 * kv, d)
+            qk = x[:, :, : h_ + kv]
+            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin
+            k_buf[:n, :, t:end] = qk[:, :, h_:].transpose(1, 2)
+            v_buf[:n, :, t:end] = x[:, :, h_ + kv :].transpose(1, 2)
+            a = F.scaled_dot_product_attention(qk[:, :, :h_].transpose(1, 2), k_buf[:n, :, :end], v_buf[:n, :, :end],
+                                               attn_mask=mask, scale=self.scale, enable_gqa=kv != h_)
+            h = o(a.transpose(1, 2).reshape(n * new, h_ * d), add=h)
+            g = gate_up(F.rms_norm(h, (width,), n2, self.eps))
+            inner = g.shape[1] // 2
+            h = down(F.silu(g[:, :inner]) * g[:, inner:], add=h)
+        return F.rms_norm(h.view(n, new, width)[:, -1], (width,), self.norm, self.eps)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[rows, vocab] fp32 from final hidden states [rows, hidden]."""
+        return self.head(h).float()
