@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from rl.config import RunConfig
 from rl.hf import HFPolicy
-from rl.orchestrator import Batch, Sample
+from rl.sample import Batch, Sample
 from rl.train import train_step
 
 MODEL = {"model_type": "gpt2", "n_layer": 4, "n_embd": 256, "n_head": 4, "n_positions": 512, "vocab_size": 8192,

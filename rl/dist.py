@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from rl.model import MARKER, save_checkpoint, save_weights
-from rl.orchestrator import Batch, Sample
+from rl.sample import Batch, Sample
 from rl.packing import MicroBatch
 
 T = TypeVar("T")

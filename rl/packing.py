@@ -20,7 +20,7 @@ import torch
 from rl import losses
 from rl.config import LossConfig
 from rl.model import token_logprobs
-from rl.orchestrator import Sample
+from rl.sample import Sample
 
 PAD = 0
 """Token id of padding: never attended to by a sample's tokens, never on the loss mask."""

@@ -12,7 +12,7 @@ import pytest
 
 from rl.config import load
 from rl.dist import split
-from rl.orchestrator import Sample
+from rl.sample import Sample
 from rl.train import train
 
 ROOT = Path(__file__).resolve().parents[2]
