@@ -55,25 +55,29 @@ def _wide(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
-ROWS = 256
-"""Rows of the one block taken at a time by `_softmax_`: their temporaries (8 MiB at a 8k vocabulary)
-are reused from the heap, where a whole block's would be fresh pages from the OS every step."""
+ROWS = 512
+"""Rows of the one block exponentiated at a time by `_softmax_`: their temporary (16 MiB at a 8k
+vocabulary) is reused from the heap, where a whole block's would be fresh pages from the OS every step;
+and few enough passes that each operator's fixed cost (a thread barrier, slow on a loaded machine) stays small."""
 
 
 def _softmax_(logits: torch.Tensor, targets: torch.Tensor, picked: torch.Tensor,
               entropy: torch.Tensor | None) -> torch.Tensor:
-    """`logits` [n, V] turned into their softmax in place (returned), `ROWS` rows at a time; the targets'
-    log-probs into `picked` and, if given, each row's entropy into `entropy`."""
-    for s in range(0, logits.shape[0], ROWS):
-        x = logits[s:s + ROWS]
-        x.sub_(x.amax(dim=-1, keepdim=True))  # x - max: exp cannot overflow
-        e = x.exp()
-        total = e.sum(dim=-1)
-        log_total = total.log()
-        picked[s:s + ROWS] = x.gather(1, targets[s:s + ROWS, None]).squeeze(1) - log_total
-        if entropy is not None:  # H = -sum p log p = log sum e - sum e x / sum e
-            entropy[s:s + ROWS] = log_total - torch.bmm(e[:, None], x[:, :, None]).view(-1) / total
-        torch.div(e, total[:, None], out=x)
+    """`logits` [n, V] turned into their softmax in place (returned); the targets' log-probs into `picked`
+    and, if given, each row's entropy into `entropy`."""
+    x = logits.sub_(logits.amax(dim=-1, keepdim=True))  # x - max: exp cannot overflow
+    shifted = x.gather(1, targets[:, None]).squeeze(1)
+    total, dot = torch.empty_like(picked), torch.empty_like(picked)
+    for s in range(0, x.shape[0], ROWS):
+        e = x[s:s + ROWS].exp()
+        torch.sum(e, dim=-1, out=total[s:s + ROWS])
+        if entropy is not None:  # sum e x, row by row
+            torch.bmm(e[:, None], x[s:s + ROWS, :, None], out=dot[s:s + ROWS, None, None])
+        torch.div(e, total[s:s + ROWS, None], out=x[s:s + ROWS])
+    log_total = total.log()
+    torch.sub(shifted, log_total, out=picked)
+    if entropy is not None:  # H = -sum p log p = log sum e - sum e x / sum e
+        torch.sub(log_total, dot.div_(total), out=entropy)
     return logits
 
 
