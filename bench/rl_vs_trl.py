@@ -97,7 +97,7 @@ def profiled(steps: dict, rows: int = 15) -> None:
 
 def ours(inner: torch.nn.Module, data: dict):
     model = HFPolicy(inner)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)  # as rl.train.train makes it
     cfg = RunConfig.model_validate({"loss": {"name": "ipo"}, "train": {"lr": LR, "max_grad_norm": 1.0}})
     samples = [Sample(data["prompt_ids"][i].tolist(), data["completion_ids"][i].tolist(), data["logprobs"][i].tolist(),
                       float(data["advantages"][i]), 0.0, 0) for i in range(BATCH)]
