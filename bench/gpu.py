@@ -40,7 +40,7 @@ from bench.report import load_average, save
 from rl.config import RunConfig
 from rl.hf import HFPolicy
 from rl.model import token_logprobs
-from rl.orchestrator import Batch, Sample
+from rl.sample import Batch, Sample
 from rl.packing import micro_batches
 from rl.train import train_step
 

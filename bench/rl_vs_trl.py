@@ -1,7 +1,9 @@
 """Our IPO training step against TRL's GRPOTrainer step, on the same model and the same batch, in one
 run. Prints a table and writes bench/results/rl_vs_trl.json. Needs the `bench` extra (trl).
 
-    .venv/bin/pip install -e ".[bench]" && .venv/bin/python bench/rl_vs_trl.py
+    .venv/bin/pip install -e ".[bench]" && .venv/bin/python bench/rl_vs_trl.py [--profile]
+
+`--profile` then prints where each trainer's step spends its time (torch.profiler, one more step each).
 
 The model is a GPT-2-style causal LM from a config with random weights (no download), the same
 initial weights on both sides, fp32 on the CPU. The batch is pre-made: prompts and completions of
@@ -10,8 +12,11 @@ one advantage per completion. Generation and reward scoring are not timed on eit
 
 What is timed, per optimizer step, is what each trainer does between "a batch of scored
 rollouts" and "weights updated":
-- ours: `rl.train.train_step`: the log-probs of every position from the final hidden states
-  (chunked), the IPO loss against the inference logprobs, backward, grad-norm clip, AdamW step.
+- ours: `rl.train.train_step`: the log-probs of the loss positions from the final hidden states
+  (chunked; here the batch fits one chunk, whose softmax the backward reuses), the IPO loss against the
+  inference logprobs, backward, grad-norm clip, AdamW step. `rl.hf.HFPolicy` runs GPT-2's `gelu_new` as
+  torch's fused kernel of the same function (equal up to rounding): part of our trainer, not of the model
+  TRL is given, which runs as transformers builds it.
 - TRL: the body of `Trainer`'s inner loop for one step: `GRPOTrainer.training_step` (its
   `compute_loss`: the log-probs through TRL's fused, chunked LM head, entropies, the clipped
   GRPO objective with `loss_type="bnpo"`, normalised by the batch's completion tokens like ours,
@@ -19,7 +24,9 @@ rollouts" and "weights updated":
   `_clip_grad_norm`, `optimizer.step()` (TRL's default AdamW), `model.zero_grad()`.
   `_prepare_inputs` is replaced by the identity on the trainer instance, so the step trains on the
   pre-made batch instead of generating one; nothing else of TRL is changed.
-tokens/s counts every token of the batch (prompt + completion), the same figure on both sides.
+tokens/s counts every token of the batch (prompt + completion), the same figure on both sides. Each
+step's CPU seconds (both threads) are kept beside its wall seconds, and the load average before and
+after: on a shared machine the wall ratio moves with the load.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 from bench.report import load_average, save
 from rl.config import RunConfig
 from rl.hf import HFPolicy
-from rl.orchestrator import Batch, Sample
+from rl.sample import Batch, Sample
 from rl.train import train_step
 
 MODEL = {"model_type": "gpt2", "n_layer": 4, "n_embd": 256, "n_head": 4, "n_positions": 512, "vocab_size": 8192,
@@ -62,22 +69,34 @@ def make_batch(seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def timed(steps: dict, rounds: int = STEPS, warmup: int = WARMUP) -> dict[str, list[float]]:
-    """Seconds per step of each trainer, their steps interleaved round by round, so that load from
-    other processes on a shared machine falls on both alike."""
-    out: dict[str, list[float]] = {name: [] for name in steps}
+def timed(steps: dict, rounds: int = STEPS, warmup: int = WARMUP) -> dict[str, tuple[list[float], list[float]]]:
+    """Wall and CPU seconds per step of each trainer, their steps interleaved round by round, so that load
+    from other processes on a shared machine falls on both alike."""
+    out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in steps}
     for i in range(warmup + rounds):
         for name, step in steps.items():
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             step()
             if i >= warmup:
-                out[name].append(time.perf_counter() - t)
+                out[name][0].append(time.perf_counter() - t)
+                out[name][1].append(time.process_time() - cpu)
     return out
+
+
+def profiled(steps: dict, rows: int = 15) -> None:
+    """One more step of each trainer under torch.profiler: the operators that take the most CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for name, step in steps.items():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+        print(f"\n{name}: one step, by self CPU time")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=48))
 
 
 def ours(inner: torch.nn.Module, data: dict):
     model = HFPolicy(inner)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)  # as rl.train.train makes it
     cfg = RunConfig.model_validate({"loss": {"name": "ipo"}, "train": {"lr": LR, "max_grad_norm": 1.0}})
     samples = [Sample(data["prompt_ids"][i].tolist(), data["completion_ids"][i].tolist(), data["logprobs"][i].tolist(),
                       float(data["advantages"][i]), 0.0, 0) for i in range(BATCH)]
@@ -137,23 +156,29 @@ def main() -> None:
     data = make_batch()
     tokens = BATCH * (PROMPT + COMPLETION)
     with tempfile.TemporaryDirectory() as tmp:
-        times = timed({"prime-agent ipo": ours(copy.deepcopy(inner), data),
-                       "trl grpo": trl(copy.deepcopy(inner), data, tmp)})
+        steps = {"prime-agent ipo": ours(copy.deepcopy(inner), data), "trl grpo": trl(copy.deepcopy(inner), data, tmp)}
+        times = timed(steps)
+        if "--profile" in sys.argv[1:]:
+            profiled(steps)
     rows = {name: {"median_s": statistics.median(t), "min_s": min(t), "tokens_per_s": tokens / statistics.median(t),
-                   "seconds": t} for name, t in times.items()}
+                   "cpu_median_s": statistics.median(cpu), "seconds": t, "cpu_seconds": cpu}
+            for name, (t, cpu) in times.items()}
     ratio = rows["prime-agent ipo"]["tokens_per_s"] / rows["trl grpo"]["tokens_per_s"]
     ratio_min = rows["trl grpo"]["min_s"] / rows["prime-agent ipo"]["min_s"]
+    ratio_cpu = rows["trl grpo"]["cpu_median_s"] / rows["prime-agent ipo"]["cpu_median_s"]
     params = sum(p.numel() for p in inner.parameters())
     print(f"model gpt2-style {params / 1e6:.1f}M params (layers {MODEL['n_layer']}, width {MODEL['n_embd']}, "
           f"vocab {MODEL['vocab_size']}); batch {BATCH} x ({PROMPT} prompt + {COMPLETION} completion) = {tokens:,} "
           f"tokens; {STEPS} timed steps each, interleaved, after {WARMUP} warm-up; 2 threads; trl {trl_package.__version__}")
-    print(f"{'trainer':<18} {'median s/step':>14} {'min s/step':>11} {'tokens/s':>10}")
+    print(f"{'trainer':<18} {'median s/step':>14} {'min s/step':>11} {'tokens/s':>10} {'CPU s/step':>11}")
     for name, r in rows.items():
-        print(f"{name:<18} {r['median_s']:>14.3f} {r['min_s']:>11.3f} {r['tokens_per_s']:>10,.0f}")
-    print(f"ratio (ours / trl, tokens/s): {ratio:.2f} at the median step, {ratio_min:.2f} at the fastest")
+        print(f"{name:<18} {r['median_s']:>14.3f} {r['min_s']:>11.3f} {r['tokens_per_s']:>10,.0f} "
+              f"{r['cpu_median_s']:>11.3f}")
+    print(f"ratio (ours / trl, tokens/s): {ratio:.2f} at the median step, {ratio_min:.2f} at the fastest; "
+          f"{ratio_cpu:.2f} in CPU seconds")
     save(ROOT / "bench" / "results" / "rl_vs_trl.json",
          {"model": MODEL, "params": params, "batch": BATCH, "group": GROUP, "prompt": PROMPT, "completion": COMPLETION,
-          "tokens_per_step": tokens, "rows": rows, "ratio": ratio, "ratio_min": ratio_min,
+          "tokens_per_step": tokens, "rows": rows, "ratio": ratio, "ratio_min": ratio_min, "ratio_cpu": ratio_cpu,
           "trl": trl_package.__version__, "threads": 2}, load)
 
 

@@ -122,12 +122,9 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
     started = time.monotonic()
     result = Result(task.id, r, key, "error")
     limit = spec.timeout
-    with tempfile.TemporaryDirectory(prefix="pa-eval-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=WORKSPACE_PREFIX) as tmp:
         work = Path(tmp)
-        off = config.checkpoints.model_copy(update={"enabled": False})
-        no_checkpoints = config.model_copy(update={"checkpoints": off})
-        session = Session(no_checkpoints, model, cwd=work, session_dir=rollout_layout(run_dir, result).dir,
-                          harness_roots=harness_roots)  # a throwaway workspace: nothing to rewind
+        session = rollout_session(config, model, work, rollout_layout(run_dir, result).dir, harness_roots)
         result.session_id = session.id
 
         async def run_session():
@@ -154,6 +151,18 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
             result.error = f"{type(e).__name__}: {e}"
     result.seconds = time.monotonic() - started
     return result
+
+
+WORKSPACE_PREFIX = "pa-eval-"
+"""A rollout works in a throwaway workspace: a temporary directory named with this prefix."""
+
+
+def rollout_session(config: Config, model: Model, work: Path, session_dir: Path,
+                    harness_roots: dict | None = None) -> Session:
+    """A rollout's session, in its throwaway workspace `work`: nothing to rewind, so no checkpoints."""
+    off = config.checkpoints.model_copy(update={"enabled": False})
+    return Session(config.model_copy(update={"checkpoints": off}), model, cwd=work, session_dir=session_dir,
+                   harness_roots=harness_roots)
 
 
 class StageTimedOut(Exception):

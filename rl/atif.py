@@ -16,7 +16,8 @@ from atif import Trajectory as Document
 from pydantic import ValidationError
 
 from agent.atif import from_atif, reward_of
-from rl.data import IngestCounts, Rubric, TokenSample, samples
+from rl.data import IngestCounts, Rubric, samples
+from rl.sample import TokenSample
 
 
 def read_document(path: Path) -> Document:

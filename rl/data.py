@@ -24,7 +24,7 @@ import importlib.util
 import json
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agent.layout import SessionLayout
@@ -40,32 +40,9 @@ from agent.trajectory import (
 )
 from agent.types import Message
 from rl.model import ByteTokenizer
-from rl.orchestrator import Sample
+from rl.sample import TokenSample
 
 Rubric = Callable[[list[Record]], float]
-
-
-@dataclass
-class TokenSample:
-    session_id: str
-    ids: list[int]
-    mask: list[bool]
-    """True where the policy sampled the token (trainable); False where the harness inserted it."""
-    logprobs: list[float]
-    """The inference logprob of each sampled token; 0.0 where masked."""
-    harness_version: str | None
-    turns: list[str] = field(default_factory=list)
-    reward: float | None = None
-
-    @property
-    def trainable(self) -> int:
-        return sum(self.mask)
-
-    def to_sample(self, advantage: float, version: int = 0) -> Sample:
-        """The trainer's form: the masked history before the first sampled token is the prompt."""
-        first = self.mask.index(True)
-        return Sample(self.ids[:first], self.ids[first:], self.logprobs[first:], advantage,
-                      self.reward if self.reward is not None else 0.0, version, completion_mask=self.mask[first:])
 
 
 @dataclass

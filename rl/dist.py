@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from rl.model import MARKER, save_checkpoint
-from rl.orchestrator import Batch, Sample
+from rl.sample import Batch, Sample
 from rl.packing import MicroBatch
 
 T = TypeVar("T")

@@ -3,7 +3,9 @@
 The plain path, `log_softmax(hidden @ W.T)`, materializes [tokens, vocab] logits and autograd keeps
 them (and their softmax) for the backward: 16k tokens at a 150k vocabulary is ~10 GB in fp32.
 `chunked_logprobs` keeps only each token's log-sum-exp between forward and backward; the backward
-recomputes each chunk's logits, so at most one [chunk, vocab] block is alive at any time.
+recomputes each chunk's logits, so at most one [chunk, vocab] block is alive at any time. When every
+token fits in one chunk, that block (the softmax) is what the forward keeps instead: the backward then
+needs no second product with the output weight (a quarter of the head's matmuls).
 
     picked, entropy = chunked_logprobs(hidden, weight, targets, temperature=1.0)
 """
@@ -53,42 +55,79 @@ def _wide(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
+ROWS = 512
+"""Rows of the one block exponentiated at a time by `_softmax_`: their temporary (16 MiB at a 8k
+vocabulary) is reused from the heap, where a whole block's would be fresh pages from the OS every step;
+and few enough passes that each operator's fixed cost (a thread barrier, slow on a loaded machine) stays small."""
+
+
+def _softmax_(logits: torch.Tensor, targets: torch.Tensor, picked: torch.Tensor,
+              entropy: torch.Tensor | None) -> torch.Tensor:
+    """`logits` [n, V] turned into their softmax in place (returned); the targets' log-probs into `picked`
+    and, if given, each row's entropy into `entropy`."""
+    x = logits.sub_(logits.amax(dim=-1, keepdim=True))  # x - max: exp cannot overflow
+    shifted = x.gather(1, targets[:, None]).squeeze(1)
+    total, dot = torch.empty_like(picked), torch.empty_like(picked)
+    for s in range(0, x.shape[0], ROWS):
+        e = x[s:s + ROWS].exp()
+        torch.sum(e, dim=-1, out=total[s:s + ROWS])
+        if entropy is not None:  # sum e x, row by row
+            torch.bmm(e[:, None], x[s:s + ROWS, :, None], out=dot[s:s + ROWS, None, None])
+        torch.div(e, total[s:s + ROWS, None], out=x[s:s + ROWS])
+    log_total = total.log()
+    torch.sub(shifted, log_total, out=picked)
+    if entropy is not None:  # H = -sum p log p = log sum e - sum e x / sum e
+        torch.sub(log_total, dot.div_(total), out=entropy)
+    return logits
+
+
 class _Chunked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk, entropy):
         n, w = hidden.shape[0], weight.to(hidden.dtype)  # bf16 activations meet fp32 master weights
         picked = torch.empty(n, dtype=_wide(hidden), device=hidden.device)
-        lse = torch.empty_like(picked)
-        ent = torch.empty_like(picked) if entropy else picked.new_empty(0)
-        for s in range(0, n, chunk):
-            logits = _scaled(hidden[s:s + chunk] @ w.T, picked.dtype, temperature)
-            lse[s:s + chunk] = torch.logsumexp(logits, dim=-1)
-            picked[s:s + chunk] = logits.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse[s:s + chunk]
-            if entropy:  # H = -sum p log p, with log p = logits - lse
-                logp = logits.sub_(lse[s:s + chunk, None])
-                ent[s:s + chunk] = -(logp.exp() * logp).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, lse)
+        ent = torch.empty_like(picked) if entropy else None
+        if n <= chunk:  # one block: its softmax is kept for the backward
+            saved = _softmax_(_scaled(hidden @ w.T, picked.dtype, temperature), targets, picked, ent)
+        else:  # each token's log-sum-exp
+            saved = torch.empty_like(picked)
+            for s in range(0, n, chunk):
+                logits = _scaled(hidden[s:s + chunk] @ w.T, picked.dtype, temperature)
+                saved[s:s + chunk] = torch.logsumexp(logits, dim=-1)
+                picked[s:s + chunk] = logits.gather(1, targets[s:s + chunk, None]).squeeze(1) - saved[s:s + chunk]
+                if entropy:  # H = -sum p log p, with log p = logits - lse
+                    logp = logits.sub_(saved[s:s + chunk, None])
+                    ent[s:s + chunk] = -(logp.exp() * logp).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, saved)
         ctx.temperature, ctx.chunk = temperature, chunk
+        ent = ent if entropy else picked.new_empty(0)
         ctx.mark_non_differentiable(ent)
         return picked, ent
 
     @staticmethod
     def backward(ctx, grad_picked, _grad_entropy):
-        hidden, weight, targets, lse = ctx.saved_tensors
+        hidden, weight, targets, saved = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[:2]
         w = weight.to(hidden.dtype)
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
+        grad_w = torch.zeros(weight.shape, dtype=saved.dtype, device=weight.device) if need_w else None
+        # d log p[target] / d (h @ w.T) = (onehot(target) - softmax) / temperature, so with g the incoming
+        # gradient / temperature: grad h = g (w[target] - softmax @ w), grad w = onehot.T @ (g h) - softmax.T @ (g h),
+        # products of the softmax and [tokens, dim] terms alone (the softmax is read, never written)
         for s in range(0, hidden.shape[0], ctx.chunk):
-            h, g = hidden[s:s + ctx.chunk], grad_picked[s:s + ctx.chunk, None] / ctx.temperature
-            # d log p[target] / d (h @ w.T) = (onehot(target) - softmax) / temperature
-            logits = _scaled(h @ w.T, lse.dtype, ctx.temperature)
-            d = logits.sub_(lse[s:s + ctx.chunk, None]).exp_().mul_(-g)
-            d = d.scatter_add_(1, targets[s:s + ctx.chunk, None], g).to(hidden.dtype)
+            h, t, g = hidden[s:s + ctx.chunk], targets[s:s + ctx.chunk], grad_picked[s:s + ctx.chunk, None] / ctx.temperature
+            if saved.dim() == 2:  # the forward's softmax
+                probs = saved.to(hidden.dtype)
+            else:
+                probs = _scaled(h @ w.T, saved.dtype, ctx.temperature).sub_(saved[s:s + ctx.chunk, None]).exp_()
+                probs = probs.to(hidden.dtype)
             if need_h:
-                grad_h[s:s + ctx.chunk] = d @ w
-            if need_w and h.dtype == grad_w.dtype:
-                grad_w.addmm_(d.T, h)
-            elif need_w:  # bf16 products, summed over chunks in fp32
-                grad_w += (d.T @ h).to(grad_w.dtype)
+                grad_h[s:s + ctx.chunk] = (w[t] - probs @ w) * g
+            if need_w:
+                gh = (h * g).to(hidden.dtype)
+                if gh.dtype == grad_w.dtype:
+                    grad_w.addmm_(probs.T, gh, alpha=-1)
+                else:  # bf16 products, summed over chunks in fp32
+                    grad_w -= (probs.T @ gh).to(grad_w.dtype)
+                grad_w.index_add_(0, t, gh.to(grad_w.dtype))
         return grad_h, grad_w.to(weight.dtype) if need_w else None, None, None, None, None

@@ -173,9 +173,11 @@ def build_policy(config: PolicyConfig) -> nn.Module:
 
 def token_logprobs(model: nn.Module, ids: torch.Tensor, temperature: float = 1.0, entropy: bool = False, *,
                    positions: torch.Tensor | None = None, segments: torch.Tensor | None = None,
-                   chunk: int | None = None, plain: bool = False):
+                   chunk: int | None = None, plain: bool = False, where: torch.Tensor | None = None):
     """log p(ids[:, t] | ids[:, :t]) for t >= 1, shape [B, T-1], under the temperature-scaled policy;
-    with `entropy`, also the (detached) entropy of each position's distribution.
+    with `entropy`, also the (detached) entropy of each position's distribution. With `where` (bool
+    [B, T-1]), only at those positions, flat in row order: the output head, by far the widest product,
+    then runs on the tokens a loss reads and no others (a prompt's, padding).
 
     Computed from the final hidden states `chunk` tokens at a time (rl/logprobs.py), so the
     [tokens, vocab] logits never exist whole; `plain` takes the full-logits path instead. Packed rows
@@ -184,10 +186,13 @@ def token_logprobs(model: nn.Module, ids: torch.Tensor, temperature: float = 1.0
     `output_weight` (rl/hf.py)."""
     mask = block_causal_mask(segments[:, :-1]) if segments is not None else None
     hidden = model(ids[:, :-1], positions[:, :-1] if positions is not None else None, mask, hidden=True)
+    targets = ids[:, 1:]
+    if where is not None:
+        hidden, targets = hidden[where], targets[where]
     if plain:
-        picked, ent = plain_logprobs(hidden, model.output_weight, ids[:, 1:], temperature, entropy)
+        picked, ent = plain_logprobs(hidden, model.output_weight, targets, temperature, entropy)
     else:
-        picked, ent = chunked_logprobs(hidden, model.output_weight, ids[:, 1:], temperature, chunk, entropy)
+        picked, ent = chunked_logprobs(hidden, model.output_weight, targets, temperature, chunk, entropy)
     return (picked, ent) if entropy else picked
 
 

@@ -16,46 +16,14 @@ import hashlib
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from evals.env import RLEnvironment, Task
 from rl.advantages import Excluded, group_advantages
 from rl.config import TrainConfig
 from rl.fleet import Fleet, NoServerLeft, reload  # noqa: F401  (reload: rl.orchestrator.reload, as before)
 from rl.model import ByteTokenizer
-
-
-@dataclass
-class Sample:
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    inference_logprobs: list[float]
-    advantage: float
-    reward: float
-    version: int
-    completion_mask: list[bool] | None = None
-    """Which completion tokens the policy sampled (None: all). A multi-turn sample's completion
-    also holds what the harness inserted between its replies: masked, logprob 0."""
-
-
-@dataclass
-class Batch:
-    step: int
-    samples: list[Sample]
-    rewards: list[float]
-    """Every scored rollout's reward of the groups sampled for training, including groups that train nothing
-    and those dropped for having no signal (train.skip_zero_advantage); not the difficulty filter's
-    estimating rollouts: with train.difficulty it is the reward on the tasks kept."""
-    version: int
-    """The oldest policy version that sampled its rollouts (-1: none sampled)."""
-    counts: dict[str, int] = field(default_factory=dict)
-    """rollouts, errored, timed_out, zero_advantage_groups, stale (dropped for max_off_policy_steps);
-    signal_rollouts (those with an advantage: their group's rewards differ) and unsampled_rollouts (of those,
-    the ones that yielded no sample), whose ratio the trainer reports as `sampled_share`; groups (tasks
-    sampled for training and kept), useful_groups (of those, the ones with signal) and extra_rounds (rounds
-    of tasks drawn past the first to fill the batch: train.skip_zero_advantage, train.difficulty); with
-    train.difficulty, tasks_measured, tasks_too_easy, tasks_too_hard and tasks_unmeasured (every estimating
-    rollout failed)."""
+from rl.sample import Batch, Sample
 
 
 COUNTS = ("rollouts", "errored", "timed_out", "zero_advantage_groups", "stale", "signal_rollouts",

@@ -20,7 +20,7 @@ import torch
 from rl import losses
 from rl.config import LossConfig
 from rl.model import token_logprobs
-from rl.orchestrator import Sample
+from rl.sample import Sample
 
 PAD = 0
 """Token id of padding: never attended to by a sample's tokens, never on the loss mask."""
@@ -123,16 +123,20 @@ def backward(model: torch.nn.Module, micro: list[MicroBatch], temperature: float
     total, kept = 0.0, []
     for m in micro:
         m = m.to(device)
+        mask = m.loss_mask  # log-probs of the loss tokens alone, flat
         trainer, entropy = token_logprobs(model, m.ids, temperature, entropy=True, positions=m.positions,
-                                          segments=m.segments)
-        out = losses.compute(loss.name, trainer, m.inference, m.advantages, m.loss_mask, **loss.overrides())
+                                          segments=m.segments, where=mask)
+        inference, advantages = m.inference[mask], m.advantages[mask]
+        out = losses.compute(loss.name, trainer, inference, advantages, _every(trainer), **loss.overrides())
         part = out.per_token.sum() / divisor
         part.backward()
         total += part.item()
-        mask = m.loss_mask
-        kept.append((trainer.detach()[mask], m.inference[mask], m.advantages[mask], entropy[mask]))
+        kept.append((trainer.detach(), inference, advantages, entropy))
     trainer, inference, advantages, entropy = (torch.cat(t) for t in zip(*kept))
     # the metrics over every loss token of the step at once (they are means and maxima over it)
-    metrics = losses.compute(loss.name, trainer, inference, advantages, torch.ones_like(trainer, dtype=torch.bool),
-                             **loss.overrides()).metrics
+    metrics = losses.compute(loss.name, trainer, inference, advantages, _every(trainer), **loss.overrides()).metrics
     return {"loss": total, "tokens": tokens, "entropy": float(entropy.mean()) if tokens else 0.0, **metrics}
+
+
+def _every(t: torch.Tensor) -> torch.Tensor:
+    return torch.ones_like(t, dtype=torch.bool)

@@ -33,14 +33,15 @@ from evals.tasksets import load_taskset, select
 from rl import dist
 from rl.config import RunConfig
 from rl.envs import load as load_env
-from rl.envs.harness import HarnessOrchestrator, policy_view
+from rl.envs.harness import HarnessOrchestrator, policy_view, warm_start_system_prompt
 from rl.model import (
     MARKER, ByteTokenizer, Policy, build_policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint,
     token_logprobs,
 )
 from rl.fleet import Fleet
-from rl.orchestrator import Batch, Orchestrator, rollout_seed
+from rl.orchestrator import Orchestrator, rollout_seed
 from rl.packing import backward, micro_batches
+from rl.sample import Batch
 from rl.serve import BackgroundServer, Engine
 
 
@@ -86,12 +87,14 @@ def sft(cfg: RunConfig, log=print, env=None) -> Path:
     tok = tokenizer(model)
     opt = torch.optim.AdamW(trainable(model), lr=cfg.sft.lr)
     noise = random.Random(cfg.train.seed)
+    # harness rollouts begin with the system prompt a session is given: the warm start shows it too
+    system = warm_start_system_prompt(cfg.train, cfg.env, out) if cfg.env.harness else None
     started = time.time()
     for step in range(cfg.sft.steps):
         tasks = env.tasks(cfg.sft.batch_size, seed=WARM_START_SEED + step)
         rows, masks = [], []
         for t in tasks:
-            prompt = policy_view(t, cfg, tok, model.context) if cfg.env.harness else tok.chat(
+            prompt = policy_view(t, system, cfg, tok, model.context) if cfg.env.harness else tok.chat(
                 ([{"role": "system", "content": t.system}] if t.system else []) + [{"role": "user", "content": t.prompt}])
             shown = env.distractor(t) if noise.random() < cfg.sft.noise else env.demonstration(t)
             answer = tok.encode(shown) + [tok.end]
@@ -177,7 +180,8 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
     engine = sampler_engine(model, start, cfg) if main and not external else None
     vocab_size = int(model.output_weight.shape[0])  # the ids this policy can train on
     model = dist.shard(model)
-    opt = torch.optim.AdamW(trainable(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    # fused: one kernel per weight, not a dozen (TRL's default too)
+    opt = torch.optim.AdamW(trainable(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, fused=True)
     if state is not None:
         dist.load_state(resume, model, opt, state)
         torch.set_rng_state(state["rng"])

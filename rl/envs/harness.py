@@ -13,31 +13,33 @@ relative to each task's group.
 from __future__ import annotations
 
 import asyncio
-from functools import cache
+import shutil
+import tempfile
 from pathlib import Path
 
 from agent.config import Config
+from agent.layout import SessionLayout
 from agent.model import OpenAIModel
-from agent.prompt import system_prompt
-from agent.trajectory import read_records
+from agent.trajectory import MessageRecord, Record, read_records
 from evals.env import Environment, Task
-from evals.runner import EvalSpec, Result, rollout, rollout_layout
+from evals.runner import WORKSPACE_PREFIX, EvalSpec, Result, prompt_of, rollout, rollout_layout, rollout_session
 from evals.tasksets import task_key
 from rl.advantages import Excluded, group_advantages
 from rl.config import EnvConfig, RunConfig, TrainConfig
 from rl.data import IngestCounts, samples
 from rl.model import ByteTokenizer
-from rl.orchestrator import Batch, rollout_seed
+from rl.orchestrator import rollout_seed
+from rl.sample import Batch
 from rl.serve import keep_tail
 
 
-def agent_config(base_url: str, train: TrainConfig, env: EnvConfig) -> Config:
+def agent_config(base_url: str | None, train: TrainConfig, env: EnvConfig) -> Config:
     """The agent as RL drives it: text mode (the policy has no tool calling), logprobs and the
     server's prompt ids recorded, no background refinement, a short budget."""
     return Config.model_validate(agent_overrides(base_url, train, env))
 
 
-def agent_overrides(base_url: str, train: TrainConfig, env: EnvConfig) -> dict:
+def agent_overrides(base_url: str | None, train: TrainConfig, env: EnvConfig) -> dict:
     """agent_config's settings as config overrides (what a daemon session is created with)."""
     return {
         "model": {"name": "prime-policy", "base_url": base_url, "action_format": "text", "base_prompt": env.base_prompt,
@@ -55,13 +57,11 @@ def agent_overrides(base_url: str, train: TrainConfig, env: EnvConfig) -> dict:
     }
 
 
-def policy_view(task: Task, cfg: RunConfig, tok=None, context: int | None = None) -> list[int]:
+def policy_view(task: Task, system: str, cfg: RunConfig, tok=None, context: int | None = None) -> list[int]:
     """The tokens the policy (reading `tok`, default the byte tokenizer, in `context` tokens, default
-    model.max_seq) sees of a rollout's first request: the agent's text-mode system prompt and the task,
-    cut to what the server keeps. Exact whenever the kept tail lies within the task's own message, which
-    is what a warm start on these views assumes (the prompt's working directory is this process's)."""
-    messages = [{"role": "system", "content": _system_prompt(cfg.env.base_prompt)},
-                {"role": "user", "content": task.prompt}]
+    model.max_seq) sees of a rollout's first request: the session's system prompt `system` (as its
+    trajectory records it: `recorded_system_prompt`) and the task, cut to what the server keeps."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt_of(task)}]
     tok = tok or ByteTokenizer()
     ids = tok.chat(messages)
     limit = context or cfg.model.max_seq
@@ -69,9 +69,30 @@ def policy_view(task: Task, cfg: RunConfig, tok=None, context: int | None = None
     return keep_tail(ids, keep, tok.bos)
 
 
-@cache
-def _system_prompt(base: str) -> str:
-    return system_prompt(Config.model_validate({"model": {"action_format": "text", "base_prompt": base}}), Path.cwd())
+def recorded_system_prompt(records: list[Record]) -> str:
+    """The system prompt a session's first request carried, from its trajectory."""
+    for r in records:
+        if isinstance(r, MessageRecord) and r.message.role == "system":
+            return r.message.content
+    raise ValueError("the trajectory records no system prompt (the session never started)")
+
+
+def warm_start_system_prompt(train: TrainConfig, env: EnvConfig, run_dir: Path) -> str:
+    """The system prompt a rollout's session is given, for the warm start to show the policy before any
+    rollout ran: a session started as `rollouts` starts one (the agent's settings, a throwaway workspace),
+    asked nothing, and its prompt read from its trajectory (kept in `run_dir`/sessions/system-prompt). Its
+    workspace's path is another temporary one than each rollout's, of the same length."""
+    config = agent_config(None, train, env)  # no server: the session asks nothing of a model
+    layout = SessionLayout.of("system-prompt", run_dir)
+
+    async def start() -> None:
+        with tempfile.TemporaryDirectory(prefix=WORKSPACE_PREFIX) as work:
+            async with rollout_session(config, OpenAIModel(config.model), Path(work), layout.dir):
+                pass
+
+    shutil.rmtree(layout.dir, ignore_errors=True)  # a session id is one session's
+    asyncio.run(start())
+    return recorded_system_prompt(read_records(layout.trajectory))
 
 
 class HarnessOrchestrator:

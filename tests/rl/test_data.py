@@ -149,7 +149,7 @@ def test_an_ingested_sample_trains_only_on_its_sampled_tokens():
 
     from rl.config import RunConfig
     from rl.model import Policy
-    from rl.orchestrator import Batch
+    from rl.sample import Batch
     from rl.train import train_step
 
     records = [START, rec(Message(role="system", content="sys"), None), rec(Message(role="user", content="q")),

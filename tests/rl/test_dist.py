@@ -10,7 +10,7 @@ import pytest
 
 from rl.config import load
 from rl.dist import split
-from rl.orchestrator import Sample
+from rl.sample import Sample
 from rl.train import train
 from tests.rl.distributed import ROOT, same_steps
 from tests.rl.distributed import torchrun as launch

@@ -75,11 +75,17 @@ def test_rl_train_runs_kernel_tasks_through_the_harness(tmp_path: Path, prime_ho
 
 
 def test_the_warm_start_sees_what_the_policy_sees_in_a_session(tmp_path: Path, prime_home):
-    """rl.envs.harness.policy_view (what SFT trains on) is the prompt the server kept for a real rollout."""
-    from agent.trajectory import ModelCall, read_records
+    """rl.envs.harness.policy_view (what SFT trains on) is the prompt the server kept for a real rollout, from
+    the system prompt its trajectory records; the warm start's own system prompt, from a session started as a
+    rollout's is, is the rollouts' (the person's harness notes in it too) but for the workspace's path."""
+    from agent.trajectory import ModelCall, SessionRecord, read_records
     from evals.tasksets.kernel_tasks import FILE_KINDS, KernelTasks
-    from rl.envs.harness import policy_view
+    from harness_store.store import Edit, HarnessStore
+    from rl.envs.harness import policy_view, recorded_system_prompt, warm_start_system_prompt
 
+    HarnessStore(prime_home / "harness", "user").apply(
+        [Edit("create", "style", kind="prompt", title="Style", body="Answer in one line.")], summary="create style",
+        trigger="test", source="user")
     cfg = RunConfig(model=TINY, env=EnvConfig(name="kernel_tasks", harness=True, max_steps=1, timeout=60,
                                               prompt_tokens=64),
                     train=TrainConfig(batch_size=4, group_size=1, max_tokens=8))
@@ -88,10 +94,19 @@ def test_the_warm_start_sees_what_the_policy_sees_in_a_session(tmp_path: Path, p
         orchestrator = HarnessOrchestrator(url, env, cfg.train, cfg.env, tmp_path)
         tasks = env.tasks(4, seed=1)
         results = asyncio.run(orchestrator.rollouts(tasks, 1, 0))
+    warm = warm_start_system_prompt(cfg.train, cfg.env, tmp_path / "sft")
+    (warm_start,) = [r for r in read_records(tmp_path / "sft" / "sessions" / "system-prompt" / "trajectory.jsonl")
+                     if isinstance(r, SessionRecord)]
+    assert "Answer in one line." in warm
     for task, (result, trajectory) in zip(tasks, results):
-        (call,) = [r for r in read_records(trajectory) if isinstance(r, ModelCall)]
-        assert call.prompt_token_ids == policy_view(task, cfg), task.prompt
+        records = read_records(trajectory)
+        (call,) = [r for r in records if isinstance(r, ModelCall)]
+        (start,) = [r for r in records if isinstance(r, SessionRecord)]
+        system = recorded_system_prompt(records)
+        assert call.prompt_token_ids == policy_view(task, system, cfg), task.prompt
         assert len(call.prompt_token_ids) == 64
+        assert warm.replace(warm_start.cwd, start.cwd) == system and warm_start.cwd != start.cwd
+        assert policy_view(task, warm, cfg) == call.prompt_token_ids
 
 
 def test_rollouts_sample_as_the_trainer_scores_whatever_sampling_the_server_advertises():

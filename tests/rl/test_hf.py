@@ -3,12 +3,14 @@ downloaded. Skipped only where transformers is not installed (the `test` extra i
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from rl import losses
 from rl.config import LossConfig
 from rl.hf import HFPolicy, load_hf
 from rl.model import PolicyConfig, build_policy, token_logprobs
@@ -69,6 +71,40 @@ def test_a_packed_step_equals_the_padded_step_for_hf_models(tmp_path: Path, name
     assert pack["loss"] == pytest.approx(plain["loss"], rel=1e-5) and pack["tokens"] == plain["tokens"]
     for n, g in plain_grads.items():
         assert torch.allclose(pack_grads[n], g, rtol=1e-4, atol=1e-6), n
+
+
+@pytest.mark.parametrize("loss", ["ipo", "cispo"])
+def test_a_step_is_the_textbook_step_on_the_model_transformers_builds(loss: str):
+    """The trainer's step (log-probs of the loss tokens alone, the output head's softmax kept in one block,
+    GPT-2's gelu_new run as torch's fused kernel) has the loss of the textbook step to 1e-6, and its gradients,
+    entropy and metrics: full logits at every position of the model as transformers builds it, the loss over
+    the mask, divided by its tokens."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.activations import NewGELUActivation
+
+    torch.manual_seed(0)
+    inner = AutoModelForCausalLM.from_config(AutoConfig.for_model(**CONFIGS["gpt2"]), attn_implementation="sdpa")
+    reference = copy.deepcopy(inner).eval()  # eval: no dropout, as HFPolicy has none
+    policy = HFPolicy(inner)
+    assert any(isinstance(m, NewGELUActivation) for m in reference.modules())
+    assert not any(isinstance(m, NewGELUActivation) for m in policy.modules())
+    (m,) = micro_batches(samples(8, seed=4), None)
+    metrics = backward(policy, [m], 0.9, LossConfig(name=loss))
+
+    logp = torch.log_softmax(reference(m.ids[:, :-1]).logits / 0.9, -1)
+    out = losses.compute(loss, logp.gather(2, m.ids[:, 1:, None])[..., 0], m.inference, m.advantages, m.loss_mask)
+    textbook = out.per_token.sum() / m.loss_mask.sum()
+    textbook.backward()
+    assert abs(metrics["loss"] - textbook.item()) < 1e-6 and abs(textbook.item()) > 1e-3
+    assert metrics["tokens"] == int(m.loss_mask.sum())
+    entropy = -(logp.exp() * logp).sum(-1)[m.loss_mask].mean()
+    assert metrics["entropy"] == pytest.approx(float(entropy), rel=1e-5)
+    for key, value in out.metrics.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    expected = grads(reference)
+    assert expected.keys() == grads(policy.inner).keys()
+    for n, g in grads(policy.inner).items():
+        assert torch.allclose(g, expected[n], rtol=1e-4, atol=1e-6), n
 
 
 def test_a_local_model_directory_loads_weights_tokenizer_and_chat_template(tmp_path: Path):

@@ -6,20 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl.logprobs import chunked_logprobs, plain_logprobs
+from rl.logprobs import CHUNK_ELEMENTS, chunked_logprobs, plain_logprobs
 from rl.model import Policy, PolicyConfig, token_logprobs
 
 
-def test_the_chunked_function_passes_gradcheck_in_float64():
+@pytest.mark.parametrize("chunk", [3, None])  # 7 tokens in chunks of 3, or one block (its softmax kept)
+def test_the_chunked_function_passes_gradcheck_in_float64(chunk: int | None):
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(7, 5, dtype=torch.float64, generator=g, requires_grad=True)
     weight = torch.randn(11, 5, dtype=torch.float64, generator=g, requires_grad=True)
     targets = torch.randint(0, 11, (7,), generator=g)
-    assert torch.autograd.gradcheck(lambda h, w: chunked_logprobs(h, w, targets, 0.7, chunk=3)[0], (hidden, weight))
+    assert torch.autograd.gradcheck(lambda h, w: chunked_logprobs(h, w, targets, 0.7, chunk=chunk)[0], (hidden, weight))
 
 
+@pytest.mark.parametrize("chunk", [16, None])  # 120 tokens: 7 full chunks and a ragged one, or one block
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_chunked_and_plain_agree_in_value_entropy_and_gradient_at_a_32k_vocabulary(temperature: float):
+def test_chunked_and_plain_agree_in_value_entropy_and_gradient_at_a_32k_vocabulary(temperature: float,
+                                                                                   chunk: int | None):
     torch.manual_seed(0)
     model = Policy(PolicyConfig(d_model=32, n_layer=1, n_head=2, max_seq=64, vocab_size=32_000))
     ids = torch.randint(0, 32_000, (3, 41))
@@ -31,14 +34,15 @@ def test_chunked_and_plain_agree_in_value_entropy_and_gradient_at_a_32k_vocabula
         (picked * weights).sum().backward()
         return picked.detach(), entropy, {n: p.grad.clone() for n, p in model.named_parameters()}
 
-    plain, chunked = run(plain=True), run(chunk=16)  # 120 tokens: 7 full chunks and a ragged one
+    plain, chunked = run(plain=True), run(chunk=chunk)
     assert torch.allclose(chunked[0], plain[0], rtol=1e-5, atol=1e-5)
     assert torch.allclose(chunked[1], plain[1], rtol=1e-5, atol=1e-5)
     for name, grad in plain[2].items():
         assert torch.allclose(chunked[2][name], grad, rtol=1e-4, atol=1e-6), name
 
 
-def test_bf16_hidden_states_meet_fp32_weights():
+@pytest.mark.parametrize("chunk", [16, None])
+def test_bf16_hidden_states_meet_fp32_weights(chunk: int | None):
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(50, 16, generator=g).bfloat16().requires_grad_()
     weight = torch.randn(1000, 16, generator=g).requires_grad_()  # the fp32 master copy
@@ -46,7 +50,7 @@ def test_bf16_hidden_states_meet_fp32_weights():
 
     def run(h):
         hidden.grad = weight.grad = None
-        picked = chunked_logprobs(h, weight, targets, chunk=16)[0]
+        picked = chunked_logprobs(h, weight, targets, chunk=chunk)[0]
         picked.sum().backward()
         return picked, hidden.grad, weight.grad
 
@@ -82,3 +86,6 @@ def test_the_chunked_path_keeps_no_logits_for_the_backward():
     assert plain >= logits_bytes  # log_softmax's output, [tokens, vocab]
     # hidden, weight, targets and one log-sum-exp per token
     assert chunked == (tokens * d + vocab * d + tokens) * 4 + tokens * 8
+    # where every token fits one chunk (the default chunk, here), that one block's softmax instead: no more
+    one_block = saved_bytes(lambda: chunked_logprobs(hidden, weight, targets))
+    assert one_block == (tokens * d + vocab * d) * 4 + tokens * 8 + logits_bytes and logits_bytes <= CHUNK_ELEMENTS * 4

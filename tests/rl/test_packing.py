@@ -10,7 +10,7 @@ import torch
 
 from rl.config import LossConfig, RunConfig
 from rl.model import Policy, PolicyConfig
-from rl.orchestrator import Batch, Sample
+from rl.sample import Batch, Sample
 from rl.packing import backward, micro_batches, packed
 from rl.train import train_step
 

@@ -101,7 +101,7 @@ def test_policy_lag_makes_the_sampler_that_many_steps_old(tmp_path: Path):
 
 
 def test_configs_that_cannot_run_are_refused_before_anything_runs():
-    from rl.orchestrator import Sample
+    from rl.sample import Sample
     from rl.packing import padded
 
     for bad in (["--train.checkpoint_every", "0"], ["--train.group_size", "0"], ["--train.threads", "0"],
