@@ -847,17 +847,38 @@ async def shell(command: str, cwd: Path, launch: Launch,
 
 
 async def _sandboxed_child(pid: int, timeout: float = 10.0) -> int:
-    """The process bubblewrap runs in the sandbox once its setup is done (the child of its PID 1)."""
+    """The process bubblewrap runs in the sandbox once its setup is done: a child of its PID 1 that
+    is in namespaces of its own and no longer bubblewrap. While it sets up, PID 1 may have another
+    child (run as root, bubblewrap forks a helper in the host's namespaces before it unshares the user
+    namespace): mounts meant for the kernel must never be made through that one."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    host = _namespaces(os.getpid())
+    bwrap = os.path.realpath(shutil.which("bwrap") or "bwrap")
     while True:
-        kids = _children(pid)
-        for kid in kids:
-            if grand := _children(kid):
-                return grand[0]
+        for kid in _children(pid):
+            for grand in _children(kid):
+                ns = _namespaces(grand)
+                if ns and all(a != b for a, b in zip(ns, host)) and _exe(grand) not in (None, bwrap):
+                    return grand
         if loop.time() > deadline:
             raise SandboxError(f"the sandbox of kernel launcher {pid} did not start within {timeout:g}s")
         await asyncio.sleep(0.002)
+
+
+def _namespaces(pid: int) -> tuple[str, str] | None:
+    """Process `pid`'s user and mount namespaces, or None if it is gone."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/user"), os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
 
 
 def _children(pid: int) -> list[int]:

@@ -537,3 +537,19 @@ async def test_a_kernel_cannot_trace_use_keyrings_bpf_new_user_namespaces_or_mou
                    "clone3": "ENOSYS", "status": "1 2"}, got
     assert ok.stdout == "thread\n[1, 2]\n[3]\n0\n", ok
     assert shell.stdout == "shell 42\n", shell
+
+
+async def test_mounts_never_go_through_a_process_still_in_the_hosts_namespaces():
+    """Run as root, bubblewrap's PID 1 first forks a set-up helper in the host's namespaces: a launcher
+    whose grandchild is such a process is never taken for the sandboxed kernel (its namespaces would
+    be the host's, where the kernel's covers must not be mounted)."""
+    from agent.kernel.sandbox import SandboxError, _sandboxed_child
+
+    launcher = await asyncio.create_subprocess_exec("/bin/sh", "-c", "/bin/sh -c 'sleep 30' & wait",
+                                                    start_new_session=True)
+    try:
+        with pytest.raises(SandboxError, match="did not start within 1s"):
+            await _sandboxed_child(launcher.pid, timeout=1.0)
+    finally:
+        os.killpg(launcher.pid, 9)
+        await launcher.wait()
