@@ -80,3 +80,14 @@ def trust(root: Path, *paths: str) -> None:
         file = store.check(root, path)
         assert file is not None and file.content is not None, f"{path}: nothing to trust"
         store.trust(root, file)
+
+
+LONGEST = ["tests/e2e/test_smollm2.py", "tests/rl/test_dist_hf.py", "tests/e2e/test_demo.py", "tests/rl/test_vllm.py",
+           "tests/evals/test_eval.py", "tests/rl/test_train.py", "tests/rl/test_models.py", "tests/e2e/test_run.py"]
+"""The files that take longest (minutes each, measured), first: the README's command runs the files on
+three workers in collection order, so the longest start at once and the rest fill in around them."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONGEST)))
