@@ -244,8 +244,11 @@ class HFEngine:
         self._threads = _Threads(torch.get_num_threads())
         _heap_maps_large_blocks()
         _trim(collect=True)  # the model as loaded, before its weights were fused and packed
+        self._stopping = False
+        self._thread: threading.Thread | None = None
         if thread:
-            threading.Thread(target=self.run, daemon=True, name="hf-sampler").start()
+            self._thread = threading.Thread(target=self.run, daemon=True, name="hf-sampler")
+            self._thread.start()
 
     def memory(self) -> dict[str, int]:
         """Bytes: the weights held, the key/value slots, the prefix cache, the rest of the process
@@ -318,7 +321,7 @@ class HFEngine:
         used torch's OpenMP threads, a step from another thread takes ~1.5x as long (46 vs 68 ms at
         batch 16 here), so `prime-agent rl serve` samples in its main thread and answers HTTP in another."""
         with torch.inference_mode():
-            while True:
+            while not self._stopping:
                 self._admit(block=not self.rows)
                 if self.rows:
                     try:
@@ -327,6 +330,16 @@ class HFEngine:
                         self._fail(e)
                     if not self.rows:
                         _trim()
+
+    def stop(self) -> None:
+        """End the sampling thread (after the step it is in) and fail what was still to sample: a process
+        must not exit while that thread runs a step in torch's C++ (it aborted: "terminate called without
+        an active exception", seen at the end of training with rollouts for a next step in flight)."""
+        self._stopping = True
+        self._jobs.put(None)  # wake it if it is idle
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        self.close()
 
     def close(self) -> None:
         """Fail every job not finished (the server is stopping), so no one waits on them. Call it once

@@ -253,6 +253,8 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
             if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
                 dist.save(out / "checkpoints" / f"step-{step + 1}", model, opt, step + 1, state)
             waited = time.time()
+    if engine is not None and hasattr(engine, "stop"):  # the HF sampler's thread: not mid-step at exit
+        engine.stop()
     if not main:
         return []
     plot(history, out / "reward.png", evals)

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
 COMMANDS = ("bash scripts/setup.sh && .venv/bin/prime-agent demo\n"
-            "bash scripts/setup.sh test && .venv/bin/python -m pytest\n")
+            "bash scripts/setup.sh test && .venv/bin/python -m pytest -n 3 --dist loadfile\n")
 """The first two lines of the README's first code block, byte for byte."""
 
 FENCE = re.compile(r"^(`{3,}|~{3,})[^`\n]*\n.*?^\1[ \t]*$", re.M | re.S)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import re
 
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
+log = logging.getLogger(__name__)
 
 
 class MountError(RuntimeError):
@@ -29,8 +31,7 @@ MS_RDONLY, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MNT_DETACH = 1, 32, 4096, 8192,
 def _mount_all(target: int, ops: list[Mount]) -> str:
     """In a forked child of the host: enter the user and mount namespaces of process `target` (as
     their owner, with every capability there) and make `ops`; what failed, or "". The namespaces are
-    opened here, not in the host: a descriptor the host opened could be closed and its number reused
-    by another of the host's threads before the fork (setns then fails with EINVAL)."""
+    opened here, where no other thread can close the descriptors."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -45,7 +46,8 @@ def _mount_all(target: int, ops: list[Mount]) -> str:
 
     try:
         user_ns, mount_ns = (os.open(f"/proc/{target}/ns/{ns}", os.O_RDONLY) for ns in ("user", "mnt"))
-        check(libc.setns(user_ns, CLONE_NEWUSER), "entering the kernel's user namespace")
+        if libc.setns(user_ns, CLONE_NEWUSER) != 0:
+            raise OSError(ctypes.get_errno(), f"{ENTERING}: {os.strerror(ctypes.get_errno())} ({_why_not(target)})")
         check(libc.setns(mount_ns, CLONE_NEWNS), "entering the kernel's mount namespace")
         for op, a, b in ops:
             if op == "bind":
@@ -71,10 +73,39 @@ def _mount_all(target: int, ops: list[Mount]) -> str:
     return ""
 
 
-async def apply_mounts(target: int, ops: list[Mount]) -> None:
+ENTERING = "entering the kernel's user namespace"
+
+
+def _why_not(target: int) -> str:
+    """What setns(2) into `target`'s user namespace depends on, for the message when it failed
+    (EINVAL: the same namespace as the caller's, or a caller of more than one thread)."""
+    def read(path: str) -> str:
+        try:
+            return os.readlink(path)
+        except OSError as e:
+            return e.strerror or str(e)
+    with open("/proc/self/status") as f:
+        threads = next((line.split()[1] for line in f if line.startswith("Threads:")), "?")
+    return f"helper threads {threads}, its {read('/proc/self/ns/user')}, the kernel's {read(f'/proc/{target}/ns/user')}"
+
+
+async def apply_mounts(target: int, ops: list[Mount], tries: int = 3) -> None:
     """Make `ops` in the namespaces of process `target`. A fork of this process does it, which
     needs no exec (util-linux's nsenter and mount took 8 ms idle and 20-60 ms on a loaded machine,
-    a fork ~1 ms): the child only enters the namespaces, calls mount(2) and exits."""
+    a fork ~1 ms): the child only enters the namespaces, calls mount(2) and exits. A helper that
+    could not enter the user namespace has made no mount, and another is tried: on a loaded machine
+    that step failed now and then (EINVAL) for a reason not yet found; each failure is logged with
+    what the helper saw."""
+    for attempt in range(tries):
+        out = await _helper(target, ops)
+        if out == "ok":
+            return
+        if not out.startswith(ENTERING) or attempt == tries - 1:
+            raise MountError(f"the kernel's sandbox could not be set up: {out or 'its helper died'}")
+        log.warning("the mount helper of kernel process %d failed, trying again: %s", target, out)
+
+
+async def _helper(target: int, ops: list[Mount]) -> str:
     r, w = os.pipe()
     try:
         pid = os.fork()
@@ -93,9 +124,7 @@ async def apply_mounts(target: int, ops: list[Mount]) -> None:
             os.close(r)
             os.waitpid(pid, 0)
 
-    out = await asyncio.get_running_loop().run_in_executor(None, finish)
-    if out != "ok":
-        raise MountError(f"the kernel's sandbox could not be set up: {out or 'its helper died'}")
+    return await asyncio.get_running_loop().run_in_executor(None, finish)
 
 
 def mount_points(pid: int) -> set[str]:

@@ -75,7 +75,7 @@ def test_a_packed_step_equals_the_padded_step_for_hf_models(tmp_path: Path, name
 
 @pytest.mark.parametrize("loss", ["ipo", "cispo"])
 def test_a_step_is_the_textbook_step_on_the_model_transformers_builds(loss: str):
-    """The trainer's step (log-probs of the loss tokens alone, the output head's softmax kept in one block,
+    """The trainer's step (log-probs of the loss tokens alone,
     GPT-2's gelu_new run as torch's fused kernel) has the loss of the textbook step to 1e-6, and its gradients,
     entropy and metrics: full logits at every position of the model as transformers builds it, the loss over
     the mask, divided by its tokens."""

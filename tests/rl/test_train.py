@@ -25,6 +25,7 @@ def quick(tmp_path: Path, *overrides: str):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # 30 steps: a minute alone, more beside the other long files at the start of a run
 def test_reward_goes_up_with_ipo(tmp_path: Path):
     history = train(quick(tmp_path), log=lambda *_: None, progress=False)
     rewards = [h["reward_mean"] for h in history]
