@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import logging
 import os
 import re
+import sys
 
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 log = logging.getLogger(__name__)
@@ -93,16 +95,27 @@ async def apply_mounts(target: int, ops: list[Mount], tries: int = 3) -> None:
     """Make `ops` in the namespaces of process `target`. A fork of this process does it, which
     needs no exec (util-linux's nsenter and mount took 8 ms idle and 20-60 ms on a loaded machine,
     a fork ~1 ms): the child only enters the namespaces, calls mount(2) and exits. A helper that
-    could not enter the user namespace has made no mount, and another is tried: on a loaded machine
-    that step failed now and then (EINVAL) for a reason not yet found; each failure is logged with
-    what the helper saw."""
-    for attempt in range(tries):
-        out = await _helper(target, ops)
-        if out == "ok":
-            return
-        if not out.startswith(ENTERING) or attempt == tries - 1:
-            raise MountError(f"the kernel's sandbox could not be set up: {out or 'its helper died'}")
-        log.warning("the mount helper of kernel process %d failed, trying again: %s", target, out)
+    could not enter the user namespace has made no mount: the fork of a process that imported torch
+    could not (EINVAL: an at-fork handler had started a thread in it), and a fresh interpreter does it."""
+    out = await _helper(target, ops)
+    for _ in range(tries - 1):
+        if not out.startswith(ENTERING):
+            break
+        # A fork of a process that imported torch had two threads (an at-fork handler started one), and
+        # setns(2) refuses a process of more than one (EINVAL): a fresh interpreter does it instead.
+        log.warning("the mount helper of kernel process %d failed, running one of its own: %s", target, out)
+        out = await _spawned(target, ops)
+    if out != "ok":
+        raise MountError(f"the kernel's sandbox could not be set up: {out or 'its helper died'}")
+
+
+async def _spawned(target: int, ops: list[Mount]) -> str:
+    """`_mount_all` in a new interpreter (this module alone, single-threaded): tens of ms, not one."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-I", "-m", "agent.kernel.mounts", str(target), stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate(json.dumps(ops).encode())
+    return out.decode(errors="replace").strip()
 
 
 async def _helper(target: int, ops: list[Mount]) -> str:
@@ -143,3 +156,7 @@ def _read_to_end(fd: int) -> str:
     while chunk := os.read(fd, 65536):
         chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace")
+
+
+if __name__ == "__main__":  # `_spawned`: the target's pid as the argument, the mounts as JSON on stdin
+    print(_mount_all(int(sys.argv[1]), [tuple(op) for op in json.loads(sys.stdin.read())]) or "ok")
