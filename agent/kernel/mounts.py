@@ -91,19 +91,15 @@ def _why_not(target: int) -> str:
     return f"helper threads {threads}, its {read('/proc/self/ns/user')}, the kernel's {read(f'/proc/{target}/ns/user')}"
 
 
-async def apply_mounts(target: int, ops: list[Mount], tries: int = 3) -> None:
+async def apply_mounts(target: int, ops: list[Mount]) -> None:
     """Make `ops` in the namespaces of process `target`. A fork of this process does it, which
     needs no exec (util-linux's nsenter and mount took 8 ms idle and 20-60 ms on a loaded machine,
     a fork ~1 ms): the child only enters the namespaces, calls mount(2) and exits. A helper that
     could not enter the user namespace has made no mount: the fork of a process that imported torch
     could not (EINVAL: an at-fork handler had started a thread in it), and a fresh interpreter does it."""
     out = await _helper(target, ops)
-    for _ in range(tries - 1):
-        if not out.startswith(ENTERING):
-            break
-        # A fork of a process that imported torch had two threads (an at-fork handler started one), and
-        # setns(2) refuses a process of more than one (EINVAL): a fresh interpreter does it instead.
-        log.warning("the mount helper of kernel process %d failed, running one of its own: %s", target, out)
+    if out.startswith(ENTERING):
+        log.info("the mount helper of kernel process %d could not fork: %s; a fresh interpreter does it", target, out)
         out = await _spawned(target, ops)
     if out != "ok":
         raise MountError(f"the kernel's sandbox could not be set up: {out or 'its helper died'}")

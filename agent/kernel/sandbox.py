@@ -848,9 +848,8 @@ async def shell(command: str, cwd: Path, launch: Launch,
 
 async def _sandboxed_child(pid: int, timeout: float = 10.0) -> int:
     """The process bubblewrap runs in the sandbox once its setup is done: a child of its PID 1 that
-    is in namespaces of its own and no longer bubblewrap. While it sets up, PID 1 may have another
-    child (run as root, bubblewrap forks a helper in the host's namespaces before it unshares the user
-    namespace): mounts meant for the kernel must never be made through that one."""
+    is in namespaces of its own and no longer bubblewrap. Mounts meant for the kernel are never made
+    through a process that could still be in the host's namespaces."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     host = _namespaces(os.getpid())

@@ -540,9 +540,8 @@ async def test_a_kernel_cannot_trace_use_keyrings_bpf_new_user_namespaces_or_mou
 
 
 async def test_mounts_never_go_through_a_process_still_in_the_hosts_namespaces():
-    """Run as root, bubblewrap's PID 1 first forks a set-up helper in the host's namespaces: a launcher
-    whose grandchild is such a process is never taken for the sandboxed kernel (its namespaces would
-    be the host's, where the kernel's covers must not be mounted)."""
+    """A launcher whose grandchild is still in the host's namespaces is never taken for the sandboxed
+    kernel: the kernel's covers must not be mounted where the host lives."""
     from agent.kernel.sandbox import SandboxError, _sandboxed_child
 
     launcher = await asyncio.create_subprocess_exec("/bin/sh", "-c", "/bin/sh -c 'sleep 30' & wait",
