@@ -112,6 +112,9 @@ class Session:
         self.turns = 0
         """Turns begun so far (turn ids are t1, t2, ... and never repeat)."""
         self.turn: Turn | None = None
+        self.between_turns = asyncio.Event()
+        """Set while no turn runs."""
+        self.between_turns.set()
         self.last_result: TurnResult | None = None
         self.depth = parent.depth + 1 if parent else 0
         self.instructions = instructions
@@ -420,6 +423,7 @@ class Session:
         goal_id, continuation = goal or (None, None)
         turn = self.turn = Turn(id=turn_id or f"t{self.turns}", prompt=text, goal_id=goal_id,
                                 continuation=continuation)
+        self.between_turns.clear()
         outcome: Outcome = "interrupted"
         answer = files = None
         error = "the session was closed during this turn"
@@ -663,6 +667,7 @@ class Session:
                            duration=time.monotonic() - turn.started, steps=turn.steps, cells=turn.cells)
         result = TurnResult(turn_id=turn.id, **dict(done), final=turn.final and outcome == "completed")
         self.turn = None
+        self.between_turns.set()
         self.last_result = result
         try:
             self.record(TurnFinishedRecord(turn_id=turn.id, **dict(done), harness_version=self.harness_version))

@@ -8,6 +8,7 @@ a new kernel, on its next prompt. The directory's files are named in agent/layou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -55,6 +56,8 @@ from harness_store.refiner import RefinementError
 log = logging.getLogger(__name__)
 RESTARTED = "The daemon restarted"
 RUN_ENDED = "The `prime-agent run` that hosted this session ended"
+PLAN_TURN_END = 30.0
+"""Seconds a decision on a plan waits for the turn that proposed it to end."""
 SLEPT = "The session was idle and its kernel was stopped to free memory"
 SWITCHED = "The user switched the session's sandbox or plan mode, which restarted its kernel"
 NO_KEY = ("the daemon has no API key for this session: export OPENAI_API_KEY in your shell and send the prompt "
@@ -525,6 +528,10 @@ class ManagedSession:
             raise Refused("remote_loosening", "over TCP a plan can only be rejected: approving it makes the "
                           "workspace writable (approve it over the Unix socket: the app, `prime-agent`, ACP)")
         session = await self.wake()
+        if session.turn is not None and session.turn.final and session.plan is not None:
+            # the turn that proposed the plan is ending (a client shows the plan from plan.proposed on)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(session.between_turns.wait(), PLAN_TURN_END)
         if session.turn is not None:
             raise Refused("turn_running", "a turn is running: decide the plan once it ends")
         try:

@@ -39,6 +39,25 @@ async def test_a_plan_approved_over_the_api_is_carried_out_by_the_same_kernel(da
     assert e.value.status == 409 and "no plan waits" in e.value.message
 
 
+async def test_a_plan_decided_as_soon_as_it_is_shown_waits_for_its_turn_to_end(daemon: Client, project: Path,
+                                                                             model_server):
+    """The card is up from `plan.proposed`, while the turn that proposed it may still be ending (here
+    the rest of its cell takes a second): a person who answers at once is heard, not told that a turn
+    is running (the app's card then stayed "waiting": a CI failure of test_plan_mode_shows...)."""
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url, mode="plan")
+    accepted = await daemon.send(s.id, "run: propose_plan('look first')\nimport time; time.sleep(1)")
+    async for e in daemon.events(s.id):
+        if e.type == "plan.proposed":
+            break
+    assert (await daemon.session(s.id)).state == "running"
+    decided = await daemon.decide_plan(s.id, False, note="not yet")
+    assert not decided.approved
+    events = await collect(daemon, s.id, accepted.turn_id)
+    assert events[-1].outcome == "completed"
+    info = await daemon.session(s.id)
+    assert info.planning and info.plan is None
+
+
 async def _propose(daemon: Client, session_id: str, plan: str) -> list:
     accepted = await daemon.send(session_id, f"run: propose_plan({plan!r})")
     return await collect(daemon, session_id, accepted.turn_id)
