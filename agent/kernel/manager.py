@@ -55,7 +55,6 @@ KERNEL_ARGS = [
     "--HistoryManager.enabled=False",  # no sqlite write per cell
     "--InteractiveShell.colors=nocolor",
     "--IPKernelApp.exec_lines=['import agent.kernel.runtime.lifeline as _pa; del _pa']",  # it dies with its host
-    "--IPKernelApp.outstream_class=agent.kernel.runtime.streams.OutStream",  # fd output drained at each cell's end
 ]
 
 

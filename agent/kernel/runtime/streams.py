@@ -52,8 +52,6 @@ import tempfile
 import threading
 from typing import Any
 
-from ipykernel.iostream import OutStream as IPyOutStream
-
 STREAMS = (("stderr", 2), ("stdout", 1), ("stdin", 0))
 """stderr first: the notes are written to it."""
 _repr = reprlib.Repr()
@@ -102,6 +100,7 @@ class StreamGuard:
         self.pub_thread = {n: getattr(self.own[n], "pub_thread", None) for n in ("stdout", "stderr")}
         self.watched = {n: bool(getattr(self.own[n], "_should_watch", False)) for n in ("stdout", "stderr")}
         """Whether ipykernel captures the file descriptor too (it does, except under pytest)."""
+        self.readers = {n: FdReader(self.own[n]) for n in ("stdout", "stderr") if self.watched[n]}
         self.spare = {fd: os.dup(fd) for _, fd in self.streams}
         """A copy of each standard file descriptor (not inherited by children), to put back a closed one."""
         self.noted: dict[str, int] = {}
@@ -173,69 +172,80 @@ class StreamGuard:
             setattr(sys, name, _Fd(fd))
             stream._should_watch = True
             stream._setup_stream_redirects(name)
+            self.readers[name].start()
             os.close(self.spare[fd])
             self.spare[fd] = os.dup(fd)  # the new pipe: the old one has no reader any more
 
 
-class OutStream(IPyOutStream):
-    """ipykernel's stream (`--IPKernelApp.outstream_class`), whose capture of its file descriptor is
-    drained as each cell ends: what a subprocess wrote to fd 1 before then is that cell's output.
+class FdReader:
+    """The reader of the pipe that ipykernel puts in place of fd 1 (or 2), which can be drained: what
+    a subprocess wrote there before a cell ended is that cell's output.
 
-    ipykernel reads the pipe that stands in for fd 1 in a thread of its own, and nothing waits for
-    it: on a loaded machine the thread ran after the cell's closing flush, and the output went out
-    200 ms after the cell was over (lost to the host, which had its result; 5 of 20 such cells when
-    the reader was starved in a test). Here the reader takes a lock around each read and its
-    `write`, and `drain()`, under the same lock, passes on what waits in the pipe: after it, every
-    byte written to the descriptor before it began is in the stream's buffer, in order. The reader
-    also decodes UTF-8 across reads (ipykernel cuts a character split between two reads in half)."""
+    ipykernel reads the pipe in a thread of its own, and nothing waits for it: on a loaded machine
+    the thread ran after the cell's closing flush, and the output went out 200 ms after the cell was
+    over, lost to the host, which had its result (a CI failure; 5 of 20 cells in a test that starves
+    the thread). This reader takes a lock around each read and the `write` that passes it on, and
+    `drain()`, after each cell and under the same lock, passes on what waits in the pipe: then every
+    byte written before the drain began is in the stream's buffer, in order, for ipykernel's flush.
+    It also decodes UTF-8 across reads (ipykernel cuts a character split between two reads in half).
+    It replaces ipykernel's thread at bootstrap and whenever the stream sets up its capture again."""
 
     CHUNK = 1 << 16
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        self._pipe_lock = threading.Lock()  # before ipykernel's __init__ starts the reader
-        super().__init__(*args, **kwargs)
+    def __init__(self, stream: Any):
+        self.stream = stream
+        self.lock = threading.Lock()
+        self.start()
 
-    def _setup_stream_redirects(self, name: str) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        super()._setup_stream_redirects(name)
-        os.set_blocking(self._fid, False)
+    def start(self) -> None:
+        """Stop ipykernel's reader as its own close() does (a byte wakes it, and it passes nothing on
+        once `_should_watch` is false) and read in its place."""
+        s = self.stream
+        s._should_watch = False
+        os.write(s._original_stdstream_fd, b"\0")
+        s.watch_fd_thread.join()
+        s._should_watch = True
+        os.set_blocking(s._fid, False)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        s.watch_fd_thread = threading.Thread(target=self._run, args=(s._fid,), daemon=True, name=f"{s.name} reader")
+        s.watch_fd_thread.start()
 
-    def _watch_pipe_fd(self) -> None:
-        """The reader (ipykernel's thread runs it); it ends when the pipe does or `close()` stops it."""
-        if self._fid is None:
-            return
+    def _run(self, fid: int) -> None:
+        """Until the pipe ends or the stream's close() stops it (joining this thread)."""
         poll = select.poll()
-        poll.register(self._fid, select.POLLIN)
+        poll.register(fid, select.POLLIN)
         try:
             while True:
                 poll.poll()
-                with self._pipe_lock:
-                    if not self._pass_on():
+                with self.lock:
+                    if not self._pass_on(fid):
                         return
         except Exception:
-            self._exc = sys.exc_info()
+            self.stream._exc = sys.exc_info()  # printed by the stream's close(), as ipykernel does
 
-    def _pass_on(self, most: int = 1 << 30) -> bool:
-        """Pass on up to `most` bytes of what waits in the pipe, holding `_pipe_lock`; False once
-        the pipe has ended or the stream stopped watching (`close()` wakes the reader with a byte)."""
+    def _pass_on(self, fid: int, most: int = 1 << 62) -> bool:
+        """Pass on up to about `most` bytes of what waits in the pipe (the caller holds the lock);
+        False once the pipe has ended or the stream stopped watching."""
+        s = self.stream
         while most > 0:
             try:
-                data = os.read(self._fid, self.CHUNK)
+                data = os.read(fid, self.CHUNK)
             except BlockingIOError:
                 return True
-            if not data or not self._should_watch:
+            if not data or not s._should_watch:
                 return False
             most -= len(data)
-            self.write(self._decoder.decode(data))
-            os.write(self._original_stdstream_copy, data)  # echoed to the kernel's own fd, as ipykernel does
+            s.write(self.decoder.decode(data))
+            os.write(s._original_stdstream_copy, data)  # echoed to the kernel's own fd, as ipykernel does
         return True
 
     def drain(self) -> None:
-        """What was written to the file descriptor so far goes to this stream's buffer now. Bounded
-        (a background process that never stops writing does not keep the cell from ending)."""
-        if self._should_watch and self._fid is not None:
-            with self._pipe_lock:
-                self._pass_on(most=8 * self.CHUNK)
+        """What was written to the descriptor so far goes to the stream's buffer now; bounded, so a
+        background process that never stops writing does not keep a cell from ending."""
+        s = self.stream
+        if s._should_watch and s._fid is not None:
+            with self.lock:
+                self._pass_on(s._fid, most=8 * self.CHUNK)
 
 
 class Spill:
@@ -320,9 +330,8 @@ def guard_streams(spill_after: int = 0) -> None:
         try:
             return await execute(*args, **kwargs)
         finally:
-            for own in (guard.own["stdout"], guard.own["stderr"]):
-                if isinstance(own, OutStream):
-                    own.drain()  # what a subprocess wrote to fd 1 or 2 is this cell's output
+            for reader in guard.readers.values():  # what a subprocess wrote to fd 1 or 2 is this cell's output
+                reader.drain()
             guard.check()  # in the cell that broke a stream, before ipykernel flushes sys.stdout
             for spill in spills:
                 spill.end()
