@@ -82,7 +82,8 @@ def sft(cfg: RunConfig, log=print, env=None) -> Path:
         log(f"sft: using {done}")
         return done
     torch.manual_seed(cfg.train.seed)
-    torch.set_num_threads(cfg.train.threads)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     env, model = env or load_env(cfg.env.name, **cfg.env.options), build_policy(cfg.model)
     tok = tokenizer(model)
     opt = torch.optim.AdamW(trainable(model), lr=cfg.sft.lr)
@@ -154,7 +155,8 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
         log, progress = (lambda *_: None), False
     out = Path(cfg.train.out)
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(cfg.train.threads)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     env = load_env(cfg.env.name, **cfg.env.options)
 
     # --- weights: resume, else a named start, else the SFT warm start, else fresh

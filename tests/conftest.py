@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+# torch in every worker and in what the tests start (rl serve, torchrun): one thread. Three workers on
+# two cores, each with two threads spinning for the others, took twice the CPU time for an RL run.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from agent.config import ENV_VARS, Config, home
 from agent.kernel.sandbox import forget_home
 from agent.trust import TrustStore

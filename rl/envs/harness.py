@@ -13,6 +13,7 @@ relative to each task's group.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -111,7 +112,7 @@ class HarnessOrchestrator:
 
     async def rollouts(self, tasks: list[Task], group: int, step: int) -> list[tuple[Result, Path]]:
         """`group` rollouts of each task, in order: each one's result and its trajectory file."""
-        spec = EvalSpec(taskset=self.env.name, n=len(tasks), rollouts=group, concurrency=max(1, self.train.threads),
+        spec = EvalSpec(taskset=self.env.name, n=len(tasks), rollouts=group, concurrency=self.train.threads or os.cpu_count() or 1,
                         seed=step, timeout=self.env_config.timeout)
         model = OpenAIModel(self.config.model)
         step_dir = self.run_dir / "rollouts" / f"step-{step}"

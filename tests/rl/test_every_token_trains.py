@@ -49,7 +49,7 @@ def config(model: Path, out: Path, *overrides: str) -> RunConfig:
     return load(None, ["--model.hf", json.dumps(str(model)), "--env.name", '"kernel_tasks"', "--env.harness", "true",
                        "--env.max_steps", "1", "--env.timeout", "60", "--env.prompt_tokens", "48",
                        "--env.base_prompt", '"short"', "--train.steps", "1", "--train.batch_size", "3",
-                       "--train.group_size", str(GROUP), "--train.max_tokens", "24", "--train.threads", "2",
+                       "--train.group_size", str(GROUP), "--train.max_tokens", "24", "--train.threads", "1",
                        "--train.out", json.dumps(str(out)), *overrides])
 
 
