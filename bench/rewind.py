@@ -31,10 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 from agent.kernel.bridge import BridgeServer  # noqa: E402
 from agent.checkpoints import Checkpoints  # noqa: E402
-from agent.config import CheckpointConfig, KernelConfig  # noqa: E402
+from agent.config import CheckpointConfig, KernelConfig, SandboxConfig  # noqa: E402
 from agent.context import Context, Sinks  # noqa: E402
 from agent.harness import SessionHarness, scope_roots  # noqa: E402
 from agent.kernel import Kernel  # noqa: E402
+from agent.kernel.sandbox import View  # noqa: E402
 from agent.layout import SessionLayout  # noqa: E402
 from agent.kernel.runtime import ENV_PATH, ENV_TOKEN  # noqa: E402
 from agent.trajectory import CheckpointRecord  # noqa: E402
@@ -84,7 +85,9 @@ async def run(args: argparse.Namespace) -> dict:
         records: list = []
         sinks = Sinks(emit=lambda e: None, record=records.append, charge=lambda u, p: None, turn_id=lambda: None)
         harness = SessionHarness(scope_roots(home, ws, layout.dir), "bench")
-        kernel = Kernel(ws, layout.dir, KernelConfig(), env={})
+        sandbox = SandboxConfig()
+        view = View.of(sandbox, ws, layout.dir, [s.root for s in harness.stores.values()], ws)
+        kernel = Kernel(ws, KernelConfig(), env={}, sandbox=sandbox, view=view)  # confined as a session's
         cp = Checkpoints(CheckpointConfig(), ws, layout, "bench", kernel, harness, Context(records.append), sinks)
         store = cp.store
         assert store is not None
@@ -134,6 +137,7 @@ async def run(args: argparse.Namespace) -> dict:
         bridge = BridgeServer(layout.dir, {})
         await bridge.start()
         kernel.env = {ENV_PATH: str(bridge.path), ENV_TOKEN: bridge.token}
+        layout.kernel_snapshots.mkdir(parents=True, exist_ok=True)  # bound writable into the sandbox, as a session does
         await kernel.start()
         try:
             await kernel.execute(Cell(id="setup", code=(
