@@ -306,6 +306,10 @@ async def test_a_planted_snapshot_manifest_never_blocks_the_host(project: Path, 
     script = [cells("v = 1"), "one", cells(PLANT.format(code)), "two"]
     async with session(project, script) as s:
         await s.prompt("first")
+        deadline = time.monotonic() + 60  # the first turn's snapshot is written in the background: plant it once it is
+        while not list(s.layout.kernel_snapshots.glob("*.json")):
+            assert time.monotonic() < deadline, "the first turn's namespace snapshot was never written"
+            await asyncio.sleep(0.05)
         await s.prompt("second")
         await s.checkpoints.settle()
         done = threading.Event()

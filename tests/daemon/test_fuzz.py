@@ -68,7 +68,7 @@ def test_fuzzed_requests_never_get_a_5xx(daemon_over_tcp, tmp_path: Path, projec
     config.projects.default.update(headers=auth)
     config.projects.default.checks.negative_data_rejection.expected_statuses = ["400", "404", "405", "409", "413",
                                                                                 "415", "422", "429"]
-    schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=auth, config=config)
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=auth, config=config, timeout=60)  # a loaded start
     real = requests.post(f"{url}/v1/sessions", headers=auth, timeout=60,
                          json={"cwd": str(project), "model": "fake", "base_url": model_server.base_url}).json()["id"]
     counts: Counter = Counter()
