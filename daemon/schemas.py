@@ -83,7 +83,8 @@ class SessionInfo(BaseModel):
     dir: str
     harness_version: str | None = Field(None, description="Each harness scope's commit in force (live sessions).")
     sandbox: str | None = Field(None, description="The sandbox in force, in words (live sessions); "
-                                "`full-access: NO SANDBOX ...` or `UNSANDBOXED: why` where none confines it.")
+                                "`full-access: NO SANDBOX ...` or `UNSANDBOXED: why` where none confines it. "
+                                "For a session with no kernel, the mode it wakes in.")
     planning: bool = Field(False, description="Plan mode: the workspace is read-only until a person approves a plan.")
     plan: str | None = Field(None, description="The plan waiting for a person's decision (POST .../plan).")
     ignored: list[str] = Field(default_factory=list, description="The project's files not in force until a person "

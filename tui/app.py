@@ -59,9 +59,9 @@ KEYS = [
     "(prime-agent --resume ID).",
     "/ opens the command menu: Enter runs the highlighted command, Tab completes it. @ offers the project's "
     "files: Tab or Enter puts the highlighted path in.",
-    "Tab on an empty prompt moves the focus to cells and cards (typing always goes back to the prompt): Enter "
-    "on a cell shows all its output; on a refinement card r rolls back, a/x approve/reject. Ctrl+O: sessions. "
-    "PgUp/PgDn scroll.",
+    "Tab on an empty prompt moves the focus to cells, diffs and cards, Shift+Tab to the newest first (typing "
+    "always goes back to the prompt): Enter on a cell shows all its output, on a diff expands it; on a "
+    "refinement card r rolls back, a/x approve/reject. Ctrl+O: sessions. PgUp/PgDn scroll.",
 ]
 """What /help says about keys, before the list of commands."""
 
@@ -165,9 +165,14 @@ class PrimeApp(App):
         self.state = info.state
         self.sub_title = info.title or info.cwd
         await self.conversation.clear()
+        resumed = None
+        if session_id != self.created:
+            resumed = f"{session_id}, {info.state}, {info.turns} turn{'s' if info.turns != 1 else ''} (its history follows)"
+            if info.state in ("dormant", "closed"):
+                resumed += "; it wakes at your next prompt, in a new kernel: variables from before are gone"
         source = self.new.model_source if session_id == self.created else "the resumed session"
         await self.conversation.mount(Welcome(model=info.model, source=source, base_url=info.base_url,
-                                              sandbox=info.sandbox, cwd=info.cwd))
+                                              sandbox=info.sandbox, cwd=info.cwd, resumed=resumed))
         self.events_seen = 0
         self.follow(session_id)
         if self.initial_prompt:

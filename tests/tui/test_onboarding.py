@@ -52,6 +52,23 @@ async def test_the_welcome_panel_names_the_model_its_source_the_server_the_sandb
         assert app.conversation.children[0] is welcome  # the first thing on the screen
 
 
+async def test_a_resumed_closed_session_says_so_and_the_sandbox_it_wakes_in(daemon: Client, project: Path,
+                                                                          model_server):
+    """A session another front closed (`prime-agent run`'s, one closed with `sessions close`): its
+    welcome names the sandbox it wakes in (not "-") and says it was resumed, not started."""
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    accepted = await daemon.send(s.id, "hello")
+    await daemon.wait_turn(s.id, accepted.turn_id)
+    await daemon.close_session(s.id)
+    app = PrimeApp(daemon, project, session_id=s.id)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id == s.id and len(app.query(Welcome)) == 1)
+        text = " ".join(shown(app.query_one(Welcome)).split())  # as one line: the panel wraps at the app's width
+        for words in ("fake (from the resumed session)", "sandbox workspace-write", f"{s.id}, closed, 1 turn",
+                      "wakes at your next prompt, in a new kernel"):
+            assert words in text, (words, text)
+
+
 async def test_ctrl_d_deletes_forward_in_a_prompt_and_quits_on_an_empty_one(daemon: Client, project: Path,
                                                                             model_server):
     app = app_for(daemon, project, model_server)

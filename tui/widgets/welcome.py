@@ -14,9 +14,12 @@ KEYS = Text.assemble(("/help", "bold"), " commands and keys · ", ("Ctrl-D", "bo
 
 
 class Welcome(Static):
-    def __init__(self, *, model: str, source: str | None, base_url: str | None, sandbox: str | None, cwd: str):
+    def __init__(self, *, model: str, source: str | None, base_url: str | None, sandbox: str | None, cwd: str,
+                 resumed: str | None = None):
+        """`resumed`: a line on the resumed session (its state, and what waking it means)."""
         super().__init__()
         self.model, self.source, self.base_url, self.sandbox, self.cwd = model, source, base_url, sandbox, cwd
+        self.resumed = resumed
         self.update(self.panel())
 
     def panel(self) -> Table:
@@ -30,6 +33,8 @@ class Welcome(Static):
         loud = not sandbox.startswith(("workspace-write", "read-only", "-"))
         rows.add_row("sandbox", Text(sandbox, style="bold white on red" if loud else ""))
         rows.add_row("cwd", self.cwd)
+        if self.resumed:
+            rows.add_row("session", self.resumed)
         grid = Table.grid()
         grid.add_row(Text("Prime Agent", style="bold"))
         grid.add_row(rows)
