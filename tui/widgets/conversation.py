@@ -23,9 +23,14 @@ REFINEMENT_CARDS = {"refinement.applied": "applied", "refinement.pending": "pend
 
 
 class Conversation(VerticalScroll):
+    """Anchored to its end (Textual's `anchor`) once it is taller than the view: it follows what is
+    added and what grows in place (a streamed answer), until the reader scrolls up; scrolling back to
+    the end follows again. (Deciding that per batch, from whether the view was at its end, lost a slow
+    stream partway: the answer grew after the batch's scroll, and every later batch found the view
+    short of its end.) Not before: an anchored view shorter than the screen sits at its bottom."""
+
     def __init__(self, **kw):
         super().__init__(**kw)
-        self._catching_up = False
         self.reset()
 
     def reset(self) -> None:
@@ -46,13 +51,10 @@ class Conversation(VerticalScroll):
     async def clear(self) -> None:
         await self.remove_children()
         self.reset()
+        self.anchor(False)
 
     async def apply(self, events: list[Event]) -> None:
         """Show a batch of events."""
-        # At the bottom before this batch: stay there as it grows (a reader scrolled up stays put). A
-        # scroll to the end asked for by the last batch happens after the next refresh: until then the
-        # view is still following, though not yet at the end.
-        following = self._catching_up or self.is_vertical_scroll_end or self.max_scroll_y == 0
         new: list[Widget] = []
         for e in events:
             widget = await self._apply(e)
@@ -62,13 +64,12 @@ class Conversation(VerticalScroll):
                 new.append(widget)
         if new:
             await self.mount_all(new)
-        if following:
-            self._catching_up = True
-            self.scroll_end(animate=False)
-            self.call_after_refresh(self._caught_up)  # after the scroll, which waits for the same refresh
+        if not self.is_anchored:
+            self.call_after_refresh(self._anchor_once_tall)  # once laid out with what came
 
-    def _caught_up(self) -> None:
-        self._catching_up = False
+    def _anchor_once_tall(self) -> None:
+        if not self.is_anchored and self.max_scroll_y > 0:
+            self.anchor()
 
     async def _apply(self, e: Event) -> Widget | list[Widget] | None:
         turn = e.turn_id

@@ -1,0 +1,70 @@
+"""The conversation view follows what the agent does, and leaves a reader who scrolled up where they are.
+
+A slow model's answer grows in place, one fragment a batch, for a minute (SmolLM2 on two cores):
+the view stopped following it partway, and every cell after it landed below the screen (seen
+driving the app against SmolLM2 in tmux)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.app import App, ComposeResult
+
+from agent import events as ev
+from agent.types import CellResult
+from tui.widgets.conversation import Conversation
+
+
+class Host(App):
+    """The conversation alone, styled as the app styles it."""
+
+    CSS_PATH = Path(__file__).resolve().parents[2] / "tui" / "app.tcss"
+
+    def compose(self) -> ComposeResult:
+        yield Conversation(id="conversation")
+
+
+async def stream(pilot, conv: Conversation, step: int, fragments: int = 30) -> None:
+    """One model call's answer, a fragment a batch (a line every fifth), then its cell."""
+    text = [f"word{i} " + ("\n\n" if i % 5 == 4 else "") for i in range(fragments)]
+    for piece in text:
+        await conv.apply([ev.ModelDelta(turn_id="t1", text=piece)])
+        await pilot.pause(0.005)
+    cell = f"c{step}"
+    await conv.apply([ev.ModelCompleted(turn_id="t1", text="".join(text)),
+                      ev.CellStarted(turn_id="t1", cell_id=cell, code="x"),
+                      ev.CellFinished(turn_id="t1", cell_id=cell, result=CellResult(stdout=f"out {step}\n"))])
+    await pilot.pause()
+
+
+async def test_a_slow_stream_and_the_cells_after_it_stay_in_view():
+    app = Host()
+    async with app.run_test(size=(100, 30)) as pilot:
+        conv = app.query_one(Conversation)
+        await conv.apply([ev.TurnStarted(turn_id="t1", prompt="go")])
+        for step in range(5):
+            await stream(pilot, conv, step)
+            await pilot.pause(0.05)
+            assert conv.is_vertical_scroll_end, (step, conv.scroll_y, conv.max_scroll_y)
+        assert conv.max_scroll_y > 30  # five answers and cells: far taller than the screen
+
+
+async def test_a_reader_who_scrolled_up_stays_there_and_following_resumes_at_the_end():
+    app = Host()
+    async with app.run_test(size=(100, 30)) as pilot:
+        conv = app.query_one(Conversation)
+        await conv.apply([ev.TurnStarted(turn_id="t1", prompt="go")])
+        for step in range(3):
+            await stream(pilot, conv, step)
+        await pilot.pause(0.05)
+        assert conv.max_scroll_y > 0
+        conv.scroll_home(animate=False)
+        await pilot.pause(0.05)
+        await stream(pilot, conv, 3)
+        await pilot.pause(0.05)
+        assert conv.scroll_y == 0  # reading from the top: left there as the answer grows
+        conv.scroll_end(animate=False)
+        await pilot.pause(0.05)
+        await stream(pilot, conv, 4)
+        await pilot.pause(0.05)
+        assert conv.is_vertical_scroll_end
