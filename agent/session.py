@@ -36,7 +36,8 @@ from agent.model import Model, fitted
 from agent.prompt import render, system_prompt
 from agent.refine import GateFactory, SessionRefiner
 from agent.kernel.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
-from agent.kernel.sandbox import SandboxError, View, describe, unavailable, unconfined_running
+from agent.kernel.sandbox import SandboxError, describe, unavailable, unconfined_running
+from agent.kernel.view import View
 from agent.subagents import ChildInfo, Subagents
 from agent.trajectory import (
     HookRecord,

@@ -15,7 +15,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from agent.config import ENV_VARS, Config, home
-from agent.kernel.sandbox import forget_home
+from agent.kernel.homes import forget_home
 from agent.trust import TrustStore
 
 

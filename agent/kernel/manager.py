@@ -29,7 +29,8 @@ from jupyter_client.manager import _ShutdownStatus
 
 from agent.config import KernelConfig, SandboxConfig, project_root
 from agent.kernel.reaper import ProcessTree
-from agent.kernel.sandbox import Box, Launch, SandboxError, View
+from agent.kernel.sandbox import Box, Launch, SandboxError
+from agent.kernel.view import View
 from agent.types import Attachment, Cell, CellResult
 
 OutputCallback = Callable[[str, str], None]

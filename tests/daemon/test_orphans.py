@@ -19,7 +19,8 @@ from agent.config import KernelConfig, SandboxConfig
 from agent.kernel import Kernel
 from agent.kernel.reaper import reap_orphans
 from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
-from agent.kernel.sandbox import _v1_cgroup, private_root
+from agent.kernel.homes import private_root
+from agent.kernel.limits import _v1_cgroup
 from agent.types import Cell
 from daemon.client import SyncClient, daemon_pid
 from tests.agent.test_kernel import alive, spawn_tree, tree_mode  # noqa: F401 (a fixture)
