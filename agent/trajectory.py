@@ -470,7 +470,8 @@ def turn_starts(records: list[Record]) -> list[int]:
 
 def export_openai_chat(records: list[Record]) -> Iterator[dict[str, Any]]:
     """OpenAI chat-format examples (`{"messages", "tools"}`), one per conversation, for SFT."""
-    from agent.model import IPYTHON_TOOL, to_wire
+    from agent.actions import IPYTHON_TOOL
+    from agent.wire import to_wire
 
     session = next((r for r in records if isinstance(r, SessionRecord)), None)
     tools = [IPYTHON_TOOL] if session is None or session.action_format == "tools" else None

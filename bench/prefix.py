@@ -69,7 +69,7 @@ class BenchModel:
         pass
 
     async def complete(self, messages, *, tools: bool = True, json_mode: bool = False, **_):
-        from agent.model import to_wire
+        from agent.wire import to_wire
         from agent.types import Completion, Message, ToolCall, Usage
 
         if not tools:
