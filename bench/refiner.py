@@ -49,11 +49,11 @@ async def boundary_cost(repeats: int, work: Path) -> tuple[list[float], list[flo
             turn = Turn(id=f"b{i}", prompt="")
             t = time.perf_counter()
             s.refiner.at_boundary()
-            s.reload_harness(turn)
+            s.system_prompt.at_boundary(turn.id)
             with_plan.append(time.perf_counter() - t)
             t = time.perf_counter()
             s.refiner.at_boundary()
-            s.reload_harness(turn)
+            s.system_prompt.at_boundary(turn.id)
             without.append(time.perf_counter() - t)
     return with_plan, without
 

@@ -137,7 +137,7 @@ class ManagedSession:
             id=m.id, cwd=m.cwd, model=m.model, base_url=m.base_url, title=m.title, created=m.created, state=state,
             turns=m.turns, queued=len(m.queued), last_seq=self.journal.last_seq, usage=m.usage,
             dir=str(self.layout.dir), updated=m.updated or m.created,
-            harness_version=self.session.harness_version if self.session else None,
+            harness_version=self.session.system_prompt.harness_version if self.session else None,
             sandbox=self.session.sandbox if self.session else None,
             ignored=self.session.ignored if self.session else [],
             planning=self.planning(),

@@ -129,7 +129,7 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
 
         async def run_session():
             async with session:
-                result.harness_version = session.harness_version
+                result.harness_version = session.system_prompt.harness_version
                 return await session.prompt(prompt_of(task))
 
         try:
