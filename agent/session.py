@@ -86,7 +86,7 @@ class Session:
         subagent_slots: dict[int, asyncio.Semaphore] | None = None,
         harness_roots: dict | None = None,
         kernel_pool: KernelPool | None = None,
-        last_seq: int = 0,
+        seq: ev.Sequence | None = None,
         ask: Ask | None = None,
         can_ask: bool = False,
         gate: GateFactory | None = None,
@@ -96,7 +96,8 @@ class Session:
         the sessions of a process);
         `harness_roots` replaces the usual user/project/session scopes (the refiner's gate);
         `kernel_pool` supplies kernels started ahead of time (the daemon's, shared with subagents);
-        events are numbered after `last_seq` (a daemon's journal goes on across processes); `ask`
+        events are numbered from `seq` (a daemon's journal's, which owns it and goes on across
+        processes; without one the session owns its own); `ask`
         is a front end's own way of asking a person (the terminal's) and `can_ask` says someone
         decides requests through the API (the daemon); `gate` builds the regression gate every
         refinement must pass, for the session's model (again when it changes: `use_model`).
@@ -125,7 +126,9 @@ class Session:
         """Told to the model at the start of the next turn (e.g. that its kernel is new)."""
         self._resumed: str | None = None
         """Why this session was resumed from its trajectory, when it was."""
-        self._seq = last_seq
+        self.seq = seq if seq is not None else ev.Sequence()
+        """The event numbers: read here, taken here only where no host records the events (`_own_seq`)."""
+        self._own_seq = seq is None
         self._reporting = False
         """An event could not be recorded, and the error event saying so is being emitted."""
         self._trajectory: TrajectoryWriter | None = None
@@ -545,7 +548,7 @@ class Session:
         """Number the event and hand it to the listeners. One that cannot take it (the daemon's
         journal on a full disk) must not break the session, nor leave a gap: the number is not used
         up, and the failure is an error event of its own (if that fails too, the log has it)."""
-        event.seq, event.session_id = self._seq + 1, self.id
+        event.seq, event.session_id = self.seq.last + 1, self.id
         failed: Exception | None = None
         for listener in self.listeners:
             try:
@@ -554,7 +557,8 @@ class Session:
                 failed = e
                 log.exception("event listener failed on %s", event.type)
         if failed is None:
-            self._seq = event.seq
+            if self._own_seq:
+                self.seq.take(event.seq)
             self.hooks.tell(event)
         elif not self._reporting:
             self._reporting = True

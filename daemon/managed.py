@@ -174,7 +174,7 @@ class ManagedSession:
         if self.session is not None:
             self.session.emit(event)
             return
-        event.seq, event.session_id = self.journal.last_seq + 1, self.id
+        event.seq, event.session_id = self.journal.seq.last + 1, self.id  # taken by the journal
         try:
             self._on_event(event)
         except OSError:  # live readers were told; it is in the log
@@ -403,7 +403,7 @@ class ManagedSession:
             session = Session(
                 config, model, cwd=cwd, session_dir=self.layout.dir, session_id=self.id, on_event=self._on_event,
                 subagent_slots=self.manager.subagent_slots, kernel_pool=self.manager.pool,
-                last_seq=self.journal.last_seq, can_ask=True,  # approval requests are events; the API decides them
+                seq=self.journal.seq, can_ask=True,  # approval requests are events; the API decides them
                 gate=self.manager.gate_factory,
             )
             # Live from here: the session numbers every event (the daemon's own too), and counts
