@@ -56,6 +56,7 @@ from agent.trajectory import (
     TurnFinishedRecord,
     TurnStartedRecord,
     WriteFailed,
+    begun,
     contexts,
     turn_starts,
 )
@@ -345,10 +346,9 @@ class Session:
         started = next((r for r in records if isinstance(r, SessionRecord)), None)
         if started is not None and started.repositories is not None:  # not what is there now: the agent's may be
             self.approvals.git_at_start = set(started.repositories)
+        self.turns += len(begun(records))
         for r in records:
-            if isinstance(r, TurnStartedRecord):
-                self.turns += 1
-            elif isinstance(r, TurnFinishedRecord):
+            if isinstance(r, TurnFinishedRecord):
                 self.usage += r.usage
                 self.last_result = TurnResult(turn_id=r.turn_id, **{f: getattr(r, f) for f in TurnOutcome.model_fields})
         self.subagents.interrupt_orphans(reason)

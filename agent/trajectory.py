@@ -450,6 +450,12 @@ def contexts(records: list[Record]) -> Iterator[list[Message]]:
         yield current
 
 
+def begun(records: list[Record]) -> list[TurnStartedRecord]:
+    """The turns a trajectory began, in order: how many there are is the session's turn count, for
+    the session taken up again (`Session.resume`) and for the daemon's listing of it alike."""
+    return [r for r in records if isinstance(r, TurnStartedRecord)]
+
+
 def turn_starts(records: list[Record]) -> list[int]:
     """Where each turn begins in the last context `contexts` yields (what compaction needs to know)."""
     starts: list[int] = []

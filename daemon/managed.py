@@ -36,8 +36,8 @@ from agent.trajectory import (
     Record,
     SessionRecord,
     TrajectoryError,
-    TurnStartedRecord,
     append_record,
+    begun,
     finish_cut_turn,
     in_plan_mode,
     pending_plan,
@@ -504,7 +504,7 @@ class ManagedSession:
                                               error=finished.error, usage=finished.usage, duration=finished.duration,
                                               steps=finished.steps, cells=finished.cells))
             records = read_records(self.layout.trajectory, []) if self.layout.trajectory.is_file() else []
-            self.meta.turns = sum(1 for r in records if isinstance(r, TurnStartedRecord))
+            self.meta.turns = len(begun(records))
             self.meta.running_turn = None
         for queued in self.meta.queued:
             self.queue.never_ran(queued.turn_id, f"{RESTARTED} before this turn began")
