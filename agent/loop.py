@@ -16,7 +16,7 @@ from typing import TypeVar
 from agent import compaction
 from agent import events as ev
 from agent.actions import fenced_cells, parse_tool_arguments
-from agent.config import Config
+from agent.config_models import Config
 from agent.context import Context, Inbox, Sinks
 from agent.hooks import NO_HOOKS, Runner
 from agent.kernel import Kernel, KernelError

@@ -31,7 +31,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, Field
 
 from agent.actions import IPYTHON_TOOL
-from agent.config import ModelConfig
+from agent.config_models import ModelConfig
 from agent.types import Completion, Message
 from agent.wire import MalformedReply, ServerReply, Shown, brief, to_wire
 

@@ -27,7 +27,8 @@ from agent import events as ev
 from agent.approvals import Approvals, Ask
 from agent.kernel.bridge import BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
-from agent.config import Config, ModelConfig, home, project_root
+from agent.config import home, project_root
+from agent.config_models import Config, ModelConfig
 from agent.context import Context, Inbox, Sinks
 from agent.goals import CheckResult, GoalState, pursue, run_check
 from agent.harness import SessionHarness, scope_roots

@@ -93,7 +93,7 @@ class BenchModel:
 
 
 async def scenario(turns: int, refinements: int, context_window: int) -> dict:
-    from agent.config import Config
+    from agent.config_models import Config
     from agent.session import Session
 
     work = Path(tempfile.mkdtemp(prefix="pa-prefix-"))

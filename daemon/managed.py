@@ -21,7 +21,8 @@ from agent.atif import to_atif
 from agent.checkpoints import PARTS, Plan, RewindError, TurnRow, WorkspaceStore, turn_list
 from agent.checkpoints import recover as finish_rewind
 from agent.checkpoints import rewound
-from agent.config import SANDBOX_ORDER, Config, ConfigError, home, load_config, project_root
+from agent.config import SANDBOX_ORDER, ConfigError, home, load_config, project_root
+from agent.config_models import Config
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool
 from agent.kernel.sandbox import unavailable

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import events as ev
-from agent.config import Config
+from agent.config_models import Config
 from agent.layout import SessionLayout
 from agent.trajectory import SessionRecord, TrajectoryError, TurnFinishedRecord, begun, read_records
 from agent.types import Usage

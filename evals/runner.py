@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.config import Config
+from agent.config_models import Config
 from agent.layout import SessionLayout
 from agent.model import Model
 from agent.session import Session

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.config import SandboxConfig
+from agent.config_models import SandboxConfig
 from agent.kernel.reaper import collect_cgroups, host_tag
 
 

@@ -27,7 +27,8 @@ from jupyter_client import AsyncKernelManager
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import _ShutdownStatus
 
-from agent.config import KernelConfig, SandboxConfig, project_root
+from agent.config import project_root
+from agent.config_models import KernelConfig, SandboxConfig
 from agent.kernel.reaper import ProcessTree
 from agent.kernel.sandbox import Box, Launch, SandboxError
 from agent.kernel.view import View

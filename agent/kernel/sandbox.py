@@ -41,7 +41,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.config import SandboxConfig, SandboxMode, home
+from agent.config import home
+from agent.config_models import SandboxConfig, SandboxMode
 from agent.kernel.homes import collect_dirs, hold_placeholder, private_root, register_home, release_placeholder
 from agent.kernel.limits import LimitGroups, Limits
 from agent.kernel.mounts import CLONE_NEWUSER, Mount, MountError, apply_mounts, mount_points

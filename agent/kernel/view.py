@@ -9,7 +9,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.config import SandboxConfig, SandboxMode, home
+from agent.config import home
+from agent.config_models import SandboxConfig, SandboxMode
 from agent.layout import SessionLayout
 from agent.kernel.homes import private_root, registered_homes, user_base
 from agent.kernel.mounts import Mount

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import ModelConfig, load_config, parse_override
+from agent.config import load_config, parse_override
+from agent.config_models import ModelConfig
 from agent.actions import fenced_cells
 from agent.model import ModelError, ModelTimeout, OpenAIModel, ServerModel, ToolsRefused, fitted
 from agent.testing.openai_server import OLLAMA_NO_TOOLS, VLLM_NO_TOOL_PARSER, OpenAIServer, Reply

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import Config
+from agent.config_models import Config
 from agent.harness import scope_roots
 from agent.kernel.sandbox import unavailable
 from agent.session import Session
