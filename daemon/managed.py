@@ -3,6 +3,11 @@
 A session is *live* when its agent session and kernel run in this process, *dormant* when only
 its files do (after a daemon restart, or put to sleep when idle): a dormant session wakes, with
 a new kernel, on its next prompt. The directory's files are named in agent/layout.py.
+
+One concern: hosting one session across its live and dormant states. What it does for the API
+(events, turns, approvals, rewinds, switches of model, sandbox or plan mode) each needs the
+session, its metadata and its journal at once, whichever state it is in; the turn queue
+(daemon/turns.py), goals (daemon/goals.py) and the journal (daemon/journal.py) are modules of their own.
 """
 
 from __future__ import annotations
