@@ -99,9 +99,8 @@ class Session:
         `harness_roots` replaces the usual user/project/session scopes (the refiner's gate);
         `kernel_pool` supplies kernels started ahead of time (the daemon's, shared with subagents);
         events are numbered from `seq` (a daemon's journal's, which owns it and goes on across
-        processes; without one the session owns its own); `ask`
-        is a front end's own way of asking a person (the terminal's) and `can_ask` says someone
-        decides requests through the API (the daemon); `gate` builds the regression gate every
+        processes; without one the session owns its own); `ask` is a front end's own way of asking
+        a person (the terminal's) and `can_ask` says someone decides requests through the API (the daemon); `gate` builds the regression gate every
         refinement must pass, for the session's model (again when it changes: `use_model`).
 
         The session composes its parts here and hands each the narrow interface it needs (its
@@ -177,6 +176,7 @@ class Session:
         self.plan_mode = PlanMode(config.sandbox.plan, sinks, switch=self._plan_mode, thaw=self.kernel.thaw,
                                   final=self._final, sync=self._sync, tell=lambda text: self.notices.append(text),
                                   turn_running=lambda: self.turn is not None)
+        """Plan mode (agent/plan.py): the workspace read-only until a person approves the model's plan."""
         self.approvals = Approvals(config.sandbox, self.cwd, sinks, timeout=lambda: self.config.kernel.cell_timeout,
                                    cell_id=lambda: self.kernel.cell_id, hook=self.hooks.permission, ask=ask,
                                    can_ask=can_ask,
