@@ -135,7 +135,7 @@ import asyncio, sys
 from pathlib import Path
 from agent.kernel import reaper
 from agent.kernel.bridge import BridgeServer
-from agent.config import KernelConfig, SandboxConfig
+from agent.config_models import KernelConfig, SandboxConfig
 from agent.kernel import Kernel
 from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
 from agent.types import Cell
