@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent import events as ev
-from agent.config import SandboxConfig, marks, project_root
+from agent.config import marks, project_root
+from agent.config_models import SandboxConfig
 from agent.context import Sinks
 from agent.kernel.sandbox import kernel_env
 from agent.trajectory import ApprovalRecord

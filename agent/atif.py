@@ -221,7 +221,7 @@ def to_atif(trajectory: Path, agent_version: str) -> Document:
 
 
 def _tools(session: SessionRecord | None) -> list[dict[str, Any]] | None:
-    from agent.model import IPYTHON_TOOL
+    from agent.actions import IPYTHON_TOOL
 
     return [IPYTHON_TOOL] if session is None or session.action_format == "tools" else None
 

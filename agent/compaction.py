@@ -7,7 +7,7 @@ summary is a model call (agent/prompts/compaction.md); the kernel and its variab
 
 from __future__ import annotations
 
-from agent.config import Config
+from agent.config_models import Config
 from agent.context import Context, chars, transcript
 from agent.prompt import render
 from agent.types import Message

@@ -25,11 +25,29 @@ class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     seq: int = 0
-    """Increases by one per event within a session; set when the session emits the event. A daemon
+    """Increases by one per event within a session (`Sequence`); set when the event is emitted. A daemon
     that cannot journal an event (a full disk) still sends it to live readers, with seq 0."""
     session_id: str = ""
     turn_id: str | None = None
     ts: float = Field(default_factory=time.time)
+
+
+class Sequence:
+    """A session's one counter of event numbers (`seq`: from 1, no gaps). Whoever records its
+    events durably owns it: a daemon's event journal, which goes on across processes and `take`s
+    a number once the event is written; where nothing does, the session itself, which takes a
+    number once every listener took the event. Everyone else reads `last`: a number not taken (an
+    event the journal refused) goes to the next event."""
+
+    def __init__(self, last: int = 0):
+        self.last = last
+        """The number of the last event taken."""
+
+    def take(self, seq: int) -> None:
+        """`seq` is used (ValueError where it is not the next number)."""
+        if seq != self.last + 1:
+            raise ValueError(f"event {seq} does not follow {self.last}")
+        self.last = seq
 
 
 # --- the session ---------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent import events as ev
 from agent.kernel import sandbox
 from agent.prompt import render
-from agent.kernel.sandbox import Launch, View
+from agent.kernel.sandbox import Launch
+from agent.kernel.view import View
 from agent.trajectory import GoalRecord, Record
 from agent.types import Text, TurnResult, Usage
 

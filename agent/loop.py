@@ -15,12 +15,12 @@ from typing import TypeVar
 
 from agent import compaction
 from agent import events as ev
-from agent.config import Config
+from agent.actions import fenced_cells, parse_tool_arguments
+from agent.config_models import Config
 from agent.context import Context, Inbox, Sinks
 from agent.hooks import NO_HOOKS, Runner
 from agent.kernel import Kernel, KernelError
-from agent.model import (ContextOverflow, Model, ModelError, ModelTimeout, ToolsRefused, fenced_cells,
-                         parse_tool_arguments)
+from agent.model import ContextOverflow, Model, ModelError, ModelTimeout, ToolsRefused
 from agent.prompt import render
 from agent.trajectory import CellRecord, CompactionRecord, ModelCall, WriteFailed
 from agent.types import Cell, CellResult, Completion, FilesChanged, Message, Outcome, ToolCall, Turn

@@ -30,7 +30,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from agent.config import McpConfig, McpServerConfig, home
+from agent.config import home
+from agent.config_models import McpConfig, McpServerConfig
 from agent.kernel.reaper import ENV_MARKER, ProcessTree, stat
 
 log = logging.getLogger(__name__)

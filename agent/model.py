@@ -1,12 +1,15 @@
 """The model seam: the `Model` protocol and `OpenAIModel` for any OpenAI-compatible server.
 
-Two action formats: `tools` (native tool calling with one `ipython` tool) and `text` (the model
-writes ```python fenced cells). Transient failures (429, 5xx, timeouts, dropped streams,
+Two action formats (agent/actions.py): `tools` (native tool calling with one `ipython` tool) and
+`text` (the model writes ```python fenced cells). Transient failures (429, 5xx, timeouts, dropped streams,
 malformed replies) are retried with exponential backoff and jitter, or after as long as the server
 asks (`Retry-After`, `x-ratelimit-reset-*`); an exhausted quota is waited on within `model.max_wait`;
 a model that keeps failing gives way to the next of `model.fallback`. What is left becomes a
-`ModelError` (or `ModelTimeout`) carrying a message for the user. Replies are read as plain JSON, so
-that how real servers depart from OpenAI's API is handled in one place (`_Reply`).
+`ModelError` (or `ModelTimeout`) carrying a message for the user. Requests and replies are plain
+JSON in the wire format of agent/wire.py.
+
+One concern: calling a model. The protocol every caller holds, the errors a call ends in, and the
+one client of it (its retries, waits and fallbacks, and reading what a failed call's server said).
 """
 
 from __future__ import annotations
@@ -17,10 +20,8 @@ import datetime
 import email.utils
 import functools
 import html
-import json
 import random
 import re
-import secrets
 import ssl
 import threading
 import time
@@ -29,8 +30,10 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from agent.config import ModelConfig
-from agent.types import Completion, Message, ToolCall, Usage
+from agent.actions import IPYTHON_TOOL
+from agent.config_models import ModelConfig
+from agent.types import Completion, Message
+from agent.wire import MalformedReply, ServerReply, Shown, brief, to_wire
 
 DeltaCallback = Callable[[str], None]
 RetryCallback = Callable[[int, float, str], None]
@@ -38,25 +41,6 @@ RetryCallback = Callable[[int, float, str], None]
 FallbackCallback = Callable[[str, str, str], None]
 """on_fallback(from_model, to_model, reason)."""
 
-IPYTHON_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "ipython",
-        "description": (
-            "Run Python code in your persistent IPython kernel and see its output. Variables, "
-            "imports and the working directory persist across calls. Cell magics such as %%bash work."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "code": {"type": "string", "description": "The code cell to run."},
-                "timeout": {"type": "integer", "description": "Seconds before the cell is interrupted (optional)."},
-            },
-            "required": ["code"],
-        },
-    },
-}
-FENCE = re.compile(r"```(?:python|py|ipython)[ \t]*\n(.*?)```", re.DOTALL)
 
 
 class ModelError(Exception):
@@ -160,24 +144,6 @@ def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def fenced_cells(text: str) -> list[str]:
-    """The ```python cells in a text-mode reply, in order."""
-    return [m.group(1) for m in FENCE.finditer(text)]
-
-
-def to_wire(m: Message, reasoning: bool = False) -> dict[str, Any]:
-    """A message as the OpenAI chat API wants it; with `reasoning`, an assistant message's reasoning
-    goes along as `reasoning_content` (providers that require it back: `model.send_reasoning`)."""
-    if m.role == "tool":
-        return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
-    wire: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.role == "assistant" and m.tool_calls:
-        wire["content"] = m.content or None
-        wire["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                              for c in m.tool_calls]
-    if reasoning and m.role == "assistant" and m.reasoning:
-        wire["reasoning_content"] = m.reasoning
-    return wire
 
 
 class _Retryable(Exception):
@@ -299,7 +265,7 @@ class OpenAIModel:
         self.prepare()
         cfg = self.config
         # What a stream cut mid-way already showed is not shown again when the retry streams it anew.
-        shown = _Shown(on_delta), _Shown(on_reasoning)
+        shown = Shown(on_delta), Shown(on_reasoning)
         attempt = tries = failures = quota_waits = 0
         waited = 0.0
         started = time.monotonic()
@@ -407,26 +373,26 @@ class OpenAIModel:
             hint = f"; {self.key_hint}" if status == 401 else ""
             return ModelError(f"the server refused the request: HTTP {status}: {message}{hint}")
         if isinstance(e, oa.APIError):  # an error event inside a stream that had begun well
-            return _Retryable(f"the server reported an error mid-stream: {_brief(e.message)}")
+            return _Retryable(f"the server reported an error mid-stream: {brief(e.message)}")
         if isinstance(e, (oa.APIResponseValidationError, ValueError, KeyError, TypeError, AttributeError)):
-            return _Retryable(f"malformed reply from the server: {_brief(str(e))}")
+            return _Retryable(f"malformed reply from the server: {brief(str(e))}")
         if type(e).__module__.startswith(("httpx", "httpcore", "h11")):
-            return _Retryable(f"the stream dropped: {type(e).__name__}: {_brief(str(e))}")
+            return _Retryable(f"the stream dropped: {type(e).__name__}: {brief(str(e))}")
         return e
 
     async def _post(self, request: dict[str, Any]) -> Any:
         # `chat.completions.create` re-validates the whole message list against its TypedDicts on
         # every call: O(context) Python work per step (20 ms a step at 100 cells). Our body is
         # plain JSON already, so post it through the same client as is, and read the reply as plain
-        # JSON too: servers differ from OpenAI's types in ways their models would hide (see _Reply).
+        # JSON too: servers differ from OpenAI's types in ways their models would hide (see agent.wire.ServerReply).
         from openai import AsyncStream
 
         return await self._client.post("/chat/completions", body=request, cast_to=object,
                                        stream=bool(request.get("stream")), stream_cls=AsyncStream[object])
 
-    async def _call(self, request: dict[str, Any], text: _Shown, reasoning: _Shown) -> Completion:
+    async def _call(self, request: dict[str, Any], text: Shown, reasoning: Shown) -> Completion:
         try:
-            reply = _Reply(text, reasoning)
+            reply = ServerReply(text, reasoning)
             if request.get("stream"):
                 stream = await self._post(request)
                 await self._refuse_html(stream.response)
@@ -436,9 +402,11 @@ class OpenAIModel:
                 body = await self._post(request)
                 if isinstance(body, str):  # not JSON: the client hands the text over as it is
                     await self._refuse_html(None, body)
-                    raise _Retryable(f"malformed reply from the server: not JSON: {_brief(body)}")
+                    raise _Retryable(f"malformed reply from the server: not JSON: {brief(body)}")
                 reply.add_message(body)
             return reply.completion()
+        except MalformedReply as e:
+            raise _Retryable(str(e)) from None
         except (_Retryable, ModelError):
             raise
         except Exception as e:
@@ -455,225 +423,6 @@ class OpenAIModel:
                              f"({title!r}), not the chat completions API: check model.base_url (it usually ends in /v1)")
 
 
-class _Shown:
-    """Deltas of one kind (text or reasoning) as the user has seen them in this call: when a stream
-    cut mid-way is retried, the new attempt's first characters, up to what was shown, are not shown again
-    (the completed message is the truth; clients show it in full when it comes)."""
-
-    def __init__(self, sink: DeltaCallback | None):
-        self.sink, self.shown, self.here = sink, 0, 0
-
-    def restart(self) -> None:
-        self.here = 0
-
-    def __call__(self, piece: str) -> None:
-        start, self.here = self.here, self.here + len(piece)
-        if self.sink is not None and self.here > self.shown:
-            self.sink(piece[max(0, self.shown - start):])
-            self.shown = self.here
-
-
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-class _Think:
-    """Splits streamed content into reasoning and text: a `<think>` block at the start of a reply
-    (DeepSeek-R1 and Qwen3 served without a reasoning parser) is reasoning, not the answer."""
-
-    def __init__(self) -> None:
-        self.state: Literal["start", "think", "after", "text"] = "start"
-        self.held = ""
-
-    def feed(self, piece: str) -> list[tuple[bool, str]]:
-        """(is_reasoning, text) pieces ready to show."""
-        self.held += piece
-        out: list[tuple[bool, str]] = []
-        while self.held:
-            if self.state == "start":
-                head = self.held.lstrip()
-                if head.startswith(THINK_OPEN):
-                    self.state, self.held = "think", head[len(THINK_OPEN):].lstrip("\n")
-                elif THINK_OPEN.startswith(head):
-                    break  # not yet known
-                else:
-                    self.state = "text"
-            elif self.state == "think":
-                end = self.held.find(THINK_CLOSE)
-                if end >= 0:
-                    out.append((True, self.held[:end]))
-                    self.state, self.held = "text", self.held[end + len(THINK_CLOSE):].lstrip()
-                    if not self.held:
-                        self.state = "after"
-                    continue
-                keep = _partial_suffix(self.held, THINK_CLOSE)
-                out.append((True, self.held[: len(self.held) - keep]))
-                self.held = self.held[len(self.held) - keep:]
-                break
-            elif self.state == "after":  # the whitespace between </think> and the answer is not the answer
-                self.held = self.held.lstrip()
-                if self.held:
-                    self.state = "text"
-            else:
-                out.append((False, self.held))
-                self.held = ""
-        return [(r, t) for r, t in out if t]
-
-    def flush(self) -> list[tuple[bool, str]]:
-        held, self.held = self.held, ""
-        return [(self.state == "think", held)] if held and self.state != "after" else []
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """How many of `text`'s last characters could begin `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
-
-
-def split_reasoning(content: str) -> tuple[str | None, str]:
-    """(reasoning, answer) of a whole reply: a leading `<think>` block, or everything before a lone
-    `</think>` (Qwen3 thinking models whose template opens the block in the prompt)."""
-    head = content.lstrip()
-    if head.startswith(THINK_OPEN) and THINK_CLOSE in head:
-        thought, _, answer = head[len(THINK_OPEN):].partition(THINK_CLOSE)
-        return thought.strip("\n") or None, answer.lstrip()
-    if THINK_CLOSE in content and THINK_OPEN not in content:
-        thought, _, answer = content.partition(THINK_CLOSE)
-        return thought.strip("\n") or None, answer.lstrip()
-    return None, content
-
-
-class _Reply:
-    """One reply assembled from a server's JSON, as OpenAI-compatible servers really send it (each
-    quirk below is tested against a recording in tests/agent/test_quirks.py):
-
-    - only choice 0 counts (a server may honour or ignore `n`);
-    - tool-call arguments may be a JSON object instead of a string (Ollama, llama.cpp);
-    - streamed tool-call deltas may lack their `index` (Gemini's endpoint) or `id` (Ollama);
-    - reasoning comes as `reasoning_content` (DeepSeek), `reasoning` (vLLM, OpenRouter; vLLM sends
-      both with the same text), or a `<think>` block in the content;
-    - the usage may come in a last chunk with an empty (or no) `choices` list, or with the finish
-      chunk, with `prompt_tokens_details.cached_tokens` (OpenAI, vLLM) or `prompt_cache_hit_tokens`
-      (DeepSeek), `completion_tokens_details.reasoning_tokens`, and a `cost` (OpenRouter).
-    """
-
-    def __init__(self, text: _Shown, reasoning: _Shown):
-        self.show_text, self.show_reasoning = text, reasoning
-        self.text: list[str] = []
-        self.reasoning: list[str] = []
-        self.think = _Think()
-        self.calls: list[dict[str, Any]] = []
-        self.logprobs: list[float] = []
-        self.token_ids: list[int] = []
-        self.usage = Usage()
-        self.finish: str | None = None
-        self.model = ""
-        self.prompt_ids: list[int] | None = None
-
-    def add_chunk(self, chunk: Any) -> None:
-        if not isinstance(chunk, dict):
-            raise _Retryable(f"malformed reply from the server: a stream chunk that is not an object: {_brief(repr(chunk))}")
-        self._common(chunk)
-        for choice in chunk.get("choices") or []:
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            self._reasoning(delta)
-            if isinstance(delta.get("content"), str):
-                for is_reasoning, piece in self.think.feed(delta["content"]):
-                    (self.reasoning if is_reasoning else self.text).append(piece)
-                    (self.show_reasoning if is_reasoning else self.show_text)(piece)
-            for tc in delta.get("tool_calls") or []:
-                self._tool_delta(tc)
-            self._logprobs(choice)
-            self.finish = choice.get("finish_reason") or self.finish
-
-    def add_message(self, body: Any) -> None:
-        if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
-            raise _Retryable(f"malformed reply from the server: {_brief(repr(body))}")
-        self._common(body)
-        choice = next((c for c in body["choices"] if c.get("index", 0) == 0), None)
-        if choice is None:
-            raise _Retryable("malformed reply from the server: no choices")
-        message = choice.get("message") or {}
-        self._reasoning(message, show=False)
-        if isinstance(message.get("content"), str):
-            self.text.append(message["content"])
-        for i, tc in enumerate(message.get("tool_calls") or []):
-            self.calls.append({"id": tc.get("id") or "", "name": (tc.get("function") or {}).get("name") or "",
-                               "arguments": [_arguments((tc.get("function") or {}).get("arguments"))]})
-        self._logprobs(choice)
-        self.finish = choice.get("finish_reason")
-
-    def _common(self, obj: dict[str, Any]) -> None:
-        self.model = obj.get("model") or self.model
-        ids = obj.get("prompt_token_ids")  # vLLM and ours: in the first chunk, or the reply
-        if isinstance(ids, list) and self.prompt_ids is None:
-            self.prompt_ids = ids
-        if isinstance(obj.get("usage"), dict):
-            self.usage = parse_usage(obj["usage"])
-
-    def _reasoning(self, obj: dict[str, Any], show: bool = True) -> None:
-        piece = obj.get("reasoning_content") or obj.get("reasoning")  # vLLM sends both, the same text
-        if isinstance(piece, str) and piece:
-            self.reasoning.append(piece)
-            if show:
-                self.show_reasoning(piece)
-
-    def _tool_delta(self, tc: dict[str, Any]) -> None:
-        fn = tc.get("function") or {}
-        index = tc.get("index")
-        if index is None:  # no index: a new id (or a name, with no call open) starts a call, else it continues
-            fresh = not self.calls or (tc.get("id") and tc["id"] != self.calls[-1]["id"] and self.calls[-1]["id"])
-            index = len(self.calls) if fresh else len(self.calls) - 1
-        while len(self.calls) <= index:
-            self.calls.append({"id": "", "name": "", "arguments": []})
-        slot = self.calls[index]
-        slot["id"] = tc.get("id") or slot["id"]
-        slot["name"] = fn.get("name") or slot["name"]
-        if fn.get("arguments") is not None:
-            slot["arguments"].append(_arguments(fn["arguments"]))
-
-    def _logprobs(self, choice: dict[str, Any]) -> None:
-        content = (choice.get("logprobs") or {}).get("content") or []
-        self.logprobs.extend(t["logprob"] for t in content if isinstance(t, dict) and "logprob" in t)
-        self.token_ids.extend(choice.get("token_ids") or [])
-
-    def completion(self) -> Completion:
-        for is_reasoning, piece in self.think.flush():
-            (self.reasoning if is_reasoning else self.text).append(piece)
-            (self.show_reasoning if is_reasoning else self.show_text)(piece)
-        if self.finish is None:
-            raise _Retryable("the stream ended before the model finished (no finish_reason)")
-        reasoning, content = "".join(self.reasoning).strip() or None, "".join(self.text)
-        if reasoning is None:
-            reasoning, content = split_reasoning(content)
-        calls = [ToolCall(id=c["id"] or f"call_{i}_{secrets.token_hex(4)}", name=c["name"],
-                          arguments="".join(c["arguments"]))
-                 for i, c in enumerate(self.calls) if c["name"] or c["arguments"]]
-        message = Message(role="assistant", content=content, tool_calls=calls, reasoning=reasoning,
-                          logprobs=self.logprobs or None, token_ids=self.token_ids or None)
-        return Completion(message=message, usage=self.usage, finish_reason=self.finish, model=self.model,
-                          prompt_token_ids=self.prompt_ids)
-
-
-def _arguments(value: Any) -> str:
-    """Tool-call arguments as the JSON text OpenAI's API sends; some servers send the object itself."""
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def parse_usage(u: dict[str, Any]) -> Usage:
-    """A reply's `usage`, with its cached, reasoning and cost details where the server gives them."""
-    prompt = u.get("prompt_tokens_details") or {}
-    completion = u.get("completion_tokens_details") or {}
-    cached = prompt.get("cached_tokens") or u.get("prompt_cache_hit_tokens") or 0
-    cost = u.get("cost")
-    return Usage(prompt_tokens=int(u.get("prompt_tokens") or 0), completion_tokens=int(u.get("completion_tokens") or 0),
-                 cached_tokens=int(cached), reasoning_tokens=int(completion.get("reasoning_tokens") or 0),
-                 cost=float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else 0.0)
 
 
 def retry_after(headers: Any) -> float | None:
@@ -722,7 +471,7 @@ def html_title(text: str) -> str | None:
         return None
     title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
     words = title.group(1) if title else re.sub(r"<[^>]+>", " ", text)
-    return _brief(html.unescape(words), 120) or "an HTML page"
+    return brief(html.unescape(words), 120) or "an HTML page"
 
 
 def _error_text(e: Any) -> str:
@@ -737,8 +486,8 @@ def _error_text(e: Any) -> str:
         inner = e.body.get("error", e.body)
         said = inner.get("message") or inner.get("detail") if isinstance(inner, dict) else inner
         if isinstance(said, str) and said:
-            return _brief(said)
-    return _brief(e.message or "")
+            return brief(said)
+    return brief(e.message or "")
 
 
 def _waiting(e: _Retryable, delay: float, left: float) -> str:
@@ -750,22 +499,3 @@ def _waiting(e: _Retryable, delay: float, left: float) -> str:
     return str(e)
 
 
-def _brief(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def parse_tool_arguments(call: ToolCall) -> dict[str, Any]:
-    """The `ipython` tool's arguments; raises ValueError with a message for the model."""
-    if call.name != "ipython":
-        raise ValueError(f"unknown tool {call.name!r}: the only tool is `ipython` with arguments {{code, timeout?}}")
-    try:
-        args = json.loads(call.arguments or "{}")
-    except json.JSONDecodeError as e:
-        raise ValueError(f"the tool call's arguments are not valid JSON ({e}); send {{\"code\": \"...\"}}") from None
-    if not isinstance(args, dict) or not isinstance(args.get("code"), str):
-        raise ValueError('the tool call needs a string argument "code", e.g. {"code": "print(1)"}')
-    timeout = args.get("timeout")
-    if timeout is not None and (isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and timeout > 0)):
-        raise ValueError('"timeout" must be a positive number of seconds')
-    return args

@@ -12,7 +12,8 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
-from agent.config import Config, home, project_root
+from agent.config import home, project_root
+from agent.config_models import Config
 from agent.trust import TrustError, TrustStore
 
 

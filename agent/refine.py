@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agent import events as ev
 from agent.kernel.bridge import BridgeServer
-from agent.config import Config, KernelConfig, SandboxConfig
+from agent.config_models import Config, KernelConfig, SandboxConfig
 from agent.context import Context, Sinks, transcript
 from agent.harness import SessionHarness
 from agent.kernel import Kernel

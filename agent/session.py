@@ -1,6 +1,10 @@
 """One agent session: its kernel, host bridge, model context, trajectory and events.
 
-The session owns resources and keeps the record; what a turn does is in agent/loop.py.
+One concern: the session composes its parts, owns their lifecycle and keeps the record (it numbers
+the events and appends the trajectory). What a turn does is in agent/loop.py; each other concern is
+a part beside it, handed only what it needs: plan mode (plan.py), the system prompt and harness
+notices (system_prompt.py), the kernel's MCP calls (mcp_calls.py), the person's hooks
+(session_hooks.py), subagents, approvals, checkpoints, the refiner.
 
     async with Session(config, model, cwd=Path(".")) as session:
         result = await session.prompt("fix the failing test")
@@ -20,46 +24,46 @@ from pathlib import Path
 from typing import Any
 
 from agent import events as ev
-from agent.approvals import Approvals, Ask, Decision, Request
+from agent.approvals import Approvals, Ask
 from agent.kernel.bridge import BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
-from agent.config import Config, ModelConfig, home, project_root, shorten
+from agent.config import home, project_root
+from agent.config_models import Config, ModelConfig
 from agent.context import Context, Inbox, Sinks
 from agent.goals import CheckResult, GoalState, pursue, run_check
-from agent.harness import SessionHarness, changes, scope_roots, told
+from agent.harness import SessionHarness, scope_roots
 from agent.kernel import Kernel, KernelPool, KernelState
 from agent.layout import SessionLayout
-from agent.hooks import HookRun, Hooks, Runner
+from agent.hooks import Hooks
 from agent.loop import Interrupted, Submitted, TurnLoop
-from agent.mcp import McpError, McpServers, prompt_section, summary
+from agent.mcp import McpServers, prompt_section
+from agent.mcp_calls import McpCalls
 from agent.model import Model, fitted
-from agent.prompt import render, system_prompt
+from agent.plan import PlanMode
+from agent.prompt import system_prompt
 from agent.refine import GateFactory, SessionRefiner
+from agent.session_hooks import SessionHooks
 from agent.kernel.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
-from agent.kernel.sandbox import SandboxError, View, describe, unavailable, unconfined_running
+from agent.kernel.sandbox import SandboxError, describe, unavailable, unconfined_running
+from agent.kernel.view import View
 from agent.subagents import ChildInfo, Subagents
+from agent.system_prompt import SystemPrompt
 from agent.trajectory import (
-    HookRecord,
-    PlanRecord,
-    McpCallRecord,
     Record,
     ResumedRecord,
     RewindRecord,
     SessionRecord,
-    SystemPromptRecord,
     TrajectoryWriter,
     TurnFinishedRecord,
     TurnStartedRecord,
     WriteFailed,
+    begun,
     contexts,
-    in_plan_mode,
-    pending_plan,
     turn_starts,
 )
-from agent.types import FilesChanged, McpCall, Message, Outcome, Turn, TurnBegun, TurnOutcome, TurnResult, Usage
+from agent.types import FilesChanged, Message, Outcome, Turn, TurnBegun, TurnOutcome, TurnResult, Usage
 from harness_store.refiner import Outcome as RefinementOutcome
-from harness_store.store import Change, HarnessStore
-from harness_store.watch import HarnessWatcher
+from harness_store.store import Change
 
 Listener = Callable[[ev.Event], None]
 log = logging.getLogger(__name__)
@@ -84,7 +88,7 @@ class Session:
         subagent_slots: dict[int, asyncio.Semaphore] | None = None,
         harness_roots: dict | None = None,
         kernel_pool: KernelPool | None = None,
-        last_seq: int = 0,
+        seq: ev.Sequence | None = None,
         ask: Ask | None = None,
         can_ask: bool = False,
         gate: GateFactory | None = None,
@@ -94,9 +98,9 @@ class Session:
         the sessions of a process);
         `harness_roots` replaces the usual user/project/session scopes (the refiner's gate);
         `kernel_pool` supplies kernels started ahead of time (the daemon's, shared with subagents);
-        events are numbered after `last_seq` (a daemon's journal goes on across processes); `ask`
-        is a front end's own way of asking a person (the terminal's) and `can_ask` says someone
-        decides requests through the API (the daemon); `gate` builds the regression gate every
+        events are numbered from `seq` (a daemon's journal's, which owns it and goes on across
+        processes; without one the session owns its own); `ask` is a front end's own way of asking
+        a person (the terminal's) and `can_ask` says someone decides requests through the API (the daemon); `gate` builds the regression gate every
         refinement must pass, for the session's model (again when it changes: `use_model`).
 
         The session composes its parts here and hands each the narrow interface it needs (its
@@ -121,21 +125,15 @@ class Session:
         self.kernel_pool = kernel_pool if kernel_pool is not None else (parent.kernel_pool if parent else None)
         self.notices: list[str] = []
         """Told to the model at the start of the next turn (e.g. that its kernel is new)."""
-        self.planning = config.sandbox.plan
-        """Plan mode (sandbox.plan): the workspace read-only until a person approves a plan."""
-        self.plan: str | None = None
-        """The plan the model proposed and nobody has decided yet."""
         self._resumed: str | None = None
         """Why this session was resumed from its trajectory, when it was."""
-        self._seq = last_seq
+        self.seq = seq if seq is not None else ev.Sequence()
+        """The event numbers: read here, taken here only where no host records the events (`_own_seq`)."""
+        self._own_seq = seq is None
         self._reporting = False
         """An event could not be recorded, and the error event saying so is being emitted."""
         self._trajectory: TrajectoryWriter | None = None
         self._task: asyncio.Task | None = None
-        self._watcher: HarnessWatcher | None = None
-        self._notifying: set[asyncio.Task] = set()
-        self._closing = False
-        """Hooks told of something (Notification, SubagentStart/Stop) that have not finished yet."""
 
         sinks = Sinks(emit=self.emit, record=self.record, charge=self.charge, turn_id=self._turn_id)
         self.context = Context(self.record)
@@ -149,13 +147,16 @@ class Session:
         view = View.of(config.sandbox, self.cwd, self.dir, [s.root for s in self.harness.stores.values()],
                        project_root(self.cwd))
         self.kernel = Kernel(self.cwd, config.kernel, sandbox=config.sandbox, view=view)
-        self.hooks = Runner(Hooks.of(config.hooks, self.cwd), self._hook_input, self._hook_ran)
-        """The person's hooks (agent/hooks.py), every run recorded and shown."""
+        self.hooks = SessionHooks(Hooks.of(config.hooks, self.cwd), sinks, self._hook_input)
+        """The person's hooks (agent/session_hooks.py), every run recorded and shown."""
         self.checkpoints = Checkpoints(config.checkpoints, self.cwd, self.layout, self.id, self.kernel, self.harness,
                                        self.context, sinks, enabled=parent is None)
         """A checkpoint at every turn boundary (a subagent's files are in its parent's), for `rewind`,
         and the files each cell changed."""
-        self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks, self._system_prompt,
+        self.system_prompt = SystemPrompt(self.harness, self.context, sinks, lambda: self._prompt_text(self.config.model),
+                                          tell=lambda text: self.notices.append(text))
+        """The system prompt in force, and what the model has been told of the harness since."""
+        self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks, self.system_prompt.build,
                              hooks=self.hooks, ask_cell=lambda code, reason: self.approvals.cell(code, reason),
                              text_mode=self.text_mode, after_cell=self.checkpoints.after_cell)
         self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
@@ -172,25 +173,23 @@ class Session:
         )
         self.mcp = McpServers(config.mcp, self.cwd, self.dir)
         """The session's MCP servers (started at their first use)."""
+        self.plan_mode = PlanMode(config.sandbox.plan, sinks, switch=self._plan_mode, thaw=self.kernel.thaw,
+                                  final=self._final, sync=self._sync, tell=lambda text: self.notices.append(text),
+                                  turn_running=lambda: self.turn is not None)
+        """Plan mode (agent/plan.py): the workspace read-only until a person approves the model's plan."""
         self.approvals = Approvals(config.sandbox, self.cwd, sinks, timeout=lambda: self.config.kernel.cell_timeout,
-                                   cell_id=lambda: self.kernel.cell_id, hook=self._permission_hooks, ask=ask,
+                                   cell_id=lambda: self.kernel.cell_id, hook=self.hooks.permission, ask=ask,
                                    can_ask=can_ask,
                                    parent=(parent.approvals, self.id.rsplit(".", 1)[-1]) if parent else None)
         """Requests for the user's decision: commands to run outside the sandbox, MCP calls under policy
         ask (a subagent's go up to the session the user decides in)."""
+        mcp_calls = McpCalls(self.mcp, sinks, cell_id=lambda: self.kernel.cell_id, ask=self.approvals.mcp)
         self.bridge = BridgeServer(
             self.dir,
-            {"final": self._final, "note": self._note, "plan.propose": self._propose_plan, "ping": self._ping, "refine.request": self._refine,
-             "mcp.servers": self._mcp_servers, "mcp.list": self._mcp_list, "mcp.call": self._mcp_call,
-             "mcp.read": self._mcp_read, **self.harness.handlers(), **self.subagents.handlers(),
-             **self.approvals.handlers()},
+            {"final": self._final, "note": self._note, "ping": self._ping, "refine.request": self._refine,
+             **self.plan_mode.handlers(), **mcp_calls.handlers(), **self.harness.handlers(),
+             **self.subagents.handlers(), **self.approvals.handlers()},
         )
-        self.harness_version: str | None = None
-        """The harness in force (each scope's commit): in the system prompt, or told since in a notice."""
-        self._told: dict[str, tuple[str, str, str, str]] = {}
-        """The harness entries as the model was last told them (the system prompt, then notices)."""
-        self._rebuild = False
-        """Rebuild the system prompt at the next turn boundary (`rebuild_prompt`)."""
         self._parent_id = parent.id if parent else None
 
     def preload(self, code: str) -> None:
@@ -244,11 +243,11 @@ class Session:
             fit = await self._fit()  # before the system prompt is built: it depends on the fit
             self._trajectory = TrajectoryWriter(self.layout.trajectory)
             if self._resumed is not None:
-                self.record(ResumedRecord(reason=self._resumed, harness_version=self.harness_version))
+                self.record(ResumedRecord(reason=self._resumed, harness_version=self.system_prompt.harness_version))
                 self._close_open_tool_calls()
             else:
                 self._record_start()
-            self._watch_harness()
+            self.system_prompt.watch()
             self.checkpoints.warm()
         except BaseException:
             kernel.cancel()
@@ -302,9 +301,7 @@ class Session:
         if model.user_set("action_format") or self.model.action_format == "text":
             return False
         self._use(model.with_defaults(action_format="text"))
-        content = self._system_prompt()
-        self.messages[0] = Message(role="system", content=content)
-        self.record(SystemPromptRecord(turn_id=self._turn_id(), content=content, harness_version=self.harness_version))
+        self.system_prompt.replace(self._turn_id())
         self.emit(ev.Note(turn_id=self._turn_id(), text=f"{reason}; the session goes on in text mode (```python "
                                                         "cells; model.action_format pins either)"))
         return True
@@ -322,20 +319,19 @@ class Session:
         }
 
     def _record_start(self) -> None:
-        self.harness_version = self.harness.view.version()
         self.record(
             SessionRecord(
                 session_id=self.id,
                 cwd=str(self.cwd),
                 model=self.model.name,
                 action_format=self.model.action_format,
-                harness_version=self.harness_version,
+                harness_version=self.harness.view.version(),
                 parent=self._parent_id,
                 config=_recorded(self.config),
                 repositories=sorted(self.approvals.git_at_start),
             )
         )
-        self.context.append(Message(role="system", content=self._system_prompt()), None)
+        self.context.append(Message(role="system", content=self.system_prompt.build()), None)
 
     def resume(self, records: list[Record], reason: str) -> None:
         """Before `start`: take up a session from its trajectory in a new process.
@@ -347,33 +343,21 @@ class Session:
         conversations = list(contexts(records))
         self.context.messages = conversations[-1] if conversations else []
         self.context.turn_starts = turn_starts(records)
-        self.harness_version = next(
-            (r.harness_version for r in reversed(records)
-             if isinstance(r, SystemPromptRecord | SessionRecord) or (isinstance(r, TurnFinishedRecord) and r.harness_version)),
-            None,
-        )
-        self._told = told(self.harness.view)
+        self.system_prompt.resume(records)
         started = next((r for r in records if isinstance(r, SessionRecord)), None)
         if started is not None and started.repositories is not None:  # not what is there now: the agent's may be
             self.approvals.git_at_start = set(started.repositories)
-        # What changed while the session was away is not known entry by entry: the prompt starts afresh.
-        self._rebuild = (self.harness.view.version() or None) != (self.harness_version or None)
+        self.turns += len(begun(records))
         for r in records:
-            if isinstance(r, TurnStartedRecord):
-                self.turns += 1
-            elif isinstance(r, TurnFinishedRecord):
+            if isinstance(r, TurnFinishedRecord):
                 self.usage += r.usage
                 self.last_result = TurnResult(turn_id=r.turn_id, **{f: getattr(r, f) for f in TurnOutcome.model_fields})
-        self._plan_mode(in_plan_mode(records, self.config.sandbox.plan))  # the trajectory decides, not session.json
-        self.plan = pending_plan(records) if self.planning else None
         self.subagents.interrupt_orphans(reason)
         self._resumed = reason
         last = next((r for r in reversed(records) if isinstance(r, TurnStartedRecord | RewindRecord)), None)
         if isinstance(last, RewindRecord):  # rewound since the last turn: the model has yet to hear of it
             self.notices.append(last.notice)
-        since = next((r for r in reversed(records) if isinstance(r, TurnStartedRecord | PlanRecord)), None)
-        if isinstance(since, PlanRecord) and since.step != "proposed":  # changed since the last turn: not yet told
-            self.notices.append(_plan_notice(since))
+        self.plan_mode.resume(records, self.config.sandbox.plan)  # the trajectory decides, not session.json
         self.notices.append(f"[{reason}. This session goes on in a new kernel: every variable, import and "
                             "running subagent from before is gone; files on disk are as they were.]")
 
@@ -387,17 +371,11 @@ class Session:
                                             content="[lost: the session's process stopped while this cell ran]"), None)
 
     async def close(self) -> None:
-        if self._trajectory is not None and not self._closing:  # it started
-            with contextlib.suppress(Exception):  # the person's hook must not keep the kernel alive
-                await self.hooks("SessionEnd", {"reason": "other"})
-        self._closing = True  # no hook hears of what closing does (children stopped...)
-        await asyncio.gather(*self._notifying, return_exceptions=True)
+        await self.hooks.end(started=self._trajectory is not None)
         await self.refiner.close()
         await self.checkpoints.close()
         await self.subagents.close()
-        if self._watcher is not None:
-            self._watcher.stop()
-            self._watcher = None
+        self.system_prompt.close()
         await self.kernel.shutdown()
         await self.mcp.close()
         await self.bridge.close()
@@ -482,12 +460,35 @@ class Session:
         record = await self.checkpoints.rewind(plan, force)
         if record.messages is not None:
             self.last_result = None
-            self.harness_version = None  # the restored context's system prompt is checked at the next turn
+            self.system_prompt.harness_version = None  # the restored context's prompt is checked at the next turn
         if record.harness:
             self.harness_changed("a rewind")
         self.notices = [n for n in self.notices if not n.startswith("[The user rewound")] + [record.notice]
         self.emit(rewound(record))
         return record
+
+    @property
+    def planning(self) -> bool:
+        """Plan mode (sandbox.plan): the workspace read-only until a person approves a plan."""
+        return self.plan_mode.on
+
+    @property
+    def plan(self) -> str | None:
+        """The plan the model proposed and nobody has decided yet."""
+        return self.plan_mode.plan
+
+    async def decide_plan(self, approve: bool, note: str | None = None, plan: str | None = None) -> str | None:
+        """A person's decision on the proposed plan (`PlanMode.decide`): approved, the prompt that
+        carries the plan out (the caller sends it); rejected, None."""
+        return await self.plan_mode.decide(approve, note, plan)
+
+    def _plan_mode(self, on: bool) -> None:
+        """The sandbox of plan mode, on or off, for the next kernel start and the subagents spawned
+        from now on (agent/plan.py; a running kernel is thawed by `PlanMode.decide`)."""
+        self.config.sandbox.plan = on
+        self.subagents.session_config.sandbox.plan = on
+        self.kernel.view = dataclasses.replace(self.kernel.view,
+                                               frozen=on and self.config.sandbox.mode == "workspace-write")
 
     def steer(self, text: str) -> None:
         """Queue a message for the running turn; it reaches the model at its next call."""
@@ -499,7 +500,7 @@ class Session:
 
     def rebuild_prompt(self) -> None:
         """Build the system prompt afresh at the next turn boundary (the prompt cache starts over there)."""
-        self._rebuild = True
+        self.system_prompt.rebuild = True
 
     def request_compaction(self) -> None:
         """Summarise the older context at the next model call (the running turn's, else the next turn's)."""
@@ -548,7 +549,7 @@ class Session:
         """Number the event and hand it to the listeners. One that cannot take it (the daemon's
         journal on a full disk) must not break the session, nor leave a gap: the number is not used
         up, and the failure is an error event of its own (if that fails too, the log has it)."""
-        event.seq, event.session_id = self._seq + 1, self.id
+        event.seq, event.session_id = self.seq.last + 1, self.id
         failed: Exception | None = None
         for listener in self.listeners:
             try:
@@ -557,8 +558,9 @@ class Session:
                 failed = e
                 log.exception("event listener failed on %s", event.type)
         if failed is None:
-            self._seq = event.seq
-            self._tell_hooks(event)
+            if self._own_seq:
+                self.seq.take(event.seq)
+            self.hooks.tell(event)
         elif not self._reporting:
             self._reporting = True
             try:
@@ -567,55 +569,19 @@ class Session:
             finally:
                 self._reporting = False
 
-    def _tell_hooks(self, event: ev.Event) -> None:
-        """Hooks that hear of something without deciding anything: Notification (an approval waits,
-        a goal ended), SubagentStart and SubagentStop. They run in the background."""
-        if not self.hooks or self._closing:
-            return
-        if isinstance(event, ev.ApprovalRequested):
-            call = self.hooks("Notification", {"message": f"The agent asks for your approval: {event.summary}",
-                                               "notification_type": "permission_prompt"}, target="permission_prompt")
-        elif isinstance(event, ev.GoalFinished):
-            call = self.hooks("Notification", {"message": f"The goal ended: {event.state}",
-                                               "notification_type": "goal_finished"}, target="goal_finished")
-        elif isinstance(event, ev.SubagentSpawned):
-            call = self.hooks("SubagentStart", {"agent_id": event.id, "agent_type": event.name}, target=event.name)
-        elif isinstance(event, ev.SubagentFinished):
-            call = self.hooks("SubagentStop", {"agent_id": event.id, "agent_type": event.name,
-                                               "last_assistant_message": event.answer or event.error or ""},
-                              target=event.name)
-        else:
-            return
-        task = asyncio.ensure_future(call)
-        self._notifying.add(task)
-        task.add_done_callback(self._notifying.discard)
-
     def _hook_input(self) -> dict[str, Any]:
         """What every hook gets besides its event's fields, as Claude Code sends it."""
         return {"session_id": self.id, "transcript_path": str(self.layout.trajectory),
                 "permission_mode": self.config.sandbox.mode}
 
-    def _hook_ran(self, run: HookRun, cell_id: str | None) -> None:
-        turn_id = self._turn_id()
-        self.record(HookRecord(turn_id=turn_id, cell_id=cell_id, run=run))
-        self.emit(ev.HookRan(turn_id=turn_id, cell_id=cell_id, run=run))
-
-    async def _permission_hooks(self, req: Request) -> Decision | None:
-        """PermissionRequest hooks decide a request before a person is asked: allow, deny, or not.
-        The tool is `ipython` (a cell a PreToolUse hook asked about), `Bash` (a command to run outside
-        the sandbox) or `mcp__SERVER__TOOL`."""
-        tool = {"cell": "ipython", "command": "Bash"}.get(req.kind) or "mcp__" + (req.prefix or "").replace(".", "__", 1)
-        verdict = await self.hooks("PermissionRequest", {
-            "tool_name": tool, "tool_input": {"command": req.summary, "description": req.reason}}, target=tool)
-        if verdict.blocked:
-            return "deny"
-        if verdict.permission == "allow" and not req.notes:  # what a note says (a .git the agent made), a person reads
-            return "approve"
-        return None
-
     def record(self, record: Record) -> None:
         assert self._trajectory is not None, "session not started"
         self._trajectory.append(record)
+
+    def _sync(self) -> None:
+        """Make the trajectory durable now (OSError where it cannot be)."""
+        assert self._trajectory is not None, "session not started"
+        self._trajectory.sync()
 
     def charge(self, usage: Usage, purpose: str, turn_id: str | None = None) -> None:
         """Model spend, the one sink for all of it: the session's, and the turn's that caused it
@@ -642,15 +608,14 @@ class Session:
         self.emit(ev.TurnStarted(turn_id=turn.id, **begun))
         try:
             self.refiner.at_boundary()
-            self.reload_harness(turn)
+            self.system_prompt.at_boundary(turn.id)
         except Exception as e:  # a broken harness must not wedge the session: keep the prompt in force
             log.exception("harness reload failed")
             self.emit(ev.Error(turn_id=turn.id, message=f"the harness could not be reloaded ({type(e).__name__}: "
                                                         f"{e}); the previous system prompt stays in force"))
         notes = self.notices
         self.notices = []
-        if self.planning:
-            notes.append(render("plan"))
+        notes += self.plan_mode.notes()
         last = self.last_result
         if last is not None and last.outcome != "completed":
             notes.insert(0, f"[Your previous turn ended early ({last.outcome}): {last.error}]")
@@ -670,7 +635,8 @@ class Session:
         self.between_turns.set()
         self.last_result = result
         try:
-            self.record(TurnFinishedRecord(turn_id=turn.id, **dict(done), harness_version=self.harness_version))
+            self.record(TurnFinishedRecord(turn_id=turn.id, **dict(done),
+                                           harness_version=self.system_prompt.harness_version))
         except WriteFailed as e:  # a restart finds the turn open and closes it as cut short
             self.emit(ev.Error(turn_id=turn.id, message=f"the end of this turn could not be recorded: {e}"))
         self.emit(ev.TurnFinished(turn_id=turn.id, **dict(done), spend=turn.spend, files=files))
@@ -683,21 +649,13 @@ class Session:
         except Exception as e:
             log.exception("refinement at the turn boundary failed")
             self.emit(ev.Error(turn_id=turn.id, message=f"a refinement could not be applied: {type(e).__name__}: {e}"))
-        assert self._trajectory is not None
         try:
-            self._trajectory.sync()
+            self._sync()
         except OSError as e:
             self.emit(ev.Error(turn_id=turn.id, message=f"the trajectory could not be made durable: {e}"))
         return result
 
     # --- the harness -------------------------------------------------------------------------
-
-    def _system_prompt(self) -> str:
-        """The system prompt built afresh (at the start, after a compaction, on request), with the harness
-        and the MCP servers as they are now: from here on the model has been told every entry as it stands."""
-        self._told = told(self.harness.view)
-        self.harness_version = self.harness.view.version()
-        return self._prompt_text(self.config.model)
 
     def _prompt_text(self, model: ModelConfig) -> str:
         """The system prompt for these model settings, with the harness and MCP servers as they are now."""
@@ -705,96 +663,7 @@ class Session:
         config = self.config.model_copy(update={"model": model})
         return system_prompt(config, self.cwd, self.harness.view.render(), self.instructions, mcp)
 
-    def reload_harness(self, turn: Turn) -> None:
-        """At a turn boundary: harness changes reach the model as a notice ahead of the prompt, carrying
-        the changed entries; the system prompt stays as it is, so every request starts with the previous
-        one byte for byte and the provider's prompt cache keeps hitting. Rebuilt only when asked."""
-        if self._rebuild:
-            self._rebuild = False
-            content = self._system_prompt()
-            if content != self.messages[0].content:
-                self.messages[0] = Message(role="system", content=content)
-                self.record(SystemPromptRecord(turn_id=turn.id, content=content, harness_version=self.harness_version))
-            self.emit(ev.HarnessReloaded(turn_id=turn.id, harness_version=self.harness_version))
-            return
-        version = self.harness.view.version()
-        if version == self.harness_version:
-            return
-        now = told(self.harness.view)
-        changed = changes(self._told, now)
-        self._told, self.harness_version = now, version
-        if changed:
-            self.notices.append(render("harness_changed", changes=changed))
-        self.emit(ev.HarnessReloaded(turn_id=turn.id, harness_version=version))
-
-    def _watch_harness(self) -> None:
-        """Commit a person's own edits of existing scopes as they happen (see harness_store.watch)."""
-        existing = [s for s in self.harness.stores.values() if (s.root / ".git").is_dir()]
-        if not existing:
-            return
-        loop = asyncio.get_running_loop()
-
-        def on_edit(store: HarnessStore, change: Change | None, problems: list[str]) -> None:
-            entries = change.entries if change else []
-            source = "external" if change and change.trigger == "external-edit" else "user"
-            loop.call_soon_threadsafe(lambda: self.emit(ev.HarnessEdited(
-                turn_id=self._turn_id(), scope=store.scope, entries=entries, problems=problems, source=source)))
-
-        self._watcher = HarnessWatcher(existing, on_edit)
-        self._watcher.start()
-
     # --- host bridge handlers (called from code in the kernel) -------------------------------
-
-    async def _propose_plan(self, plan: str) -> None:
-        """`propose_plan(text)` from a cell: the plan waits for a person, and the turn ends with it."""
-        if not self.planning:
-            raise RuntimeError("propose_plan() is for plan mode, and this session is not in it: go ahead and do it")
-        if not plan.strip():
-            raise ValueError("the plan is empty")
-        self.plan = plan
-        self.record(PlanRecord(turn_id=self._turn_id(), step="proposed", plan=plan))
-        self.emit(ev.PlanProposed(turn_id=self._turn_id(), plan=plan))
-        await self._final(plan)
-
-    async def decide_plan(self, approve: bool, note: str | None = None, plan: str | None = None) -> str | None:
-        """A person's decision on the proposed plan (`plan`: as they edited it). Approved, the same
-        kernel's workspace becomes writable and the prompt that carries the plan out is returned (the
-        caller sends it); rejected, the note reaches the model with the next prompt and plan mode goes on."""
-        if self.plan is None:
-            raise ValueError("no plan waits for a decision in this session")
-        if self.turn is not None:
-            raise RuntimeError("a turn is running: decide the plan once it ends")
-        proposed, self.plan = self.plan, None  # taken before any await: a second decision finds none
-        plan = plan if plan and plan.strip() else proposed
-        if approve:
-            try:
-                await self.kernel.thaw()
-            except BaseException:
-                self.plan = proposed
-                raise
-            self._plan_mode(False)  # subagents spawned from now on write too
-        # The approval's one durable fact (`in_plan_mode` reads it on resume): synced before anyone hears of it.
-        self.record(PlanRecord(step="approved" if approve else "rejected", plan=plan, note=note))
-        if approve:
-            assert self._trajectory is not None
-            try:
-                self._trajectory.sync()
-            except OSError as e:
-                self.emit(ev.Error(message=f"the plan's approval could not be made durable (a restart may find the "
-                                   f"session in plan mode again): {e}"))
-        self.emit(ev.PlanDecided(approved=approve, note=note, plan=plan))
-        if not approve:
-            self.notices.append(f"[The user rejected your plan{': ' + note if note else ''}. The workspace stays "
-                                "read-only: investigate further and propose another with propose_plan().]")
-            return None
-        return render("plan_approved", note=f" ({note})" if note else "", plan=plan)
-
-    def _plan_mode(self, on: bool) -> None:
-        """Plan mode on or off from the next kernel start (a running kernel is thawed by `decide_plan`)."""
-        self.planning = self.config.sandbox.plan = on  # subagents spawned from now on follow
-        self.subagents.session_config.sandbox.plan = on
-        self.kernel.view = dataclasses.replace(self.kernel.view,
-                                               frozen=on and self.config.sandbox.mode == "workspace-write")
 
     async def _final(self, answer: str) -> None:
         if self.turn is None:
@@ -824,79 +693,6 @@ class Session:
 
     async def _note(self, text: str) -> None:
         self.emit(ev.Note(turn_id=self._turn_id(), text=text))
-
-    # --- MCP (agent/mcp.py; agent/kernel/runtime/mcp.py is the kernel's side) ---------------------------
-    # A failure of a server or a tool is a reply ({"error"}), raised in the kernel as McpError.
-
-    async def _mcp_servers(self) -> list[str]:
-        return list(self.mcp.servers)
-
-    async def _mcp_list(self, server: str | None = None) -> dict:
-        try:
-            return {"result": [s.model_dump() for s in await self.mcp.list(server, by_person=False)]}
-        except McpError as e:
-            return {"error": str(e)}
-
-    async def _mcp_call(self, server: str, tool: str, arguments: dict | None = None) -> dict:
-        arguments = arguments or {}
-        return await self._mcp_use(server, tool, arguments, lambda: self.mcp.call(server, tool, arguments))
-
-    async def _mcp_read(self, server: str, uri: str) -> dict:
-        return await self._mcp_use(server, f"read:{uri}", {}, lambda: self.mcp.read(server, uri))
-
-    async def _mcp_use(self, server: str, tool: str, arguments: dict, run: Callable) -> dict:
-        """Under the server's policy: run the call, and record it (and its result) in the trajectory."""
-        started, cell_id, turn_id = time.monotonic(), self.kernel.cell_id, self._turn_id()
-        outcome, result, error = "error", None, None
-        try:
-            policy = self.mcp.server(server).config.policy
-            if policy == "deny":
-                outcome = "denied"
-                raise McpError(f"calls to MCP server {server!r} are denied by its policy "
-                               f'(mcp.servers.{server}.policy = "deny")')
-            if policy == "ask":  # nothing starts before a person approved: a tool is checked as last listed
-                if not tool.startswith("read:"):
-                    self.mcp.known_tool(server, tool)
-                denied = await self.approvals.mcp(server, tool, arguments, _arguments(arguments))
-                if denied:
-                    outcome = "denied"
-                    raise McpError(f"the call {server}.{tool} was not approved: {denied}")
-            elif not tool.startswith("read:"):
-                await self.mcp.tool(server, tool)  # an unknown tool fails before anything runs
-            result = await run()
-            outcome = "ok"
-            return {"result": result}
-        except McpError as e:
-            error = str(e)
-            return {"error": error}
-        except asyncio.CancelledError:
-            outcome, error = "cancelled", "the cell was interrupted, or stopped waiting"
-            raise
-        finally:
-            kept, duration = summary(result), time.monotonic() - started
-            call = dict(McpCall(cell_id=cell_id, server=server, tool=tool, arguments=arguments, outcome=outcome,
-                                result=kept, error=error, duration=duration))
-            self.record(McpCallRecord(turn_id=turn_id, **call))
-            self.emit(ev.McpCalled(turn_id=turn_id, **call))
-
-
-def _plan_notice(r: PlanRecord) -> str:
-    """What the model is told, resumed, of plan mode changing after its last turn (an approval whose
-    follow-up turn never ran: the process ended between the two)."""
-    why = f" ({r.note})" if r.note else ""
-    if r.step == "approved":
-        return f"[The user approved your plan{why}. The workspace is writable now: carry the plan out.]\n\n{r.plan}"
-    if r.step == "entered":
-        return f"[The user turned plan mode on{why}.] " + render("plan")
-    if r.step == "left":
-        return (f"[The user turned plan mode off{why}: no plan waits for approval any more, and the workspace is "
-                "as the session's sandbox allows. Go on with the task.]")
-    return (f"[The user rejected your plan{why}. The workspace stays read-only: investigate further and "
-            "propose another with propose_plan().]")
-
-
-def _arguments(arguments: dict) -> str:
-    return shorten(", ".join(f"{k}={v!r}" for k, v in arguments.items()), 300)
 
 
 def _recorded(config: Config) -> dict:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from agent import events as ev
 from harness_store import safefs
-from agent.config import Config
+from agent.config_models import Config
 from agent.context import Inbox, Sinks
 from agent.layout import SessionLayout
 from agent.model import Model

@@ -450,6 +450,12 @@ def contexts(records: list[Record]) -> Iterator[list[Message]]:
         yield current
 
 
+def begun(records: list[Record]) -> list[TurnStartedRecord]:
+    """The turns a trajectory began, in order: how many there are is the session's turn count, for
+    the session taken up again (`Session.resume`) and for the daemon's listing of it alike."""
+    return [r for r in records if isinstance(r, TurnStartedRecord)]
+
+
 def turn_starts(records: list[Record]) -> list[int]:
     """Where each turn begins in the last context `contexts` yields (what compaction needs to know)."""
     starts: list[int] = []
@@ -470,7 +476,8 @@ def turn_starts(records: list[Record]) -> list[int]:
 
 def export_openai_chat(records: list[Record]) -> Iterator[dict[str, Any]]:
     """OpenAI chat-format examples (`{"messages", "tools"}`), one per conversation, for SFT."""
-    from agent.model import IPYTHON_TOOL, to_wire
+    from agent.actions import IPYTHON_TOOL
+    from agent.wire import to_wire
 
     session = next((r for r in records if isinstance(r, SessionRecord)), None)
     tools = [IPYTHON_TOOL] if session is None or session.action_format == "tools" else None

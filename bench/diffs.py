@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent.checkpoints import Checkpoints  # noqa: E402
-from agent.config import CheckpointConfig, KernelConfig  # noqa: E402
+from agent.config_models import CheckpointConfig, KernelConfig  # noqa: E402
 from agent.context import Context, Sinks  # noqa: E402
 from agent.harness import SessionHarness, scope_roots  # noqa: E402
 from agent.kernel import Kernel  # noqa: E402

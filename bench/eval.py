@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.config import Config  # noqa: E402
+from agent.config_models import Config  # noqa: E402
 from agent.model import OpenAIModel  # noqa: E402
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
 from agent.trajectory import ModelCall, read_records  # noqa: E402

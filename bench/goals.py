@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent import events as ev  # noqa: E402
-from agent.config import Config  # noqa: E402
+from agent.config_models import Config  # noqa: E402
 from agent.goals import GoalBudget, GoalSpec, GoalState  # noqa: E402
 from agent.kernel.sandbox import unavailable  # noqa: E402
 from agent.session import Session  # noqa: E402

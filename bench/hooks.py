@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.config import Config  # noqa: E402
+from agent.config_models import Config  # noqa: E402
 from agent.hooks import HooksFile  # noqa: E402
 from agent.kernel.sandbox import unavailable  # noqa: E402
 from agent.session import Session  # noqa: E402

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.config import Config, SandboxConfig  # noqa: E402
+from agent.config_models import Config, SandboxConfig  # noqa: E402
 from agent.session import Session  # noqa: E402
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
 from agent.testing.scripted import ScriptedModel  # noqa: E402

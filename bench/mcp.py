@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # This file is bench/mcp.py: its folder must not stand first on the path, or `import mcp` finds it.
 sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
 
-from agent.config import Config  # noqa: E402
+from agent.config_models import Config  # noqa: E402
 from agent.session import Session  # noqa: E402
 from agent.testing.scripted import ScriptedModel  # noqa: E402
 from agent.types import Cell  # noqa: E402

@@ -69,7 +69,7 @@ class BenchModel:
         pass
 
     async def complete(self, messages, *, tools: bool = True, json_mode: bool = False, **_):
-        from agent.model import to_wire
+        from agent.wire import to_wire
         from agent.types import Completion, Message, ToolCall, Usage
 
         if not tools:
@@ -93,7 +93,7 @@ class BenchModel:
 
 
 async def scenario(turns: int, refinements: int, context_window: int) -> dict:
-    from agent.config import Config
+    from agent.config_models import Config
     from agent.session import Session
 
     work = Path(tempfile.mkdtemp(prefix="pa-prefix-"))

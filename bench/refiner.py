@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.config import Config  # noqa: E402
+from agent.config_models import Config  # noqa: E402
 from agent.session import Session, Turn  # noqa: E402
 from agent.testing.scripted import ScriptedModel, cells  # noqa: E402
 from bench.report import load_average, save  # noqa: E402
@@ -49,11 +49,11 @@ async def boundary_cost(repeats: int, work: Path) -> tuple[list[float], list[flo
             turn = Turn(id=f"b{i}", prompt="")
             t = time.perf_counter()
             s.refiner.at_boundary()
-            s.reload_harness(turn)
+            s.system_prompt.at_boundary(turn.id)
             with_plan.append(time.perf_counter() - t)
             t = time.perf_counter()
             s.refiner.at_boundary()
-            s.reload_harness(turn)
+            s.system_prompt.at_boundary(turn.id)
             without.append(time.perf_counter() - t)
     return with_plan, without
 

@@ -31,11 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 from agent.kernel.bridge import BridgeServer  # noqa: E402
 from agent.checkpoints import Checkpoints  # noqa: E402
-from agent.config import CheckpointConfig, KernelConfig, SandboxConfig  # noqa: E402
+from agent.config_models import CheckpointConfig, KernelConfig, SandboxConfig  # noqa: E402
 from agent.context import Context, Sinks  # noqa: E402
 from agent.harness import SessionHarness, scope_roots  # noqa: E402
 from agent.kernel import Kernel  # noqa: E402
-from agent.kernel.sandbox import View  # noqa: E402
+from agent.kernel.view import View  # noqa: E402
 from agent.layout import SessionLayout  # noqa: E402
 from agent.kernel.runtime import ENV_PATH, ENV_TOKEN  # noqa: E402
 from agent.trajectory import CheckpointRecord  # noqa: E402

@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx2  # noqa: E402
 
-from agent.config import Config  # noqa: E402
+from agent.config_models import Config  # noqa: E402
 from agent.prompt import system_prompt  # noqa: E402
 from bench.kernel import descendants, pss_kb  # noqa: E402
 from bench.report import load_average, save  # noqa: E402

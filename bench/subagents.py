@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.config import Config  # noqa: E402
+from agent.config_models import Config  # noqa: E402
 from agent.session import Session  # noqa: E402
 from agent.testing.scripted import ScriptedModel, cells  # noqa: E402
 from bench.report import load_average, save  # noqa: E402

@@ -11,6 +11,7 @@ import os
 import re
 from pathlib import Path
 
+from agent.events import Sequence
 from agent.trajectory import AppendFile
 
 _SEQ = re.compile(rb'^\{"seq":(\d+),')
@@ -23,17 +24,23 @@ class EventJournal:
     def __init__(self, path: Path):
         self.path = path
         self._file: AppendFile | None = None
-        self.last_seq = _last_seq(path)
+        self.seq = Sequence(_last_seq(path))
+        """The session's event numbers, owned here: a number is taken once its event is written (a
+        session the daemon runs numbers its events from this, `Session(seq=...)`)."""
+
+    @property
+    def last_seq(self) -> int:
+        return self.seq.last
 
     def append(self, seq: int, line: str) -> None:
         """`line` is the event's JSON (no newline); `seq` must be the next number. A line the disk
         refuses is not written at all (WriteFailed), and the last seq stays."""
-        if seq != self.last_seq + 1:
-            raise ValueError(f"event {seq} does not follow {self.last_seq} in {self.path}")
+        if seq != self.seq.last + 1:
+            raise ValueError(f"event {seq} does not follow {self.seq.last} in {self.path}")
         if self._file is None:
             self._file = AppendFile(self.path)  # cuts a torn last line first
         self._file.append(line)
-        self.last_seq = seq
+        self.seq.take(seq)
 
     def sync(self) -> None:
         if self._file is not None:

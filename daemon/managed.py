@@ -3,6 +3,11 @@
 A session is *live* when its agent session and kernel run in this process, *dormant* when only
 its files do (after a daemon restart, or put to sleep when idle): a dormant session wakes, with
 a new kernel, on its next prompt. The directory's files are named in agent/layout.py.
+
+One concern: hosting one session across its live and dormant states. What it does for the API
+(events, turns, approvals, rewinds, switches of model, sandbox or plan mode) each needs the
+session, its metadata and its journal at once, whichever state it is in; the turn queue
+(daemon/turns.py), goals (daemon/goals.py) and the journal (daemon/journal.py) are modules of their own.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from agent.atif import to_atif
 from agent.checkpoints import PARTS, Plan, RewindError, TurnRow, WorkspaceStore, turn_list
 from agent.checkpoints import recover as finish_rewind
 from agent.checkpoints import rewound
-from agent.config import SANDBOX_ORDER, Config, ConfigError, home, load_config, project_root
+from agent.config import SANDBOX_ORDER, ConfigError, home, load_config, project_root
+from agent.config_models import Config
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool
 from agent.kernel.sandbox import unavailable
@@ -36,8 +42,8 @@ from agent.trajectory import (
     Record,
     SessionRecord,
     TrajectoryError,
-    TurnStartedRecord,
     append_record,
+    begun,
     finish_cut_turn,
     in_plan_mode,
     pending_plan,
@@ -137,7 +143,7 @@ class ManagedSession:
             id=m.id, cwd=m.cwd, model=m.model, base_url=m.base_url, title=m.title, created=m.created, state=state,
             turns=m.turns, queued=len(m.queued), last_seq=self.journal.last_seq, usage=m.usage,
             dir=str(self.layout.dir), updated=m.updated or m.created,
-            harness_version=self.session.harness_version if self.session else None,
+            harness_version=self.session.system_prompt.harness_version if self.session else None,
             sandbox=self.session.sandbox if self.session else self._waking_sandbox(),
             ignored=self.session.ignored if self.session else [],
             planning=self.planning(),
@@ -181,7 +187,7 @@ class ManagedSession:
         if self.session is not None:
             self.session.emit(event)
             return
-        event.seq, event.session_id = self.journal.last_seq + 1, self.id
+        event.seq, event.session_id = self.journal.seq.last + 1, self.id  # taken by the journal
         try:
             self._on_event(event)
         except OSError:  # live readers were told; it is in the log
@@ -410,7 +416,7 @@ class ManagedSession:
             session = Session(
                 config, model, cwd=cwd, session_dir=self.layout.dir, session_id=self.id, on_event=self._on_event,
                 subagent_slots=self.manager.subagent_slots, kernel_pool=self.manager.pool,
-                last_seq=self.journal.last_seq, can_ask=True,  # approval requests are events; the API decides them
+                seq=self.journal.seq, can_ask=True,  # approval requests are events; the API decides them
                 gate=self.manager.gate_factory,
             )
             # Live from here: the session numbers every event (the daemon's own too), and counts
@@ -511,7 +517,7 @@ class ManagedSession:
                                               error=finished.error, usage=finished.usage, duration=finished.duration,
                                               steps=finished.steps, cells=finished.cells))
             records = read_records(self.layout.trajectory, []) if self.layout.trajectory.is_file() else []
-            self.meta.turns = sum(1 for r in records if isinstance(r, TurnStartedRecord))
+            self.meta.turns = len(begun(records))
             self.meta.running_turn = None
         for queued in self.meta.queued:
             self.queue.never_ran(queued.turn_id, f"{RESTARTED} before this turn began")

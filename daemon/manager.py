@@ -20,17 +20,8 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from agent.config import (
-    MAX_DEPTH,
-    SANDBOX_ORDER,
-    Config,
-    ConfigError,
-    check_values,
-    home,
-    load_config,
-    project_root,
-    shorten,
-)
+from agent.config import MAX_DEPTH, SANDBOX_ORDER, ConfigError, check_values, home, load_config, project_root, shorten
+from agent.config_models import Config
 from agent.goals import GoalSpec, GoalState
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool

@@ -7,12 +7,12 @@ import secrets
 from pathlib import Path
 
 from agent.kernel.bridge import socket_path
-from agent.kernel.sandbox import register_home
+from agent.kernel.homes import register_home
 from agent.config import home
 
 
 def run_dir() -> Path:
-    """Made 0700, and its home registered: no kernel of another home can then reach it (agent/kernel/sandbox.py)."""
+    """Made 0700, and its home registered: no kernel of another home can then reach it (agent/kernel/homes.py)."""
     d = home() / "run"
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(d, 0o700)

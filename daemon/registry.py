@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from agent import events as ev
-from agent.config import Config
+from agent.config_models import Config
 from agent.layout import SessionLayout
-from agent.trajectory import SessionRecord, TrajectoryError, TurnFinishedRecord, TurnStartedRecord, read_records
+from agent.trajectory import SessionRecord, TrajectoryError, TurnFinishedRecord, begun, read_records
 from agent.types import Usage
 from daemon.journal import EventJournal
 from daemon.meta import SCHEMA, SessionMeta, title_of
@@ -159,7 +159,7 @@ def adopt(layout: SessionLayout) -> SessionMeta | None:
     start = next((r for r in records if isinstance(r, SessionRecord)), None)
     if start is None or start.parent is not None or start.session_id != layout.dir.name:
         return None
-    turns = [r for r in records if isinstance(r, TurnStartedRecord)]
+    turns = begun(records)
     base_url = (start.config.get("model") or {}).get("base_url")
     model: dict[str, Any] = {"name": start.model}
     if base_url:

@@ -33,7 +33,8 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent import events as ev
-from agent.config import Config, shorten
+from agent.config import shorten
+from agent.config_models import Config
 from agent.types import Text
 from daemon.errors import Refused
 from daemon.meta import write_atomically

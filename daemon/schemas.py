@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from agent.config import ModelConfig
+from agent.config_models import ModelConfig
 from agent.subagents import ChildInfo
 from agent.trajectory import Record
 from agent.types import Budget, Usage

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import uvicorn
 
-from agent.config import Config, home, load_config
+from agent.config import home, load_config
+from agent.config_models import Config
 from daemon.app import BodyLimit, TokenAuth, create_app
 from agent.refine import GateFactory
 from daemon.manager import SessionManager

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from agent.config import Config
+from agent.config_models import Config
 from agent.harness import SessionHarness
 from agent.model import Model
 from agent.refine import Gate

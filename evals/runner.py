@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.config import Config
+from agent.config_models import Config
 from agent.layout import SessionLayout
 from agent.model import Model
 from agent.session import Session
@@ -129,7 +129,7 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
 
         async def run_session():
             async with session:
-                result.harness_version = session.harness_version
+                result.harness_version = session.system_prompt.harness_version
                 return await session.prompt(prompt_of(task))
 
         try:

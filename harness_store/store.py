@@ -12,6 +12,10 @@ empty and leaves the disk as it was (a project is not littered by looking at its
 Git runs inert (harness_store.gitenv), and only in a repository that looks as the host made it:
 a scope whose repository has hooks, config keys the host never writes, or a `.git` pointing
 elsewhere is refused (`problem()` says why) and git never runs there.
+
+One concern, and one class for it: a scope's repository, read, changed, and its history (log, diff,
+rollback) and a person's own edits committed; every method shares its lock, its git and its cache
+of entries, so it is not split (entries, skill folders and git's environment are modules of their own).
 """
 
 from __future__ import annotations

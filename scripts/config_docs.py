@@ -1,5 +1,5 @@
 """Write docs/configuration.md from the config models: every field, its type, its default and the
-docstring under it (agent/config.py for sessions, rl/config.py for RL runs).
+docstring under it (agent/config_models.py for sessions, rl/config.py for RL runs).
 
     python scripts/config_docs.py           # rewrite the page
     python scripts/config_docs.py --check   # exit 1 if the committed page differs (tests/test_docs.py)
@@ -110,7 +110,7 @@ def sections(root: type[BaseModel], prefix: str) -> list[str]:
 
 def render() -> str:
     """The whole page: a session's settings, then an RL run's."""
-    from agent.config import Config
+    from agent.config_models import Config
     from rl.config import RunConfig
 
     return "\n".join([INTRO, *sections(Config, ""), RL_INTRO, *sections(RunConfig, "RL: ")]).rstrip() + "\n"

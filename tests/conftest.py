@@ -14,8 +14,9 @@ import pytest
 # two cores, each with two threads spinning for the others, took twice the CPU time for an RL run.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from agent.config import ENV_VARS, Config, home
-from agent.kernel.sandbox import forget_home
+from agent.config import ENV_VARS, home
+from agent.config_models import Config
+from agent.kernel.homes import forget_home
 from agent.trust import TrustStore
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from agent.checkpoints.rewind import Plan, file_changes, harness_heads, rewind_record, apply
 from agent.checkpoints.store import WorkspaceStore
 from agent.checkpoints.turns import find
-from agent.config import CheckpointConfig
+from agent.config_models import CheckpointConfig
 from agent.harness import SessionHarness
 from agent.layout import SessionLayout
 from agent.trajectory import CheckpointRecord, RewindRecord, TrajectoryWriter, read_records

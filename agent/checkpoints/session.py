@@ -20,7 +20,7 @@ from agent.checkpoints.rewind import (Part, Plan, apply, changes_since, file_cha
                                      through_links, write_json)
 from agent.checkpoints.store import WorkspaceStore
 from agent.checkpoints.turns import RewindError, Target, find, person_changes
-from agent.config import CheckpointConfig
+from agent.config_models import CheckpointConfig
 from agent.context import Context, Sinks
 from agent.harness import SessionHarness
 from agent.kernel import Kernel, KernelState

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from harness_store import safefs
-from agent.config import CheckpointConfig, home
+from agent.config import home
+from agent.config_models import CheckpointConfig
 from agent.trajectory import SkippedFile
 from harness_store.gitenv import parse_batch, run_git
 

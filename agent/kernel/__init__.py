@@ -14,12 +14,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent.config import SandboxConfig
+    from agent.config_models import SandboxConfig
     from agent.kernel.manager import Kernel, KernelError, KernelPool, KernelState
 
 __all__ = ["Kernel", "KernelError", "KernelPool", "KernelState", "SandboxConfig"]
 _HOME = {"Kernel": "agent.kernel.manager", "KernelError": "agent.kernel.manager", "KernelPool": "agent.kernel.manager",
-         "KernelState": "agent.kernel.manager", "SandboxConfig": "agent.config"}
+         "KernelState": "agent.kernel.manager", "SandboxConfig": "agent.config_models"}
 
 
 def __getattr__(name: str) -> Any:

@@ -27,9 +27,11 @@ from jupyter_client import AsyncKernelManager
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import _ShutdownStatus
 
-from agent.config import KernelConfig, SandboxConfig, project_root
+from agent.config import project_root
+from agent.config_models import KernelConfig, SandboxConfig
 from agent.kernel.reaper import ProcessTree
-from agent.kernel.sandbox import Box, Launch, SandboxError, View
+from agent.kernel.sandbox import Box, Launch, SandboxError
+from agent.kernel.view import View
 from agent.types import Attachment, Cell, CellResult
 
 OutputCallback = Callable[[str, str], None]

@@ -1,4 +1,4 @@
-"""Mounts made in a sandboxed kernel's namespaces from outside (agent/kernel/sandbox.py says which).
+"""Mounts made in a sandboxed kernel's namespaces from outside (agent/kernel/view.py says which).
 
 A fork of the host enters the kernel's user and mount namespaces as their owner (setns(2)), with every
 capability there, calls mount(2) for each operation and exits; the kernel itself has no capability

@@ -11,9 +11,14 @@ as their owner (setns(2)) and binds (mount(2)) the workspace read-write, the har
 `run/`, other sessions and the configured secret stores. Code in the kernel has no capability in
 its namespaces: it cannot unmount, remount or enter anything, nor regain a capability by exec.
 
-Limits: a cgroup per kernel for memory and processes (cgroup v2 where its controllers are
-delegated, else the v1 hierarchies where writable), joined before bubblewrap runs; rlimits
-(`prlimit`) for open files, and for memory and processes where no cgroup can hold them.
+Limits: a cgroup per kernel for memory and processes (agent/kernel/limits.py), joined before
+bubblewrap runs; rlimits (`prlimit`) for open files, and for memory and processes where no cgroup
+can hold them.
+
+This module launches and confines one kernel (its `Box`, the bubblewrap command, the environment
+and the seccomp filter); what a session's kernel sees is planned in agent/kernel/view.py, and what
+every host of this user shares (kernels' directories, the registry of homes, placeholders) is in
+agent/kernel/homes.py.
 """
 
 from __future__ import annotations
@@ -21,30 +26,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import fnmatch
 import functools
-import hashlib
-import json
 import logging
 import os
 import re
 import secrets
 import shlex
 import shutil
-import stat as stat_module
 import struct
 import subprocess
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.config import SandboxConfig, SandboxMode, home
-from agent.layout import SessionLayout
+from agent.config import home
+from agent.config_models import SandboxConfig, SandboxMode
+from agent.kernel.homes import collect_dirs, hold_placeholder, private_root, register_home, release_placeholder
+from agent.kernel.limits import LimitGroups, Limits
 from agent.kernel.mounts import CLONE_NEWUSER, Mount, MountError, apply_mounts, mount_points
-from agent.kernel.reaper import ProcessTree, collect_cgroups, host_tag, made_by_a_gone_host
+from agent.kernel.reaper import ProcessTree, host_tag
+from agent.kernel.view import View, covers, other_homes
 
 log = logging.getLogger(__name__)
 TOOLS = ("bwrap",)
@@ -146,297 +149,6 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
     return b"".join(struct.pack("<HBBI", code, jump(i, jt), jump(i, jf), k) for i, (code, jt, jf, k) in enumerate(prog))
 
 
-# --- limits ---------------------------------------------------------------------------------------
-
-
-@functools.cache
-def _ram() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-@dataclass(frozen=True)
-class Limits:
-    memory: int
-    """Bytes."""
-    processes: int
-    open_files: int
-
-    @classmethod
-    def of(cls, config: SandboxConfig) -> Limits:
-        memory = config.memory_mb * 2**20 if config.memory_mb else _ram() // 2
-        return cls(memory, config.max_processes, config.max_open_files)
-
-    def describe(self, what: str) -> str:
-        if what == "memory":
-            return f"the sandbox's memory limit ({self.memory // 2**20:,} MiB, sandbox.memory_mb)"
-        return f"the sandbox's process limit ({self.processes:,} processes and threads, sandbox.max_processes)"
-
-
-@functools.cache
-def _v1_cgroup(controller: str) -> Path | None:
-    """This process's cgroup in the v1 hierarchy of `controller`, where one is mounted."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, rel = line.split(":", 2)
-        if controller in controllers.split(","):
-            path = Path("/sys/fs/cgroup") / controller / rel.lstrip("/")
-            return path if (path / "cgroup.procs").is_file() else None
-    return None
-
-
-class LimitGroups:
-    """The cgroups that hold one launch of a kernel to its memory and process limits, and what they
-    counted: `hits()` names each limit reached since the last call."""
-
-    def __init__(self, limits: Limits, tree_cgroup: Path | None, token: str):
-        self.limits = limits
-        self.groups: list[Path] = []
-        self.memory: tuple[Path, str, str] | None = None
-        """(file, counter key, ...) where the memory limit's kills are counted."""
-        self.pids: tuple[Path, str, str] | None = None
-        v2 = tree_cgroup
-        enabled = set()
-        if v2 is not None:
-            with contextlib.suppress(OSError):
-                enabled = set((v2.parent / "cgroup.subtree_control").read_text().split())
-        for controller in ("memory", "pids"):
-            if controller in enabled:
-                assert v2 is not None
-                limit = "memory.max" if controller == "memory" else "pids.max"
-                value = limits.memory if controller == "memory" else limits.processes
-                if self._write(v2 / limit, value):
-                    events = (v2 / f"{controller}.events", "oom_kill" if controller == "memory" else "max", "")
-                    setattr(self, controller, events)
-                continue
-            base = _v1_cgroup(controller)
-            if base is None:
-                continue
-            collect_cgroups(base)
-            group = base / f"prime-agent-{host_tag()}-{token}"
-            try:
-                group.mkdir(exist_ok=True)
-            except OSError:
-                continue
-            self.groups.append(group)
-            if controller == "memory":
-                ok = self._write(group / "memory.limit_in_bytes", limits.memory)
-                self._write(group / "memory.memsw.limit_in_bytes", limits.memory)  # no escape into swap
-                events = (group / "memory.oom_control", "oom_kill", "")
-            else:
-                ok = self._write(group / "pids.max", limits.processes)
-                events = (group / "pids.events", "max", "")
-            if ok:
-                setattr(self, controller, events)
-        self._seen = {"memory": self._count(self.memory), "processes": self._count(self.pids)}
-
-    @staticmethod
-    def _write(path: Path, value: int) -> bool:
-        try:
-            path.write_text(str(value))
-            return True
-        except OSError:
-            return False
-
-    @staticmethod
-    def _count(where: tuple[Path, str, str] | None) -> int:
-        if where is None:
-            return 0
-        try:
-            for line in where[0].read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == where[1]:
-                    return int(value)
-        except (OSError, ValueError):
-            pass
-        return 0
-
-    @property
-    def procs_files(self) -> list[Path]:
-        return [g / "cgroup.procs" for g in self.groups]
-
-    def hits(self) -> list[str]:
-        """The limits reached since the last call: "memory", "processes"."""
-        out = []
-        for name, where in (("memory", self.memory), ("processes", self.pids)):
-            n = self._count(where)
-            if n > self._seen[name]:
-                out.append(name)
-            self._seen[name] = n
-        return out
-
-    def members(self) -> set[int]:
-        pids: set[int] = set()
-        for f in self.procs_files:
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(p) for p in f.read_text().split())
-        return pids
-
-    def remove(self) -> None:
-        for g in self.groups:
-            with contextlib.suppress(OSError):
-                g.rmdir()
-        self.groups = []
-
-
-# --- what a session's kernel sees -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class View:
-    """What one session's kernel may read and write: applied to its namespaces before its first cell."""
-
-    mode: SandboxMode
-    workspace: Path
-    session_dir: Path | None
-    """Its own records (None: a kernel of no session's, such as the refiner's scratch kernel)."""
-    read_only: tuple[Path, ...]
-    """Inside the workspace, bound back read-only: $PRIME_AGENT_HOME, harness scopes, `.git/`,
-    `.prime-agent/`, the records; each one absent at the start gets a placeholder (`placeholders`)."""
-    hidden: tuple[Path, ...]
-    """Covered: the secret stores, every other home of this user and its kernels' directories."""
-    sessions: Path
-    """The directory of sessions (or of a parent's children) covered, all but this session's own."""
-    home: Path
-    """$PRIME_AGENT_HOME, covered (its config.toml holds keys, checkpoints/ copies of hidden files,
-    run/ the daemon's token) but for `keep`."""
-    keep: tuple[Path, ...] = ()
-    """The harness scopes: shown (read-only) through the home's cover."""
-    writable: tuple[Path, ...] = ()
-    """Inside the session's read-only records, bound back writable: the kernel's own namespace
-    snapshots (`checkpoints/kernel/`, written by the kernel for `rewind`)."""
-    store_dirs: tuple[Path, ...] = ()
-    """The secret stores known to be directories (their entry ends in `/`): a placeholder of one is a directory."""
-    frozen: bool = False
-    """Plan mode: the workspace read-only on top of the rest, until `Box.thaw` makes it writable again
-    in the same kernel (`sandbox.plan`)."""
-
-    @classmethod
-    def of(cls, config: SandboxConfig, workspace: Path, session_dir: Path | None, harness_roots: list[Path],
-           project: Path) -> View:
-        root, workspace, project = home().resolve(), workspace.resolve(), project.resolve()
-        session_dir = session_dir.resolve() if session_dir is not None else None
-        keep = tuple(dict.fromkeys(r.resolve() for r in harness_roots))
-        islands = [root, *keep, project / ".prime-agent", project / ".git", workspace / ".prime-agent",
-                   workspace / ".git", *([session_dir] if session_dir else [])]
-        sessions = root / "sessions"
-        if session_dir is not None and sessions not in session_dir.parents:
-            sessions = session_dir.parent
-        stores = [Path(p).expanduser().resolve() for p in config.hidden]  # a link: its target
-        store_dirs = tuple(path for path, p in zip(stores, config.hidden) if p.endswith("/"))
-        hidden = [*stores, *_others(root, [workspace, project, root, *([session_dir] if session_dir else [])])]
-        writable = (SessionLayout(session_dir).kernel_snapshots,) if session_dir is not None else ()
-        return cls(config.mode, workspace, session_dir, tuple(dict.fromkeys(islands)), tuple(dict.fromkeys(hidden)),
-                   sessions, root, keep, writable, store_dirs, frozen=config.plan and config.mode == "workspace-write")
-
-    def placeholders(self) -> list[tuple[Path, bool]]:
-        """Where the protected paths inside a writable workspace need a placeholder, as (path, whether
-        it is a directory): the first missing component of one absent now, and one there now, which
-        may be another kernel's placeholder to share (`hold_placeholder` tells). Covered like the
-        others once a placeholder stands there, they cannot be created, nor replaced by a link."""
-        if self.mode != "workspace-write":
-            return []
-        w, out = self.workspace, {}
-        # only paths inside the workspace need one, and only they and its ancestors can stand above them
-        near = [p for p in (*self.read_only, *self.hidden) if _within(p, w) or _within(w, p)]
-        there = [p for p in near if os.path.lexists(p)]
-        for p in near:
-            if p == w or not _within(p, w) or any(c != p and _within(p, c) for c in there):
-                continue
-            # the first absent component; none any more where another kernel's placeholder appeared
-            # meanwhile (sessions starting at once): p, to share (a StopIteration here hung the start)
-            first = next((a for a in (*reversed(p.parents), p) if w in a.parents and not os.path.lexists(a)), p) \
-                if p not in there else p
-            out[first] = first != p or p not in self.hidden or p in self.store_dirs
-        return list(out.items())
-
-    def mounts(self, stage: Path, covered: frozenset[str] = frozenset()) -> list[Mount]:
-        """The mounts (made in the kernel's namespaces) that make this view; order matters: each
-        later one lies on top of the earlier ones. `stage`: an empty directory the sandbox shows,
-        where what shows through a cover waits while the cover is made. `covered`: hidden paths
-        covered in these namespaces already (`Box.cover_others`); a recursive bind over one keeps it."""
-        ops: list[Mount] = []
-        w = self.workspace
-        if self.mode == "workspace-write":
-            ops += [("bind", str(w), str(w)), ("remount", str(w), "rw")]
-            for p in self.read_only:
-                if (p == w or w in p.parents) and p.exists():
-                    ops += [("bind", str(p), str(p)), ("remount", str(p), "ro")]
-        s, root = self.session_dir, self.home
-        if root not in self.sessions.parents:  # covered with the home otherwise
-            if s is None and self.sessions.is_dir():
-                ops.append(("tmpfs", str(self.sessions), "ro"))
-            elif s is not None and self.sessions in s.parents and s.is_dir():
-                ops += _cover(self.sessions, [s], stage / "s")
-        if root.is_dir():
-            shown = [p for p in (*([s] if s else []), *self.keep) if root in p.parents and p.is_dir()]
-            shown = [p for p in shown if not any(q in p.parents for q in shown)]
-            ops += _cover(root, shown, stage / "h", rw=w if w == root or root in w.parents else None)
-        if s is not None:
-            for p in self.writable:
-                if p.is_dir():
-                    ops += [("bind", str(p), str(p)), ("remount", str(p), "rw")]
-        ops += _covers(p for p in self.hidden if str(p) not in covered)
-        if self.frozen:  # on top of all the rest, which the recursive bind keeps as it is beneath
-            ops += [("bind", str(w), str(w)), ("remount", str(w), "ro")]
-        return ops
-
-
-def _covers(paths: Iterable[Path]) -> list[Mount]:
-    """Each of `paths` that exists covered: a directory by an empty read-only tmpfs, a file by /dev/null."""
-    ops: list[Mount] = []
-    for p in paths:
-        if p.is_dir():
-            ops.append(("tmpfs", str(p), "ro"))
-        elif p.exists():
-            ops.append(("file", "/dev/null", str(p)))
-    return ops
-
-
-def _cover(target: Path, shown: list[Path], stage: Path, rw: Path | None = None) -> list[Mount]:
-    """`target` covered by an empty read-only tmpfs through which `shown` (paths under it) show,
-    read-only, and the workspace `rw` if it lies under `target`, as it was."""
-    shown = [*shown, *([rw] if rw is not None else [])]
-    if not shown:
-        return [("tmpfs", str(target), "ro")]
-    ops: list[Mount] = [("mkdir", str(stage), "")]
-    for i, p in enumerate(shown):
-        ops += [("mkdir", f"{stage}/{i}", ""), ("bind", str(p), f"{stage}/{i}")]
-        if p != rw:
-            ops.append(("remount", f"{stage}/{i}", "ro"))
-    ops.append(("tmpfs", str(target), "rw"))
-    ops += [("move", f"{stage}/{i}", str(p)) for i, p in enumerate(shown)]
-    return [*ops, ("remount", str(target), "ro")]
-
-
-def _others(root: Path, needed: list[Path]) -> list[Path]:
-    """What of the other homes of this user (and the kernels' directories of every home) a kernel
-    under `root` must not see: a home whole, or where it holds what the kernel needs (`needed`: its
-    workspace...), its run/, config.toml, checkpoints/ and sessions/."""
-    # What holds a needed path is one of its ancestors: looked up in a set, not by walking `parents`
-    # (with a thousand homes registered, that walk made a session's view take 0.4 s).
-    holds = {str(a) for n in needed for a in (n, *n.parents)}
-    own_tmp, out = private_root(), []
-    for other, tmp in registered_homes():
-        if other != root:
-            if str(other) in holds:
-                out += [other / "run", other / "config.toml", other / "checkpoints", other / "sessions"]
-            else:
-                out.append(other)
-        out.append(tmp)
-    out.append(user_base())
-    holds.update(str(a) for a in (own_tmp, *own_tmp.parents))
-    return [p for p in dict.fromkeys(out) if str(p) not in holds]
-
-
-def _within(path: Path, directory: Path) -> bool:
-    """`path` is `directory` or lies under it (both absolute and resolved)."""
-    p, d = str(path), str(directory)
-    return p == d or p.startswith(d if d.endswith("/") else d + "/")
-
-
 async def _mount(target: int, ops: list[Mount]) -> None:
     try:
         await apply_mounts(target, ops)
@@ -467,158 +179,6 @@ class Launch:
         return cls(confined, config.network, Limits.of(config), tuple(sorted(env.items())), seccomp)
 
 
-def private_root() -> Path:
-    """A short private directory for kernels' sockets and temporary files (socket paths are short)."""
-    return _private(Path(tempfile.gettempdir()) / f"prime-agent-{os.getuid()}")
-
-
-def user_base() -> Path:
-    """`/tmp/prime-agent-<uid>` whatever TMPDIR says: where every host of this user, whatever its
-    home, registers its home (`register_home`) and its placeholders (`hold_placeholder`)."""
-    return _private(Path("/tmp") / f"prime-agent-{os.getuid()}")
-
-
-def _private(base: Path) -> Path:
-    base.mkdir(mode=0o700, exist_ok=True)
-    st = base.lstat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o077 or base.is_symlink():
-        raise PermissionError(f"{base} is not a private directory of this user; remove it")
-    return base
-
-
-# --- what every host of this user shares ------------------------------------------------------------
-
-
-def register_home() -> None:
-    """Enter $PRIME_AGENT_HOME and this process's kernels' directory in the user's registry of homes:
-    every sandbox started after it hides them from its kernel (a kernel under one home must not
-    reach another's daemon token, keys or checkpoints). A daemon registers at its start, any other
-    host with its first kernel; an entry whose home is gone is dropped by the next reader."""
-    _register(str(home().resolve()), str(private_root()))
-
-
-@functools.cache
-def _register(root: str, tmp: str) -> None:
-    with contextlib.suppress(OSError):  # a registry that cannot be written (a read-only /tmp) hides less, says nothing
-        registry = user_base() / "homes"
-        registry.mkdir(mode=0o700, exist_ok=True)
-        entry = registry / hashlib.sha256(f"{root}\0{tmp}".encode()).hexdigest()[:16]
-        if not entry.is_file():
-            part = registry / f".{entry.name}.{secrets.token_hex(4)}"
-            part.write_text(json.dumps({"home": root, "tmp": tmp}))
-            part.replace(entry)
-
-
-def forget_home(root: Path) -> None:
-    """Take `root` out of the user's registry of homes (a home being removed, or a test's at its end:
-    every kernel started later covers each registered home, so a registry that only grows makes every
-    start slower)."""
-    root = root.resolve()
-    registered_homes()  # every entry read (and kept in _ENTRIES)
-    for name, (other, _tmp) in list(_ENTRIES.items()):
-        if other == root:
-            with contextlib.suppress(OSError):
-                (user_base() / "homes" / name).unlink(missing_ok=True)
-            del _ENTRIES[name]
-    _register.cache_clear()
-
-
-_ENTRIES: dict[str, tuple[Path, Path]] = {}
-"""The registry's entries read so far, by name: an entry is named by its content's hash and put in
-place whole (a rename), so a name always holds the same (home, kernels' directory)."""
-
-
-def registered_homes() -> list[tuple[Path, Path]]:
-    """Every (home, kernels' directory) some host of this user registered, but those whose home is gone."""
-    out, registry = [], user_base() / "homes"
-    with contextlib.suppress(OSError):
-        for name in os.listdir(registry):
-            if name.startswith("."):  # one being written
-                continue
-            if name not in _ENTRIES:
-                try:
-                    data = json.loads((registry / name).read_text())
-                    _ENTRIES[name] = Path(data["home"]), Path(data["tmp"])
-                except (OSError, ValueError, KeyError, TypeError):
-                    continue
-            root, tmp = _ENTRIES[name]
-            if os.path.isdir(root):
-                out.append((root, tmp))
-            else:
-                (registry / name).unlink(missing_ok=True)
-    return out
-
-
-def _placeholder_key(path: Path) -> tuple[Path, str]:
-    return user_base() / "placeholders", hashlib.sha256(str(path).encode()).hexdigest()[:24]
-
-
-@contextlib.contextmanager
-def _placeholder_lock(path: Path) -> Iterator[tuple[Path, str]]:
-    registry, key = _placeholder_key(path)
-    registry.mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(registry / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield registry, key
-    finally:
-        os.close(fd)
-
-
-def hold_placeholder(path: Path, directory: bool, owner: str) -> bool:
-    """Make the absent `path` an empty placeholder (a directory, or a file), or join the users of the
-    one a host of this user made there before; False where `path` is a person's (nothing is held).
-
-    Placeholders are counted (`<key>-<owner>` in the registry) because removing one on the host
-    would lift the cover of every other kernel mounted on it (Linux detaches mounts from a removed
-    directory in every namespace): the last user removes it (`release_placeholder`)."""
-    registry, key = _placeholder_key(path)
-    if os.path.lexists(path) and not (registry / f"{key}.made").is_file():
-        return False  # a person's: no lock needed to know it (a placeholder is marked before it is made)
-    with _placeholder_lock(path) as (registry, key):
-        made = registry / f"{key}.made"
-        if not os.path.lexists(path):
-            made.write_text(str(path))
-            try:
-                if directory:
-                    path.mkdir(mode=0o755)
-                else:
-                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
-            except OSError:
-                made.unlink(missing_ok=True)
-                raise
-        elif not made.is_file():
-            return False
-        (registry / f"{key}-{owner}").touch()
-        return True
-
-
-def release_placeholder(path: Path, owner: str) -> None:
-    """`owner` is done with the placeholder at `path`: the last user (of a live host) removes it
-    where it is still empty, and it is gone from the host as if never made."""
-    with _placeholder_lock(path) as (registry, key):
-        (registry / f"{key}-{owner}").unlink(missing_ok=True)
-        for user in registry.glob(f"{key}-*"):
-            if not made_by_a_gone_host(user.name):
-                return
-            user.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            st = path.lstat()
-            if stat_module.S_ISDIR(st.st_mode):
-                path.rmdir()  # fails where the host has put something in it since
-            elif stat_module.S_ISREG(st.st_mode) and st.st_size == 0:
-                path.unlink()
-        (registry / f"{key}.made").unlink(missing_ok=True)
-
-
-@functools.cache
-def _collect_dirs() -> None:
-    """Once a process, before its first box: remove the kernels' private directories whose host is
-    gone (killed: a closed box removes its own)."""
-    for d in private_root().glob("k-*-*-*"):
-        if made_by_a_gone_host(d.name):
-            shutil.rmtree(d, ignore_errors=True)
-
 UNCONFINED: set[Box] = set()
 """Boxes of this process whose kernel runs without the OS sandbox (full-access, or an OS that cannot):
 while any runs, an edit of a harness file may be a kernel's, not a person's (harness_store.watch)."""
@@ -637,7 +197,7 @@ class Box:
         self.launch = launch
         self.token = secrets.token_hex(4)
         register_home()
-        _collect_dirs()
+        collect_dirs()
         self.dir = private_root() / f"k-{host_tag()}-{self.token}"
         self.tmp = self.dir / "tmp"
         for d in (self.dir, self.tmp):  # whatever the umask: in the sandbox, no capability overrides modes
@@ -735,7 +295,7 @@ class Box:
 
     async def cover_others(self, pid: int) -> None:
         """Before any session takes this kernel (a pooled one): cover the other homes of this user
-        (`_others`), what every session of this process hides unless its workspace lies in one. With
+        (`other_homes`), what every session of this process hides unless its workspace lies in one. With
         a thousand homes registered (tests leave theirs) these covers took most of a session's start
         from the pool (~130 ms on two loaded cores); `confine` lifts the few its view keeps visible,
         and covers the homes registered since and any cover no longer standing (a home removed and
@@ -744,7 +304,7 @@ class Box:
             return
         target = self.target = await _sandboxed_child(pid)
         root = home().resolve()
-        ops = await asyncio.get_running_loop().run_in_executor(None, lambda: _covers(_others(root, [root])))
+        ops = await asyncio.get_running_loop().run_in_executor(None, lambda: covers(other_homes(root, [root])))
         await _mount(target, ops)
         self.covered = frozenset(b if op == "file" else a for op, a, b in ops)
 

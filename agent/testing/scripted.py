@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from typing import Literal
 
-from agent.config import ModelConfig
+from agent.config_models import ModelConfig
 from agent.model import DeltaCallback, FallbackCallback, ModelError, RetryCallback, ServerModel
 from agent.types import Completion, Message, ToolCall, Usage
 

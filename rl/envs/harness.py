@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from agent.config import Config
+from agent.config_models import Config
 from agent.layout import SessionLayout
 from agent.model import OpenAIModel
 from agent.trajectory import MessageRecord, Record, read_records

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.kernel.bridge import BridgeServer
-from agent.config import KernelConfig, SandboxConfig
+from agent.config_models import KernelConfig, SandboxConfig
 from agent.kernel import Kernel
 from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from agent.config import Config, ConfigError, load_config, parse_override
+from agent.config import ConfigError, load_config, parse_override
+from agent.config_models import Config
 from agent.types import Budget
 from tests.conftest import trust
 
@@ -196,7 +197,8 @@ def test_a_project_file_only_tightens_the_sandbox_field_by_field(prime_home: Pat
 
 def test_every_sandbox_field_has_a_tightening_rule():
     """A field added to SandboxConfig is refused from project files until `tighten` says what tightens it."""
-    from agent.config import SandboxConfig, tighten
+    from agent.config import tighten
+    from agent.config_models import SandboxConfig
 
     person = SandboxConfig()
     for field in SandboxConfig.model_fields:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from agent.checkpoints import WorkspaceStore
 from agent.checkpoints.diffs import DIFF_BYTES, DIFF_LINES, MAX_FILES, WHOLE_BYTES, files_changed
-from agent.config import CheckpointConfig
+from agent.config_models import CheckpointConfig
 from agent.events import CellFinished, CellStarted, Event, TurnFinished
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.kernel.bridge import BridgeServer
-from agent.config import KernelConfig, SandboxConfig
+from agent.config_models import KernelConfig, SandboxConfig
 from agent.kernel.manager import CappedText, Kernel, KernelState
 from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
 from agent.types import Cell

@@ -19,7 +19,8 @@ import pytest
 import pytest_asyncio
 
 from agent import events as ev
-from agent.config import ENV_VARS, Config, load_config
+from agent.config import ENV_VARS, load_config
+from agent.config_models import Config
 from agent.mcp import McpServers, ServerInfo, ToolInfo, cached_tools, prompt_section
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
@@ -367,7 +368,7 @@ async def test_a_prompt_section_within_its_budget_is_deterministic():
 
 
 async def test_a_server_that_cannot_start_is_reported_and_not_retried(tmp_path: Path, project: Path):
-    from agent.config import McpConfig
+    from agent.config_models import McpConfig
     from agent.mcp import McpError
 
     config = McpConfig.model_validate({"servers": {

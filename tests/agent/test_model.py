@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import ModelConfig, load_config, parse_override
-from agent.model import (ModelError, ModelTimeout, OpenAIModel, ServerModel, ToolsRefused, fenced_cells, fitted,
-                         parse_tool_arguments)
+from agent.config import load_config, parse_override
+from agent.config_models import ModelConfig
+from agent.actions import fenced_cells
+from agent.model import ModelError, ModelTimeout, OpenAIModel, ServerModel, ToolsRefused, fitted
 from agent.testing.openai_server import OLLAMA_NO_TOOLS, VLLM_NO_TOOL_PARSER, OpenAIServer, Reply
 from agent.types import Message, ToolCall
 
@@ -107,20 +108,6 @@ async def test_streamed_and_plain_history_round_trips():
     assert sent[2] == {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "ipython", "arguments": '{"code": "1"}'}}]}
     assert sent[3] == {"role": "tool", "tool_call_id": "c1", "content": "1"}
-
-
-def test_tool_arguments_are_checked_with_messages_for_the_model():
-    call = lambda args, name="ipython": ToolCall(id="c", name=name, arguments=args)  # noqa: E731
-    assert parse_tool_arguments(call('{"code": "1", "timeout": 5}')) == {"code": "1", "timeout": 5}
-    for bad, message in [
-        ('{"code": "1"', "not valid JSON"),
-        ('{"cmd": "ls"}', 'needs a string argument "code"'),
-        ('{"code": "1", "timeout": -1}', "positive number"),
-    ]:
-        with pytest.raises(ValueError, match=message):
-            parse_tool_arguments(call(bad))
-    with pytest.raises(ValueError, match="unknown tool 'bash'"):
-        parse_tool_arguments(call('{"code": "1"}', name="bash"))
 
 
 # --- fitting the model its server describes ------------------------------------------------------------

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from agent import events as ev
-from agent.model import to_wire
+from agent.wire import to_wire
 from agent.prompt import system_prompt
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells

@@ -22,7 +22,7 @@ BOTH = pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 
 
 def model_for(server: OpenAIServer, **fields) -> OpenAIModel:
-    from agent.config import ModelConfig
+    from agent.config_models import ModelConfig
 
     cfg = {"name": "fake", "base_url": server.base_url, "retry_base_delay": 0.01, "timeout": 5, **fields}
     return OpenAIModel(ModelConfig(**cfg))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.checkpoints import RewindError, WorkspaceStore
-from agent.config import CheckpointConfig
+from agent.config_models import CheckpointConfig
 from agent.events import Event, Rewound
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells

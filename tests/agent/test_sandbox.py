@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import Config
+from agent.config_models import Config
 from agent.harness import scope_roots
 from agent.kernel.sandbox import unavailable
 from agent.session import Session
@@ -448,7 +448,8 @@ async def test_pooled_kernels_cover_other_homes_ahead_and_a_session_inside_one_s
     again since (its first cover went with it); and a session whose workspace lies inside another
     home works there, that home's secrets still covered."""
     from agent.kernel import KernelPool
-    from agent.kernel.sandbox import Launch, register_home
+    from agent.kernel.homes import register_home
+    from agent.kernel.sandbox import Launch
 
     def register(name: str) -> Path:
         home = tmp_path / name

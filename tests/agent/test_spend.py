@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent import events as ev
-from agent.config import Price
+from agent.config_models import Price
 from agent.model import OpenAIModel
 from agent.prompt import system_prompt
 from agent.session import Session

@@ -280,7 +280,7 @@ async def test_the_spec_describes_every_event_the_stream_carries(daemon: Client,
 
 async def test_the_api_shows_usage_and_cost_per_turn_and_per_session(daemon: Client, project: Path, model_server,
                                                                      prime_home: Path):
-    from agent.config import Price
+    from agent.config_models import Price
 
     (prime_home / "config.toml").write_text('[model.prices.fake]\ninput = 3.0\ncached_input = 0.3\noutput = 15.0\n')
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)

@@ -9,7 +9,10 @@ import pytest
 
 from agent import events as ev
 from agent.events import Note
+from agent.session import Session
+from agent.testing.scripted import ScriptedModel
 from daemon.journal import EventJournal
+from tests.conftest import make_config
 
 
 def line(seq: int) -> str:
@@ -97,3 +100,26 @@ async def _first(stream, n: int):
         n -= 1
         if n == 0:
             return
+
+
+def test_a_session_numbers_its_events_from_the_journals_sequence(project: Path):
+    """One owner of seq: the journal takes a number once its line is written, and the session it is
+    handed to only reads it; so an event the journal refused (a full disk) leaves its number to the
+    next, the error event that says so."""
+    j = EventJournal(project.parent / "events.jsonl")
+    j.append(1, line(1))
+    refused = {2}
+
+    def journal(event: ev.Event) -> None:
+        if event.seq in refused:
+            refused.discard(event.seq)
+            raise OSError(28, "No space left on device")
+        j.append(event.seq, event.model_dump_json())
+
+    session = Session(make_config(), ScriptedModel([]), cwd=project, on_event=journal, seq=j.seq)
+    session.emit(ev.Note(text="lost"))
+    session.emit(ev.Note(text="kept"))
+    written = [json.loads(text) for _, text in j.read_after(1)]
+    assert [(e["seq"], e["type"]) for e in written] == [(2, "error"), (3, "note")]
+    assert "No space left on device" in written[0]["message"] and written[1]["text"] == "kept"
+    assert session.seq is j.seq and j.last_seq == 3

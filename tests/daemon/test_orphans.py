@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from agent.kernel.bridge import BridgeServer
-from agent.config import KernelConfig, SandboxConfig
+from agent.config_models import KernelConfig, SandboxConfig
 from agent.kernel import Kernel
 from agent.kernel.reaper import reap_orphans
 from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
-from agent.kernel.sandbox import _v1_cgroup, private_root
+from agent.kernel.homes import private_root
+from agent.kernel.limits import _v1_cgroup
 from agent.types import Cell
 from daemon.client import SyncClient, daemon_pid
 from tests.agent.test_kernel import alive, spawn_tree, tree_mode  # noqa: F401 (a fixture)
@@ -134,7 +135,7 @@ import asyncio, sys
 from pathlib import Path
 from agent.kernel import reaper
 from agent.kernel.bridge import BridgeServer
-from agent.config import KernelConfig, SandboxConfig
+from agent.config_models import KernelConfig, SandboxConfig
 from agent.kernel import Kernel
 from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
 from agent.types import Cell

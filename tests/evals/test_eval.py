@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import Config
+from agent.config_models import Config
 from agent.model import OpenAIModel
 from agent.testing.openai_server import OpenAIServer, Reply
 from evals.runner import EvalSpec, compare, evaluate, read_results, summarize

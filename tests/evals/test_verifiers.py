@@ -247,7 +247,7 @@ __all__ = ["SumTaskset"]
 async def test_a_task_with_files_is_set_up_and_scored_in_the_sessions_workspace(tmp_path: Path, monkeypatch):
     """The task's setup writes its file into the rollout's workspace before the session; the agent's
     cell reads it and writes an answer file; the task's reward reads that through the runtime."""
-    from agent.config import Config
+    from agent.config_models import Config
     from agent.model import OpenAIModel
     from evals.runner import EvalSpec, evaluate
 
@@ -304,7 +304,7 @@ __all__ = ["SlowTaskset"]
 
 
 async def test_a_setup_past_its_deadline_times_the_rollout_out_before_any_model_call(tmp_path: Path, monkeypatch):
-    from agent.config import Config
+    from agent.config_models import Config
     from agent.model import OpenAIModel
     from evals.runner import EvalSpec, evaluate
 
