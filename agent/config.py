@@ -23,7 +23,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent.config_models import Config, SandboxConfig
-from agent.config_models import McpServerConfig  # noqa: F401 (cli/mcp.py imports it from here)
 from agent.hooks import HooksError
 from agent.hooks import read as read_hooks
 from agent.trust import TrustError, TrustStore

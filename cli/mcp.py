@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 from harness_store import safefs
-from agent.config import MCP_JSON, ConfigError, McpServerConfig, home, load_config, project_root
+from agent.config import MCP_JSON, ConfigError, home, load_config, project_root
+from agent.config_models import McpServerConfig
 from agent.trust import TrustError, TrustStore
 
 
