@@ -156,7 +156,7 @@ class PrimeApp(App):
         self.session_id = session_id
         status = self.status_bar
         status.session_id, status.model, status.state = session_id, info.model, info.state
-        status.tokens = status.prompt_tokens = status.cached_tokens = 0  # the replay adds up every turn's usage
+        status.tokens = status.turn_tokens = status.prompt_tokens = status.cached_tokens = 0  # the replay adds it up
         status.cost = 0.0
         status.context_used, status.model_since, status.streamed = 0, 0.0, 0
         status.harness = info.harness_version or ""
@@ -235,6 +235,7 @@ class PrimeApp(App):
             case ev.ModelCompleted():
                 status.model_since = 0.0
                 status.context_used = e.usage.total_tokens or status.context_used
+                status.turn_tokens += e.usage.total_tokens  # a long turn's spend shows as it grows
             case ev.TurnFinished() if e.turn_id == self.running_turn:
                 self.state, self.running_turn = "idle", None
                 status.model_since = 0.0
@@ -258,6 +259,8 @@ class PrimeApp(App):
         if self.goal is not None and isinstance(e, ev.TurnFinished | ev.UsageCharged):
             self.goal.tokens += e.usage.total_tokens
         status.goal = self.goal.line() if self.goal else ""
+        if isinstance(e, ev.TurnFinished):
+            status.turn_tokens = 0  # counted in the turn's usage, with what else the turn spent
         if isinstance(e, ev.TurnFinished | ev.UsageCharged):  # every token spent, counted once
             status.tokens += e.usage.total_tokens
             status.prompt_tokens += e.usage.prompt_tokens

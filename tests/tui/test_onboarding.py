@@ -221,6 +221,26 @@ async def test_the_status_line_shows_the_model_at_work_and_the_context_filled(da
             assert status.model_since == 0 and " model " not in str(status.render())
 
 
+async def test_the_token_count_grows_during_a_long_turn_and_is_counted_once_when_it_ends(daemon: Client,
+                                                                                          project: Path):
+    """A weak model can loop on cells for minutes: the status line's total grows with each model call
+    (it read "0 tok" until the turn ended), and the turn's end counts those calls once, not twice."""
+    script = [Reply(code=["1"], prompt_tokens=100), Reply(code=["2"], prompt_tokens=200), Reply(hang=True)]
+    with OpenAIServer(script) as server:
+        app = PrimeApp(daemon, project, new=NewSession("fake", server.base_url))
+        async with app.run_test(size=SIZE) as pilot:
+            status = app.query_one(StatusBar)
+            await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+            app.query_one("#prompt").load_text("loop")
+            await pilot.press("enter")
+            await until(pilot, lambda: len(server.requests) == 3 and status.model_since > 0)
+            during = status.tokens + status.turn_tokens
+            assert during >= 300 and f"{during:,} tok" in str(status.render())
+            await pilot.press("escape")
+            await until(pilot, lambda: app.state == "idle")
+            assert (status.tokens, status.turn_tokens) == (during, 0)
+
+
 async def test_an_at_mention_completes_a_path_of_the_project(daemon: Client, project: Path, model_server):
     (project / "src").mkdir()
     (project / "src" / "parser.py").write_text("x = 1\n")

@@ -16,6 +16,8 @@ class StatusBar(Static):
     session_id = reactive("")
     state = reactive("")
     tokens = reactive(0)
+    turn_tokens = reactive(0)
+    """The running turn's model calls so far: shown in the total until its turn.finished counts the turn."""
     prompt_tokens = reactive(0)
     cached_tokens = reactive(0)
     """Of `prompt_tokens`, read from the provider's prompt cache."""
@@ -56,7 +58,7 @@ class StatusBar(Static):
             *((sandbox, " · ") if sandbox else ()), link, " · ", (self.model or "-", "bold"),
             self._fill(), " · ", *self._activity(state_style),
             (" · " + self.goal, "bold magenta") if self.goal else "",
-            " · ", f"{self.tokens:,} tok",
+            " · ", f"{self.tokens + self.turn_tokens:,} tok",
             f" ({self.cached_tokens / self.prompt_tokens:.0%} cached)" if self.cached_tokens and self.prompt_tokens else "",
             f" ${self.cost:.2f}" if self.cost else "", " · ",
             (self.session_id or "-", "dim"), f" · harness {_short(self.harness)}" if self.harness else "",
