@@ -68,3 +68,25 @@ async def test_a_reader_who_scrolled_up_stays_there_and_following_resumes_at_the
         await stream(pilot, conv, 4)
         await pilot.pause(0.05)
         assert conv.is_vertical_scroll_end
+
+
+async def test_a_text_mode_cell_is_shown_as_the_cell_not_twice():
+    """A text-mode model (SmolLM2) writes its cell as a ```python block: the block leaves the message
+    once the cell starts (the cell shows the code); a block that ran no cell stays."""
+    from tui.widgets.message import AssistantMessage
+
+    app = Host()
+    async with app.run_test(size=(100, 30)) as pilot:
+        conv = app.query_one(Conversation)
+        said = "Let me add them.\n```python\nprint(2 + 3)\n```\nThis prints 5.\n```python\nnot_run()\n```\n"
+        await conv.apply([ev.TurnStarted(turn_id="t1", prompt="go"), ev.ModelDelta(turn_id="t1", text=said),
+                          ev.ModelCompleted(turn_id="t1", text=said),
+                          ev.CellStarted(turn_id="t1", cell_id="c1", code="print(2 + 3)\n")])
+        await pilot.pause()
+        [message] = conv.query(AssistantMessage)
+        assert message.text == "Let me add them.\n\nThis prints 5.\n```python\nnot_run()\n```\n" and message.display
+        only = "```python\nprint(1)\n```"
+        await conv.apply([ev.ModelCompleted(turn_id="t1", text=only),
+                          ev.CellStarted(turn_id="t1", cell_id="c2", code="print(1)\n")])
+        await pilot.pause()
+        assert not conv.query(AssistantMessage).last().display  # nothing left to say: hidden

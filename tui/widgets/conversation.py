@@ -10,6 +10,7 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 
 from agent import events as ev
+from agent.actions import FENCE
 from agent.events import Event
 from tui.widgets.approval_card import ApprovalCard
 from tui.widgets.cell_view import CellView, McpRow, SubagentRow
@@ -40,6 +41,8 @@ class Conversation(VerticalScroll):
         self.turn_cells: dict[str | None, list[CellView]] = {}
         self.speaking: dict[str | None, AssistantMessage] = {}
         """The assistant message being streamed, per turn."""
+        self.answered: dict[str | None, AssistantMessage] = {}
+        """The message of each turn's last model call: a text-mode cell it wrote is shown as the cell only."""
         self.said: dict[str | None, str] = {}
         """The last thing the assistant said in each turn (a final answer equal to it is not repeated)."""
         self.children_rows: dict[str, SubagentRow] = {}
@@ -98,9 +101,15 @@ class Conversation(VerticalScroll):
                     self.said[turn] = e.text
                 if message is not None:
                     await message.finish(e.text, e.reasoning)
+                    self.answered[turn] = message
                     return None
-                return AssistantMessage(e.text, e.reasoning or "") if e.text.strip() or e.reasoning else None
+                if not (e.text.strip() or e.reasoning):
+                    return None
+                message = self.answered[turn] = AssistantMessage(e.text, e.reasoning or "")
+                return message
             case ev.CellStarted():
+                if (message := self.answered.get(turn)) is not None:
+                    await _cell_shown_once(message, e.code)
                 cell = self.cells[e.cell_id] = self.last_cell[turn] = CellView(e.cell_id, e.code)
                 self.turn_cells.setdefault(turn, []).append(cell)
                 return cell
@@ -256,3 +265,13 @@ def _describe(e: Event) -> str:
         case ev.ScheduleFired():
             return f"schedule {e.schedule_id}: {e.outcome}" + (f" ({e.reason})" if e.reason else "")
     return f"{e.type}: {e.model_dump_json(exclude={'seq', 'session_id', 'turn_id', 'ts', 'type'})}"
+
+
+async def _cell_shown_once(message: AssistantMessage, code: str) -> None:
+    """A text-mode model writes its cell as a ```python block in its message: the block goes from the
+    message, since the cell below shows the same code (a message left empty is hidden)."""
+    for m in FENCE.finditer(message.text):
+        if m.group(1) == code:
+            await message.finish(message.text[:m.start()] + message.text[m.end():], message.reasoning or None)
+            message.display = bool(message.text.strip() or message.reasoning.strip())
+            return
