@@ -15,7 +15,8 @@ from daemon.client import Client
 from tests.conftest import trust
 from tests.daemon.conftest import running_daemon
 from tests.tui.snapshots import assert_snapshot
-from tui.app import COMMANDS, NewSession, PrimeApp
+from tui.app import NewSession, PrimeApp
+from tui.commands import COMMANDS
 from tui.screens.harness import HarnessScreen
 from tui.screens.sessions import SessionsScreen
 from tui.widgets.approval_card import ApprovalCard
@@ -352,3 +353,7 @@ async def test_plan_mode_shows_the_plan_as_a_card_and_y_carries_it_out(daemon: C
         await pilot.press("y")
         await until(pilot, lambda: (project / "p.txt").exists())
         assert (project / "p.txt").read_text() == "5"
+
+
+def test_every_slash_command_names_a_method_of_the_app():
+    assert {name: c.method for name, c in COMMANDS.items() if not callable(getattr(PrimeApp, c.method, None))} == {}

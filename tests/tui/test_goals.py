@@ -11,7 +11,7 @@ from daemon.client import Client
 from tests.daemon.test_goals import fixer
 from tests.tui.snapshots import assert_snapshot
 from tests.tui.test_app import SIZE, app_for, until
-from tui.app import parse_goal
+from tui.commands import parse_goal
 from tui.widgets.message import Notice
 from tui.widgets.status_bar import StatusBar
 
