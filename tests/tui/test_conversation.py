@@ -90,3 +90,30 @@ async def test_a_text_mode_cell_is_shown_as_the_cell_not_twice():
                           ev.CellStarted(turn_id="t1", cell_id="c2", code="print(1)\n")])
         await pilot.pause()
         assert not conv.query(AssistantMessage).last().display  # nothing left to say: hidden
+
+
+async def test_a_diff_opened_at_the_bottom_grows_from_where_it_is():
+    """Enter on the newest diff (Shift+Tab from the prompt) with the view following: the view stays
+    on the diff's first lines, not at the end of what opened."""
+    from agent.types import FileDiff, FilesChanged
+    from tui.widgets.files_row import FilesRow
+
+    app = Host()
+    async with app.run_test(size=(100, 30)) as pilot:
+        conv = app.query_one(Conversation)
+        await conv.apply([ev.TurnStarted(turn_id="t1", prompt="go")])
+        for step in range(3):
+            await stream(pilot, conv, step)
+        diff = "".join(f"+line {i}\n" for i in range(60))
+        files = FilesChanged(files=[FileDiff(path="notes.md", change="created", added=60, removed=0,
+                                              diff="@@ -0,0 +1,60 @@\n" + diff)])
+        await conv.apply([ev.CellStarted(turn_id="t1", cell_id="c9", code="write()"),
+                          ev.CellFinished(turn_id="t1", cell_id="c9", result=CellResult(), files=files)])
+        await pilot.pause(0.05)
+        assert conv.is_vertical_scroll_end
+        row = conv.query_one(FilesRow)
+        row.focus()
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        assert row.expanded and "+line 59" in row.content.plain
+        assert 0 <= row.region.y < conv.size.height  # its first lines in view (the screen is the view)

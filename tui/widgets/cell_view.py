@@ -16,6 +16,7 @@ from textual.widgets import Static
 
 from agent import events as ev
 from agent.types import CellResult
+from tui.widgets.scrolling import hold_view
 
 COLLAPSED_LINES = 8
 
@@ -69,6 +70,7 @@ class CellView(Vertical):
             await self.mount(row)
 
     def action_toggle(self) -> None:
+        hold_view(self)
         self.expanded = not self.expanded
         self._render_output()
 

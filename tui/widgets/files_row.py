@@ -9,6 +9,7 @@ from textual.binding import Binding
 from textual.widgets import Static
 
 from agent.types import FilesChanged
+from tui.widgets.scrolling import hold_view
 
 COLLAPSED_LINES = 8
 """Diff lines shown while collapsed (each file's headline is always shown)."""
@@ -30,6 +31,7 @@ class FilesRow(Static):
         return sum(len(f.lines()) for f in self.files.files)
 
     def action_toggle(self) -> None:
+        hold_view(self)
         self.expanded = not self.expanded
         self._show()
         if self.expanded:  # the lines it opened are what the person wants to read
