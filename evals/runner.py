@@ -25,6 +25,7 @@ from agent.layout import SessionLayout
 from agent.model import Model
 from agent.session import Session
 from evals.env import Environment, Task
+from evals.stats import mean_ci, wilson
 from evals.tasksets import load_taskset, task_key
 
 KEPT = ("passed", "failed", "timed_out")
@@ -247,9 +248,9 @@ def summarize(results: list[Result]) -> Summary:
     return Summary(
         counts=counts,
         pass_rate=passed / len(scored) if scored else None,
-        pass_rate_ci=_wilson(passed, len(scored)) if scored else None,
+        pass_rate_ci=wilson(passed, len(scored)) if scored else None,
         mean_reward=sum(rewards) / len(rewards) if rewards else None,
-        mean_reward_ci=_mean_ci(rewards) if rewards else None,
+        mean_reward_ci=mean_ci(rewards) if rewards else None,
         pass_at_k=pass_at_k,
         mean_tokens=sum(r.tokens for r in results) / len(results) if results else 0.0,
         mean_seconds=sum(r.seconds for r in results) / len(results) if results else 0.0,
@@ -275,22 +276,6 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def _wilson(passed: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    p = passed / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-def _mean_ci(xs: list[float], z: float = 1.96) -> tuple[float, float]:
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return (m, m)
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
-    half = z * sd / math.sqrt(len(xs))
-    return (max(0.0, m - half), min(1.0, m + half))  # rewards live in [0, 1]
 
 
 def compare(a: list[Result], b: list[Result]) -> dict[str, Any]:

@@ -199,8 +199,9 @@ class EvalConfig(_Section):
     """Evaluation during training: every `every` steps the weights the rollout servers hold answer a fixed
     selection of tasks (the one `prime-agent eval TASKSET -n TASKS --seed SEED` makes), each `rollouts`
     times, as bare completions at train.temperature and train.max_tokens, scored by the task set's reward.
-    Eval rows (`"kind": "eval"`) go to metrics.jsonl, their mean reward onto reward.png, and the last
-    evaluation, task by task, to results.json. The run's first step is preceded by one (step 0)."""
+    Eval rows (`"kind": "eval"`, with 95% intervals over the tasks) go to metrics.jsonl, their mean reward onto
+    reward.png, and the last evaluation, task by task, to results.json. The run's first step is preceded by one
+    (step 0)."""
 
     every: int = Field(0, ge=0)
     """Steps between evaluations (0: none); the last step is always followed by one."""
@@ -209,7 +210,9 @@ class EvalConfig(_Section):
     taskset: str | None = None
     """A task set as `prime-agent eval` names it (unset: the training environment, with env.options)."""
     seed: int = 0
-    """The selection's seed (eval's --seed); the sampling seed is the same at every evaluation."""
+    """The selection's seed (eval's --seed); the sampling seed is the same at every evaluation. On the training
+    environment, a seed a training step deals with (train.seed * 1000003 + step) evaluates on that step's tasks:
+    the run warns; choose one apart for held-out tasks."""
     rollouts: int = Field(1, ge=1)
     """Rollouts per task."""
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from evals.stats import mean_ci, wilson
 from evals.tasksets import load_taskset, select
 from rl import dist
 from rl.config import RunConfig
@@ -197,6 +198,9 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
     if main:
         metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     evaluating = evaluation(cfg, env) if main and cfg.eval.every else None
+    if evaluating and (warning := not_held_out(cfg)):
+        logger.warning(warning)
+        log(f"WARNING {warning}")
 
     lagged: deque = deque()
     with BackgroundServer(engine) if engine else nullcontext() as base_url, \
@@ -278,6 +282,20 @@ def evaluation(cfg: RunConfig, env) -> tuple:
     return taskset, tasks
 
 
+def not_held_out(cfg: RunConfig) -> str | None:
+    """The warning of an evaluation that selects a training step's tasks: the training environment's under the
+    seed that step deals its first round with (rl.orchestrator.rollout_seed), whose first train.batch_size tasks
+    are then the step's. Tasks alike in content under different seeds (a word list's words) are not caught."""
+    e, t = cfg.eval, cfg.train
+    if e.taskset not in (None, cfg.env.name):
+        return None
+    first = rollout_seed(t.seed, 0)
+    if not first <= e.seed < first + t.steps:
+        return None
+    return (f"eval.seed {e.seed} selects the tasks training step {e.seed - first} trains on: the evaluation is not on "
+            f"held-out tasks; choose a seed no step deals with (steps deal {first}..{first + t.steps - 1})")
+
+
 def evaluate(sampler: Orchestrator, taskset, tasks: list, cfg: RunConfig, step: int, out: Path, metrics_path: Path,
              bar) -> dict:
     """The weights the rollout servers hold after `step` steps, on the evaluation's tasks: an eval row appended to
@@ -288,10 +306,11 @@ def evaluate(sampler: Orchestrator, taskset, tasks: list, cfg: RunConfig, step: 
     scored = [[r if isinstance(r, str) else taskset.reward(t, r.text) for r in g] for t, g in zip(tasks, groups)]
     rewards = [r for group in scored for r in group if not isinstance(r, str)]
     versions = [r.version for g in groups for r in g if not isinstance(r, str)]
+    reward_ci, solve_rate_ci = intervals(scored)
     row = {"kind": "eval", "step": step, "policy_version": min(versions, default=None),
            "taskset": e.taskset or cfg.env.name, "tasks": len(tasks),
-           "rollouts": len(tasks) * e.rollouts, "reward_mean": _mean(rewards),
-           "solve_rate": _mean([float(r >= 1.0) for r in rewards]),
+           "rollouts": len(tasks) * e.rollouts, "reward_mean": _mean(rewards), "reward_ci": reward_ci,
+           "solve_rate": _mean([float(r >= 1.0) for r in rewards]), "solve_rate_ci": solve_rate_ci,
            "errored": sum(r == "errored" for g in scored for r in g),
            "timed_out": sum(r == "timed_out" for g in scored for r in g), "seconds": time.time() - started}
     results = {**row, "results": [{"task_id": t.id, "rewards": group} for t, group in zip(tasks, scored)]}
@@ -300,9 +319,33 @@ def evaluate(sampler: Orchestrator, taskset, tasks: list, cfg: RunConfig, step: 
     tmp.replace(out / "results.json")
     with open(metrics_path, "a") as f:
         f.write(json.dumps(row) + "\n")
-    bar.note(f"eval {step:4d}  reward {row['reward_mean']:.3f}  solved {row['solve_rate']:.0%}  {row['tasks']} tasks "
-             f"x {e.rollouts}  ({row['errored'] + row['timed_out']} failed)  {row['seconds']:.1f}s")
+    bar.note(f"eval {step:4d}  reward {row['reward_mean']:.3f} {_interval(reward_ci, '.3f')}  solved "
+             f"{row['solve_rate']:.0%} {_interval(solve_rate_ci, '.0%')}  {row['tasks']} tasks x {e.rollouts}  "
+             f"({row['errored'] + row['timed_out']} failed)  {row['seconds']:.1f}s")
     return row
+
+
+def intervals(scored: list[list[float | str]]) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """95% intervals of an evaluation's mean reward and solve rate (reward 1), from each task's scored rollouts
+    (a string: one excluded). The unit is the task, since a task's rollouts are not independent draws: the
+    normal approximation over the tasks' mean rewards (evals.stats.mean_ci); for the solve rate, Wilson's
+    interval when every task has one scored rollout, else the normal approximation over the tasks' solved
+    shares. None when nothing was scored."""
+    groups = [[r for r in g if not isinstance(r, str)] for g in scored]
+    groups = [g for g in groups if g]
+    if not groups:
+        return None, None
+    solved = [[float(r >= 1.0) for r in g] for g in groups]
+    reward_ci = mean_ci([sum(g) / len(g) for g in groups])
+    if all(len(g) == 1 for g in groups):
+        solve_ci = wilson(int(sum(g[0] for g in solved)), len(groups))
+    else:
+        solve_ci = mean_ci([sum(g) / len(g) for g in solved])
+    return reward_ci, solve_ci
+
+
+def _interval(ci: tuple[float, float] | None, spec: str) -> str:
+    return "(-)" if ci is None else f"({ci[0]:{spec}}-{ci[1]:{spec}})"
 
 
 def sampled_share(counts: dict[str, int]) -> float | None:
@@ -396,7 +439,13 @@ def plot(history: list[dict], path: Path, evals: list[dict] = ()) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([h["step"] for h in history], [h["reward_mean"] for h in history], label="training rollouts")
     if evals:
-        ax.plot([r["step"] for r in evals], [r["reward_mean"] for r in evals], "o-", label="evaluation")
+        means = [r["reward_mean"] for r in evals]  # a row from before the intervals has none: a bar of 0
+        cis = [r.get("reward_ci") or (m, m) for r, m in zip(evals, means)]
+        # the interval is over task means, the mean over rollouts: with rollouts excluded they may part slightly
+        below = [max(0.0, m - lo) for m, (lo, _) in zip(means, cis)]
+        above = [max(0.0, hi - m) for m, (_, hi) in zip(means, cis)]
+        ax.errorbar([r["step"] for r in evals], means, yerr=[below, above], fmt="o-", capsize=3,
+                    label="evaluation (95% interval)")
         ax.legend(loc="lower right")
     ax.set_xlabel("step")
     ax.set_ylabel("reward mean")

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from evals.stats import mean_ci, wilson
 from evals.tasksets import select
 from rl.config import RunConfig
-from rl.train import train
+from rl.train import intervals, train
 
 
 def config(run: Path, **eval) -> RunConfig:
@@ -25,8 +26,10 @@ def config(run: Path, **eval) -> RunConfig:
 
 def test_eval_rows_every_n_steps_on_the_selection_eval_makes(tmp_path: Path, capsys):
     run = tmp_path / "run"
+    said: list[str] = []
     history = train(config(run, every=2, tasks=3, seed=7, rollouts=2, taskset="reverse_text"),
-                    log=lambda *_: None, progress=False)
+                    log=said.append, progress=False)
+    assert not [line for line in said if "held-out" in line]  # seed 7: no step of 5 deals with it
     assert [h["step"] for h in history] == [0, 1, 2, 3, 4]  # what train returns: the steps alone
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if r.get("kind") == "eval"]
@@ -41,9 +44,25 @@ def test_eval_rows_every_n_steps_on_the_selection_eval_makes(tmp_path: Path, cap
     rewards = [x for r in last["results"] for x in r["rewards"]]
     assert len(rewards) == 6 and all(0 <= x <= 1 for x in rewards)
     assert last["reward_mean"] == pytest.approx(sum(rewards) / 6)
+    # the interval's unit is the task: over the 3 tasks' means, not the 6 rollouts
+    lo, hi = last["reward_ci"]
+    assert (lo, hi) == pytest.approx(mean_ci([sum(r["rewards"]) / 2 for r in last["results"]]))
+    assert lo <= last["reward_mean"] <= hi and len(last["solve_rate_ci"]) == 2
     printed = capsys.readouterr().out
     assert [line.split()[1] for line in printed.splitlines() if line.startswith("eval ")] == ["0", "2", "4", "5"]
+    assert f"reward {last['reward_mean']:.3f} ({lo:.3f}-{hi:.3f})" in printed.splitlines()[-1]
     assert (run / "reward.png").stat().st_size > 1000
+
+
+def test_intervals_are_over_tasks_and_leave_out_excluded_rollouts():
+    # one scored rollout a task: Wilson's interval for the solve rate; an excluded rollout counts nowhere
+    reward_ci, solve_ci = intervals([[1.0], [0.0], [0.5], ["errored"]])
+    assert reward_ci == pytest.approx(mean_ci([1.0, 0.0, 0.5])) and solve_ci == pytest.approx(wilson(1, 3))
+    assert solve_ci[0] > 0  # Wilson's, not the normal approximation's
+    # several: the normal approximation over each task's mean, so two tasks are two values, not four
+    reward_ci, solve_ci = intervals([[1.0, 0.0], [1.0, "timed_out", 1.0]])
+    assert reward_ci == pytest.approx(mean_ci([0.5, 1.0])) and solve_ci == pytest.approx(mean_ci([0.5, 1.0]))
+    assert intervals([["errored"], ["timed_out"]]) == (None, None)
 
 
 def test_the_default_selection_is_the_training_environments(tmp_path: Path):
@@ -52,7 +71,12 @@ def test_the_default_selection_is_the_training_environments(tmp_path: Path):
     run = tmp_path / "run"
     cfg = config(run, every=10, tasks=2)
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 1})})
-    train(cfg, log=lambda *_: None, progress=False)
+    said: list[str] = []
+    train(cfg, log=said.append, progress=False)
+    # eval.seed 0 is the seed step 0 deals its tasks with (train.seed 0): said, since they are not held out
+    assert [line for line in said if "held-out" in line] == [
+        "WARNING eval.seed 0 selects the tasks training step 0 trains on: the evaluation is not on held-out tasks; "
+        "choose a seed no step deals with (steps deal 0..0)"]
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
     assert [r["step"] for r in evals] == [0, 1] and evals[0]["taskset"] == "reverse_text"
     last = json.loads((run / "results.json").read_text())
