@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import threading
+import traceback
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -93,7 +94,14 @@ def test_fuzzed_requests_never_get_a_5xx(daemon_over_tcp, tmp_path: Path, projec
                 counts[(mode.value, response.status_code // 100)] += 1
 
             try:
-                fuzz()
+                try:
+                    fuzz()
+                except AssertionError as e:
+                    # hypothesis 6.170.17's engine once tripped on its own bookkeeping while mutating
+                    # (conjecture/data.py: `assert i < len(self.spans)`): not a finding about the daemon
+                    if "hypothesis/internal/" not in traceback.extract_tb(e.__traceback__)[-1].filename:
+                        raise
+                    fuzz()
             except Unsatisfiable:  # nothing to make malformed (GET /v1/status takes no input)
                 assert mode is GenerationMode.NEGATIVE
     print(dict(counts))
