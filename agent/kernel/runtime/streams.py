@@ -44,6 +44,7 @@ from 72 to 702 MB); the host keeps less still (`kernel.output_limit`, head and t
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import reprlib
 import select
@@ -236,7 +237,8 @@ class FdReader:
                 return False
             most -= len(data)
             s.write(self.decoder.decode(data))
-            os.write(s._original_stdstream_copy, data)  # echoed to the kernel's own fd, as ipykernel does
+            with contextlib.suppress(OSError):  # echoed to the kernel's own fd, as ipykernel does; a closed
+                os.write(s._original_stdstream_copy, data)  # one (EPIPE) never fails the cell that drains
         return True
 
     def drain(self) -> None:
