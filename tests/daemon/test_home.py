@@ -3,6 +3,7 @@ unreachable, and never runs beside a second daemon for the same home."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
@@ -46,9 +47,10 @@ def _descendants(pid: int) -> set[int]:
 
 
 def _daemons_of(home: Path) -> list[int]:
-    """Live daemon processes (`prime-agent daemon start --foreground`) whose PRIME_AGENT_HOME is `home`."""
+    """Live daemon processes (`prime-agent daemon start --foreground`) whose PRIME_AGENT_HOME is `home`. A
+    daemon's forks (the kernel's mount helper, for a moment) have its command line and environment: not counted."""
     want = f"PRIME_AGENT_HOME={home}".encode()
-    found = []
+    found: dict[int, int] = {}  # pid: its parent's
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -56,10 +58,11 @@ def _daemons_of(home: Path) -> list[int]:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
             if b"daemon" in argv and b"--foreground" in argv and want in (proc / "environ").read_bytes().split(b"\0"):
                 if _alive(int(proc.name)):
-                    found.append(int(proc.name))
-        except OSError:
+                    status = (proc / "status").read_text()
+                    found[int(proc.name)] = int(re.search(r"^PPid:\s+(\d+)", status, re.M)[1])
+        except (OSError, TypeError):
             continue
-    return found
+    return sorted(pid for pid, parent in found.items() if parent not in found)
 
 
 def _wait_until(condition, timeout: float, what: str) -> None:

@@ -82,7 +82,9 @@ def test_two_processes_take_one_process_steps_and_their_checkpoint_resumes_in_on
     assert (checkpoint / "dcp" / ".metadata").is_file()
     for (name, a), b in zip(plain(checkpoint, warm, lora).items(),
                             plain(tmp_path / "one" / "checkpoints" / "step-1", warm, lora).values(), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
+        # Adam divides by the gradient's own size: where a gradient is near 0, the rounding of its two-process
+        # sum moves that weight by up to ~lr (1e-3); a wrong step moves every weight by about lr
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
     same_steps(one_process(resumed_from(checkpoint, tmp_path / "resumed"), args), two[1:])
 
 

@@ -37,8 +37,8 @@ def test_chunked_and_plain_agree_in_value_entropy_and_gradient_at_a_32k_vocabula
     plain, chunked = run(plain=True), run(chunk=chunk)
     assert torch.allclose(chunked[0], plain[0], rtol=1e-5, atol=1e-5)
     assert torch.allclose(chunked[1], plain[1], rtol=1e-5, atol=1e-5)
-    for name, grad in plain[2].items():
-        assert torch.allclose(chunked[2][name], grad, rtol=1e-4, atol=1e-6), name
+    for name, grad in plain[2].items():  # float32 sums of 120 x 32k terms: rounding scales with the largest
+        torch.testing.assert_close(chunked[2][name], grad, rtol=1e-4, atol=1e-5 * grad.abs().max().item(), msg=name)
 
 
 @pytest.mark.parametrize("chunk", [16, None])
