@@ -215,6 +215,9 @@ class Session:
         except BaseException:
             await self.close()  # a session that could not start leaves no kernel, socket or file behind
             raise
+        finally:
+            if self.kernel_pool is not None:  # after the start, which would wait behind a launch (KernelPool.take)
+                self.kernel_pool.fill()
 
     @property
     def ignored(self) -> list[str]:

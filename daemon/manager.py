@@ -26,6 +26,7 @@ from agent.goals import GoalSpec, GoalState
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool
 from agent.layout import SessionLayout, session_layouts
+from agent.model import preload
 from agent.kernel.reaper import reap_orphans
 from agent.refine import GateFactory
 from agent.kernel.sandbox import Launch
@@ -61,6 +62,7 @@ class SessionManager:
         self.write_error: str | None = None
         """The last write the disk refused (a full disk), until a turn's records are written again."""
         self._sweeper: asyncio.Task | None = None
+        self._preloading: asyncio.Future | None = None
         self._gone: set[str] = set()
         """Deleted sessions, whose files stay: never taken up again."""
         self.scheduler = Scheduler(self, root)
@@ -70,6 +72,7 @@ class SessionManager:
         reap_orphans(self.root)  # what the kernels of a killed daemon (or `prime-agent run`) left running
         self.scan()
         self.pool.fill()
+        self._preloading = asyncio.ensure_future(asyncio.to_thread(preload))
 
         def room() -> bool:
             return sum(1 for s in self.sessions.values() if s.goal.pursued()) < self.config.daemon.max_goals

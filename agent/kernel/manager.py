@@ -229,6 +229,7 @@ class KernelPool:
             kc = _open_client(km)
             await asyncio.gather(_handshake(km, kc, self.config.startup_timeout),
                                  km.box.cover_others(km.provisioner.process.pid))
+            await _warm_up(kc, self.config.startup_timeout)
         except BaseException:
             await _stop((km, kc), wait=0)  # it failed to start: nothing in it to shut down cleanly
             raise
@@ -237,8 +238,8 @@ class KernelPool:
     async def take(self, launch: Launch) -> _Started | None:
         """A started kernel: a ready one, else the one that began first; None when the pool is empty,
         its kernels are launched otherwise than `launch`, or its kernel failed (the caller starts its own).
-        The caller refills the pool (`fill`) once its kernel is ready: a launch blocks the event loop
-        for a moment, which the session taking a kernel should not wait behind."""
+        The caller refills the pool (`fill`) once it has started: a launch holds the event loop ~10 ms,
+        which a session starting should not wait behind."""
         if not self._starting or launch != self.launch:
             return None
         task = next((t for t in self._starting if t.done()), self._starting[0])
@@ -290,6 +291,15 @@ async def _handshake(km: _Manager, kc, timeout: float) -> None:
     shell = kc.shell_channel.socket
     while await shell.poll(0):  # replies to repeated kernel_info requests: not a cell's
         await shell.recv_multipart(copy=False)
+
+
+async def _warm_up(kc, timeout: float) -> None:
+    """A pooled kernel's first execution, ahead of time: the runtime imported and IPython's first-cell costs
+    paid (~5 ms off a session's bootstrap, measured). Silent, no history: the session's cells count from 1."""
+    msg_id = kc.execute("import agent.kernel.runtime", silent=True, store_history=False, allow_stdin=False)
+    deadline = time.monotonic() + timeout
+    while (await kc.get_shell_msg(timeout=max(0.0, deadline - time.monotonic())))["parent_header"].get("msg_id") != msg_id:
+        pass
 
 
 async def _stop(started: tuple[_Manager, Any], wait: float) -> None:
@@ -347,21 +357,17 @@ class Kernel:
         bootstrap the runtime: code the model writes runs only after all of them."""
         self.state = KernelState.STARTING
         started = await pool.take(self.launch) if pool is not None else None
-        try:
-            if started is not None:  # already answering, with a client connected
-                self._km, self._kc = started
-                await self._confine()
-            else:
-                self._km = _Manager(Box(self.launch))
-                await self._km.start_kernel()
-                self._kc = _open_client(self._km)
-                await asyncio.gather(self._handshake(), self._confine())
-            if ready is not None:
-                self.env.update(await ready(self.dir))
-            await self._bootstrap()
-        finally:
-            if pool is not None:
-                pool.fill()
+        if started is not None:  # already answering, with a client connected
+            self._km, self._kc = started
+            await self._confine()
+        else:
+            self._km = _Manager(Box(self.launch))
+            await self._km.start_kernel()
+            self._kc = _open_client(self._km)
+            await asyncio.gather(self._handshake(), self._confine())
+        if ready is not None:
+            self.env.update(await ready(self.dir))
+        await self._bootstrap()
 
     async def _confine(self) -> None:
         km = self._km

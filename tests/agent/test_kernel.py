@@ -153,6 +153,32 @@ async def test_a_pooled_kernel_becomes_the_sessions_own(project: Path, monkeypat
     assert not k.dir.exists()
 
 
+async def test_a_session_takes_a_warmed_kernel_and_the_pool_refills_once_the_session_has_started(project: Path):
+    from agent.kernel import KernelPool
+    from agent.kernel.sandbox import Launch
+    from agent.session import Session
+    from agent.testing.scripted import ScriptedModel
+    from tests.conftest import make_config
+
+    config = make_config()
+    pool = KernelPool(1, config.kernel, Launch.of(config.sandbox))
+    pool.fill()
+    try:
+        pooled, = [km for km, _ in await asyncio.gather(*pool._starting)]
+        async with Session(config, ScriptedModel([]), cwd=project, kernel_pool=pool) as s:
+            assert s.kernel._km is pooled and pool.ready == 0  # taken; the next one launches after the start
+            deadline = time.monotonic() + 60
+            while pool.ready < 1:
+                assert time.monotonic() < deadline, "the pool was not refilled"
+                await asyncio.sleep(0.05)
+            counted = (await s.kernel.execute(Cell(id="c", code="get_ipython().execution_count"))).result
+    finally:
+        await pool.close()
+    async with Session(config, ScriptedModel([]), cwd=project) as unpooled:  # its own kernel, never warmed up
+        # the warm-up ran silently, out of the history: a pooled kernel counts a session's cells as its own does
+        assert (await unpooled.kernel.execute(Cell(id="c", code="get_ipython().execution_count"))).result == counted
+
+
 async def test_a_flood_of_output_read_slowly_loses_nothing_and_ends(kernel: Kernel):
     import asyncio
     import time
