@@ -19,7 +19,7 @@ from rl.engine import HFEngine
 from rl.hf import load_hf
 from rl.model import Job, token_logprobs
 from rl.serve import BackgroundServer, hf_engine
-from rl.train import sft, train
+from rl.train import kept, sft, train, trainable
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +97,21 @@ def test_trainer_and_sampler_agree_on_every_sampled_token_with_an_adapter_merged
         with torch.no_grad():
             trainer = token_logprobs(policy, ids)[0, len(prompt) - 1:]
         assert (trainer - torch.tensor(s.logprobs)).abs().max() < 1e-3, row
+
+
+def test_a_lagged_step_keeps_a_copy_of_the_adapter_and_shares_the_frozen_base(tiny_llama: Path):
+    policy = load_hf(tiny_llama)
+    policy.add_lora(load(None, ["--model.hf", json.dumps(str(tiny_llama)), "--model.lora", "{r = 4}"]).model.lora)
+    state = policy.state_dict()
+    before = {k: v.clone() for k, v in state.items()}
+    later = kept(policy, state)
+    adapter = [k for k in state if ".lora_" in k]
+    assert adapter and all(later[k].data_ptr() != state[k].data_ptr() for k in adapter)
+    assert all(later[k] is state[k] for k in state if k not in adapter)  # the base: not copied at every step
+    with torch.no_grad():  # an optimizer step, in place
+        for p in trainable(policy):
+            p.add_(1.0)
+    assert all(torch.equal(later[k], before[k]) for k in state)  # what the lagged sampler gets is the old step
 
 
 def test_a_lora_run_saves_an_adapter_peft_loads_and_the_server_reloads_it_alone(warm: Path, tmp_path: Path):
