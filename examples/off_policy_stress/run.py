@@ -3,11 +3,15 @@
 
     .venv/bin/python examples/off_policy_stress/run.py                 # reduced grid (~5 min here)
     .venv/bin/python examples/off_policy_stress/run.py --grid full     # 4 lags x 5 losses x 3 seeds
+    .venv/bin/python examples/off_policy_stress/run.py --model smollm2 # SmolLM2-135M, LoRA: 4 lags x 3 losses
 
-Every run starts from one shared SFT warm start (examples/reverse_text/config.toml's, cached in
-the output folder). Per run: the reward curve, the fraction of loss tokens the loss masked,
-the mismatch KL between trainer and sampler, the largest gradient norm, and whether anything went
-non-finite. Writes OUT/results.json, OUT/table.md and OUT/reward_curves.png.
+Every run starts from one shared SFT warm start (examples/reverse_text/config.toml's, or smollm2.toml's
+with --model smollm2, cached in the output folder). Per run: the reward curve, the fraction of loss tokens
+the loss masked, the mismatch KL between trainer and sampler, the largest gradient norm, and whether
+anything went non-finite, kept in OUT/runs/NAME/row.json: a run already there is not run again, so an
+invocation can be resumed, and N can share OUT (--part I/N each; start the others once the first has
+the warm start). Writes OUT/results.json, OUT/table.md and OUT/reward_curves.png from every
+run in OUT/runs.
 """
 
 from __future__ import annotations
@@ -31,14 +35,23 @@ LOSSES = {"ipo-0.2": ("ipo", 0.2), "ipo-0.3": ("ipo", 0.3), "icepop": ("icepop",
 GRIDS = {
     "reduced": {"lags": [0, 16], "losses": ["ipo-0.2", "icepop"], "seeds": [0], "steps": 30},
     "full": {"lags": [0, 4, 16, 64], "losses": list(LOSSES), "seeds": [0, 1, 2], "steps": 60},
+    # k = 0 runs once: on-policy, with one optimizer step a batch and the sampler holding the trainer's weights,
+    # the ratio is 1 and these losses take the same step (the byte study's curves are identical to 3 decimals)
+    "smollm2": {"lags": [0, 4, 16, 64], "losses": ["ipo-0.2", "icepop", "ppo"], "seeds": [0], "steps": 150,
+                "once_at_0": True},
+}
+MODELS = {  # the base config, and a learning rate 3x its own: high enough that the policy moves
+    "byte": (ROOT / "examples" / "reverse_text" / "config.toml", 3e-3),
+    "smollm2": (ROOT / "examples" / "reverse_text" / "smollm2.toml", 6e-4),
 }
 
 
-def run_one(base: Path, out: Path, warm: Path, loss: str, lag: int, seed: int, steps: int, lr: float) -> dict:
+def run_one(base: Path, out: Path, warm: Path, loss: str, lag: int, seed: int, steps: int, lr: float,
+            extra: list[str]) -> dict:
     name, eps = LOSSES[loss]
     overrides = ["--train.init_from", str(warm), "--train.policy_lag", str(lag), "--train.steps", str(steps),
                  "--train.lr", str(lr), "--train.seed", str(seed), "--train.out", f'"{out}"',
-                 "--train.checkpoint_every", "1000000", "--loss.name", name]
+                 "--train.checkpoint_every", "1000000", "--loss.name", name, *extra]
     if eps is not None:
         overrides += ["--loss.eps", str(eps)]
     cfg = load(str(base), overrides)
@@ -54,8 +67,8 @@ def run_one(base: Path, out: Path, warm: Path, loss: str, lag: int, seed: int, s
     row.update(
         seconds=time.time() - started,
         reward=[h["reward_mean"] for h in history],
-        reward_start=statistics.fmean(h["reward_mean"] for h in history[:3]) if history else math.nan,
-        reward_end=statistics.fmean(h["reward_mean"] for h in history[-5:]) if history else math.nan,
+        reward_start=statistics.fmean(h["reward_mean"] for h in history[:max(3, steps // 10)]) if history else math.nan,
+        reward_end=statistics.fmean(h["reward_mean"] for h in history[-max(5, steps // 10):]) if history else math.nan,
         masked_fraction=statistics.fmean(h.get("masked_fraction", 0.0) for h in trained) if trained else math.nan,
         mismatch_kl=statistics.fmean(h.get("mismatch_kl", 0.0) for h in trained) if trained else math.nan,
         grad_norm_max=max((h["grad_norm"] for h in trained), default=math.nan),
@@ -107,32 +120,46 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--grid", choices=list(GRIDS), default="reduced")
+    p.add_argument("--model", choices=list(MODELS), default="byte")
+    p.add_argument("--grid", choices=list(GRIDS), help="default: smollm2's for that model, else reduced")
+    p.add_argument("--lags", help="comma-separated: these lags of the grid only")
     p.add_argument("--steps", type=int, help="RL steps per run (default: the grid's)")
-    p.add_argument("--lr", type=float, default=3e-3, help="high enough that the policy moves (the example uses 1e-3)")
+    p.add_argument("--lr", type=float, help="default: 3x the base config's, high enough that the policy moves")
+    p.add_argument("--batch-size", type=int, help="tasks per step (default: the base config's)")
+    p.add_argument("--group-size", type=int, help="rollouts per task (default: the base config's)")
+    p.add_argument("--part", default="1/1", help="I/N: the I-th of N shares of the grid's runs, for N invocations at once")
     p.add_argument("--out", default="outputs/off_policy_stress")
     args = p.parse_args()
-    grid, out = GRIDS[args.grid], Path(args.out)
-    base = ROOT / "examples" / "reverse_text" / "config.toml"
+    part, parts = map(int, args.part.split("/"))
+    grid = GRIDS[args.grid or ("smollm2" if args.model == "smollm2" else "reduced")]
+    base, lr = MODELS[args.model]
+    lr, out, steps = args.lr or lr, Path(args.out), args.steps or grid["steps"]
+    lags = [int(k) for k in args.lags.split(",")] if args.lags else grid["lags"]
+    extra = [*(["--train.batch_size", str(args.batch_size)] if args.batch_size else []),
+             *(["--train.group_size", str(args.group_size)] if args.group_size else [])]
     out.mkdir(parents=True, exist_ok=True)
     print("warm start (SFT once, reused by every run and by later invocations)", flush=True)
     warm = sft(load(str(base), ["--train.out", f'"{out}"']), log=lambda *_: None)
-    rows = []
-    for lag in grid["lags"]:
-        for loss in grid["losses"]:
-            for seed in grid["seeds"]:
-                run_dir = out / "runs" / f"k{lag}-{loss}-s{seed}"
-                row = run_one(base, run_dir, warm, loss, lag, seed, args.steps or grid["steps"], args.lr)
-                rows.append(row)
-                print(f"k={lag:<3} {loss:<8} seed {seed}: reward {row['reward_start']:.3f} -> {row['reward_end']:.3f}  "
-                      f"masked {row['masked_fraction']:.3f}  mismatch_kl {row['mismatch_kl']:.2e}  "
-                      f"grad<= {row['grad_norm_max']:.2f}  {'NON-FINITE ' if row['nonfinite'] else ''}({row['seconds']:.0f}s)",
-                      flush=True)
+    grid_runs = [(lag, loss, seed) for lag in lags
+                 for loss in (grid["losses"][:1] if lag == 0 and grid.get("once_at_0") else grid["losses"])
+                 for seed in grid["seeds"]]
+    for lag, loss, seed in grid_runs[part - 1::parts]:
+        run_dir = out / "runs" / f"k{lag}-{loss}-s{seed}"
+        if (run_dir / "row.json").is_file():
+            print(f"k={lag:<3} {loss:<8} seed {seed}: done before, kept", flush=True)
+            continue
+        row = run_one(base, run_dir, warm, loss, lag, seed, steps, lr, extra)
+        (run_dir / "row.json").write_text(json.dumps(row))
+        print(f"k={lag:<3} {loss:<8} seed {seed}: reward {row['reward_start']:.3f} -> {row['reward_end']:.3f}  "
+              f"masked {row['masked_fraction']:.3f}  mismatch_kl {row['mismatch_kl']:.2e}  "
+              f"grad<= {row['grad_norm_max']:.2f}  {'NON-FINITE ' if row['nonfinite'] else ''}({row['seconds']:.0f}s)",
+              flush=True)
+    rows = [json.loads(f.read_text()) for f in sorted((out / "runs").glob("*/row.json"))]
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     (out / "table.md").write_text(table(rows))
     plot(rows, out / "reward_curves.png")
     print(table(rows))
-    print(f"wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'reward_curves.png'}")
+    print(f"wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'reward_curves.png'} ({len(rows)} runs)")
     return 0
 
 
