@@ -85,7 +85,11 @@ def sft(cfg: RunConfig, log=print, env=None) -> Path:
     torch.manual_seed(cfg.train.seed)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    env, model = env or load_env(cfg.env.name, **cfg.env.options), build_policy(cfg.model)
+    env = env or load_env(cfg.env.name, **cfg.env.options)
+    if cfg.sft.noise > 0 and not callable(getattr(env, "distractor", None)):
+        raise ValueError(f"sft.noise = {cfg.sft.noise:g} shows wrong answers, and the task set {cfg.env.name!r} has none to "
+                         "show (no distractor): set sft.noise = 0")
+    model = build_policy(cfg.model)
     tok = tokenizer(model)
     opt = torch.optim.AdamW(trainable(model), lr=cfg.sft.lr)
     noise = random.Random(cfg.train.seed)

@@ -12,7 +12,7 @@ from evals.tasksets.reverse_text import ReverseText
 from rl.config import RunConfig, load
 from rl.orchestrator import Orchestrator
 from rl.serve import BackgroundServer, engine_from
-from rl.train import train
+from rl.train import sft, train
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reverse_text" / "config.toml"
 
@@ -111,6 +111,17 @@ def test_configs_that_cannot_run_are_refused_before_anything_runs():
             load(str(EXAMPLE), bad)
     with pytest.raises(ValueError, match="prompt"):
         padded([Sample([], [1, 2], [0.0, 0.0], 1.0, 1.0, 0)])
+
+
+def test_a_noisy_warm_start_on_a_task_set_without_wrong_answers_is_refused_naming_the_setting(tmp_path: Path):
+    cfg = RunConfig.model_validate({
+        "model": {"d_model": 16, "n_layer": 1, "n_head": 2, "max_seq": 32},
+        "env": {"name": "rg:spell_backward"}, "sft": {"steps": 1, "noise": 0.5},
+        "train": {"out": str(tmp_path / "run")},
+    })
+    with pytest.raises(ValueError, match="sft.noise = 0.5 .*'rg:spell_backward' has none"):
+        sft(cfg, log=lambda *_: None)
+    assert not (tmp_path / "run" / "sft").exists()
 
 
 def test_a_lagged_run_is_not_resumed_inexactly(tmp_path: Path):
