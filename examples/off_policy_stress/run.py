@@ -108,11 +108,13 @@ def plot(rows: list[dict], path: Path) -> None:
                 continue
             n = min(len(c) for c in curves)
             mean = [statistics.fmean(c[i] for c in curves) for i in range(n)]
-            ax.plot(range(n), mean, label=loss)
+            w = max(1, n // 15)  # a long run's curve, averaged over a window of steps (1 in a 30-step run)
+            ax.plot(range(w - 1, n), [statistics.fmean(mean[i - w + 1:i + 1]) for i in range(w - 1, n)], label=loss)
         ax.set_title(f"policy lag k = {lag}")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("mean reward")
+    window = max(1, min(len(r["reward"]) for r in rows if r["reward"]) // 15)
+    axes[0][0].set_ylabel("mean reward" + (f" ({window}-step moving average)" if window > 1 else ""))
     axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
