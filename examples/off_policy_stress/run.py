@@ -40,6 +40,9 @@ GRIDS = {
     "smollm2": {"lags": [0, 4, 16, 64], "losses": ["ipo-0.2", "icepop", "ppo"], "seeds": [0], "steps": 150,
                 "once_at_0": True},
 }
+FINAL_EVAL = ["--eval.tasks", "100", "--eval.rollouts", "4", "--eval.seed", "777777"]
+"""The trainer's last weights on 100 held-out reverse-text tasks (no step nor the warm start deals from seed
+777777), 4 rollouts each, sampled as training samples: `prime-agent eval`'s selection for that seed."""
 MODELS = {  # the base config, and a learning rate 3x its own: high enough that the policy moves
     "byte": (ROOT / "examples" / "reverse_text" / "config.toml", 3e-3),
     "smollm2": (ROOT / "examples" / "reverse_text" / "smollm2.toml", 6e-4),
@@ -77,20 +80,44 @@ def run_one(base: Path, out: Path, warm: Path, loss: str, lag: int, seed: int, s
     return row
 
 
+def final_eval(base: Path, weights: Path, out: Path) -> dict:
+    """`weights` (a run's checkpoints, or the warm start) evaluated on FINAL_EVAL's tasks by the training's own
+    evaluation (a run of no steps); kept in `out`."""
+    if not (out / "results.json").is_file():
+        cfg = load(str(base), ["--train.init_from", f'"{weights}"', "--train.steps", "0", "--eval.every", "1",
+                               *FINAL_EVAL, "--train.out", f'"{out}"'])
+        train(cfg, log=lambda *_: None, progress=False)
+    result = json.loads((out / "results.json").read_text())
+    return {"reward": result["reward_mean"], "ci": result["reward_ci"]}
+
+
 def table(rows: list[dict]) -> str:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["lag"], r["loss"]), []).append(r)
-    lines = ["| lag k | loss | reward start | reward end (±sd over seeds) | masked fraction | mismatch KL | max grad norm | non-finite |",
-             "|---:|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| lag k | loss | reward start | reward end (±sd over seeds) | final policy, held out | masked fraction "
+             "| mismatch KL | max grad norm | non-finite |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for (lag, loss), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], list(LOSSES).index(kv[0][1]))):
         ends = [r["reward_end"] for r in rs]
         spread = f" ± {statistics.stdev(ends):.3f}" if len(ends) > 1 else ""
         lines.append(
             f"| {lag} | {loss} | {statistics.fmean(r['reward_start'] for r in rs):.3f} | {statistics.fmean(ends):.3f}{spread} "
+            f"| {held_out(rs)} "
             f"| {statistics.fmean(r['masked_fraction'] for r in rs):.3f} | {statistics.fmean(r['mismatch_kl'] for r in rs):.2e} "
             f"| {max(r['grad_norm_max'] for r in rs):.2f} | {sum(r['nonfinite'] for r in rs)}/{len(rs)} |")
     return "\n".join(lines) + "\n"
+
+
+def held_out(rows: list[dict]) -> str:
+    """The final policies' held-out reward: the mean over seeds (with its 95% interval where one seed ran)."""
+    finals = [r["final"] for r in rows if "final" in r]
+    if not finals:
+        return "-"
+    if len(finals) > 1:
+        return f"{statistics.fmean(f['reward'] for f in finals):.3f}"
+    low, high = finals[0]["ci"]
+    return f"{finals[0]['reward']:.3f} ({low:.3f}-{high:.3f})"
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -130,6 +157,8 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, help="tasks per step (default: the base config's)")
     p.add_argument("--group-size", type=int, help="rollouts per task (default: the base config's)")
     p.add_argument("--part", default="1/1", help="I/N: the I-th of N shares of the grid's runs, for N invocations at once")
+    p.add_argument("--final-eval", action="store_true",
+                   help="evaluate each run's last weights (and the warm start) on 100 held-out tasks")
     p.add_argument("--out", default="outputs/off_policy_stress")
     args = p.parse_args()
     part, parts = map(int, args.part.split("/"))
@@ -156,6 +185,14 @@ def main() -> int:
               f"masked {row['masked_fraction']:.3f}  mismatch_kl {row['mismatch_kl']:.2e}  "
               f"grad<= {row['grad_norm_max']:.2f}  {'NON-FINITE ' if row['nonfinite'] else ''}({row['seconds']:.0f}s)",
               flush=True)
+    if args.final_eval:  # the trainer's last weights, where the reward curve shows the sampler's (k steps old)
+        warm_final = final_eval(base, warm, out / "final_eval" / "warm_start")
+        print(f"warm start, held out: {warm_final['reward']:.3f}", flush=True)
+        for f in sorted((out / "runs").glob("*/row.json")):
+            row = json.loads(f.read_text())
+            if "final" not in row:
+                row["final"] = final_eval(base, f.parent / "checkpoints", out / "final_eval" / f.parent.name)
+                f.write_text(json.dumps(row))
     rows = [json.loads(f.read_text()) for f in sorted((out / "runs").glob("*/row.json"))]
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     (out / "table.md").write_text(table(rows))
