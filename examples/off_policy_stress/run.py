@@ -127,6 +127,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     lags = sorted({r["lag"] for r in rows})
+    w = max(1, min(len(r["reward"]) for r in rows if r["reward"]) // 15)  # a long run's curves: a moving average
     fig, axes = plt.subplots(1, len(lags), figsize=(4.5 * len(lags), 3.4), sharey=True, squeeze=False)
     for ax, lag in zip(axes[0], lags):
         for loss in LOSSES:
@@ -135,13 +136,11 @@ def plot(rows: list[dict], path: Path) -> None:
                 continue
             n = min(len(c) for c in curves)
             mean = [statistics.fmean(c[i] for c in curves) for i in range(n)]
-            w = max(1, n // 15)  # a long run's curve, averaged over a window of steps (1 in a 30-step run)
             ax.plot(range(w - 1, n), [statistics.fmean(mean[i - w + 1:i + 1]) for i in range(w - 1, n)], label=loss)
         ax.set_title(f"policy lag k = {lag}")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    window = max(1, min(len(r["reward"]) for r in rows if r["reward"]) // 15)
-    axes[0][0].set_ylabel("mean reward" + (f" ({window}-step moving average)" if window > 1 else ""))
+    axes[0][0].set_ylabel("mean reward" + (f" ({w}-step moving average)" if w > 1 else ""))
     axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
