@@ -343,19 +343,20 @@ def evaluate(sampler: Orchestrator, taskset, tasks: list, cfg: RunConfig, step: 
 def intervals(scored: list[list[float | str]]) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
     """95% intervals of an evaluation's mean reward and solve rate (reward 1), from each task's scored rollouts
     (a string: one excluded). The unit is the task, since a task's rollouts are not independent draws: the
-    normal approximation over the tasks' mean rewards (evals.stats.mean_ci); for the solve rate, Wilson's
-    interval when every task has one scored rollout, else the normal approximation over the tasks' solved
-    shares. None when nothing was scored."""
+    normal approximation over the tasks' mean rewards (evals.stats.mean_ci); for the solve rate, the normal
+    approximation over the tasks' solved shares, or Wilson's interval over the tasks where that collapses to a
+    point (every task solved every time, or none ever) or every task has one scored rollout. None when nothing
+    was scored."""
     groups = [[r for r in g if not isinstance(r, str)] for g in scored]
     groups = [g for g in groups if g]
     if not groups:
         return None, None
-    solved = [[float(r >= 1.0) for r in g] for g in groups]
+    shares = [sum(r >= 1.0 for r in g) / len(g) for g in groups]
     reward_ci = mean_ci([sum(g) / len(g) for g in groups])
-    if all(len(g) == 1 for g in groups):
-        solve_ci = wilson(int(sum(g[0] for g in solved)), len(groups))
+    if all(len(g) == 1 for g in groups) or set(shares) <= {0.0} or set(shares) <= {1.0}:
+        solve_ci = wilson(int(sum(shares)), len(groups))
     else:
-        solve_ci = mean_ci([sum(g) / len(g) for g in solved])
+        solve_ci = mean_ci(shares)
     return reward_ci, solve_ci
 
 

@@ -65,6 +65,15 @@ def test_intervals_are_over_tasks_and_leave_out_excluded_rollouts():
     assert intervals([["errored"], ["timed_out"]]) == (None, None)
 
 
+def test_no_task_solved_in_several_rollouts_is_no_proof_that_none_ever_is():
+    # the bare SmolLM2 on 200 reasoning-gym tasks x 4 rollouts solved none: the normal approximation over the
+    # tasks' solved shares (all 0) collapses to (0, 0); the interval is Wilson's over the tasks instead
+    _, solve_ci = intervals([[0.0, 0.2, 0.0, 0.4]] * 200)
+    assert solve_ci == pytest.approx(wilson(0, 200)) and solve_ci[1] > 0.01
+    _, solve_ci = intervals([[1.0, 1.0]] * 50)  # all solved, every time
+    assert solve_ci == pytest.approx(wilson(50, 50)) and solve_ci[0] < 0.95
+
+
 def test_the_default_selection_is_the_training_environments(tmp_path: Path):
     from evals.tasksets.reverse_text import ReverseText
 
