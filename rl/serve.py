@@ -497,6 +497,9 @@ def main(args) -> int:
         uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning",
                     timeout_graceful_shutdown=3)
         return 0
+    from rl.engine import heap_maps_large_blocks
+
+    heap_maps_large_blocks()  # a process that only serves
     engine = hf_engine(args.model, args.served_model_name, args.dtype, args.truncate, thread=False,
                        prefix_cache_mb=args.prefix_cache_mb, context=args.max_model_len,
                        max_rows=args.max_num_seqs)
