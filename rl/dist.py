@@ -99,12 +99,24 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
 
 def gathered(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's whole state_dict on rank 0, on the CPU ({} on the other ranks); every rank must call
-    it. `model.weights(state)` makes it what a sampler loads, `model.save(folder, state=state)` a checkpoint."""
+    it. `model.weights(state)` makes it what a sampler loads, `model.save(folder, state=state)` a checkpoint.
+    Frozen parameters (a LoRA run's base) never change: they are gathered on the first call and kept on
+    rank 0, and later calls gather only the trained ones (on SmolLM2 with LoRA over two processes, gathering
+    the whole model took 14% of each step's training: bench/rl_hf.py)."""
     if world() == 1:
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    kept = getattr(model, "_gathered_frozen", None)
+    if kept is None:  # the first call: everything (fresh CPU tensors: cpu_offload), the frozen part kept
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        frozen = {k for k, v in model.state_dict(keep_vars=True).items()  # a tied head: under both names
+                  if isinstance(v, torch.nn.Parameter) and not v.requires_grad}
+        model._gathered_frozen = {k: v for k, v in state.items() if k in frozen}
+        return state
+    trained = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                   ignore_frozen_params=True))
+    return {**kept, **trained} if rank() == 0 else trained
 
 
 # --- the batch -------------------------------------------------------------------------------------

@@ -77,14 +77,17 @@ def test_two_processes_take_one_process_steps_and_their_checkpoint_resumes_in_on
     assert all(h["samples"] > 0 for h in one)  # steps that trained: the losses compared are not zeros
     same_steps(one, two)
 
-    # the two-process checkpoint is what one process writes, with the trained shards beside it
+    # the two-process checkpoints are what one process writes, with the trained shards beside them; the
+    # second step's is written from a gather of the trained weights alone (rl.dist.gathered keeps the frozen)
+    for step in ("step-1", "step-2"):
+        checkpoint = tmp_path / "two" / "checkpoints" / step
+        assert (checkpoint / "dcp" / ".metadata").is_file()
+        for (name, a), b in zip(plain(checkpoint, warm, lora).items(),
+                                plain(tmp_path / "one" / "checkpoints" / step, warm, lora).values(), strict=True):
+            # Adam divides by the gradient's own size: where a gradient is near 0, the rounding of its two-process
+            # sum moves that weight by up to ~lr (1e-3); a wrong step moves every weight by about lr
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"{step} {name}")
     checkpoint = tmp_path / "two" / "checkpoints" / "step-1"
-    assert (checkpoint / "dcp" / ".metadata").is_file()
-    for (name, a), b in zip(plain(checkpoint, warm, lora).items(),
-                            plain(tmp_path / "one" / "checkpoints" / "step-1", warm, lora).values(), strict=True):
-        # Adam divides by the gradient's own size: where a gradient is near 0, the rounding of its two-process
-        # sum moves that weight by up to ~lr (1e-3); a wrong step moves every weight by about lr
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
     same_steps(one_process(resumed_from(checkpoint, tmp_path / "resumed"), args), two[1:])
 
 
