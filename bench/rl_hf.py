@@ -55,27 +55,34 @@ PARTS = ("steps", "vllm", "processes", "servers")
 CPUS = os.cpu_count() or 1
 
 
-def overrides(model: Path, steps: int) -> list[str]:
-    """The config's overrides for a run of `steps` steps from the bare model."""
+def config_file(folder: Path) -> Path:
+    """The example's config in `folder`, without its adapter (TOML has no null to unset one with): a run's
+    adapter, if any, comes from `overrides`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.toml"
+    path.write_text(re.sub(r"^lora = .*\n", "", CONFIG.read_text(), flags=re.M))
+    return path
+
+
+def overrides(model: Path, lora: str | None, steps: int) -> list[str]:
+    """config_file's overrides for a run of `steps` steps from the bare model, with adapter `lora` (None:
+    every weight trains)."""
     return ["--model.hf", json.dumps(str(model)), "--sft.steps", "0", "--train.steps", str(steps),
-            "--train.checkpoint_every", "1000"]
+            "--train.checkpoint_every", "1000", *(["--model.lora", lora] if lora else [])]
 
 
 def measure(model: Path, lora: str | None, steps: int, out: Path, vllm: str | None = None,
             servers: list[str] | None = None) -> dict:
     """A run in this process: sampled by the built-in server in it, by vLLM at `vllm`, or by the built-in
     servers at `servers` (train.rollout_urls)."""
-    # full weights: the adapter is dropped once loaded (TOML has no null to unset it with)
-    overrides_ = overrides(model, steps) + ["--model.lora", lora or "{r = 1}", "--train.out", json.dumps(str(out))]
+    overrides_ = overrides(model, lora, steps) + ["--train.out", json.dumps(str(out))]
     if servers:
         overrides_ += ["--train.rollout_urls", json.dumps(servers)]
     if vllm:
         route = f"{vllm}/load_lora_adapter" if lora else f"{vllm.removesuffix('/v1')}/collective_rpc"
         overrides_ += ["--train.rollout_url", json.dumps(vllm), "--train.reload_url", json.dumps(route),
                        "--train.rollout_model", json.dumps("policy" if lora else str(model))]
-    cfg = load(str(CONFIG), overrides_)
-    if lora is None:
-        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": None})})
+    cfg = load(str(config_file(out)), overrides_)
     env, tokenizer, batches = load_env(cfg.env.name, **cfg.env.options), load_hf(model).tokenizer, []
     train_seconds: list[float] = []
     real_step = training.train_step
@@ -108,12 +115,9 @@ def measure(model: Path, lora: str | None, steps: int, out: Path, vllm: str | No
 
 def on_processes(model: Path, lora: str | None, steps: int, n: int, out: Path) -> dict:
     """The run on n processes (torchrun unless n is 1), each with CPUS / n threads, timed on every rank."""
-    config = out / "config.toml"  # the example without its adapter; the adapter, if any, from the overrides
-    out.mkdir(parents=True)
-    config.write_text(re.sub(r"^lora = .*\n", "", CONFIG.read_text(), flags=re.M))
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n)] if n > 1 else []
-    command = [sys.executable, *launcher, str(ROOT / "bench" / "rl_rank.py"), str(config), *overrides(model, steps),
-               *(["--model.lora", lora] if lora else []), "--train.threads", str(max(1, CPUS // n)),
+    command = [sys.executable, *launcher, str(ROOT / "bench" / "rl_rank.py"), str(config_file(out)),
+               *overrides(model, lora, steps), "--train.threads", str(max(1, CPUS // n)),
                "--train.out", json.dumps(str(out / "run"))]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if run.returncode:

