@@ -233,7 +233,8 @@ class McpServerConfig(_Section):
     """Environment of a stdio server, over a minimal inherited one (HOME, PATH, SHELL, TERM, USER,
     LOGNAME): the host's other variables (its API keys) do not reach the server. Never reaches the kernel."""
     cwd: str | None = None
-    """Working directory of a stdio server; None: the session's."""
+    """Working directory of a stdio server, relative to the session's; None: a neutral folder
+    outside the project (agent/hostrun.py), its relative paths read against the session's."""
     url: str | None = None
     """The endpoint of an HTTP server, e.g. http://localhost:3001/mcp."""
     headers: dict[str, str] = Field(default_factory=dict)
@@ -366,6 +367,14 @@ class Config(_Section):
         """What `load_config` left out of the project, a line each: files nobody trusted (as they are
         now), and settings a project file may not make. Named at the session's start."""
         return self._ignored
+
+    _pinned: list[tuple[str, str, str]] = PrivateAttr(default_factory=list)
+
+    @property
+    def pinned(self) -> list[tuple[str, str, str]]:
+        """The project files the configured MCP servers and hooks run (agent/hostrun.py), each as
+        (path under the project root, what runs it, "mcp" or "hook"): trusted with their config."""
+        return self._pinned
 
     _hooks: list[tuple[str, HooksFile]] = PrivateAttr(default_factory=list)
 

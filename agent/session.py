@@ -35,6 +35,7 @@ from agent.harness import SessionHarness, scope_roots
 from agent.kernel import Kernel, KernelPool, KernelState
 from agent.layout import SessionLayout
 from agent.hooks import Hooks
+from agent.hostrun import Host
 from agent.loop import Interrupted, Submitted, TurnLoop
 from agent.mcp import McpServers, prompt_section
 from agent.mcp_calls import McpCalls
@@ -147,7 +148,8 @@ class Session:
         view = View.of(config.sandbox, self.cwd, self.dir, [s.root for s in self.harness.stores.values()],
                        project_root(self.cwd))
         self.kernel = Kernel(self.cwd, config.kernel, sandbox=config.sandbox, view=view)
-        self.hooks = SessionHooks(Hooks.of(config.hooks, self.cwd), sinks, self._hook_input)
+        self.hooks = SessionHooks(Hooks.of(config.hooks, Host(home(), project_root(self.cwd), self.cwd)), sinks,
+                                  self._hook_input)
         """The person's hooks (agent/session_hooks.py), every run recorded and shown."""
         self.checkpoints = Checkpoints(config.checkpoints, self.cwd, self.layout, self.id, self.kernel, self.harness,
                                        self.context, sinks, enabled=parent is None)
