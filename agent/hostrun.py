@@ -205,10 +205,11 @@ class Host:
         path = self.home / "pinned" / hashlib.sha256(content).hexdigest() / name
         if not path.is_file():
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            part = path.with_name(f".{name}.{os.getpid()}")
-            part.write_bytes(content)
-            part.chmod(0o500)
-            part.replace(path)
+            fd, part = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.")  # hooks may start at once
+            with open(fd, "wb") as f:
+                f.write(content)
+                os.fchmod(fd, 0o500)
+            os.replace(part, path)
         return path
 
     def argv(self, words: Sequence[str], what: str) -> list[str]:
