@@ -169,7 +169,8 @@ class Session:
         slots = subagent_slots if subagent_slots is not None else (parent.subagents.process_slots if parent else {})
         self.subagents = Subagents(
             config, model, self.layout, self.id, self.depth, slots, sinks, self._child, self.inbox,
-            parent_inbox=parent.inbox if parent else None, name=self.id.rsplit(".", 1)[-1] if parent else None,
+            left=lambda: self.config.budget.left(self.turn), parent_inbox=parent.inbox if parent else None,
+            name=self.id.rsplit(".", 1)[-1] if parent else None,
         )
         self.mcp = McpServers(config.mcp, self.cwd, self.dir)
         """The session's MCP servers (started at their first use)."""

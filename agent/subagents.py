@@ -80,10 +80,11 @@ class Subagents:
 
     def __init__(self, config: Config, model: Model, layout: SessionLayout, session_id: str, depth: int,
                  process_slots: dict[int, asyncio.Semaphore], sinks: Sinks, new_child: ChildFactory, inbox: Inbox, *,
-                 parent_inbox: Inbox | None = None, name: str | None = None):
+                 left: Callable[[], Budget], parent_inbox: Inbox | None = None, name: str | None = None):
         """The session's `config`, `model`, `layout`, id, depth (0 for a person's session) and
-        `inbox`; `parent_inbox` and `name` when the session is itself a child."""
-        self.session_config, self.model, self.layout = config, model, layout
+        `inbox`; `left()`: what its running turn has left of its budget (a child gets no more);
+        `parent_inbox` and `name` when the session is itself a child."""
+        self.session_config, self.model, self.layout, self.left = config, model, layout, left
         self.session_id, self.depth = session_id, depth
         self.config = config.subagents
         self.sinks, self.new_child, self.inbox = sinks, new_child, inbox
@@ -180,9 +181,14 @@ class Subagents:
             raise SubagentLimit(f"rlm refused: {e} ({why})") from e
 
     def _child_config(self, budget: dict[str, Any] | None) -> Config:
-        parent = self.session_config
-        merged = {**parent.budget.model_dump(), **(budget or {})}
-        return parent.model_copy(update={"budget": Budget.model_validate(merged)})
+        """The session's config with the child's budget: each limit what the child asks within what
+        this session's turn has left of its own; one it leaves out or sets to None is that, never more."""
+        if not isinstance(budget, dict | None):
+            raise SubagentLimit(f"rlm refused: budget is a dict of limits ({', '.join(Budget.model_fields)}), "
+                                f"not {type(budget).__name__}")
+        left = self.left()
+        asked = Budget.model_validate({**left.model_dump(), **{k: v for k, v in (budget or {}).items() if v is not None}})
+        return self.session_config.model_copy(update={"budget": asked.within(left)})
 
     async def _run(self, child_id: str, task: str) -> None:
         info, child = self.children[child_id], self.sessions[child_id]
