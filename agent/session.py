@@ -41,7 +41,7 @@ from agent.mcp_calls import McpCalls
 from agent.model import Model, fitted
 from agent.plan import PlanMode
 from agent.prompt import system_prompt
-from agent.refine import GateFactory, SessionRefiner
+from agent.refine import KERNEL, GateFactory, SessionRefiner
 from agent.session_hooks import SessionHooks
 from agent.kernel.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
 from agent.kernel.sandbox import SandboxError, describe, unavailable, unconfined_running
@@ -160,7 +160,7 @@ class Session:
                              hooks=self.hooks, ask_cell=lambda code, reason: self.approvals.cell(code, reason),
                              text_mode=self.text_mode, after_cell=self.checkpoints.after_cell)
         self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
-                                      turns=lambda: self.turns)
+                                      turns=lambda: self.turns, hold=parent.refiner.hold if parent else None)
         self._gate = gate
         if gate is not None:
             self.refiner.use_gate(gate(config, model, self.harness))
@@ -689,7 +689,7 @@ class Session:
         self.refiner.invalidate(why)
 
     async def _refine(self, instructions: str | None = None) -> str:
-        return self.refine(instructions, trigger="explicit")
+        return self.refine(instructions, trigger=KERNEL)
 
     async def _ping(self) -> str:
         """A no-op round trip: a health check for the bridge, and what bench/kernel.py times."""
