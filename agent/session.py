@@ -25,11 +25,11 @@ from typing import Any
 
 from agent import events as ev
 from agent.approvals import Approvals, Ask
-from agent.kernel.bridge import BridgeServer
+from agent.kernel.bridge import Allowance, BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
 from agent.config import home, project_root
 from agent.config_models import Config, ModelConfig
-from agent.context import Context, Inbox, Sinks
+from agent.context import Context, Inbox, Sinks, capped
 from agent.goals import CheckResult, GoalState, pursue, run_check
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import Kernel, KernelPool, KernelState
@@ -190,6 +190,7 @@ class Session:
             {"final": self._final, "note": self._note, "ping": self._ping, "refine.request": self._refine,
              **self.plan_mode.handlers(), **mcp_calls.handlers(), **self.harness.handlers(),
              **self.subagents.handlers(), **self.approvals.handlers()},
+            Allowance(config.kernel.output_spill, lambda: self.kernel.executions, transient=frozenset({"llm"})),
         )
         self._parent_id = parent.id if parent else None
 
@@ -696,7 +697,7 @@ class Session:
         return "pong"
 
     async def _note(self, text: str) -> None:
-        self.emit(ev.Note(turn_id=self._turn_id(), text=text))
+        self.emit(ev.Note(turn_id=self._turn_id(), text=capped(text, self.config.kernel.output_limit, "a note")))
 
 
 def _recorded(config: Config) -> dict:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from agent import events as ev
 from harness_store import safefs
 from agent.config_models import Config
-from agent.context import Inbox, Sinks
+from agent.context import Inbox, Sinks, capped
 from agent.layout import SessionLayout
 from agent.model import Model
 from agent.prompt import render
@@ -32,6 +32,8 @@ from agent.trajectory import ModelCall, SubagentRecord
 from agent.types import Budget, Message, TurnResult, Usage
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+ABOUT_CHARS = 200
+"""The description of an `rlm` context the child's prompt carries ("a list of 3 items")."""
 
 
 class Child(Protocol):
@@ -135,6 +137,8 @@ class Subagents:
             child_layout = self.layout.child(name)
             child_model = self.model.variant(model) if model else self.model
             note = render("subagent", name=name)
+            if context_about is not None:
+                capped(context_about, ABOUT_CHARS, "a context's description")
             if context_path and context_about:
                 note += "\n\n" + render("subagent_context", about=context_about)
             child = self.new_child(self._child_config(budget), child_model, name, child_layout, note)
@@ -288,6 +292,7 @@ class Subagents:
     # --- agent_message -------------------------------------------------------------------------
 
     async def send(self, text: str, to: str = "parent") -> str:
+        capped(text, self.session_config.kernel.output_limit, "a message")
         if to == "parent":
             if self.parent_inbox is None:
                 raise KeyError("this agent has no parent; it was started by a person")
