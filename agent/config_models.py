@@ -292,8 +292,29 @@ class CheckpointConfig(_Section):
 
 
 SandboxMode = Literal["read-only", "workspace-write", "full-access"]
-SECRET_STORES = ["~/.ssh/", "~/.aws/", "~/.config/gcloud/", "~/.netrc", "~/.docker/config.json", "~/.git-credentials"]
-"""A trailing `/`: a directory (what an absent store is covered by, sandbox.hidden)."""
+SECRET_STORES = [
+    # keys and cloud credentials
+    "~/.ssh/", "~/.gnupg/", "~/.password-store/", "~/.local/share/keyrings/", "~/.aws/", "~/.azure/",
+    "~/.config/gcloud/", "~/.oci/", "~/.kube/", "~/.docker/config.json", "~/.terraform.d/credentials.tfrc.json",
+    "~/.vault-token", "~/.config/op/", "~/.config/sops/", "~/.config/rclone/", "~/.s3cfg", "~/.boto",
+    "~/.databrickscfg", "~/.kaggle/", "~/.modal.toml", "~/.prime/",
+    # code hosts and package registries
+    "~/.netrc", "~/.git-credentials", "~/.config/git/credentials", "~/.config/gh/", "~/.config/hub",
+    "~/.config/github-copilot/", "~/.pypirc", "~/.npmrc", "~/.yarnrc", "~/.yarnrc.yml", "~/.cargo/credentials",
+    "~/.cargo/credentials.toml", "~/.gem/credentials", "~/.m2/settings.xml", "~/.gradle/gradle.properties",
+    # model providers and other agents
+    "~/.cache/huggingface/token", "~/.huggingface/", "~/.claude/", "~/.claude.json", "~/.codex/",
+    "~/.config/anthropic/", "~/.config/openai/",
+    # databases
+    "~/.pgpass", "~/.my.cnf",
+    # shell and REPL histories (commands typed with secrets in them)
+    "~/.bash_history", "~/.zsh_history", "~/.local/share/fish/", "~/.python_history", "~/.node_repl_history",
+    "~/.psql_history", "~/.mysql_history", "~/.sqlite_history", "~/.ipython/",
+    # browsers (cookies, saved passwords)
+    "~/.mozilla/", "~/.config/google-chrome/", "~/.config/chromium/", "~/.config/BraveSoftware/",
+]
+"""The secret stores every kernel is denied by default (docs/sandbox.md lists them). A trailing `/`: a
+directory (what an absent store inside the workspace is covered by, sandbox.hidden)."""
 SECRET_NAMES = ["*KEY*", "*SECRET*", "*TOKEN*", "*PASS*", "*PWD*", "*CREDENTIAL*", "*AUTH*", "*DSN*", "*JWT*",
                 "*COOKIE*", "*SESSION*", "PAT", "PAT_*", "*_PAT", "*_PAT_*"]
 """`PAT` (a personal access token) as a word of the name only, so that PATH, PYTHONPATH and the

@@ -25,11 +25,11 @@ from typing import Any
 
 from agent import events as ev
 from agent.approvals import Approvals, Ask
-from agent.kernel.bridge import BridgeServer
+from agent.kernel.bridge import Allowance, BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
 from agent.config import home, project_root
 from agent.config_models import Config, ModelConfig
-from agent.context import Context, Inbox, Sinks
+from agent.context import Context, Inbox, Sinks, capped
 from agent.goals import CheckResult, GoalState, pursue, run_check
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import Kernel, KernelPool, KernelState
@@ -42,7 +42,7 @@ from agent.mcp_calls import McpCalls
 from agent.model import Model, fitted
 from agent.plan import PlanMode
 from agent.prompt import system_prompt
-from agent.refine import GateFactory, SessionRefiner
+from agent.refine import KERNEL, GateFactory, SessionRefiner
 from agent.session_hooks import SessionHooks
 from agent.kernel.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
 from agent.kernel.sandbox import SandboxError, describe, unavailable, unconfined_running
@@ -162,7 +162,7 @@ class Session:
                              hooks=self.hooks, ask_cell=lambda code, reason: self.approvals.cell(code, reason),
                              text_mode=self.text_mode, after_cell=self.checkpoints.after_cell)
         self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
-                                      turns=lambda: self.turns)
+                                      turns=lambda: self.turns, hold=parent.refiner.hold if parent else None)
         self._gate = gate
         if gate is not None:
             self.refiner.use_gate(gate(config, model, self.harness))
@@ -171,7 +171,8 @@ class Session:
         slots = subagent_slots if subagent_slots is not None else (parent.subagents.process_slots if parent else {})
         self.subagents = Subagents(
             config, model, self.layout, self.id, self.depth, slots, sinks, self._child, self.inbox,
-            parent_inbox=parent.inbox if parent else None, name=self.id.rsplit(".", 1)[-1] if parent else None,
+            left=lambda: self.config.budget.left(self.turn), parent_inbox=parent.inbox if parent else None,
+            name=self.id.rsplit(".", 1)[-1] if parent else None,
         )
         self.mcp = McpServers(config.mcp, self.cwd, self.dir)
         """The session's MCP servers (started at their first use)."""
@@ -191,6 +192,7 @@ class Session:
             {"final": self._final, "note": self._note, "ping": self._ping, "refine.request": self._refine,
              **self.plan_mode.handlers(), **mcp_calls.handlers(), **self.harness.handlers(),
              **self.subagents.handlers(), **self.approvals.handlers()},
+            Allowance(config.kernel.output_spill, lambda: self.kernel.executions, transient=frozenset({"llm"})),
         )
         self._parent_id = parent.id if parent else None
 
@@ -690,14 +692,14 @@ class Session:
         self.refiner.invalidate(why)
 
     async def _refine(self, instructions: str | None = None) -> str:
-        return self.refine(instructions, trigger="explicit")
+        return self.refine(instructions, trigger=KERNEL)
 
     async def _ping(self) -> str:
         """A no-op round trip: a health check for the bridge, and what bench/kernel.py times."""
         return "pong"
 
     async def _note(self, text: str) -> None:
-        self.emit(ev.Note(turn_id=self._turn_id(), text=text))
+        self.emit(ev.Note(turn_id=self._turn_id(), text=capped(text, self.config.kernel.output_limit, "a note")))
 
 
 def _recorded(config: Config) -> dict:

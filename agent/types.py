@@ -289,6 +289,19 @@ class Budget(BaseModel):
     max_seconds: float | None = None
     """Wall-clock seconds for one turn."""
 
+    def left(self, turn: Turn | None) -> Budget:
+        """What `turn` has not used of this budget (all of it when no turn runs)."""
+        if turn is None:
+            return self
+        used = {"max_steps": turn.steps, "max_cells": turn.cells, "max_tokens": turn.usage.total_tokens,
+                "max_seconds": time.monotonic() - turn.started}
+        return Budget(**{k: None if (limit := getattr(self, k)) is None else max(0, limit - used[k]) for k in used})
+
+    def within(self, limit: Budget) -> Budget:
+        """Each limit the lower of this one's and `limit`'s (None, no limit, is never the lower)."""
+        return Budget(**{k: min((v for v in (getattr(self, k), getattr(limit, k)) if v is not None), default=None)
+                         for k in type(self).model_fields})
+
 
 @dataclass
 class Turn:
