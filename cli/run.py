@@ -17,7 +17,7 @@ from pathlib import Path
 
 from agent.approvals import Decision, NoTerminal, Request
 from agent.config import Config, ConfigError, load_config, merge, parse_override
-from cli.follow import EXIT_CODES, PrintAnswer, follow, on_ctrl_c, report
+from cli.follow import EXIT_CODES, PrintAnswer, follow, on_ctrl_c, report, say
 from cli.show import Printer, print_json
 from daemon.meta import title_of
 
@@ -161,7 +161,7 @@ async def follow_goal(client, session_id: str, show, print_answer: PrintAnswer) 
             answer = event.answer
         elif isinstance(event, GoalFinished):
             if event.state == "achieved" and answer and print_answer(answer):
-                print(answer)
+                say(answer)
             elif event.state != "achieved":
                 print(f"prime-agent: goal {event.state}: {event.reason}", file=sys.stderr)
             return GOAL_EXIT_CODES[event.state]
@@ -333,7 +333,7 @@ async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], sessio
     if goal is not None:
         answer = session.last_result.answer if session.last_result else None
         if state.state == "achieved" and answer and print_answer(answer):
-            print(answer)
+            say(answer)
         elif state.state != "achieved":
             print(f"prime-agent: goal {state.state}: {state.reason}", file=sys.stderr)
         print(f"[goal {state.summary()}]", file=sys.stderr)
