@@ -94,7 +94,7 @@ def commands_of(line: str) -> list[list[str]] | None:
     if has_control(line) or (CHAINS - set(";&|")) & set(line):
         return None
     lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
-    lexer.whitespace_split = True
+    lexer.whitespace_split, lexer.commenters = True, ""  # `a#b`: one word, as sh reads it, never a comment
     out: list[list[str]] = [[]]
     try:
         for token in lexer:

@@ -228,6 +228,7 @@ async def test_a_line_of_git_commands_may_write_its_repository_and_nothing_else_
     git = os.path.relpath(repo / ".git", ws)
     steps = ["#py open('README.md', 'a').write('more')", "git add README.md && git commit -q -m approved",
              f"touch {git}/planted", f"git status --short && touch {git}/chained", f"echo x > {git}/hooks/pre-commit",
+             f"git log -1 --format=a#b; touch {git}/hashed",  # `#` inside a word is no comment to sh
              f"touch {tmp_path}/outside"]
     person = Person({s for s in steps if not s.startswith("#py")})
     async with Session(make_config(), ScriptedModel([cells(asks(*steps)), "done"]), cwd=ws, ask=person) as s:
@@ -235,7 +236,7 @@ async def test_a_line_of_git_commands_may_write_its_repository_and_nothing_else_
         out = next(m.content for m in reversed(s.model.calls[-1]) if m.role == "tool")
     log = subprocess.run(["git", "log", "--format=%s"], cwd=repo, capture_output=True, text=True, check=True).stdout
     assert log.split() == ["approved", "start"], out
-    assert not (repo / ".git" / "planted").exists() and not (repo / ".git" / "chained").exists(), out
+    assert not any((repo / ".git" / name).exists() for name in ("planted", "chained", "hashed")), out
     assert not (repo / ".git" / "hooks" / "pre-commit").exists() and not (tmp_path / "outside").exists(), out
     assert "its repository (.git)" in person.asked[0].runs_in and "(.git)" not in person.asked[1].runs_in
 
