@@ -119,6 +119,14 @@ def resolves_inside(program: str, workspace: Path) -> bool:
     return False
 
 
+def path_outside(path: str, workspace: Path) -> str:
+    """`path` (a PATH) without its entries inside the workspace, relative ones included (they are
+    relative to where the command runs): what finds `git` for a line whose repository is writable."""
+    root = os.path.realpath(workspace)
+    return os.pathsep.join(d for d in path.split(os.pathsep)
+                           if os.path.isabs(d) and not _within(os.path.realpath(d), root))
+
+
 def _options(args: list[str]) -> list[str]:
     """The option words of `args` (before a `--`)."""
     words = args[: args.index("--")] if "--" in args else args

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent import events as ev
-from agent.approval_rules import commands_of, covers, prefix_of, resolves_inside, rule_of, words_of
+from agent.approval_rules import commands_of, covers, path_outside, prefix_of, rule_of, words_of
 from agent.config import marks, project_root
 from agent.config_models import SandboxConfig
 from agent.context import Sinks
@@ -200,10 +200,10 @@ class Approvals:
         return [visible(n) for n in notes]
 
     def _writable(self, command: str) -> list[Path]:
-        """The repositories an approved `command` may write: for a line of git commands only (the git
-        that PATH finds outside the workspace), those there when the session began, real directories."""
+        """The repositories an approved `command` may write: for a line of git commands only, those there
+        when the session began, real directories (`_run` finds git outside the workspace for it)."""
         lines = commands_of(command)
-        if not lines or any(words[0] != "git" for words in lines) or resolves_inside("git", self.cwd):
+        if not lines or any(words[0] != "git" for words in lines):
             return []
         return [Path(os.path.realpath(p.parent), p.name) for p in self.repositories
                 if str(p) in self.git_at_start and p.is_dir() and not p.is_symlink()]
@@ -279,8 +279,10 @@ class Approvals:
         stream cut to OUTPUT_LIMIT. Past `timeout()` it and all it started are killed (TimeoutError)."""
         launch, view = self.box()
         env = dict(os.environ) if full_env else kernel_env(os.environ, self.config)
-        launch = dataclasses.replace(launch, env=tuple(sorted(env.items())))
         writable = self._writable(command)
+        if writable:  # a `git` the agent put in the workspace never runs with the repository writable
+            env["PATH"] = path_outside(env.get("PATH", os.defpath), self.cwd)
+        launch = dataclasses.replace(launch, env=tuple(sorted(env.items())))
         view = dataclasses.replace(
             view, mode="workspace-write", frozen=False, read_only=tuple(p for p in view.read_only if p not in writable),
             writable=(*view.writable, *(p for p in writable if view.workspace not in p.parents)))

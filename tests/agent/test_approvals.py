@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from agent.types import has_control
 from agent.testing.scripted import ScriptedModel, cells
 from tests.conftest import make_config
 
+GIT = shutil.which("git") or "git"
 sandboxed = pytest.mark.skipif(unavailable() is not None, reason=f"{unavailable()}")
 
 FINDING = [  # (what the person approves with `always`, what the agent runs next), from the issue
@@ -218,25 +220,33 @@ open("report.txt", "w").write("\\n".join(out))
 
 @sandboxed
 @pytest.mark.parametrize("workspace", [".", "sub"])
-async def test_a_line_of_git_commands_may_write_its_repository_and_nothing_else_may(tmp_path: Path, workspace: str):
+async def test_a_line_of_git_commands_may_write_its_repository_and_nothing_else_may(
+        tmp_path: Path, workspace: str, monkeypatch: pytest.MonkeyPatch):
     """`git commit` needs `.git/` writable: a line of git commands gets it (the repository the person
-    had when the session began: the workspace's, or its project's above it), any other approved
-    command finds it read-only, as the kernel does."""
+    had when the session began: the workspace's, or its project's above it), found through PATH's
+    entries outside the workspace; any other approved command finds it read-only, as the kernel does."""
     repo = person_repository(tmp_path / "repo")
     ws = repo / workspace
     ws.mkdir(exist_ok=True)
+    # as a person's PATH may hold `.venv/bin`; checkpoints off: the host's own git would find it too (reported)
+    monkeypatch.setenv("PATH", f"bin{os.pathsep}{os.environ['PATH']}")
     git = os.path.relpath(repo / ".git", ws)
+    fake = f"#!/bin/sh\ntouch {git}/faked ran-fake-git\n"
     steps = ["#py open('README.md', 'a').write('more')", "git add README.md && git commit -q -m approved",
              f"touch {git}/planted", f"git status --short && touch {git}/chained", f"echo x > {git}/hooks/pre-commit",
              f"git log -1 --format=a#b; touch {git}/hashed",  # `#` inside a word is no comment to sh
-             f"touch {tmp_path}/outside"]
+             f"touch {tmp_path}/outside",
+             f"#py import os; os.makedirs('bin'); open('bin/git', 'w').write({fake!r}); os.chmod('bin/git', 0o755)",
+             "git status --short"]
     person = Person({s for s in steps if not s.startswith("#py")})
-    async with Session(make_config(), ScriptedModel([cells(asks(*steps)), "done"]), cwd=ws, ask=person) as s:
+    config = make_config(checkpoints={"enabled": False, "diffs": False})
+    async with Session(config, ScriptedModel([cells(asks(*steps)), "done"]), cwd=ws, ask=person) as s:
         await s.prompt("go")
         out = next(m.content for m in reversed(s.model.calls[-1]) if m.role == "tool")
-    log = subprocess.run(["git", "log", "--format=%s"], cwd=repo, capture_output=True, text=True, check=True).stdout
+    log = subprocess.run([GIT, "log", "--format=%s"], cwd=repo, capture_output=True, text=True, check=True).stdout
     assert log.split() == ["approved", "start"], out
-    assert not any((repo / ".git" / name).exists() for name in ("planted", "chained", "hashed")), out
+    assert [n for n in ("planted", "chained", "hashed", "faked") if (repo / ".git" / n).exists()] == [], out
+    assert not (ws / "ran-fake-git").exists(), out
     assert not (repo / ".git" / "hooks" / "pre-commit").exists() and not (tmp_path / "outside").exists(), out
     assert "its repository (.git)" in person.asked[0].runs_in and "(.git)" not in person.asked[1].runs_in
 
