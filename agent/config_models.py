@@ -240,8 +240,8 @@ class McpServerConfig(_Section):
     headers: dict[str, str] = Field(default_factory=dict)
     """HTTP headers sent with every request (an Authorization token). Never reaches the kernel."""
     policy: Literal["allow", "ask", "deny"] = "allow"
-    """allow: calls run; ask: each call waits for the user's approval (as a command outside the
-    sandbox does: `sandbox.approval`; without anyone to ask, it is denied); deny: calls are refused."""
+    """allow: calls run; ask: each call waits for the user's approval (as a command the sandbox
+    refused does: `sandbox.approval`; without anyone to ask, it is denied); deny: calls are refused."""
     timeout: float = Field(60.0, gt=0)
     """Seconds one call (or resource read) may take before it fails with McpError."""
     startup_timeout: float = Field(30.0, gt=0)

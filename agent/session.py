@@ -181,11 +181,12 @@ class Session:
                                   turn_running=lambda: self.turn is not None)
         """Plan mode (agent/plan.py): the workspace read-only until a person approves the model's plan."""
         self.approvals = Approvals(config.sandbox, self.cwd, sinks, timeout=lambda: self.config.kernel.cell_timeout,
+                                   box=lambda: (self.kernel.launch, self.kernel.view),
                                    cell_id=lambda: self.kernel.cell_id, hook=self.hooks.permission, ask=ask,
                                    can_ask=can_ask,
                                    parent=(parent.approvals, self.id.rsplit(".", 1)[-1]) if parent else None)
-        """Requests for the user's decision: commands to run outside the sandbox, MCP calls under policy
-        ask (a subagent's go up to the session the user decides in)."""
+        """Requests for the user's decision: commands to run in a sandbox with more room, MCP calls under
+        policy ask (a subagent's go up to the session the user decides in)."""
         mcp_calls = McpCalls(self.mcp, sinks, cell_id=lambda: self.kernel.cell_id, ask=self.approvals.mcp)
         self.bridge = BridgeServer(
             self.dir,
