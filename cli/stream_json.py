@@ -7,7 +7,7 @@ content blocks are the model's `text` (and `thinking`) and a `tool_use` (name `i
 `{"code"}`) for each cell; a `user` message with the cell's `tool_result`; and, for each turn, a
 `result` with the answer, `is_error`, durations, turns, cost and usage. `json` prints only the
 results. Token counts are Anthropic's: `input_tokens` excludes what the cache served
-(`cache_read_input_tokens`).
+(`cache_read_input_tokens`) and what it stored (`cache_creation_input_tokens`).
 
 With `--input-format stream-json`, prompts come on stdin, one a line, as Claude Code reads them:
 `{"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": "..."}]}}`
@@ -32,9 +32,10 @@ SUBTYPES = {"completed": "success", "budget_exhausted": "error_max_turns", "inte
 
 
 def anthropic_usage(u: Usage) -> dict[str, int]:
-    """Our usage in Anthropic's terms: input_tokens are the prompt tokens the cache did not serve."""
-    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": u.cached_tokens, "output_tokens": u.completion_tokens}
+    """Our usage in Anthropic's terms: input_tokens are the prompt tokens the cache neither served nor stored."""
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens - u.cache_write_tokens,
+            "cache_creation_input_tokens": u.cache_write_tokens, "cache_read_input_tokens": u.cached_tokens,
+            "output_tokens": u.completion_tokens}
 
 
 class StreamJson:
@@ -96,10 +97,11 @@ class StreamJson:
             "duration_ms": round(e.duration * 1000), "duration_api_ms": round(self.api_seconds * 1000),
             "num_turns": e.steps, "result": e.answer or "", "stop_reason": "end_turn" if not failed else None,
             "session_id": self.session_id, "total_cost_usd": e.usage.cost, "usage": anthropic_usage(e.usage),
-            "modelUsage": {self.model: {"inputTokens": e.usage.prompt_tokens - e.usage.cached_tokens,
+            "modelUsage": {self.model: {"inputTokens": anthropic_usage(e.usage)["input_tokens"],
                                         "outputTokens": e.usage.completion_tokens,
                                         "cacheReadInputTokens": e.usage.cached_tokens,
-                                        "cacheCreationInputTokens": 0, "costUSD": e.usage.cost}},
+                                        "cacheCreationInputTokens": e.usage.cache_write_tokens,
+                                        "costUSD": e.usage.cost}},
             "permission_denials": [],
         }
         if failed:
