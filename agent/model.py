@@ -201,7 +201,7 @@ class OpenAIModel:
         """What each server said of each model, by (base URL, model name): asked once a session."""
 
     def variant(self, name: str) -> OpenAIModel:
-        other = OpenAIModel(self.config.model_copy(update={"name": name}), self.key_hint)
+        other = type(self)(self.config.model_copy(update={"name": name}), self.key_hint)
         other._described = self._described
         return other
 

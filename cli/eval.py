@@ -92,7 +92,7 @@ async def _run(spec, config, run_dir: Path) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from agent.model import OpenAIModel
+    from agent.providers import open_model
     from evals.runner import evaluate, read_results, summarize
     from evals.tasksets import load_taskset
 
@@ -103,7 +103,7 @@ async def _run(spec, config, run_dir: Path) -> int:
         "task_ids": [t.id for t in tasks], "python": platform.python_version(), "prime_agent": version(),
         "config": config.model_dump(mode="json", exclude={"model": {"api_key"}}),
     }, indent=1))
-    model = OpenAIModel(config.model)
+    model = open_model(config.model)
     console = Console(stderr=True)
     done_before = sum(r.outcome in ("passed", "failed", "timed_out") for r in read_results(run_dir / "results.jsonl"))
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("task", nargs="?", help="the task; '-' reads it from standard input")
     p.add_argument("--cwd", help="project directory (default: the current directory)")
     p.add_argument("--model", help="model name (PRIME_AGENT_MODEL)")
-    p.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
+    p.add_argument("--base-url", help="the model API's endpoint (OPENAI_BASE_URL; model.provider says which API)")
     p.add_argument("--max-turns", type=int, metavar="N", help="model calls allowed in the turn (budget.max_steps)")
     p.add_argument("--session-dir", help="where to keep the session (default: $PRIME_AGENT_HOME/sessions/<id>)")
     p.add_argument("--json", action="store_true", help="print one JSON event per line instead of text")
@@ -284,11 +284,11 @@ async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], sessio
     """One session: the task (or each prompt of a stream, a turn each), or a goal. In plan mode the
     plan is the answer; `approve_plan` approves it and carries it out in the same session. The session
     is in the registry as the daemon's are (daemon/registry.py): listed while it runs, closed after."""
-    from agent.model import OpenAIModel
+    from agent.providers import open_model
     from agent.session import Session
     from daemon.registry import Hosted, InUse
 
-    model = OpenAIModel(config.model)
+    model = open_model(config.model)
     gate = None
     if config.refine.gate_taskset:  # evals (and what it imports) only when a gate is asked for
         from evals.gate import gate_for as gate

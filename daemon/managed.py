@@ -34,6 +34,7 @@ from agent.kernel.sandbox import unavailable
 from agent.layout import SessionLayout
 from agent.mcp import McpServers, ServerInfo
 from agent.model import ModelError, OpenAIModel
+from agent.providers import open_model
 from agent.refine import GateFactory
 from agent.session import Session
 from agent.subagents import ChildInfo, read_registry
@@ -373,7 +374,7 @@ class ManagedSession:
                     "a key exported in your shell since reaches the session with the next prompt sent from there")
         else:
             hint = NO_KEY
-        return OpenAIModel(config.model, key_hint=hint)
+        return open_model(config.model, key_hint=hint)
 
     def _use_model(self, config: Config) -> None:
         """Switch the live session to a model built from `config` (the old one is closed with the session:
