@@ -115,6 +115,10 @@ class ModelConfig(_Section):
     1,024); None: no extended thinking."""
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
     """`openai-responses`: the reasoning models' `reasoning.effort`; None: the model's default."""
+    reasoning_summary: Literal["auto", "concise", "detailed"] | None = None
+    """`openai-responses`: ask for summaries of the model's reasoning (`reasoning.summary`), shown and
+    recorded as its reasoning; None: none asked (OpenAI serves them only to verified organizations,
+    and refuses the request of any other)."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra JSON fields for every request (server-specific sampling options); a model's advertised
     sampling defaults other than `temperature` (`top_p`, ...) go here unless set here."""

@@ -7,7 +7,8 @@ JSON, as for chat completions), statelessly: `store=false`, the whole conversati
   (asked for with `include`) among them, and sent back as they came but for their `id`s: with
   `store=false` the service keeps nothing an id could name, and refuses one it cannot find.
 - OpenAI caches prompt prefixes by itself; `usage.input_tokens_details.cached_tokens` is counted as
-  `cached_tokens` and priced at `cached_input`. `model.reasoning_effort` is `reasoning.effort`.
+  `cached_tokens` and priced at `cached_input`. `model.reasoning_effort` is `reasoning.effort` and
+  `model.reasoning_summary` `reasoning.summary` (the summaries are the reasoning shown).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class ResponsesModel(NativeModel):
             req["instructions"] = instructions
         if tools and self.action_format == "tools":
             req["tools"] = [TOOL]
-        if cfg.reasoning_effort:
-            req["reasoning"] = {"effort": cfg.reasoning_effort, "summary": "auto"}
+        if reasoning := {k: v for k, v in (("effort", cfg.reasoning_effort), ("summary", cfg.reasoning_summary)) if v}:
+            req["reasoning"] = reasoning
         if cfg.temperature is not None:
             req["temperature"] = cfg.temperature
         if cfg.max_completion_tokens is not None:
