@@ -38,30 +38,33 @@ def unmarked(value: Any) -> Any:
 
 
 def test_anthropic_messages(project: Path, prime_home: Path):
-    script = [ant.Reply(thinking="Six sevens.", code=["print(6 * 7)"],
+    cell = "print(6 * 7, await llm('Sure?', system='Be brief.'))"  # llm(): a subagent's call, on the same provider
+    script = [ant.Reply(thinking="Six sevens.", code=[cell],
                         usage={"input_tokens": 900, "cache_creation_input_tokens": 1500, "output_tokens": 30}),
+              ant.Reply(text="yes", usage={"input_tokens": 10, "output_tokens": 1}),
               ant.Reply(text="42", usage={"input_tokens": 40, "cache_read_input_tokens": 1500,
                                           "cache_creation_input_tokens": 120, "output_tokens": 5})]
     with ant.AnthropicServer(script, api_key="sk-ant-test") as server:
         result = run("-c", "model.provider=anthropic", "--base-url", server.base_url, "--model", "claude-test",
                      "-c", "model.prices.claude-test={input = 3.0, cached_input = 0.3, cache_write = 3.75, output = 15.0}",
                      "what is 6 times 7?", cwd=project, env={"ANTHROPIC_API_KEY": "sk-ant-test"})
-    first, second = server.requests
+    first, subagent, second = server.requests
     assert all(h["x-api-key"] == "sk-ant-test" and h["anthropic-version"] for h in server.headers)
+    assert subagent["system"][0]["text"] == "Be brief." and "tools" not in subagent
     assert first["system"][0]["text"].strip() and all(m["role"] != "system" for m in first["messages"])
     assert first["tools"][0]["name"] == "ipython" and "input_schema" in first["tools"][0]
     thinking, tool_use = second["messages"][1]["content"]
     assert thinking["type"] == "thinking" and thinking["signature"] == ant.sign("Six sevens.")
-    assert tool_use["type"] == "tool_use" and tool_use["input"] == {"code": "print(6 * 7)"}
+    assert tool_use["type"] == "tool_use" and tool_use["input"] == {"code": cell}
     (tool_result,) = second["messages"][2]["content"]
-    assert tool_result["tool_use_id"] == tool_use["id"] and "42" in tool_result["content"]
+    assert tool_result["tool_use_id"] == tool_use["id"] and tool_result["content"] == "42 yes"
     assert tool_result["cache_control"] == {"type": "ephemeral"} and first["system"][-1]["cache_control"]
     assert unmarked(second["messages"][:len(first["messages"])]) == unmarked(first["messages"])
     assert result["result"] == "42"
-    assert result["usage"] == {"input_tokens": 940, "cache_read_input_tokens": 1500,
-                               "cache_creation_input_tokens": 1620, "output_tokens": 35}
-    # (900 + 40) x $3 + 1,500 x $0.30 + 1,620 x $3.75 + 35 x $15, per million
-    assert result["total_cost_usd"] == pytest.approx(0.00987)
+    assert result["usage"] == {"input_tokens": 950, "cache_read_input_tokens": 1500,
+                               "cache_creation_input_tokens": 1620, "output_tokens": 36}
+    # (900 + 10 + 40) x $3 + 1,500 x $0.30 + 1,620 x $3.75 + 36 x $15, per million
+    assert result["total_cost_usd"] == pytest.approx(0.009915)
     path = session_dir(prime_home) / "trajectory.jsonl"
     for records in (read_records(path), from_atif(to_atif(path, "1"))):  # the trajectory keeps the provider's blocks
         kept = [r.message.blocks for r in records if isinstance(r, MessageRecord) and r.message.blocks]
