@@ -105,11 +105,11 @@ class ModelConfig(_Section):
     send_reasoning: bool = False
     """Send each assistant message's reasoning back as `reasoning_content`: for providers that require
     it (DeepSeek's thinking mode with tool calls). Otherwise reasoning stays out of every request."""
-    provider: Provider = "openai-chat"
+    provider: Provider | None = None
     """The API spoken: `openai-chat` (Chat Completions: OpenAI and every OpenAI-compatible server),
     `anthropic` (Anthropic's Messages API; key from ANTHROPIC_API_KEY) or `openai-responses`
-    (OpenAI's Responses API). Unless set, a base URL on api.anthropic.com means `anthropic` and one
-    on api.openai.com `openai-responses` (docs/models.md#providers)."""
+    (OpenAI's Responses API). Unset, the base URL's host says: api.anthropic.com is `anthropic`,
+    api.openai.com `openai-responses`, any other (or none) `openai-chat` (docs/models.md#providers)."""
     thinking_budget: int | None = Field(None, ge=1024)
     """`anthropic`: tokens of extended thinking a reply may spend (`thinking.budget_tokens`, at least
     1,024); None: no extended thinking."""
@@ -136,7 +136,7 @@ class ModelConfig(_Section):
     @property
     def api(self) -> Provider:
         """The provider in force: the one set, else the one the base URL's host names."""
-        return self.provider if self.user_set("provider") else detect_provider(self.base_url)
+        return self.provider or detect_provider(self.base_url)
 
     @property
     def configured(self) -> bool:
