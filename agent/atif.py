@@ -24,6 +24,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from atif import (
     Agent,
     ContentPart,
@@ -275,6 +277,15 @@ def _text(content: str | list[ContentPart] | None) -> str:
     return "".join(p.text or "" for p in content if p.type == "text")
 
 
+def _blocks(value: Any) -> Blocks | None:
+    """A step's provider blocks, where they are ours to send back (another agent's, or a malformed
+    value, are left out: the step's text and calls stand)."""
+    try:
+        return Blocks.model_validate(value) if value else None
+    except ValidationError:
+        return None
+
+
 def _agent_step(step: Step, text: str, turn: str | None) -> list[Record]:
     m, extra = step.metrics or Metrics(), step.extra or {}
     fenced = extra.get("observation_as") == "user" or any((c.extra or {}).get("fenced") for c in step.tool_calls or [])
@@ -291,7 +302,7 @@ def _agent_step(step: Step, text: str, turn: str | None) -> list[Record]:
     out.append(MessageRecord(turn_id=turn, message=Message(
         role="assistant", content=text, tool_calls=calls, reasoning=step.reasoning_content,
         token_ids=m.completion_token_ids, logprobs=m.logprobs,
-        blocks=Blocks.model_validate(extra["provider_blocks"]) if extra.get("provider_blocks") else None)))
+        blocks=_blocks(extra.get("provider_blocks")))))
     results = [r for r in (step.observation.results if step.observation else []) if r.content is not None]
     contents = [_text(r.content) for r in results]
     if fenced and results:
