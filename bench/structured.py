@@ -2,7 +2,7 @@
 without constraints, and what the token masks cost per decoded token. Prints a table and writes
 bench/results/structured.json.
 
-    .venv/bin/python bench/structured.py [-n 50] [--temperature 1.0] [--rounds 5]
+    .venv/bin/python bench/structured.py [-n 50] [--temperature 1.0] [--rounds 5] [--dtype float32]
 
 - **Valid proposals.** The refiner plans (harness_store.refiner.Refiner.plan: its own prompt, a short
   transcript of a session that ran the wrong test command twice) `-n` times per arm, through the agent's
@@ -11,13 +11,19 @@ bench/results/structured.json.
   `json_object` (the refiner's `refine.json_mode`) and `json_schema` (the proposal's schema,
   `refine.structured`). A proposal is valid when it parses and validates as a `Proposal`; the failures
   are counted by kind (no JSON, JSON invalid or cut short, not a Proposal).
-- **Per-token overhead.** The same prompt decoded under the proposal's grammar and free, at batch 1
-  and batch 8, round after round in alternating order: the free run samples past its end tokens
-  (ignore_eos) for as many steps as the constrained one took, so both decode the same number of
-  tokens at the same context lengths. A step's time is read between consecutive tokens of row 0 (prefill
-  excluded), while every row of the batch is still decoding; tokens/s = rows / step time, medians
-  over all steps of all rounds. Grammar compile times (llguidance's tokenizer, then the schema) are
-  reported apart: both are paid once per server (the schema once per distinct schema).
+- **Per-token overhead.** The same prompt decoded by the sampler (no HTTP) under the proposal's grammar,
+  then free, at batch 1 and batch 8, `--rounds` times: each free row samples past its end tokens
+  (ignore_eos) and is stopped after as many tokens as its constrained twin wrote, so both runs decode
+  the same tokens per row at the same context lengths with the same rows in the batch at every step.
+  Decode time is from the batch's first token to its last (the prefill excluded); tokens/s is the
+  tokens decoded after each row's first over that time, summed over rounds (`A/B overhead`: masked
+  time per token over free, less 1). On a shared machine that A/B difference moves with the load more
+  than with the masks, so the grammar's own work is also timed apart (`mask share`): the constrained
+  rows' sampled tokens replayed through fresh matchers, each step's masks computed and applied to
+  logits of the model's shape as the sampler does and each matcher advanced, over the free run's
+  decode time. Grammar compile times
+  (llguidance's tokenizer, then the schema) are reported apart: both are paid once per server (the
+  schema once per distinct schema).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from bench.report import load_average, save  # noqa: E402
 from harness_store.refiner import Proposal, RefinementError, Refiner  # noqa: E402
 from harness_store.store import HarnessStore  # noqa: E402
 from rl.engine import HFEngine  # noqa: E402
-from rl.grammar import constraint  # noqa: E402
+from rl.grammar import advance, constraint, mask_logits, start  # noqa: E402
 from rl.hf import load_hf  # noqa: E402
 from rl.model import Job  # noqa: E402
 from rl.models import pull  # noqa: E402
@@ -65,6 +71,9 @@ ls; python -m pytest -q
 tool: pyproject.toml  src  tests
 12 passed in 0.41s
 assistant: The tests pass (12 passed). There is no Makefile: the tests run with `python -m pytest -q`."""
+
+MAX_TOKENS = 256
+"""A constrained row of the per-token comparison writes at most this many."""
 
 ARMS = {"free": {"json_mode": False, "structured": False}, "json_object": {"json_mode": True, "structured": False},
         "json_schema": {"json_mode": True, "structured": True}}
@@ -114,21 +123,38 @@ async def proposals(url: str, arm: str, n: int, temperature: float, max_tokens: 
             "completion_tokens_mean": statistics.mean(tokens), "seconds": seconds}
 
 
-def step_times(engine: HFEngine, prompt: list[int], rows: int, grammar, steps: int | None, seed: int):
-    """Decode `rows` copies of `prompt` (under `grammar`, or free for `steps` steps): the seconds between
-    row 0's consecutive tokens while every row decodes, and the steps the shortest row took."""
+def decode(engine: HFEngine, prompt: list[int], rows: int, grammar, lengths: list[int] | None, seed: int):
+    """Decode `rows` copies of `prompt` under `grammar`, or free with row i stopped after `lengths[i]` tokens:
+    (tokens decoded after the first of each row, seconds from the batch's first token to its last, each
+    row's length)."""
     stamps: list[list[float]] = [[] for _ in range(rows)]
 
     def on_token(row: int, token: int, logprob: float) -> bool:
         stamps[row].append(time.perf_counter())
-        return False
+        return lengths is not None and len(stamps[row]) >= lengths[row]
 
-    job = Job([prompt] * rows, steps or 400, 1.0, 1.0, seed, [], on_token, ignore_eos=grammar is None, grammar=grammar)
+    job = Job([prompt] * rows, MAX_TOKENS, 1.0, 1.0, seed, [], on_token, ignore_eos=grammar is None, grammar=grammar)
     engine.submit(job)
-    assert job.done.wait(600) and job.error is None, job.error
-    shortest = min(len(s) for s in stamps)
-    row = stamps[0][:shortest]
-    return [b - a for a, b in zip(row, row[1:])], shortest
+    assert job.done.wait(900) and job.error is None, job.error
+    first, last = min(s[0] for s in stamps), max(s[-1] for s in stamps)
+    return sum(len(s) - 1 for s in stamps), last - first, [r.tokens for r in job.result]
+
+
+def mask_work(engine: HFEngine, grammar, rows: list[list[int]]) -> float:
+    """Seconds the sampler's grammar work took for these constrained rows, replayed: at each step, the
+    masks of the rows still decoding (computed and applied to logits of the model's shape) and each
+    row's matcher advanced by the token it sampled."""
+    matchers = [start(grammar) for _ in rows]
+    logits = torch.zeros(len(rows), engine.vocab_size)
+    seconds = 0.0
+    for step in range(max(map(len, rows))):
+        alive = [i for i, r in enumerate(rows) if step < len(r)]
+        started = time.perf_counter()
+        mask_logits(logits[: len(alive)], [matchers[i] for i in alive], engine.grammars.executor())
+        for i in alive:
+            advance(matchers[i], rows[i][step])
+        seconds += time.perf_counter() - started
+    return seconds
 
 
 def overhead(engine: HFEngine, rounds: int) -> tuple[list[dict], dict]:
@@ -144,20 +170,21 @@ def overhead(engine: HFEngine, rounds: int) -> tuple[list[dict], dict]:
                               {"role": "user", "content": EVIDENCE}])
     out = []
     for rows in (1, 8):
-        masked: list[float] = []
-        free: list[float] = []
+        masked = [0, 0.0]
+        free = [0, 0.0]
+        work = 0.0
         for r in range(rounds):
-            if r % 2:  # alternate which goes first
-                f, _ = step_times(engine, prompt, rows, None, 64, r)
-                m, steps = step_times(engine, prompt, rows, grammar, None, r)
-            else:
-                m, steps = step_times(engine, prompt, rows, grammar, None, r)
-                f, _ = step_times(engine, prompt, rows, None, max(steps, 2), r)
-            masked += m
-            free += f[: len(m)]
-        tm, tf = statistics.median(masked), statistics.median(free)
-        out.append({"rows": rows, "steps_measured": len(masked), "masked_step_ms": tm * 1e3, "free_step_ms": tf * 1e3,
-                    "masked_tokens_per_s": rows / tm, "free_tokens_per_s": rows / tf, "overhead": tm / tf - 1})
+            tokens, seconds, sampled = decode(engine, prompt, rows, grammar, None, r)
+            masked[0] += tokens
+            masked[1] += seconds
+            tokens, seconds, _ = decode(engine, prompt, rows, None, [len(t) for t in sampled], r)
+            free[0] += tokens
+            free[1] += seconds
+            work += mask_work(engine, grammar, sampled)
+        tm, tf = masked[1] / masked[0], free[1] / free[0]
+        out.append({"rows": rows, "tokens": masked[0], "masked_ms_per_token": tm * 1e3, "free_ms_per_token": tf * 1e3,
+                    "masked_tokens_per_s": 1 / tm, "free_tokens_per_s": 1 / tf, "overhead": tm / tf - 1,
+                    "mask_ms_per_token": work / masked[0] * 1e3, "mask_share": work / free[1]})
     return out, {"tokenizer_s": tokenizer_s, "compile_s": compile_s}
 
 
@@ -169,12 +196,13 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=10, help="plans in flight at once")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the per-token comparison")
     ap.add_argument("--parts", default="valid,overhead")
+    ap.add_argument("--dtype", default="float32", help="the served model's (rl serve --dtype)")
     args = ap.parse_args()
     load = load_average()
     torch.manual_seed(0)
-    engine = HFEngine(load_hf(pull("smollm2-135m-instruct")), name="smollm2")
-    record: dict = {"model": "smollm2-135m-instruct", "temperature": args.temperature, "max_tokens": args.max_tokens,
-                    "threads": torch.get_num_threads()}
+    engine = HFEngine(load_hf(pull("smollm2-135m-instruct")), name="smollm2", dtype=getattr(torch, args.dtype))
+    record: dict = {"model": "smollm2-135m-instruct", "dtype": args.dtype, "temperature": args.temperature,
+                    "max_tokens": args.max_tokens, "threads": torch.get_num_threads()}
     try:
         if "overhead" in args.parts:
             record["overhead"], record["compile"] = overhead(engine, args.rounds)
@@ -196,10 +224,11 @@ def main() -> None:
         c = record["compile"]
         print(f"llguidance tokenizer {c['tokenizer_s']:.2f} s (once per server); Proposal schema {c['compile_s'] * 1e3:.0f} ms "
               "(once per schema)")
-        print(f"{'rows':>4} {'steps':>6} {'masked ms':>10} {'free ms':>8} {'masked tok/s':>13} {'free tok/s':>11} {'overhead':>9}")
+        print(f"{'rows':>4} {'tokens':>7} {'masked tok/s':>13} {'free tok/s':>11} {'A/B overhead':>13} "
+              f"{'mask ms/tok':>12} {'mask share':>11}")
         for r in record["overhead"]:
-            print(f"{r['rows']:>4} {r['steps_measured']:>6} {r['masked_step_ms']:>10.1f} {r['free_step_ms']:>8.1f} "
-                  f"{r['masked_tokens_per_s']:>13.1f} {r['free_tokens_per_s']:>11.1f} {r['overhead']:>8.1%}")
+            print(f"{r['rows']:>4} {r['tokens']:>7} {r['masked_tokens_per_s']:>13.1f} {r['free_tokens_per_s']:>11.1f} "
+                  f"{r['overhead']:>12.1%} {r['mask_ms_per_token']:>12.2f} {r['mask_share']:>10.1%}")
     save(ROOT / "bench" / "results" / "structured.json", record, load)
 
 
