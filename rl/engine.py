@@ -23,7 +23,9 @@ key/value cache written in place, and a prefix cache of shared prompt heads.
 Each row samples with its own temperature and top-p, and a seeded request with its own
 generator: what it samples does not depend on what else is in the batch. Logprobs are of each
 sampled token under the temperature-scaled distribution (the trainer computes the same); at
-temperature 0 (greedy), under the model's own.
+temperature 0 (greedy), under the model's own. A row under a grammar (structured output,
+rl/grammar.py) has its own matcher, and its logits masked before all of that: its logprobs are of
+the masked, renormalised distribution it sampled from.
 """
 
 from __future__ import annotations

@@ -123,11 +123,13 @@ class Engine:
 
         try:
             matchers = [start(j.grammar) if j.grammar is not None else None for j, _ in rows]
+            constrained = any(m is not None for m in matchers)
             out = generate(self.model, [j.prompts[i] for j, i in rows], max_tokens=max(j.max_tokens for j in jobs),
                            temperature=first.temperature, top_p=first.top_p, generator=gen, on_token=on_token,
                            row_max_tokens=[j.max_tokens for j, _ in rows],
                            stop_ids=() if first.ignore_eos else (ByteTokenizer.END, ByteTokenizer.EOS),
-                           matchers=matchers if any(matchers) else None, executor=self.grammars.executor())
+                           matchers=matchers if constrained else None,
+                           executor=self.grammars.executor() if constrained else None)
         except BaseException as e:  # a failed batch fails its requests, not the server
             for j in jobs:
                 j.error = e
@@ -265,9 +267,6 @@ async def _grammar(engine, req: _Request, c: Constraint | None):
         return None
     if req.ignore_eos:
         raise HTTPException(400, "ignore_eos cannot be combined with response_format or a forced tool call")
-    if c.tool_call and req.stream:
-        raise HTTPException(400, "a forced tool call (tool_choice required or named) is not streamed here: "
-                                 "send stream: false")
     try:
         return await asyncio.to_thread(engine.grammars.compile, c.grammar)
     except GrammarError as e:
@@ -314,7 +313,8 @@ async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool, 
                             ignore_eos=req.ignore_eos, grammar=grammar))
     waiter = asyncio.ensure_future(asyncio.to_thread(job.done.wait))
     if stream_q is not None:
-        reply = _Reply(engine, req, job, waiter, stream_q, rid, created, chat, prompts, expanded, streams, texts, sent)
+        reply = _Reply(engine, req, job, waiter, stream_q, rid, created, chat, prompts, expanded, streams, texts, sent,
+                       constraint if constraint is not None and constraint.tool_call else None)
         return StreamingResponse(_stream(reply), media_type="text/event-stream")
     while not waiter.done():  # a client that hangs up stops its rows (the sampler drops them)
         await asyncio.wait([waiter], timeout=0.5)
@@ -332,7 +332,7 @@ async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool, 
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
             if constraint is not None and constraint.tool_call:  # the output is the call: no content
-                calls = tool_calls(constraint, text, lambda: f"call_{uuid.uuid4().hex[:16]}")
+                calls = tool_calls(constraint, text, _call_id)
                 choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
                 choice["finish_reason"] = "tool_calls" if finish == "stop" else finish
             choice["logprobs"] = {"content": [_lp_entry(tok, t, lp) for t, lp in zip(tokens, lps)]} if req.logprobs else None
@@ -377,6 +377,8 @@ class _Reply:
     streams: list
     texts: list[str]
     sent: list[int]
+    calls: Constraint | None = None
+    """A forced tool call's: its text is sent as `tool_calls` once a row ends, not as content."""
 
 
 async def _stream(reply: _Reply):
@@ -417,7 +419,7 @@ async def _chunks(r: _Reply):
             stopped.add(i)
         entry = _lp_entry(tok, token, logprob)
         if chat:
-            c = {"index": i, "delta": {"content": piece}, "finish_reason": None, "token_ids": [token],
+            c = {"index": i, "delta": {} if r.calls else {"content": piece}, "finish_reason": None, "token_ids": [token],
                  "logprobs": {"content": [entry]} if req.logprobs else None}
         else:
             c = {"index": i, "text": piece, "finish_reason": None, "token_ids": [token],
@@ -431,6 +433,12 @@ async def _chunks(r: _Reply):
         texts[i] += stream.flush()
     for i, s in enumerate(job.result):
         finish = "stop" if i in stopped else s.finish_reason
+        if r.calls:  # the whole call at once (clients accumulate a call's deltas: one is a valid sequence)
+            calls = tool_calls(r.calls, texts[i][: sent[i]] if i in stopped else texts[i], _call_id)
+            yield chunk({"index": i, "delta": {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]},
+                         "finish_reason": None})
+            yield chunk({"index": i, "delta": {}, "finish_reason": "tool_calls" if finish == "stop" else finish})
+            continue
         rest = "" if i in stopped else texts[i][sent[i]:]  # text held back for a stop string that never came
         yield chunk({"index": i, "delta": {"content": rest} if rest else {}, "finish_reason": finish} if chat
                     else {"index": i, "text": rest, "finish_reason": finish})
@@ -438,6 +446,10 @@ async def _chunks(r: _Reply):
         yield "data: " + json.dumps({**base, "choices": [], "policy_version": job.version,
                                      "usage": _usage(rows, job, sum(counts))}) + "\n\n"
     yield "data: [DONE]\n\n"
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:16]}"
 
 
 def keep_tail(ids: list[int], keep: int, bos: int | None = ByteTokenizer.BOS) -> list[int]:

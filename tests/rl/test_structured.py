@@ -144,7 +144,6 @@ def test_a_forced_tool_call_has_arguments_valid_under_the_tool_schema(byte_serve
     ({"tools": [MOVE], "tool_choice": {"type": "function", "function": {"name": "fly"}}}, "'fly'"),
     ({"tool_choice": "required"}, "no tools"),
     ({"tools": [MOVE], "tool_choice": "required", "response_format": PET}, "cannot both"),
-    ({"tools": [MOVE], "tool_choice": "required", "stream": True}, "stream: false"),
     ({"response_format": PET, "ignore_eos": True}, "ignore_eos"),
 ])
 def test_what_cannot_be_enforced_is_a_clear_400(byte_server: str, body: dict, says: str):
@@ -166,6 +165,25 @@ def test_a_stream_under_a_schema_is_the_same_json(byte_server: str):
                     text += c["delta"].get("content") or ""
     assert text == plain
     Pet.model_validate_json(text)
+
+
+def test_a_streamed_forced_call_is_the_same_call(byte_server: str):
+    body = {"tools": [MOVE, WAIT], "tool_choice": {"type": "function", "function": {"name": "wait"}}, "seed": 5,
+            "max_tokens": 60, "logprobs": True}
+    (plain,) = post(byte_server, **body).json()["choices"][0]["message"]["tool_calls"]
+    calls, finish, tokens = [], None, 0
+    with httpx.stream("POST", byte_server + "/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": "A pet, as JSON."}], "stream": True, **body}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for c in json.loads(line[6:])["choices"]:
+                    assert not c["delta"].get("content")  # a call is no text
+                    calls += c["delta"].get("tool_calls") or []
+                    tokens += len(c.get("token_ids") or [])
+                    finish = c["finish_reason"] or finish
+    (call,) = calls
+    assert finish == "tool_calls" and tokens > 0
+    assert call["function"] == plain["function"] and call["index"] == 0
 
 
 def test_constrained_and_free_rows_share_a_continuous_batch(tiny_llama: Path):
