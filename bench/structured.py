@@ -159,7 +159,7 @@ def mask_work(engine: HFEngine, grammar, rows: list[list[int]]) -> float:
 
 def overhead(engine: HFEngine, rounds: int) -> tuple[list[dict], dict]:
     started = time.perf_counter()
-    engine.grammars._tokenizer()
+    engine.grammars.tokenizer()
     tokenizer_s = time.perf_counter() - started
     c = constraint({"type": "json_schema", "json_schema": {"name": "Proposal", "schema": Proposal.model_json_schema()}},
                    None, None)

@@ -131,8 +131,8 @@ def tool_calls(constraint: Constraint, text: str, make_id) -> list[dict[str, Any
 
 class Grammars:
     """One sampler's grammar compiler: its tokenizer as llguidance reads it (made on the first
-    constrained request: ~1 s for a 49k vocabulary) and the grammars compiled last (a refiner sends
-    the same schema every time)."""
+    constrained request: 2 s for SmolLM2's 49k tokens here) and the grammars compiled last (a refiner
+    sends the same schema every time)."""
 
     def __init__(self, tok, vocab_size: int, eos: Sequence[int], keep: int = 32):
         self._tok, self.vocab_size, self.eos, self.keep = tok, vocab_size, sorted(eos), keep
@@ -141,7 +141,8 @@ class Grammars:
         self._lock = threading.Lock()
         self._executor = None
 
-    def _tokenizer(self):
+    def tokenizer(self):
+        """The tokenizer as llguidance reads it (made once)."""
         if self._ll is None:
             self._ll = _lltokenizer(self._tok, self.vocab_size, self.eos)
         return self._ll
@@ -155,7 +156,7 @@ class Grammars:
             if grammar in self._compiled:
                 self._compiled.move_to_end(grammar)
                 return self._compiled[grammar]
-            tok = self._tokenizer()
+            tok = self.tokenizer()
             failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tok)
             if failed:
                 raise GrammarError(f"the schema cannot be enforced: {'; '.join(messages)}")
