@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,7 +48,7 @@ from bench.report import load_average, save  # noqa: E402
 from harness_store.refiner import Proposal, RefinementError, Refiner  # noqa: E402
 from harness_store.store import HarnessStore  # noqa: E402
 from rl.engine import HFEngine  # noqa: E402
-from rl.grammar import advance, constraint, mask_logits, start  # noqa: E402
+from rl.grammar import Grammars, advance, constraint, mask_logits, start  # noqa: E402
 from rl.hf import load_hf  # noqa: E402
 from rl.model import Job  # noqa: E402
 from rl.models import pull  # noqa: E402
@@ -91,7 +92,7 @@ async def proposals(url: str, arm: str, n: int, temperature: float, max_tokens: 
                     home: Path) -> dict:
     config = Config.model_validate({
         "model": {"name": "smollm2", "base_url": url, "temperature": temperature, "max_completion_tokens": max_tokens,
-                  "stream": False, "max_retries": 0},
+                  "stream": False, "max_retries": 0, "timeout": 3600},
         "refine": ARMS[arm]})
     model = OpenAIModel(config.model)
     tokens: list[int] = []
@@ -158,14 +159,16 @@ def mask_work(engine: HFEngine, grammar, rows: list[list[int]]) -> float:
 
 
 def overhead(engine: HFEngine, rounds: int) -> tuple[list[dict], dict]:
+    fresh = Grammars(engine.tok, engine.vocab_size, engine.eos)  # what a new server pays, once
     started = time.perf_counter()
-    engine.grammars.tokenizer()
+    fresh.tokenizer()
     tokenizer_s = time.perf_counter() - started
     c = constraint({"type": "json_schema", "json_schema": {"name": "Proposal", "schema": Proposal.model_json_schema()}},
                    None, None)
     started = time.perf_counter()
-    grammar = engine.grammars.compile(c.grammar)
+    fresh.compile(c.grammar)
     compile_s = time.perf_counter() - started
+    grammar = engine.grammars.compile(c.grammar)
     prompt = engine.tok.chat([{"role": "system", "content": "Reply with one JSON object: a plan."},
                               {"role": "user", "content": EVIDENCE}])
     out = []
@@ -192,44 +195,52 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=50, help="proposals per arm")
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--max-tokens", type=int, default=256,
+                    help="per proposal (256: what rl serve gives a chat request that names none, as the refiner's does)")
     ap.add_argument("--concurrency", type=int, default=10, help="plans in flight at once")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the per-token comparison")
     ap.add_argument("--parts", default="valid,overhead")
     ap.add_argument("--dtype", default="float32", help="the served model's (rl serve --dtype)")
+    ap.add_argument("--out", default="structured.json", help="under bench/results/")
     args = ap.parse_args()
     load = load_average()
     torch.manual_seed(0)
     engine = HFEngine(load_hf(pull("smollm2-135m-instruct")), name="smollm2", dtype=getattr(torch, args.dtype))
     record: dict = {"model": "smollm2-135m-instruct", "dtype": args.dtype, "temperature": args.temperature,
                     "max_tokens": args.max_tokens, "threads": torch.get_num_threads()}
+    out = ROOT / "bench" / "results" / args.out
     try:
-        if "overhead" in args.parts:
-            record["overhead"], record["compile"] = overhead(engine, args.rounds)
         if "valid" in args.parts:
-            import tempfile
-
             with BackgroundServer(engine) as url, tempfile.TemporaryDirectory() as home:
                 record["valid"] = [asyncio.run(proposals(url, arm, args.n, args.temperature, args.max_tokens,
                                                          args.concurrency, Path(home))) for arm in ARMS]
+            print_valid(record)
+            save(out, record, load)
+        if "overhead" in args.parts:
+            record["overhead"], record["compile"] = overhead(engine, args.rounds)
+            print_overhead(record)
+            save(out, record, load)
     finally:
         engine.stop()
-    if "valid" in record:
-        print(f"SmolLM2-135M proposals, temperature {args.temperature}, max_tokens {args.max_tokens}")
-        print(f"{'arm':<12} {'valid':>9} {'no JSON':>8} {'bad JSON':>9} {'not a Proposal':>15} {'tokens':>7} {'s':>6}")
-        for r in record["valid"]:
-            print(f"{r['arm']:<12} {r['valid']:>4}/{r['n']:<4} {r['no_json']:>8} {r['bad_json']:>9} "
-                  f"{r['not_a_proposal']:>15} {r['completion_tokens_mean']:>7.0f} {r['seconds']:>6.0f}")
-    if "overhead" in record:
-        c = record["compile"]
-        print(f"llguidance tokenizer {c['tokenizer_s']:.2f} s (once per server); Proposal schema {c['compile_s'] * 1e3:.0f} ms "
-              "(once per schema)")
-        print(f"{'rows':>4} {'tokens':>7} {'masked tok/s':>13} {'free tok/s':>11} {'A/B overhead':>13} "
-              f"{'mask ms/tok':>12} {'mask share':>11}")
-        for r in record["overhead"]:
-            print(f"{r['rows']:>4} {r['tokens']:>7} {r['masked_tokens_per_s']:>13.1f} {r['free_tokens_per_s']:>11.1f} "
-                  f"{r['overhead']:>12.1%} {r['mask_ms_per_token']:>12.2f} {r['mask_share']:>10.1%}")
-    save(ROOT / "bench" / "results" / "structured.json", record, load)
+
+
+def print_valid(record: dict) -> None:
+    print(f"SmolLM2-135M proposals, temperature {record['temperature']}, max_tokens {record['max_tokens']}")
+    print(f"{'arm':<12} {'valid':>9} {'no JSON':>8} {'bad JSON':>9} {'not a Proposal':>15} {'tokens':>7} {'s':>6}")
+    for r in record["valid"]:
+        print(f"{r['arm']:<12} {r['valid']:>4}/{r['n']:<4} {r['no_json']:>8} {r['bad_json']:>9} "
+              f"{r['not_a_proposal']:>15} {r['completion_tokens_mean']:>7.0f} {r['seconds']:>6.0f}")
+
+
+def print_overhead(record: dict) -> None:
+    c = record["compile"]
+    print(f"llguidance tokenizer {c['tokenizer_s']:.2f} s (once per server); Proposal schema {c['compile_s'] * 1e3:.0f} ms "
+          "(once per schema)")
+    print(f"{'rows':>4} {'tokens':>7} {'masked tok/s':>13} {'free tok/s':>11} {'A/B overhead':>13} "
+          f"{'mask ms/tok':>12} {'mask share':>11}")
+    for r in record["overhead"]:
+        print(f"{r['rows']:>4} {r['tokens']:>7} {r['masked_tokens_per_s']:>13.1f} {r['free_tokens_per_s']:>11.1f} "
+              f"{r['overhead']:>12.1%} {r['mask_ms_per_token']:>12.2f} {r['mask_share']:>10.1%}")
 
 
 if __name__ == "__main__":

@@ -202,6 +202,7 @@ def test_constrained_and_free_rows_share_a_continuous_batch(tiny_llama: Path):
     engine.stop()
 
 
+@pytest.mark.timeout(600)  # the real model (pulled and converted on first use) on 2 cores, maybe loaded
 def test_smollm2_answers_in_the_schema_at_temperature_1(smollm2: Path):
     engine = HFEngine(load_hf(smollm2), name="smollm2")
     try:
