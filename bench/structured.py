@@ -165,6 +165,7 @@ def overhead(engine: HFEngine, rounds: int) -> tuple[list[dict], dict]:
     tokenizer_s = time.perf_counter() - started
     c = constraint({"type": "json_schema", "json_schema": {"name": "Proposal", "schema": Proposal.model_json_schema()}},
                    None, None)
+    assert c is not None
     started = time.perf_counter()
     fresh.compile(c.grammar)
     compile_s = time.perf_counter() - started

@@ -25,14 +25,14 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """How JSON is written under a constraint (llguidance's compile options)."""
 
 
@@ -134,12 +134,12 @@ class Grammars:
     constrained request: 2 s for SmolLM2's 49k tokens here) and the grammars compiled last (a refiner
     sends the same schema every time)."""
 
-    def __init__(self, tok, vocab_size: int, eos: Sequence[int], keep: int = 32):
+    def __init__(self, tok, vocab_size: int, eos: Iterable[int], keep: int = 32):
         self._tok, self.vocab_size, self.eos, self.keep = tok, vocab_size, sorted(eos), keep
-        self._ll = None
+        self._ll: Any = None
         self._compiled: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
-        self._executor = None
+        self._executor: Any = None
 
     def tokenizer(self):
         """The tokenizer as llguidance reads it (made once)."""
