@@ -67,8 +67,8 @@ class AnthropicModel(NativeModel):
     def reader(self, text: Shown, reasoning: Shown) -> MessagesReply:
         return MessagesReply(text, reasoning)
 
-    def _request(self, messages: list[Message], tools: bool, json_mode: bool) -> dict[str, Any]:
-        """`json_mode` has no counterpart in the Messages API: the prompt asks for JSON alone."""
+    def _request(self, messages: list[Message], tools: bool, json_mode: bool | dict[str, Any]) -> dict[str, Any]:
+        """`json_mode` (a JSON object, or one under a schema) is not sent: the prompt asks for the JSON."""
         cfg = self.config
         system, turns = to_messages(messages)
         budget = cfg.thinking_budget

@@ -13,6 +13,7 @@ JSON, as for chat completions), statelessly: `store=false`, the whole conversati
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from agent.actions import IPYTHON_TOOL
@@ -32,7 +33,7 @@ class ResponsesModel(NativeModel):
     def reader(self, text: Shown, reasoning: Shown) -> ResponsesReply:
         return ResponsesReply(text, reasoning)
 
-    def _request(self, messages: list[Message], tools: bool, json_mode: bool) -> dict[str, Any]:
+    def _request(self, messages: list[Message], tools: bool, json_mode: bool | dict[str, Any]) -> dict[str, Any]:
         cfg = self.config
         instructions, items = to_input(messages)
         req: dict[str, Any] = {"model": self.name, "input": items, "store": False,
@@ -49,7 +50,10 @@ class ResponsesModel(NativeModel):
             req["max_output_tokens"] = cfg.max_completion_tokens
         if cfg.stream:
             req["stream"] = True
-        if json_mode:
+        if isinstance(json_mode, dict):  # a schema: not `strict` (that needs every field required, none extra)
+            name = re.sub(r"[^A-Za-z0-9_-]", "_", str(json_mode.get("title") or "reply"))[:64]
+            req["text"] = {"format": {"type": "json_schema", "name": name, "schema": json_mode, "strict": False}}
+        elif json_mode:
             req["text"] = {"format": {"type": "json_object"}}
         req.update(cfg.extra_body)
         return req

@@ -139,12 +139,14 @@ async def test_responses_reasoning_goes_back_encrypted_without_ids_and_the_setti
         model = responses(server, reasoning_effort="high", reasoning_summary="auto", max_completion_tokens=500)
         c = await model.complete(USER, json_mode=True)
         history = [*USER, c.message, Message(role="tool", tool_call_id=c.message.tool_calls[0].id, content="1")]
-        cut = await responses(server, stream=False).complete(history)  # the server refuses ids and forged reasoning
+        schema = {"title": "Plan", "type": "object"}
+        cut = await responses(server, stream=False).complete(history, json_mode=schema)  # ids, forged reasoning: refused
     first, second = server.requests
     assert first["reasoning"] == {"effort": "high", "summary": "auto"} and first["max_output_tokens"] == 500
     assert first["store"] is False and first["include"] == ["reasoning.encrypted_content"]
     assert first["text"] == {"format": {"type": "json_object"}} and first["instructions"] == "sys"
     assert [i.get("type") for i in second["input"]] == [None, "reasoning", "function_call", "function_call_output"]
     assert c.message.reasoning == "plan it" and c.usage.cached_tokens == 7 and c.usage.reasoning_tokens == 3
+    assert second["text"] == {"format": {"type": "json_schema", "name": "Plan", "schema": schema, "strict": False}}
     assert c.message.blocks is not None and c.message.blocks.items[0]["id"].startswith("rs_")  # kept as it came
     assert cut.finish_reason == "length" and cut.message.content == "cut"
