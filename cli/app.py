@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import sys
 from pathlib import Path
 
 from agent.config import ConfigError, home, load_config, merge, parse_override, shorten
+from cli.overrides import looks_like_override
 from daemon.client import DaemonError, connect
 from daemon.schemas import ModelKey
 
@@ -31,12 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the OS confines a new session's code (sandbox.mode); full-access: none, shown loudly")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="override a config field for a new session, e.g. --set model.action_format=text "
-                        "(repeatable; the syntax of `run -c`)")
+                        "(repeatable; as for run, acp and eval)")
     return p
-
-
-NO_MODEL_HINT = "For a model without tool calling, add: --set model.action_format=text"
-"""The app's last line under `run`'s NO_MODEL: in the app, -c is --continue."""
 
 
 def model_source(args: argparse.Namespace, sets: dict) -> str:
@@ -60,6 +58,11 @@ def model_source(args: argparse.Namespace, sets: dict) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.cont and looks_like_override(args.prompt) and "--" not in argv:
+        print(f"prime-agent: in the app -c is --continue (the latest session here), and {args.prompt!r} would be "
+              f"sent to the model as a message. To override a config field: --set {args.prompt}; to send it "
+              f"anyway: prime-agent -c -- {shlex.quote(args.prompt)}", file=sys.stderr)
+        return 2
     cwd = Path(args.cwd or ".").resolve()
     sets: dict = {}
     try:
@@ -81,7 +84,7 @@ def main(argv: list[str]) -> int:
     if new_session and not config.model.configured:
         from cli.run import NO_MODEL
 
-        print(NO_MODEL.rsplit("\n", 1)[0] + "\n" + NO_MODEL_HINT, file=sys.stderr)
+        print(NO_MODEL, file=sys.stderr)
         return 2
     try:
         session_id = asyncio.run(_run(config, cwd, args, sets))

@@ -107,9 +107,9 @@ def test_a_bad_config_file_is_named(project: Path):
 @pytest.mark.parametrize(
     ("script", "flags", "code", "message"),
     [
-        ([Reply(status=500)] * 3, ["-c", "model.max_retries=2", "-c", "model.retry_base_delay=0.01"], 3, "HTTP 500"),
+        ([Reply(status=500)] * 3, ["--set", "model.max_retries=2", "--set", "model.retry_base_delay=0.01"], 3, "HTTP 500"),
         ([Reply(code=["1"])] * 3, ["--max-turns", "2"], 4, "budget.max_steps"),
-        ([Reply(hang=True)] * 2, ["-c", "model.timeout=0.5", "-c", "model.max_retries=1"], 5, "no answer within 0.5s"),
+        ([Reply(hang=True)] * 2, ["--set", "model.timeout=0.5", "--set", "model.max_retries=1"], 5, "no answer within 0.5s"),
     ],
     ids=["model-error", "budget", "timeout"],
 )
@@ -183,7 +183,7 @@ def test_run_prints_each_turns_usage_and_cost_and_the_sessions(project: Path):
         Reply(content="done", prompt_tokens=1200, usage={"prompt_tokens_details": {"cached_tokens": 1000}}),
     ]
     with OpenAIServer(script) as server:
-        r = run("run", "-c", "model.prices.fake-model={input = 2.0, cached_input = 0.5, output = 8.0}", "go",
+        r = run("run", "--set", "model.prices.fake-model={input = 2.0, cached_input = 0.5, output = 8.0}", "go",
                 cwd=project, server=server)
     assert r.returncode == 0, r.stderr
     # (200 x $2 + 800 x $0.50 + 2 x $8 + 200 x $2 + 1,000 x $0.50 + 1 x $8) per million = $0.001724
