@@ -7,6 +7,7 @@ import stat
 import sys
 
 from agent import events as ev
+from agent.actions import fenced_cells
 from agent.events import Event
 from agent.types import FilesChanged
 
@@ -98,7 +99,8 @@ class Printer:
                     c.print(Text(f"project: {line}", style="bold yellow"))
             case ev.CellStarted():
                 self.lines = 0
-                c.print(Syntax(e.code, "python", theme="ansi_dark", line_numbers=False, background_color="default"))
+                if not any(code == e.code for code in fenced_cells(self.said)):  # text mode streamed it already
+                    c.print(Syntax(e.code, "python", theme="ansi_dark", line_numbers=False, background_color="default"))
             case ev.CellOutput():
                 self._output(e.text, "red" if e.stream == "stderr" else "cyan")
             case ev.CellFinished(result=r):

@@ -328,3 +328,27 @@ def test_at_a_terminal_the_answer_is_printed_once_even_when_its_stream_was_retri
     out = re.sub(r"\x1b\[[0-9;]*m", "", seen.decode(errors="replace"))
     assert "retry 1" in out  # the stream dropped midway and the retry streamed the rest
     assert " ".join(out.split()).count("careful analysis of everything shows.") == 1, out
+
+
+def test_without_a_terminal_or_approval_flag_a_denial_names_no_setting_the_user_never_made(project: Path,
+                                                                                       prime_home: Path):
+    """Issue 52: without a terminal the denial said `sandbox.approval = "never"`, a setting nobody made."""
+    script = [Reply(code=[DENIED.format(command="echo hi")]), Reply(content="done")]
+    with OpenAIServer(script) as server:
+        p = prime_agent("run", "ask", cwd=project, server=server, stdin=subprocess.DEVNULL, start_new_session=True)
+        out, err = p.communicate(timeout=90)
+    assert p.returncode == 0, err
+    records = read_records(session_dir(prime_home) / "trajectory.jsonl")
+    (cell,) = [r for r in records if isinstance(r, CellRecord)]
+    assert cell.result.stdout == ("refused: not run outside the sandbox: nobody can approve it in this session "
+                                  "(run it in the daemon, or at a terminal)\n")
+    assert "sandbox.approval" not in out + err
+
+
+def test_text_mode_shows_each_cell_once(project: Path):
+    """Issue 52: in text mode the cell streamed as the model's words, then was printed again as a cell."""
+    script = [Reply(content="Let me compute.\n```python\nprint(6 * 7)\n```"), Reply(content="It is 42.")]
+    with OpenAIServer(script) as server:
+        r = run("run", "--set", "model.action_format=text", "what is 6 * 7?", cwd=project, server=server)
+    assert r.returncode == 0 and r.stdout == "It is 42.\n", r.stderr
+    assert r.stderr.count("print(6 * 7)") == 1 and "Let me compute." in r.stderr and "42" in r.stderr
