@@ -1,8 +1,8 @@
 """`prime-agent [PROMPT] [--resume [ID] | -c] [--model NAME] [--base-url URL] [--set KEY=VALUE]...`:
 the app in this directory.
 
-Starts (or reaches) the daemon, then opens a new session here, the one named, or with `-c` the
-latest one here, and sends PROMPT when one is given. On exit the session goes on in the daemon;
+Starts (or reaches) the daemon, then opens a new session here, the one named, or with `-c` the one
+last used here (prompted, or a turn begun or ended), and sends PROMPT when one is given. On exit the session goes on in the daemon;
 the command prints how to come back.
 """
 
@@ -112,10 +112,10 @@ async def _run(config, cwd: Path, args: argparse.Namespace, sets: dict) -> str |
                 raise DaemonError(404, "not_found", f"--resume {session_id}: no such session "
                                   "(prime-agent sessions lists them; --resume alone lets you choose)") from None
         if args.cont:
-            here = [s for s in await client.sessions() if Path(s.cwd) == cwd]
+            here = [s for s in await client.sessions() if Path(s.cwd) == cwd and s.elsewhere is None]
             if not here:
                 raise DaemonError(404, "not_found", f"no session in {cwd} to continue; run prime-agent to start one")
-            session_id = max(here, key=lambda s: s.updated).id
+            session_id = max(here, key=lambda s: s.updated).id  # the one last prompted here
         app = PrimeApp(client, cwd, session_id=session_id, choose=args.resume == "", prompt=args.prompt,
                        new=NewSession(config.model.name, config.model.base_url, config.budget.model_dump(),
                                       args.sandbox, config=sets or None, model_source=model_source(args, sets)))

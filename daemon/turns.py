@@ -76,6 +76,7 @@ class TurnQueue:
             session.steer(text)
             return MessageAccepted(turn_id=session.turn.id, mode=mode, queued=False)
         meta.assigned += 1
+        meta.updated = time.time()  # prompted: the session last used is this one
         turn_id = f"t{meta.assigned}"
         queued = self.running is not None or bool(meta.queued) or h.turn_slots.locked()
         goal_id, continuation = goal or (None, None)
