@@ -78,7 +78,6 @@ class PrimeApp(App):
         Binding("escape", "interrupt", "interrupt", show=False),
         Binding("ctrl+o", "sessions", "sessions", show=False),
         Binding("ctrl+d", "quit_app", "quit", priority=True, show=False),
-        Binding("enter", "take_completion", priority=True, show=False),
         Binding("ctrl+r", "history_search", "search history", priority=True, show=False),
         Binding("up", "menu('up')", priority=True, show=False),
         Binding("down", "menu('down')", priority=True, show=False),
@@ -110,7 +109,7 @@ class PrimeApp(App):
         with Vertical(id="bottom"):
             yield CommandMenu({name: c.help for name, c in COMMANDS.items()}, id="menu")
             yield FileMenu(self.cwd, id="files")
-            yield PromptInput(id="prompt", history_file=home() / "prompt-history.jsonl")
+            yield PromptInput(id="prompt", history_file=home() / "prompt-history.jsonl", complete=self._complete)
             yield self.status_bar
 
     async def on_mount(self) -> None:
@@ -266,9 +265,27 @@ class PrimeApp(App):
 
     @on(PromptInput.Edited)
     def follow_menu(self, event: PromptInput.Edited) -> None:
-        self.query_one(CommandMenu).filter(event.text)
+        self._filter_menus(event.text)
+
+    def _filter_menus(self, text: str) -> None:
+        self.query_one(CommandMenu).filter(text)
         mention = self._mention()
         self.query_one(FileMenu).filter(mention[1] if mention else None)
+
+    def _complete(self, prompt: PromptInput) -> bool:
+        """Enter in the prompt: with the file menu open, the highlighted path goes in; with the command
+        menu open, the highlighted command is sent, not the letters typed so far (True: done). The
+        menus follow the text as the prompt has it at this key, not as the app last heard of it."""
+        self._filter_menus(prompt.text)
+        menu = self._open_menu()
+        if isinstance(menu, FileMenu):
+            self._take_file()
+            return True
+        if isinstance(menu, CommandMenu) and prompt.text.strip() not in COMMANDS:
+            chosen, menu.display = menu.chosen(), False
+            prompt.send(chosen)
+            return True
+        return False
 
     def _mention(self) -> tuple[tuple[int, int], str] | None:
         """The `@word` just before the cursor: where it starts, and the word without its @."""
@@ -567,7 +584,7 @@ class PrimeApp(App):
             return main
         if action == "quit_app":  # on a prompt with text, Ctrl-D deletes forward as editors do
             return main and not self.query_one(PromptInput).text
-        if action in ("take_completion", "menu"):  # only while a menu offers something for the prompt's text
+        if action == "menu":  # only while a menu offers something for the prompt's text
             return main and self._open_menu() is not None
         if action == "history_search":
             return main
@@ -585,17 +602,6 @@ class PrimeApp(App):
     def action_quit_app(self) -> None:
         """Ctrl-D on an empty prompt: leave the app; the session goes on in the daemon."""
         self.exit(self.session_id)
-
-    def action_take_completion(self) -> None:
-        """Enter with the menu open sends the highlighted command, not the letters typed so far; with
-        the file menu open, it puts the highlighted path in."""
-        if isinstance(self._open_menu(), FileMenu):
-            self._take_file()
-            return
-        menu, prompt = self.query_one(CommandMenu), self.query_one(PromptInput)
-        chosen = menu.chosen()
-        menu.display = False
-        prompt.send(chosen if chosen and prompt.text.strip() not in COMMANDS else None)
 
     def action_menu(self, direction: str) -> None:
         if menu := self._open_menu():
