@@ -50,6 +50,7 @@ from daemon.schemas import (
     ModelKey,
     Notice,
     PlanDecision,
+    Pruned,
     RefinementDecision,
     RewindResult,
     RolledBack,
@@ -146,8 +147,10 @@ class Client:
         return await self._typed(SessionInfo, "POST", "/v1/sessions",
                                  json={k: v for k, v in body.items() if v is not None})
 
-    async def sessions(self) -> list[SessionInfo]:
-        return await self._typed(list[SessionInfo], "GET", "/v1/sessions")
+    async def sessions(self, cwd: str | Path | None = None) -> list[SessionInfo]:
+        """Every session, oldest first; `cwd`: those of that directory or one below it."""
+        params = _params(cwd=str(Path(cwd).resolve()) if cwd is not None else None)
+        return await self._typed(list[SessionInfo], "GET", "/v1/sessions", params=params)
 
     async def session(self, session_id: str) -> SessionInfo:
         return await self._typed(SessionInfo, "GET", f"/v1/sessions/{session_id}")
@@ -202,8 +205,15 @@ class Client:
         """Close the session (it stays listed; a prompt opens it again); `if_idle`: only if nothing runs in it."""
         return await self._typed(SessionInfo, "POST", f"/v1/sessions/{session_id}/close", json={"if_idle": if_idle})
 
-    async def delete(self, session_id: str) -> None:
-        await self._call("DELETE", f"/v1/sessions/{session_id}")
+    async def delete(self, session_id: str, files: bool = False) -> None:
+        """Out of the registry; `files`: its files removed too."""
+        await self._call("DELETE", f"/v1/sessions/{session_id}", params={"files": "true"} if files else None)
+
+    async def prune(self, older_than_days: float | None = None, cwd: str | Path | None = None,
+                    dry_run: bool = False) -> Pruned:
+        body = {"older_than_days": older_than_days, "cwd": str(Path(cwd).resolve()) if cwd is not None else None,
+                "dry_run": dry_run}
+        return await self._typed(Pruned, "POST", "/v1/sessions/prune", json={k: v for k, v in body.items() if v is not None})
 
     async def send(self, session_id: str, text: str, mode: str = "prompt") -> MessageAccepted:
         body = {"text": text, "mode": mode, **({"key": self.key.wire()} if self.key else {})}

@@ -20,6 +20,8 @@ from daemon.schemas import (
     KernelInfo,
     MessageAccepted,
     PlanDecision,
+    Pruned,
+    PruneSessions,
     SendMessage,
     SessionInfo,
     UpdateSession,
@@ -37,9 +39,17 @@ async def create_session(req: CreateSession, request: Request, manager: Manager)
 
 
 @router.get("/v1/sessions")
-async def list_sessions(manager: Manager) -> list[SessionInfo]:
-    """Every session of the registry, whichever front made it (`prime-agent run` too), oldest first."""
-    return manager.listing()
+async def list_sessions(manager: Manager, cwd: str | None = None) -> list[SessionInfo]:
+    """Every session of the registry, whichever front made it (`prime-agent run` too), oldest first;
+    `cwd`: only those of that directory or one below it."""
+    return manager.listing(cwd)
+
+
+@router.post("/v1/sessions/prune")
+async def prune_sessions(req: PruneSessions, manager: Manager) -> Pruned:
+    """Remove sessions with their files: those deleted whose files stayed, those never prompted, and
+    with `older_than_days` those not used for that long (live, busy and elsewhere-hosted ones stay)."""
+    return await manager.prune(req)
 
 
 @router.get("/v1/sessions/{session_id}")
@@ -69,8 +79,10 @@ async def close_session(session_id: str, manager: Manager, req: CloseSession | N
 
 
 @router.delete("/v1/sessions/{session_id}", status_code=204)
-async def delete_session(session_id: str, manager: Manager) -> Response:
-    await manager.delete(session_id)
+async def delete_session(session_id: str, manager: Manager, files: bool = False) -> Response:
+    """Out of the registry: its goal, turns and kernel stop; `files=true`: its files are removed too
+    (else they stay on disk, and `POST /v1/sessions/prune` removes them later)."""
+    await manager.delete(session_id, files)
     return Response(status_code=204)
 
 

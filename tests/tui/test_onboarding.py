@@ -181,6 +181,7 @@ async def test_d_on_the_sessions_screen_asks_before_it_deletes(daemon: Client, p
         await pilot.press("y")
         await until(pilot, lambda: isinstance(app.screen, SessionsScreen) and table.row_count == 1)
         assert other.id not in [s.id for s in await daemon.sessions()]
+        assert not Path(other.dir).exists()  # its files went with it
 
 
 async def test_a_collapsed_traceback_shows_its_exception(daemon: Client, project: Path, model_server):
