@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from agent.config import ConfigError, home, load_config, merge, parse_override, shorten
+from cli import invocation
 from cli.overrides import looks_like_override
 from daemon.client import DaemonError, connect
 from daemon.schemas import ModelKey
@@ -92,7 +93,7 @@ def main(argv: list[str]) -> int:
         print(f"prime-agent: {e.message}", file=sys.stderr)
         return 1
     if session_id:
-        print(f"[detached: session {session_id} goes on in the daemon; prime-agent --resume {session_id}]",
+        print(f"[detached: session {session_id} goes on in the daemon; {invocation()} --resume {session_id}]",
               file=sys.stderr)
     return 0
 
@@ -120,6 +121,6 @@ async def _run(config, cwd: Path, args: argparse.Namespace, sets: dict) -> str |
                        new=NewSession(config.model.name, config.model.base_url, config.budget.model_dump(),
                                       args.sandbox, config=sets or None, model_source=model_source(args, sets)))
         await app.run_async()
-        return app.session_id
+        return await app.leave()  # a session it made and nobody prompted is not kept
     finally:
         await client.close()

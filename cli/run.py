@@ -17,6 +17,7 @@ from pathlib import Path
 
 from agent.approvals import Decision, NoTerminal, Request
 from agent.config import Config, ConfigError, load_config
+from cli import invocation
 from cli.overrides import add_set, read_overrides
 from cli.follow import EXIT_CODES, PrintAnswer, follow, on_ctrl_c, report
 from cli.show import Printer, print_json
@@ -242,12 +243,12 @@ async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answe
         if not keep:
             try:
                 await client.close_session(s.id, if_idle=True)
-                print(f"[session {s.id} closed; prime-agent send {s.id} \"...\" opens it again]", file=sys.stderr)
+                print(f"[session {s.id} closed; {invocation()} send {s.id} \"...\" opens it again]", file=sys.stderr)
                 return code
             except DaemonError as e:
                 if e.status != 409:  # busy: detached from a turn that goes on
                     raise
-        print(f"[session {s.id} stays in the daemon: prime-agent send {s.id} \"...\" | attach {s.id} | "
+        print(f"[session {s.id} stays in the daemon: {invocation()} send {s.id} \"...\" | attach {s.id} | "
               f"sessions close {s.id}]", file=sys.stderr)
         return code
 

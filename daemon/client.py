@@ -37,6 +37,7 @@ from agent.checkpoints import TurnRow
 from agent.goals import GoalState
 from agent.mcp import ServerInfo
 from agent.subagents import ChildInfo
+from agent.types import FilesChanged
 from daemon.paths import lock_file, log_file, pid_file, socket_file
 from daemon.schedules import Schedule
 from daemon.schemas import (
@@ -197,6 +198,14 @@ class Client:
         if r.status_code >= 400:
             raise _error(r.status_code, r.content)
         return r.text
+
+    async def diff(self, session_id: str) -> FilesChanged | None:
+        """What changed in the session's workspace since its first checkpoint (None: nothing)."""
+        return await self._typed(FilesChanged | None, "GET", f"/v1/sessions/{session_id}/diff")  # type: ignore[arg-type]
+
+    async def server_models(self, session_id: str) -> list[str]:
+        """The models the session's server lists."""
+        return await self._typed(list[str], "GET", f"/v1/sessions/{session_id}/models")
 
     async def sleep(self, session_id: str) -> SessionInfo:
         return await self._typed(SessionInfo, "POST", f"/v1/sessions/{session_id}/sleep")

@@ -142,8 +142,8 @@ class TurnQueue:
                     result = await session.prompt(q.text, q.turn_id, goal=goal)
                     self._resolve(result)
                 if late := "\n\n".join(session.take_steering()):  # steering that came too late for its turn
-                    if result.outcome == "interrupted":  # the user stopped the turn: do not start another
-                        h.emit(ev.Note(turn_id=q.turn_id, text=f"not delivered (the turn was interrupted): {late}"))
+                    if result.outcome == "interrupted":  # the user stopped the turn: handed back, not sent
+                        h.emit(ev.SteerReturned(turn_id=q.turn_id, text=late))
                     else:
                         self.send(late, "prompt")
             except asyncio.CancelledError:

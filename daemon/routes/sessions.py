@@ -8,7 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import Response
 
+from agent.config import ConfigError
 from agent.mcp import ServerInfo
+from agent.server_models import ListingError, listed_models
+from agent.types import FilesChanged
 from daemon.errors import Refused
 from daemon.routes.common import Manager, confined, unix_only
 from daemon.schemas import (
@@ -123,6 +126,29 @@ async def kernel(session_id: str, manager: Manager) -> KernelInfo:
     """The live kernel's connection file (`jupyter console --existing FILE`); wakes a dormant session."""
     session = await manager.get(session_id).wake()
     return KernelInfo(connection_file=str(session.kernel.connection_file), state=session.kernel.state.value)
+
+
+@router.get("/v1/sessions/{session_id}/diff")
+async def diff(session_id: str, manager: Manager) -> FilesChanged | None:
+    """What changed in the workspace since the session's first checkpoint (a snapshot taken now;
+    null: nothing); each file with its bounded diff. Wakes a dormant session."""
+    session = await manager.get(session_id).wake()
+    try:
+        return await session.checkpoints.since_start()
+    except ValueError as e:
+        raise Refused("no_checkpoint", str(e)) from None
+
+
+@router.get("/v1/sessions/{session_id}/models")
+async def server_models(session_id: str, manager: Manager) -> list[str]:
+    """The models the session's server lists (`GET {base_url}/models`, with the session's key)."""
+    try:
+        model = manager.get(session_id).config().model
+        return await listed_models(model.base_url, model.api_key)
+    except ConfigError as e:
+        raise Refused("config_broken", str(e)) from None
+    except ListingError as e:
+        raise Refused("server", f"the server did not list its models: {e}") from None
 
 
 @router.get("/v1/sessions/{session_id}/mcp")
