@@ -4,6 +4,7 @@ agent sessions with real kernels, IPO steps on their trajectories, and the befor
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +25,11 @@ MINIATURE = [  # one task kind, a tiny policy: the warm start learns its one cel
 
 
 def demo(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """As the README's first command runs it: `.venv/bin/prime-agent demo`, the venv not on PATH."""
+    bin_dir = str(Path(PRIME_AGENT).parent)
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != bin_dir)
     return subprocess.run([PRIME_AGENT, "demo", *args, *MINIATURE], cwd=cwd, text=True, capture_output=True,
-                          timeout=300)
+                          timeout=300, env={**os.environ, "PATH": path})
 
 
 def test_the_demo_trains_the_policy_on_its_own_daemon_sessions(tmp_path: Path, prime_home: Path):

@@ -54,7 +54,8 @@ async def test_a_prompt_streams_its_answer_and_shows_the_cell(daemon: Client, pr
         await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
         app.query_one("#prompt").load_text("run: print(6 * 7)")
         await pilot.press("enter")
-        await until(pilot, lambda: any(m.text == "ran: 42" for m in app.query(AssistantMessage)))
+        await until(pilot, lambda: any(m.text == "ran: 42" for m in app.query(AssistantMessage))
+                    and app.state == "idle")  # the turn's end may come in a batch after its answer
         (cell,) = app.query(CellView)
         assert cell.code == "print(6 * 7)" and cell.output == [("stdout", "42\n")] and cell.result.duration > 0
         assert [m.text for m in app.query(UserMessage)] == ["run: print(6 * 7)"]
