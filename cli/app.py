@@ -2,8 +2,9 @@
 the app in this directory.
 
 Starts (or reaches) the daemon, then opens a new session here, the one named, or with `-c` the one
-last used here (prompted, or a turn begun or ended), and sends PROMPT when one is given. On exit the session goes on in the daemon;
-the command prints how to come back.
+last used here (prompted, or a turn begun or ended), and sends PROMPT when one is given. On exit the
+session goes on in the daemon (one it made and nobody prompted is not kept); the command prints how
+to come back.
 """
 
 from __future__ import annotations

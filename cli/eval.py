@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("-r", "--rollouts", type=int, default=1, help="rollouts per task")
     p.add_argument("-j", "--concurrency", type=int, default=4, help="rollouts at once")
     p.add_argument("-c", type=int, dest="deprecated_concurrency", metavar="N",
-                   help="deprecated: -j N (-c goes in the next release; elsewhere it is --set, and the app's --continue)")
+                   help="deprecated: -j N (-c goes in the next release: elsewhere it is --set, in the app --continue)")
     add_set(p, " for the rollouts' sessions (a resumed run keeps its own unless given)")
     p.add_argument("--seed", type=int, default=0, help="task selection seed")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per rollout")
@@ -57,8 +57,8 @@ def main(args: argparse.Namespace) -> int:
               f"exact McNemar p = {report['p_value']:.3f} ({verdict})")
         return 0
     if args.deprecated_concurrency is not None:
-        print(f"prime-agent eval: -c N is deprecated and goes in the next release; use -j {args.deprecated_concurrency}",
-              file=sys.stderr)
+        print("prime-agent eval: -c N is deprecated and goes in the next release; use "
+              f"-j {args.deprecated_concurrency}", file=sys.stderr)
         args.concurrency = args.deprecated_concurrency
     for flag, value in (("-n", args.n), ("--rollouts", args.rollouts), ("--concurrency", args.concurrency)):
         if value is not None and value < 1:

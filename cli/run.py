@@ -146,9 +146,8 @@ def stream_json_usage(args: argparse.Namespace) -> str | None:
         return "give a task, or --input-format stream-json (prompts on standard input), not both"
     if args.json and args.output_format != "text":
         return "--json (our events) and --output-format (Claude Code's messages) exclude each other"
-    if args.sandbox and PERMISSION_MODES[args.permission_mode]:
-        return f"--permission-mode {args.permission_mode} sets the sandbox ({PERMISSION_MODES[args.permission_mode]}): " \
-               "give it or --sandbox, not both"
+    if args.sandbox and (sets := PERMISSION_MODES[args.permission_mode]):
+        return f"--permission-mode {args.permission_mode} sets the sandbox ({sets}): give it or --sandbox, not both"
     if args.approve_plan and (args.permission_mode != "plan" or args.daemon):
         return "--approve-plan goes with --permission-mode plan, in this process (not with --daemon)"
     if args.keep and not args.daemon:

@@ -117,6 +117,9 @@ class Printer:
                     self._files(e.files)
             case ev.Note():
                 c.print(Text("note: " + e.text, style="bold"))
+            case ev.SteerReturned():
+                c.print(Text(f"not sent (the turn was interrupted first), yours to send again: {e.text}",
+                             style="yellow"))
             case ev.HookRan():
                 c.print(Text(e.run.line(), style="yellow" if e.run.error or e.run.blocks else "dim"))
             case ev.ModelRetry():

@@ -201,7 +201,8 @@ class Client:
 
     async def diff(self, session_id: str) -> FilesChanged | None:
         """What changed in the session's workspace since its first checkpoint (None: nothing)."""
-        return await self._typed(FilesChanged | None, "GET", f"/v1/sessions/{session_id}/diff")  # type: ignore[arg-type]
+        path = f"/v1/sessions/{session_id}/diff"
+        return await self._typed(FilesChanged | None, "GET", path)  # type: ignore[arg-type]
 
     async def server_models(self, session_id: str) -> list[str]:
         """The models the session's server lists."""
@@ -222,7 +223,8 @@ class Client:
                     dry_run: bool = False) -> Pruned:
         body = {"older_than_days": older_than_days, "cwd": str(Path(cwd).resolve()) if cwd is not None else None,
                 "dry_run": dry_run}
-        return await self._typed(Pruned, "POST", "/v1/sessions/prune", json={k: v for k, v in body.items() if v is not None})
+        return await self._typed(Pruned, "POST", "/v1/sessions/prune",
+                                 json={k: v for k, v in body.items() if v is not None})
 
     async def send(self, session_id: str, text: str, mode: str = "prompt") -> MessageAccepted:
         body = {"text": text, "mode": mode, **({"key": self.key.wire()} if self.key else {})}

@@ -97,7 +97,8 @@ class DaemonOrchestrator(HarnessOrchestrator):
 
             async def one(task: Task, r: int) -> tuple[Result, Path]:
                 async with slots:
-                    result, trajectory = await self._one(client, task, r, step, keep=task is tasks[self.KEPT] and r == 0)
+                    keep = task is tasks[self.KEPT] and r == 0
+                    result, trajectory = await self._one(client, task, r, step, keep)
                 if progress is not None and bar is not None:
                     progress.advance(bar)
                 return result, trajectory

@@ -358,4 +358,5 @@ async def test_plan_mode_shows_the_plan_as_a_card_and_y_carries_it_out(daemon: C
 
 
 def test_every_slash_command_names_a_method():
-    assert {name: c.method for name, c in COMMANDS.items() if not callable(getattr(SlashCommands, c.method, None))} == {}
+    assert {name: c.method for name, c in COMMANDS.items()
+            if not callable(getattr(SlashCommands, c.method, None))} == {}

@@ -346,7 +346,8 @@ async def test_leaving_the_picker_with_no_session_says_what_to_do(daemon: Client
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, SessionsScreen))
         await pilot.press("escape")
-        await until(pilot, lambda: any(n.startswith("no session yet: what you type starts a new one here") for n in notices(app)))
+        await until(pilot, lambda: any(n.startswith("no session yet: what you type starts a new one here")
+                                       for n in notices(app)))
         await type_and_send(pilot, "/exit")
         await until(pilot, lambda: not app.is_running)
     assert app.return_value is None

@@ -1,6 +1,7 @@
-"""The multi-line prompt editor: Enter sends (or takes a menu's completion: `complete`), Ctrl+J (or Shift+Enter) starts a new line, Up and
-Down on the first or last line walk through what was sent before (kept across runs, one JSON
-string per line in `history_file`); a draft comes back when you walk past the newest."""
+"""The multi-line prompt editor: Enter sends (or takes a menu's completion: `complete`), Ctrl+J (or
+Shift+Enter) starts a new line, Up and Down on the first or last line walk through what was sent
+before (kept across runs, one JSON string per line in `history_file`); a draft comes back when you
+walk past the newest."""
 
 from __future__ import annotations
 
