@@ -369,7 +369,8 @@ def run(cfg: RunConfig, args: argparse.Namespace, run_dir: Path, console: Consol
                   f"(95% CI over tasks [{change['low']:+.3f}, {change['high']:+.3f}]). {minutes:.1f} minutes.")
     console.print(f"\nRun folder: {run_dir} (results.json, metrics.jsonl, rollouts.jsonl, [bold]reward.png[/])")
     console.print(NEXT.format(pa=invocation(), before=before["kept"], after=after["kept"],
-                              stopped=" (the daemon stops now: the command starts it again)" if started_daemon else ""),
+                              stopped="\nThe daemon the demo started stops now; these commands start it again."
+                              if started_daemon else ""),
                   markup=False, highlight=False, soft_wrap=True)
     return 0
 
@@ -387,8 +388,8 @@ async def _daemon_status() -> Status:
 
 
 NEXT = """
-Two sessions stay, the first evaluation task before and after RL{stopped}; the others were deleted
-with their files once judged (rollouts.jsonl keeps each one's outcome and reward):
+Two sessions stay, the first evaluation task before and after RL; the others went with their files
+(rollouts.jsonl keeps each one's outcome and reward).{stopped}
   {pa} --resume {before}      open the one before RL in the app (cells, outputs, the answer)
   {pa} --resume {after}      and the one after
   {pa} sessions delete {before} {after}     when you are done with them

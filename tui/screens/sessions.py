@@ -44,11 +44,10 @@ class SessionsScreen(Screen[str | None]):
         table = self.query_one(DataTable)
         table.clear()
         try:
-            sessions = await self.client.sessions()
+            here = await self.client.sessions(self.project)  # this project's, and its folders'
         except DaemonError as e:
             self.notify(e.message, severity="error")
             return
-        here = [s for s in sessions if Path(s.cwd).is_relative_to(self.project)]
         for s in sorted(here, key=lambda s: -s.created):
             mark = "▶ " if s.id == self.current else "  "
             table.add_row(mark + s.id, s.state, str(s.turns), f"{s.usage.total_tokens:,}", s.model,
