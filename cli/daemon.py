@@ -25,8 +25,8 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     start.add_argument("--tcp", metavar="HOST:PORT", help="also listen on TCP; requests need the bearer token")
     start.add_argument("--allow-remote-unsandboxed", action="store_true",
                        help="with --tcp: clients there may create sessions less confined than the configuration "
-                       "says (full-access, network on, other MCP servers) and approve commands to run outside the "
-                       "sandbox; without it only clients of the Unix socket may")
+                       "says (full-access, network on, other MCP servers) and approve commands the sandbox "
+                       "refused; without it only clients of the Unix socket may")
     start.add_argument("--no-schedules", action="store_true",
                        help="pause every schedule before the daemon starts (prime-agent schedule resume ID)")
     actions.add_parser("stop", help="stop it: running turns are interrupted and recorded first")
