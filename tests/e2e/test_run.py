@@ -345,8 +345,8 @@ def test_without_a_terminal_or_approval_flag_a_denial_names_no_setting_the_user_
     assert p.returncode == 0, err
     records = read_records(session_dir(prime_home) / "trajectory.jsonl")
     (cell,) = [r for r in records if isinstance(r, CellRecord)]
-    assert cell.result.stdout == ("refused: not run outside the sandbox: nobody can approve it in this session "
-                                  "(run it in the daemon, or at a terminal)\n")
+    assert cell.result.stdout == ("refused: not approved: nobody can approve it in this session (run it in the "
+                                  "daemon, or at a terminal)\n")
     assert "sandbox.approval" not in out + err
 
 
