@@ -81,7 +81,12 @@ def test_sessions_are_listed_by_directory_deleted_with_their_files_and_pruned(pr
     assert not (sessions / empty).exists() and not (sessions / kept_files).exists()
     assert ids(cwd=a) == [in_a]
 
-    time.sleep(1.0)
+    client = SyncClient()
+    try:
+        unused_for = time.time() - client.session(in_a).updated
+    finally:
+        client.close()
+    time.sleep(max(0.0, 0.9 - unused_for))  # --older-than 0.00001 (days) is 0.86 s: long past, after the commands above
     r = cli("sessions", "prune", "--older-than", "0.00001", "--cwd", str(b), cwd=a)  # b has none left
     assert "0 session(s) removed" in r.stderr and ids(cwd=a) == [in_a]
     r = cli("sessions", "prune", "--older-than", "0.00001", cwd=a)  # 0.86 s unused

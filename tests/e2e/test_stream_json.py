@@ -157,7 +157,7 @@ def test_a_task_and_stream_json_input_exclude_each_other(project: Path):
     assert (p.returncode, out) == (2, "") and "not both" in err
 
 
-@pytest.mark.parametrize(("flags", "mode"), [([], "acceptEdits"), (["--permission-mode", "acceptEdits"], "acceptEdits"),
+@pytest.mark.parametrize(("flags", "mode"), [(["--permission-mode", "acceptEdits"], "acceptEdits"),  # none: above
                                              (["--permission-mode", "plan"], "plan"),
                                              (["--sandbox", "read-only"], "default"),
                                              (["--permission-mode", "bypassPermissions"], "bypassPermissions")])
