@@ -16,9 +16,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from agent.config import ConfigError, home, load_config, merge, parse_override, shorten
+from agent.config import ConfigError, home, load_config, merge, shorten
 from cli import invocation
-from cli.overrides import looks_like_override
+from cli.overrides import add_set, looks_like_override, read_overrides
 from daemon.client import DaemonError, connect
 from daemon.schemas import ModelKey
 
@@ -33,9 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cwd", help="project directory (default: the current directory)")
     p.add_argument("--sandbox", choices=["read-only", "workspace-write", "full-access"],
                    help="how the OS confines a new session's code (sandbox.mode); full-access: none, shown loudly")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override a config field for a new session, e.g. --set model.action_format=text "
-                        "(repeatable; as for run, acp and eval)")
+    add_set(p, " for a new session")
     return p
 
 
@@ -66,10 +64,8 @@ def main(argv: list[str]) -> int:
               f"anyway: prime-agent -c -- {shlex.quote(args.prompt)}", file=sys.stderr)
         return 2
     cwd = Path(args.cwd or ".").resolve()
-    sets: dict = {}
     try:
-        for text in args.overrides:
-            merge(sets, parse_override(text))
+        sets = read_overrides(args, "")
         if "daemon" in sets:
             raise ConfigError("--set daemon.*: the daemon reads [daemon] from config.toml when it starts, "
                               "not per session")
