@@ -53,6 +53,8 @@ COMMANDS = {  # in the order --help lists them
                      "AGENTS.md...): review and trust them, --list, --revoke"),
     "acp": Command("cli.acp", "the agent over the Agent Client Protocol on stdio, for editors (Zed...), Harbor and "
                    "verifiers; its sessions are the daemon's"),
+    "doctor": Command("cli.doctor", "check what a first day trips on: the command on PATH, bubblewrap, the home, "
+                      "the daemon, the model server"),
 }
 
 APP_FLAGS = ("--resume", "-c", "--continue", "--model", "--base-url", "--cwd", "--sandbox", "--set", "--")

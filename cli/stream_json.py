@@ -31,6 +31,20 @@ SUBTYPES = {"completed": "success", "budget_exhausted": "error_max_turns", "inte
 """A turn's outcome as the result's subtype (Claude Code's names)."""
 
 
+def permission_mode(sandbox: str, planning: bool) -> str:
+    """The sandbox in force (as a session's events say it) as Claude Code's permission mode: plan mode is
+    `plan`; read-only, where every write is a request to a person, `default`; workspace-write, where the
+    agent's code writes the workspace unasked and asks for anything beyond it, `acceptEdits`; full-access
+    (or no sandbox at all), `bypassPermissions`."""
+    if planning:
+        return "plan"
+    if sandbox.startswith("read-only"):
+        return "default"
+    if sandbox.startswith("workspace-write"):
+        return "acceptEdits"
+    return "bypassPermissions"
+
+
 def anthropic_usage(u: Usage) -> dict[str, int]:
     """Our usage in Anthropic's terms: input_tokens are the prompt tokens the cache neither served nor stored."""
     return {"input_tokens": u.prompt_tokens - u.cached_tokens - u.cache_write_tokens,
@@ -41,8 +55,9 @@ def anthropic_usage(u: Usage) -> dict[str, int]:
 class StreamJson:
     """Renders a session's events as stream-json lines on `out` (with `only_result`: the `json` format)."""
 
-    def __init__(self, model: str, permission_mode: str, only_result: bool = False, out: TextIO | None = None):
-        self.model, self.permission_mode, self.only_result = model, permission_mode, only_result
+    def __init__(self, model: str, sandbox: str, planning: bool = False, only_result: bool = False,
+                 out: TextIO | None = None):
+        self.model, self.sandbox, self.planning, self.only_result = model, sandbox, planning, only_result
         self.out = out or sys.stdout
         self.session_id: str | None = None
         self.message_id = ""
@@ -57,7 +72,7 @@ class StreamJson:
             cwd = e.cwd if isinstance(e, ev.SessionStarted) else ""
             self.emit({"type": "system", "subtype": "init", "cwd": cwd, "session_id": e.session_id,
                        "tools": ["ipython"], "mcp_servers": [], "model": self.model,
-                       "permissionMode": getattr(e, "sandbox", "") or self.permission_mode,
+                       "permissionMode": permission_mode(getattr(e, "sandbox", None) or self.sandbox, self.planning),
                        "slash_commands": [], "apiKeySource": "none", "output_style": "default"})
         if isinstance(e, ev.TurnStarted):
             self.api_seconds = 0.0

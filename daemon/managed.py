@@ -500,7 +500,8 @@ class ManagedSession:
 
     def recover(self) -> None:
         """After a crash: finish a rewind it cut, close the turn it cut (as interrupted) and the turns it
-        left queued."""
+        left queued. None of it is a use of the session: when it was last used stays as it was."""
+        used = self.meta.updated
         if self.layout.rewind_intent.is_file():
             self._finish_rewind()
         ended = RESTARTED if self.meta.host == "daemon" else RUN_ENDED
@@ -523,6 +524,7 @@ class ManagedSession:
         for queued in self.meta.queued:
             self.queue.never_ran(queued.turn_id, f"{RESTARTED} before this turn began")
         self.meta.queued = []
+        self.meta.updated = used
         self.save()
 
     def _finish_rewind(self) -> None:

@@ -287,7 +287,7 @@ async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool, 
         raise HTTPException(400, f"this model's maximum context length is {limit} tokens and the prompt has "
                                  f"{max(map(len, prompts))}: pass truncate_prompt_tokens ([env] prompt_tokens in RL) or "
                                  "start the server with --truncate to keep its last tokens, or send a shorter prompt "
-                                 "(the agent: -c model.base_prompt='\"short\"')")
+                                 "(the agent: --set model.base_prompt=short)")
     expanded = [p for p in prompts for _ in range(req.n)]
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
     created = int(time.time())
