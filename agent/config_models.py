@@ -61,6 +61,10 @@ class ModelConfig(_Section):
     its `generation_config.json`), else the server's."""
     max_completion_tokens: int | None = None
     """Cap on tokens per completion; None leaves the server's default."""
+    repetition_limit: int = Field(500, ge=0)
+    """Characters of a completion that may be one piece of text repeated back to back (5 times or
+    more) before the completion is stopped there and the turn ends (`budget_exhausted`: a model
+    caught in a loop, as small ones fall into at low temperature); 0: never stopped for it."""
     timeout: float = 300.0
     """Seconds to wait for one model call (per attempt) before it counts as timed out."""
     max_retries: int = 4

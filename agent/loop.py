@@ -20,7 +20,7 @@ from agent.config_models import Config
 from agent.context import Context, Inbox, Sinks
 from agent.hooks import NO_HOOKS, Runner
 from agent.kernel import Kernel, KernelError
-from agent.model import ContextOverflow, Model, ModelError, ModelTimeout, ToolsRefused
+from agent.model import ContextOverflow, Model, ModelError, ModelTimeout, Repeating, ToolsRefused
 from agent.prompt import render
 from agent.trajectory import CellRecord, CompactionRecord, ModelCall, WriteFailed
 from agent.types import Cell, CellResult, Completion, FilesChanged, Message, Outcome, ToolCall, Turn
@@ -36,7 +36,7 @@ class Submitted(Exception):
 
 
 class BudgetExhausted(Exception):
-    """A turn budget (steps, cells, tokens, seconds) ran out; the message says which."""
+    """A turn budget (steps, cells, tokens, seconds, repeats) ran out; the message says which."""
 
 
 class Interrupted(Exception):
@@ -97,7 +97,7 @@ class TurnLoop:
             return "completed", e.answer, None
         except HookStopped as e:
             return "interrupted", None, f"a hook stopped the turn: {e}"
-        except BudgetExhausted as e:
+        except (BudgetExhausted, Repeating) as e:  # a loop is a budget too: the model will not get out of it
             return "budget_exhausted", None, str(e)
         except Interrupted:
             return "interrupted", None, "interrupted by the user"
@@ -328,7 +328,21 @@ class TurnLoop:
         self.record(CellRecord(turn_id=turn.id, cell=cell, result=result))
         self.emit(ev.CellFinished(turn_id=turn.id, cell_id=cell.id, attachments=[a.mime for a in result.attachments],
                                   result=result.model_copy(update={"attachments": []}), files=files))
+        self.count_repeats(turn, cell, result)
         return result
+
+    def count_repeats(self, turn: Turn, cell: Cell, result: CellResult) -> None:
+        """The same code with the same result `budget.max_repeats` times in a row: the model is going
+        round in circles, and the turn stops once this cell's result is told (not its traceback, whose
+        cell numbers differ each run)."""
+        limit = self.config.budget.max_repeats
+        seen = (cell.code.strip(), result.stdout, result.stderr, str(result.result), result.error_name or "",
+                result.error_value or "")
+        count, last = turn.same_cells
+        turn.same_cells = (count + 1 if seen == last else 1, seen)
+        if limit is not None and turn.same_cells[0] >= limit:
+            turn.stop_with(BudgetExhausted(f"the model ran the same cell with the same result {limit} times in a "
+                                           "row, going round in circles, so the turn stops (budget.max_repeats)"))
 
     async def files_of_cell(self, turn: Turn) -> FilesChanged | None:
         """The files the cell changed. An interrupt meanwhile (which cancels the turn's task while the

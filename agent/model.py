@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field
 
 from agent.actions import IPYTHON_TOOL
 from agent.config_models import ModelConfig
+from agent.repetition import Repetition
 from agent.types import Completion, Message
 from agent.wire import MalformedReply, ServerReply, Shown, brief, to_wire
 
@@ -57,6 +58,11 @@ class ContextOverflow(ModelError):
 
 class ToolsRefused(ModelError):
     """The server refused a request with tools: it cannot serve tool calls for this model."""
+
+
+class Repeating(ModelError):
+    """The completion fell into a loop, repeating one piece of text back to back: it was stopped there
+    (`model.repetition_limit`). Not retried: the same request would loop again."""
 
 
 TOOLS_ERRORS = re.compile(r"enable-auto-tool-choice|tool-call-parser|tool.choice|does not support tools|"
@@ -397,14 +403,33 @@ class OpenAIModel:
         return await self._client.post("/chat/completions", body=request, cast_to=object,
                                        stream=bool(request.get("stream")), stream_cls=AsyncStream[object])
 
+    def _watch(self) -> Callable[[str], None]:
+        """What watches a completion's text for a loop: raises `Repeating` once it fell into one."""
+        limit = self.config.repetition_limit
+        if not limit:
+            return lambda piece: None
+        guard, written = Repetition(limit), 0
+
+        def watch(piece: str) -> None:
+            nonlocal written
+            written += len(piece)
+            if (loop := guard.feed(piece)) is not None:
+                raise Repeating(f"the model fell into a loop, writing {loop.describe()}: its completion was "
+                                f"stopped after {written:,} characters (model.repetition_limit = {limit})")
+
+        return watch
+
     async def _call(self, request: dict[str, Any], text: Shown, reasoning: Shown) -> Completion:
         try:
-            reply = ServerReply(text, reasoning)
+            reply = ServerReply(text, reasoning, self._watch())
             if request.get("stream"):
                 stream = await self._post(request)
-                await self._refuse_html(stream.response)
-                async for chunk in stream:
-                    reply.add_chunk(chunk)
+                try:
+                    await self._refuse_html(stream.response)
+                    async for chunk in stream:
+                        reply.add_chunk(chunk)
+                finally:  # also when the reply is stopped early: the server stops sampling it
+                    await stream.close()
             else:
                 body = await self._post(request)
                 if isinstance(body, str):  # not JSON: the client hands the text over as it is

@@ -136,8 +136,10 @@ class ServerReply:
       (DeepSeek), `completion_tokens_details.reasoning_tokens`, and a `cost` (OpenRouter).
     """
 
-    def __init__(self, text: Shown, reasoning: Shown):
-        self.show_text, self.show_reasoning = text, reasoning
+    def __init__(self, text: Shown, reasoning: Shown, watch: Callable[[str], None] = lambda piece: None):
+        """`watch` sees every piece of text the model wrote (answer, reasoning, tool-call arguments) as it
+        comes, and may raise to stop the reply there (agent.repetition)."""
+        self.show_text, self.show_reasoning, self.watch = text, reasoning, watch
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.think = Think()
@@ -159,6 +161,7 @@ class ServerReply:
             delta = choice.get("delta") or {}
             self._reasoning(delta)
             if isinstance(delta.get("content"), str):
+                self.watch(delta["content"])
                 for is_reasoning, piece in self.think.feed(delta["content"]):
                     (self.reasoning if is_reasoning else self.text).append(piece)
                     (self.show_reasoning if is_reasoning else self.show_text)(piece)
@@ -177,10 +180,13 @@ class ServerReply:
         message = choice.get("message") or {}
         self._reasoning(message, show=False)
         if isinstance(message.get("content"), str):
+            self.watch(message["content"])
             self.text.append(message["content"])
         for i, tc in enumerate(message.get("tool_calls") or []):
+            arguments = _arguments((tc.get("function") or {}).get("arguments"))
+            self.watch(arguments)
             self.calls.append({"id": tc.get("id") or "", "name": (tc.get("function") or {}).get("name") or "",
-                               "arguments": [_arguments((tc.get("function") or {}).get("arguments"))]})
+                               "arguments": [arguments]})
         self._logprobs(choice)
         self.finish = choice.get("finish_reason")
 
@@ -195,6 +201,7 @@ class ServerReply:
     def _reasoning(self, obj: dict[str, Any], show: bool = True) -> None:
         piece = obj.get("reasoning_content") or obj.get("reasoning")  # vLLM sends both, the same text
         if isinstance(piece, str) and piece:
+            self.watch(piece)
             self.reasoning.append(piece)
             if show:
                 self.show_reasoning(piece)
@@ -212,6 +219,7 @@ class ServerReply:
         slot["name"] = fn.get("name") or slot["name"]
         if fn.get("arguments") is not None:
             slot["arguments"].append(_arguments(fn["arguments"]))
+            self.watch(slot["arguments"][-1])
 
     def _logprobs(self, choice: dict[str, Any]) -> None:
         content = (choice.get("logprobs") or {}).get("content") or []

@@ -10,7 +10,7 @@ import pytest
 from agent.config import load_config, parse_override
 from agent.config_models import ModelConfig
 from agent.actions import fenced_cells
-from agent.model import ModelError, ModelTimeout, OpenAIModel, ServerModel, ToolsRefused, fitted
+from agent.model import ModelError, ModelTimeout, OpenAIModel, Repeating, ServerModel, ToolsRefused, fitted
 from agent.testing.openai_server import OLLAMA_NO_TOOLS, VLLM_NO_TOOL_PARSER, OpenAIServer, Reply
 from agent.types import Message, ToolCall
 
@@ -186,3 +186,37 @@ async def test_a_servers_refusal_of_tools_is_told_apart_and_not_retried(refusal:
         with pytest.raises(ToolsRefused, match="refused tool calling"):
             await model_for(server).complete(USER)
     assert len(server.requests) == 1
+
+
+# --- a completion that repeats itself ------------------------------------------------------------------
+
+
+LOOP = "print(mul(2, 3))\n" * 2000
+"""34,000 characters of one line: SmolLM2-135M's way of running away, written to the token limit."""
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("reply", [Reply(content="Here it is:\n```python\n" + LOOP, finish_reason="length"),
+                                   Reply(raw_arguments=['{"code": "' + json.dumps(LOOP)[1:-1]], finish_reason="length"),
+                                   Reply(reasoning="Let me think. " * 3000, content="ok")],
+                         ids=["answer", "tool-call", "reasoning"])
+async def test_a_completion_that_repeats_itself_is_stopped_there_and_not_retried(stream: bool, reply: Reply):
+    with OpenAIServer([reply, Reply(content="never asked")]) as server:
+        shown: list[str] = []
+        with pytest.raises(Repeating, match=r"the model fell into a loop, writing '.+' \d+ times in a row: its completion "
+                                            r"was stopped after [\d,]+ characters \(model.repetition_limit = 500\)"):
+            await model_for(server, stream=stream).complete(USER, on_delta=shown.append, on_reasoning=shown.append)
+        assert len(server.requests) == 1
+    if stream:  # stopped as the loop showed, not after the 34,000 characters the server had to send
+        assert len("".join(shown)) < 2_000
+
+
+async def test_text_that_repeats_a_little_or_not_at_all_is_no_loop():
+    table = "| a | b |\n|---|---|\n" + "".join(f"| {i} | {i * i} |\n" for i in range(400))  # 5,000 characters
+    replies = [Reply(content=table), Reply(content="=" * 80 + "\nx = 0\n" * 4 + "done"), Reply(content=LOOP)]
+    with OpenAIServer(replies) as server:
+        model = model_for(server)
+        assert (await model.complete(USER)).message.content == table
+        assert (await model.complete(USER)).message.content.endswith("done")
+        unguarded = model_for(server, repetition_limit=0)
+        assert (await unguarded.complete(USER)).message.content == LOOP  # switched off: the whole of it

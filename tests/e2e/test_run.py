@@ -108,10 +108,12 @@ def test_a_bad_config_file_is_named(project: Path):
     ("script", "flags", "code", "message"),
     [
         ([Reply(status=500)] * 3, ["-c", "model.max_retries=2", "-c", "model.retry_base_delay=0.01"], 3, "HTTP 500"),
-        ([Reply(code=["1"])] * 3, ["--max-turns", "2"], 4, "budget.max_steps"),
+        ([Reply(code=[f"{i}"]) for i in range(3)], ["--max-turns", "2"], 4, "budget.max_steps"),
+        ([Reply(code=["print(mul(2, 3))"])] * 3, [], 4, "same result 3 times in a row"),
+        ([Reply(content="```python\n" + "print(mul(2, 3))\n" * 2000)], [], 4, "fell into a loop"),
         ([Reply(hang=True)] * 2, ["-c", "model.timeout=0.5", "-c", "model.max_retries=1"], 5, "no answer within 0.5s"),
     ],
-    ids=["model-error", "budget", "timeout"],
+    ids=["model-error", "budget", "same-cell", "looping-completion", "timeout"],
 )
 def test_distinct_exit_codes(project: Path, script, flags, code, message):
     with OpenAIServer(script) as server:
