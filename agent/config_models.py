@@ -59,8 +59,11 @@ class ModelConfig(_Section):
     temperature: float | None = None
     """Sampling temperature; None: the model's own default where its server advertises one (ours:
     its `generation_config.json`), else the server's."""
-    max_completion_tokens: int | None = None
-    """Cap on tokens per completion; None leaves the server's default."""
+    max_completion_tokens: int | None = Field(None, ge=1)
+    """Cap on tokens per completion. Unless set, fitted to a context window the server states (or
+    `context_window`, where set): a fifth of it, the room the compaction threshold leaves above the
+    context, at most 32,768 (SmolLM2's 8,192-token window: 1,638). Where the window is not known
+    (OpenAI's API, Ollama) nothing is sent, and the server's own limit applies."""
     repetition_limit: int = Field(500, ge=0)
     """Characters of a completion that may be one piece of text repeated back to back (5 times or
     more) before the completion is stopped there and the turn ends (`budget_exhausted`: a model

@@ -61,16 +61,19 @@ class TurnLoop:
                  system_prompt: Callable[[], str], hooks: Runner = NO_HOOKS,
                  ask_cell: Callable[[str, str], Awaitable[str | None]] | None = None,
                  text_mode: Callable[[str], bool] = lambda reason: False,
+                 before_call: Callable[[str], Awaitable[None]] | None = None,
                  after_cell: Callable[[], Awaitable[FilesChanged | None]] | None = None):
         """`system_prompt()` builds the system prompt afresh: a compaction starts the context over with it.
         `hooks`: the person's (PreToolUse, PostToolUse, Stop, PreCompact); `ask_cell(code, reason)`: a
         person's say on a cell a hook asked about (None: approved, else why not); `text_mode(reason)`
         switches the session to text mode when the server refuses tools (False: it did not);
-        `after_cell()`: the files the cell that just ran changed (the checkpoints')."""
+        `before_call(turn_id)`: fits the session to its model's server while it has not answered yet
+        (agent/fit.py); `after_cell()`: the files the cell that just ran changed (the checkpoints')."""
         self.config, self.model, self.kernel, self.context, self.inbox = config, model, kernel, context, inbox
         self.emit, self.record, self.charge = sinks.emit, sinks.record, sinks.charge
         self.system_prompt = system_prompt
         self.hooks, self.ask_cell, self.text_mode, self.after_cell = hooks, ask_cell, text_mode, after_cell
+        self.before_call = before_call
         self.said_no_logprobs = False
 
     async def run(self, turn: Turn) -> tuple[Outcome, str | None, str | None]:
@@ -126,6 +129,8 @@ class TurnLoop:
         self.stop_if_done(turn)
         self.check_budget(turn)
         self.deliver_inbox(turn)
+        if self.before_call is not None:  # the window and prompt in force are what the server says
+            await self.within_budget(turn, self.before_call(turn.id))
         if compaction.needed(self.context, self.config) or self.context.compact_requested:
             asked, self.context.compact_requested = self.context.compact_requested, False
             await self.compact(turn, "manual" if asked else "auto")

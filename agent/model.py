@@ -85,15 +85,25 @@ class ServerModel(BaseModel):
     """Whether the server can serve tool calls for it (ours: whether its chat template renders tools)."""
     sampling: dict[str, float] = Field(default_factory=dict)
     """The model's own sampling defaults (ours: from its `generation_config.json`): temperature, top_p."""
+    reached: bool = True
+    """False: no server could be reached there (not up yet): ask again later."""
+
+
+FITTED_COMPLETION_MAX = 32_768
+"""The most tokens a completion is fitted to (`model.max_completion_tokens` unset, a known window)."""
 
 
 def fitted(config: ModelConfig, server: ServerModel) -> ModelConfig:
     """`config` with what the server says of its model wherever the user set nothing: the context
-    window, text mode for a model that renders no tools, its sampling defaults. What the user set
-    stays set (the result's `model_fields_set` is the user's), and wins."""
+    window, a completion cap fitted to it (a fifth of a window known from the server or the user),
+    text mode for a model that renders no tools, its sampling defaults. What the user set stays set
+    (the result's `model_fields_set` is the user's), and wins."""
     update: dict[str, Any] = {}
     if server.context_window and not config.user_set("context_window"):
         update["context_window"] = server.context_window
+    window = update.get("context_window") or (config.context_window if config.user_set("context_window") else None)
+    if window and not config.user_set("max_completion_tokens"):
+        update["max_completion_tokens"] = max(1, min(window // 5, FITTED_COMPLETION_MAX))
     if server.tools is False and not config.user_set("action_format"):
         update["action_format"] = "text"
     sampling = dict(server.sampling)
@@ -110,8 +120,8 @@ class Model(Protocol):
     action_format: Literal["tools", "text"]
 
     async def describe(self) -> ServerModel:
-        """What the model's server says of it (asked once per server and model), empty where it says
-        nothing or cannot be asked."""
+        """What the model's server says of it (asked once per server and model, until it answers), empty
+        where it says nothing; not `reached` where it cannot be asked (yet)."""
         ...
 
     def reconfigure(self, config: ModelConfig) -> None:
@@ -232,18 +242,26 @@ class OpenAIModel:
 
     async def describe(self) -> ServerModel:
         """`GET /v1/models` (and llama.cpp's `/props`), read for this model's entry. OpenAI's own API
-        (no base URL) says nothing of use and is not asked; a server that cannot answer says nothing."""
+        (no base URL) says nothing of use and is not asked; a server that answers with an error says
+        nothing; one that cannot be reached is asked again next time."""
         key = (self.config.base_url, self.name)
-        if key not in self._described:
-            self._described[key] = ServerModel() if self.config.base_url is None else await self._ask_server()
-        return self._described[key]
+        if key in self._described:
+            return self._described[key]
+        server = ServerModel() if self.config.base_url is None else await self._ask_server()
+        if server.reached:
+            self._described[key] = server
+        return server
 
     async def _ask_server(self) -> ServerModel:
         await asyncio.to_thread(self.prepare)
         options = {"timeout": min(self.config.timeout, DESCRIBE_TIMEOUT)}
         try:
             listing = await self._client.get("/models", cast_to=object, options=options)
-        except Exception:  # no listing (transformers serve offline: a 500), or no server yet: the turn will say
+        except self._openai.APITimeoutError:  # a listing that does not come in time is not waited on again
+            return ServerModel()
+        except self._openai.APIConnectionError:  # no server there yet: asked again before the next call
+            return ServerModel(reached=False)
+        except Exception:  # no listing (transformers serve offline: a 500): the server says nothing
             return ServerModel()
         entries = listing.get("data") if isinstance(listing, dict) else None
         entry = next((e for e in entries or [] if isinstance(e, dict) and e.get("id") == self.name), {})

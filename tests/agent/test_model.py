@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import load_config, parse_override
+from agent.config import load_config, merge, parse_override
 from agent.config_models import ModelConfig
 from agent.actions import fenced_cells
 from agent.model import ModelError, ModelTimeout, OpenAIModel, Repeating, ServerModel, ToolsRefused, fitted
@@ -165,6 +165,36 @@ def test_a_setting_the_user_made_wins_over_the_server_even_at_the_default_value(
     user = load_config(Path("/nonexistent"), parse_override(key)).model
     model = fitted(user, SAYS)
     assert getattr(model, setting) == value and model.model_fields_set == {setting}
+
+
+@pytest.mark.parametrize("overrides, server, cap", [
+    ([], SAYS, 1638),  # SmolLM2 on our server: a fifth of its 8,192 tokens
+    ([], ServerModel(context_window=1_000_000), 32_768),  # never more than 32,768
+    (["model.context_window=32768"], ServerModel(), 6553),  # a window the user states fits it too
+    ([], ServerModel(), None),  # no window known (OpenAI's API, Ollama): the server's own limit
+    (["model.max_completion_tokens=4000"], SAYS, 4000),  # the user's, whatever the window
+])
+def test_the_completion_cap_is_fitted_to_a_known_window(overrides: list[str], server: ServerModel, cap):
+    user = load_config(Path("/nonexistent"), merged(*overrides)).model
+    assert fitted(user, server).max_completion_tokens == cap
+
+
+def merged(*overrides: str) -> dict:
+    out: dict = {}
+    for o in overrides:
+        merge(out, parse_override(o))
+    return out
+
+
+async def test_the_fitted_cap_is_sent_as_max_tokens_and_as_max_completion_tokens_to_openai():
+    with OpenAIServer([Reply(content="a")]) as server:
+        model = model_for(server)
+        model.reconfigure(fitted(model.config, SAYS))
+        await model.complete(USER)
+    assert server.requests[0]["max_tokens"] == 1638
+    openai_itself = OpenAIModel(fitted(ModelConfig(name="gpt-4.1", api_key="sk-none", context_window=400_000),
+                                       ServerModel()))
+    assert openai_itself._request(USER, True, False)["max_completion_tokens"] == 32_768
 
 
 async def test_the_advertised_sampling_defaults_are_sent_where_the_user_set_none():
