@@ -297,7 +297,8 @@ class TurnLoop:
         if remaining is not None:
             if remaining == 0:
                 raise BudgetExhausted(out_of_seconds(b.max_seconds))
-            cell.timeout = min(cell.timeout or self.config.kernel.cell_timeout, remaining)
+            if remaining < (cell.timeout or self.config.kernel.cell_timeout):  # else the cell's own stands
+                cell.timeout = remaining
         turn.cells += 1
         tool_input = {"code": cell.code, **({"timeout": cell.timeout} if cell.timeout is not None else {})}
         pre = await self.hooks("PreToolUse", {"tool_name": "ipython", "tool_input": tool_input, "tool_use_id": cell.id},

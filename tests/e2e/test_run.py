@@ -256,8 +256,9 @@ def _read_until(fd: int, seen: bytearray, marker: bytes, count: int, timeout: fl
 
 
 def test_approvals_are_asked_at_the_terminal_and_recorded_as_the_persons(project: Path, prime_home: Path):
+    # the same cell three times in a row would end the turn (budget.max_repeats): `echo bye` comes between
     script = [Reply(code=[ASK.format(command="echo hi")]), Reply(code=[ASK.format(command="echo hi")]),
-              Reply(code=[ASK.format(command="echo hi")]), Reply(code=[DENIED.format(command="echo bye")]),
+              Reply(code=[DENIED.format(command="echo bye")]), Reply(code=[ASK.format(command="echo hi")]),
               Reply(content="all three asked")]
     master, slave = os.openpty()
     with OpenAIServer(script) as server:
@@ -266,7 +267,7 @@ def test_approvals_are_asked_at_the_terminal_and_recorded_as_the_persons(project
                               "--approval", "on-request", "ask thrice"], cwd=project, env=env, start_new_session=True)
         seen = bytearray()  # the slave stays open here too, so reading the master never fails with EIO
         try:
-            for n, answer in enumerate([b"y", b"a", b"n"], 1):  # the third `echo hi` is not asked: `a` covers it
+            for n, answer in enumerate([b"y", b"a", b"n"], 1):  # the last `echo hi` is not asked: `a` covers it
                 _read_until(master, seen, b"Go ahead?", n)
                 os.write(master, answer + b"\n")
             _read_until(master, seen, b"[session ", 1)
@@ -279,11 +280,11 @@ def test_approvals_are_asked_at_the_terminal_and_recorded_as_the_persons(project
     assert out.count("Go ahead?") == 3 and "echo bye" in out
     assert out.count("all three asked") == 1  # streamed to the terminal, so not printed again on stdout
     assert _approvals(prime_home) == [("echo hi", "approve", "user"), ("echo hi", "always", "user"),
-                                      ("echo hi", "always", "rule"), ("echo bye", "deny", "user")]
+                                      ("echo bye", "deny", "user"), ("echo hi", "always", "rule")]
     records = read_records(session_dir(prime_home) / "trajectory.jsonl")
     outputs = [r.result.stdout for r in records if isinstance(r, CellRecord)]
-    assert [o.splitlines()[0] for o in outputs[:3]] == ["hi"] * 3
-    assert outputs[3] == "refused: not run outside the sandbox: the user denied it\n"
+    assert [outputs[i].splitlines()[0] for i in (0, 1, 3)] == ["hi"] * 3
+    assert outputs[2] == "refused: not run outside the sandbox: the user denied it\n"
 
 
 def test_without_a_terminal_a_request_is_denied_as_nobodys_decision_and_said(project: Path, prime_home: Path):
