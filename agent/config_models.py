@@ -6,8 +6,9 @@ session's configuration comes from, and how the sources merge, is agent/config.p
 from __future__ import annotations
 
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from agent.hooks import HooksFile
 from agent.types import Budget, Usage
@@ -40,7 +41,8 @@ class ModelConfig(_Section):
     name: str | None = None
     """Model name sent to the server (PRIME_AGENT_MODEL)."""
     base_url: str | None = None
-    """OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (OPENAI_BASE_URL); None is OpenAI."""
+    """OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (OPENAI_BASE_URL); None is OpenAI.
+    Anything but an http(s) URL with a host is refused where it is set."""
     api_key: str | None = None
     """API key (OPENAI_API_KEY); local servers that need none get a placeholder."""
     action_format: Literal["tools", "text"] = "tools"
@@ -103,6 +105,20 @@ class ModelConfig(_Section):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra JSON fields for every request (server-specific sampling options); a model's advertised
     sampling defaults other than `temperature` (`top_p`, ...) go here unless set here."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (a port that is not a number raises here)
+        except ValueError as e:
+            raise ValueError(f"{url!r} is not a URL ({e}); e.g. http://localhost:8000/v1") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
+            raise ValueError(f"{url!r} is not an http(s) URL of a server, e.g. http://localhost:8000/v1")
+        return url
 
     def user_set(self, name: str) -> bool:
         """Whether `name` was set by the user (a config file, the environment, a flag, a request), not

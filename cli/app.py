@@ -79,9 +79,9 @@ def main(argv: list[str]) -> int:
         return 2
     new_session = args.resume is None and not args.cont
     if new_session and not config.model.configured:
-        from cli.run import NO_MODEL
+        from cli.run import no_model
 
-        print(NO_MODEL.rsplit("\n", 1)[0] + "\n" + NO_MODEL_HINT, file=sys.stderr)
+        print(no_model(config.model).rsplit("\n", 1)[0] + "\n" + NO_MODEL_HINT, file=sys.stderr)
         return 2
     try:
         session_id = asyncio.run(_run(config, cwd, args, sets))

@@ -94,6 +94,23 @@ def test_without_a_model_it_says_how_to_configure_one(project: Path):
         assert hint in r.stderr
 
 
+def test_a_model_name_without_a_server_says_what_is_missing_and_how_to_serve_one(project: Path):
+    r = run("run", "--model", "foo", "hello", cwd=project)
+    assert r.returncode == 2
+    said = " ".join(r.stderr.split())
+    assert "no model configured: the model 'foo' has no server to go to: no endpoint (--base-url, OPENAI_BASE_URL)" in said
+    assert "prime-agent models pull smollm2-135m-instruct" in said and "prime-agent rl serve --model" in said
+    r = run("run", "--base-url", "http://127.0.0.1:8000/v1", "hello", cwd=project)
+    assert r.returncode == 2 and "no model name to ask it for (--model, PRIME_AGENT_MODEL)" in r.stderr
+
+
+@pytest.mark.parametrize("url", ["not a url", "localhost:8000/v1", "ftp://example.com/v1", "http://host:port/v1"])
+def test_a_base_url_that_is_no_http_url_is_refused_before_anything_runs(project: Path, prime_home: Path, url: str):
+    r = run("run", "--model", "foo", "--base-url", url, "hello", cwd=project)
+    assert r.returncode == 2 and "field model.base_url" in r.stderr and "http://localhost:8000/v1" in r.stderr
+    assert not (prime_home / "sessions").exists()
+
+
 def test_a_bad_config_file_is_named(project: Path):
     (project / ".prime-agent").mkdir()
     (project / ".prime-agent" / "config.toml").write_text("[budget]\nmax_steps = 'lots'\n")
