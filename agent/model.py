@@ -388,7 +388,8 @@ class OpenAIModel:
         if isinstance(e, oa.APITimeoutError):
             return _Retryable(f"no answer within {self.config.timeout:g}s", timeout=True)
         if isinstance(e, oa.APIConnectionError):
-            return _Retryable(f"connection failed: {e.__cause__ or e}")
+            where = f"is a server up at {self.config.base_url}?" if self.config.base_url else "no network?"
+            return _Retryable(f"connection failed: {e.__cause__ or e} ({where})")
         if isinstance(e, oa.APIStatusError):
             status, message = e.status_code, _error_text(e)
             headers = e.response.headers
