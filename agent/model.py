@@ -307,7 +307,7 @@ class OpenAIModel:
             for s in shown:
                 s.restart()
             try:
-                completion = await self._call(request, *shown)
+                completion = await self._call(request, *shown, first_cell=tools and self.action_format == "text")
             except _Retryable as e:
                 failures += 1
                 limited = e.wait is not None or e.quota  # a wait the server asked for, or a quota's: within max_wait
@@ -438,7 +438,9 @@ class OpenAIModel:
 
         return watch
 
-    async def _call(self, request: dict[str, Any], text: Shown, reasoning: Shown) -> Completion:
+    async def _call(self, request: dict[str, Any], text: Shown, reasoning: Shown, first_cell: bool = False) -> Completion:
+        """`first_cell`: a text-mode step, whose streamed reply ends with its first whole cell where it can
+        (`ServerReply.stop_after_cell`)."""
         try:
             reply = ServerReply(text, reasoning, self._watch())
             if request.get("stream"):
@@ -447,6 +449,8 @@ class OpenAIModel:
                     await self._refuse_html(stream.response)
                     async for chunk in stream:
                         reply.add_chunk(chunk)
+                        if first_cell and reply.stop_after_cell():
+                            break
                 finally:  # also when the reply is stopped early: the server stops sampling it
                     await stream.close()
             else:

@@ -10,6 +10,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any, Literal
 
+from agent.actions import FENCE
 from agent.types import Completion, Message, ToolCall, Usage
 
 
@@ -150,6 +151,8 @@ class ServerReply:
         self.finish: str | None = None
         self.model = ""
         self.prompt_ids: list[int] | None = None
+        self.fence = False
+        """The last piece of the answer had a backtick in it: it may have closed a cell."""
 
     def add_chunk(self, chunk: Any) -> None:
         if not isinstance(chunk, dict):
@@ -162,6 +165,7 @@ class ServerReply:
             self._reasoning(delta)
             if isinstance(delta.get("content"), str):
                 self.watch(delta["content"])
+                self.fence = "`" in delta["content"]
                 for is_reasoning, piece in self.think.feed(delta["content"]):
                     (self.reasoning if is_reasoning else self.text).append(piece)
                     (self.show_reasoning if is_reasoning else self.show_text)(piece)
@@ -225,6 +229,18 @@ class ServerReply:
         content = (choice.get("logprobs") or {}).get("content") or []
         self.logprobs.extend(t["logprob"] for t in content if isinstance(t, dict) and "logprob" in t)
         self.token_ids.extend(choice.get("token_ids") or [])
+
+    def stop_after_cell(self) -> bool:
+        """Whether the answer streamed so far holds a whole ```python cell, from a server that streams
+        each token's id: if so the reply ends here, as a stop string would end it (finish_reason
+        "stop"), its usage counted from the ids (none is cached). What a model writes after its cell
+        is written before the cell ran: an output it imagines, or the cell again. Without the ids the
+        usage could not be counted, and the reply is read to its end."""
+        if not (self.fence and self.token_ids) or self.finish is not None or not FENCE.search("".join(self.text)):
+            return False
+        self.finish = "stop"
+        self.usage = Usage(prompt_tokens=len(self.prompt_ids or []), completion_tokens=len(self.token_ids))
+        return True
 
     def completion(self) -> Completion:
         for is_reasoning, piece in self.think.flush():

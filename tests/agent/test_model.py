@@ -250,3 +250,27 @@ async def test_text_that_repeats_a_little_or_not_at_all_is_no_loop():
         assert (await model.complete(USER)).message.content.endswith("done")
         unguarded = model_for(server, repetition_limit=0)
         assert (await unguarded.complete(USER)).message.content == LOOP  # switched off: the whole of it
+
+
+# --- text mode: a streamed reply ends with its first whole cell ------------------------------------------
+
+
+AFTER = ("Here it is:\n```python\nprint(sum(int(x) for x in open('numbers.txt')))\n```\nThis prints `279`. "
+         + " ".join(f"{i}," for i in range(2000)))
+"""SmolLM2 after its cell: the output it imagines, on and on (1,638 tokens, four minutes on two loaded cores)."""
+
+
+async def test_a_text_mode_reply_ends_with_its_first_cell_where_the_server_streams_token_ids():
+    ids = {"return_token_ids": True}  # ours and vLLM send each token's id as it streams
+    with OpenAIServer([Reply(content=AFTER), Reply(content=AFTER), Reply(content=AFTER)]) as server:
+        shown: list[str] = []
+        text = model_for(server, action_format="text", extra_body=ids)
+        c = await text.complete(USER, on_delta=shown.append)
+        whole_without_ids = (await model_for(server, action_format="text").complete(USER)).message.content
+        plain_call = (await text.complete(USER, tools=False)).message.content  # a summary, llm(): read whole
+    # up to the chunk that closed the cell (this server's chunks are words; ours and vLLM's are tokens)
+    assert c.message.content == "Here it is:\n```python\nprint(sum(int(x) for x in open('numbers.txt')))\n```\nThis"
+    assert fenced_cells(c.message.content) == ["print(sum(int(x) for x in open('numbers.txt')))\n"]
+    assert c.finish_reason == "stop" and "".join(shown) == c.message.content
+    assert c.usage.completion_tokens == len(c.message.token_ids) == 7 and c.usage.prompt_tokens == 0
+    assert whole_without_ids == plain_call == AFTER  # no ids to count the usage by, or no cell wanted
