@@ -23,8 +23,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent.config_models import Config, SandboxConfig
-from agent.hooks import HooksError
+from agent.hooks import HooksError, hook_what
 from agent.hooks import read as read_hooks
+from agent.hostrun import Host, expand, server_words
 from agent.trust import TrustError, TrustStore
 
 MAX_DEPTH = 32
@@ -130,6 +131,7 @@ def load_config(cwd: Path, overrides: dict[str, Any] | None = None, source: str 
             ignored.append(file.line())
         elif file is not None and file.content is not None:
             config._hooks.append(("project", read_hooks(root / PROJECT_HOOKS, file.content.decode(errors="replace"))))
+        ignored += hold_back(config, Host(home(), root, cwd.resolve()))
     except HooksError as e:
         raise ConfigError(str(e)) from None
     except OSError as e:
@@ -138,6 +140,38 @@ def load_config(cwd: Path, overrides: dict[str, Any] | None = None, source: str 
         raise ConfigError(str(e)) from None
     config._ignored = ignored
     return config
+
+
+def hold_back(config: Config, host: Host) -> list[str]:
+    """Leave out each MCP server and hook whose command runs a project file nobody trusted as it is
+    now (agent/hostrun.py), a line each; every file they run goes to `config.pinned`, whoever
+    configured them (a command of yours that runs the project's script runs what a cell can write)."""
+    lines = []
+    for name, server in list(config.mcp.servers.items()):
+        if server.type == "stdio" and server.command:
+            what = f"run by MCP server {name!r}"
+            try:
+                at = host.within(expand(server.cwd, os.environ) if server.cwd else None)
+            except KeyError:  # its start will say which variable is unset
+                continue
+            paths = at.pinned([server_words(server.command, server.args, os.environ)])
+            config._pinned += [(p, what, "mcp") for p in paths]
+            if held := host.untrusted(paths, what):
+                del config.mcp.servers[name]
+                lines += [f.line(f"MCP server {name!r} does not start") for f in held]
+    for source, f in config.hooks:
+        for event, groups in f.hooks.items():
+            for group in groups:
+                kept = []
+                for spec in group.hooks:
+                    what = hook_what(event, source)
+                    paths = host.pinned(host.shell_words(spec.command)) if spec.type == "command" and spec.command else []
+                    config._pinned += [(p, what, "hook") for p in paths]
+                    held = host.untrusted(paths, what)
+                    lines += [f.line("the hook does not run") for f in held]
+                    kept += [] if held else [spec]
+                group.hooks = kept
+    return lines
 
 
 def _add(merged: dict[str, Any], data: dict[str, Any], source: str) -> None:

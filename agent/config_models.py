@@ -191,7 +191,11 @@ class RefineConfig(_Section):
     default_scope: Literal["session", "project", "user"] = "project"
     """Where an edit lands when the proposal names no scope."""
     json_mode: bool = True
-    """Ask the server for a JSON object (response_format) when planning."""
+    """Ask the server for a JSON object (response_format) when planning without the reply's schema."""
+    structured: Literal["auto"] | bool = "auto"
+    """Send the proposal's JSON schema when planning (response_format json_schema), so the server holds the
+    reply to it: auto where the server says it can (`structured_outputs` in its /v1/models: `rl serve`
+    does), true always, false never."""
     gate_taskset: str | None = None
     """A task set (a built-in name, a .jsonl file, a .py module, `rg:DATASET` or `vf:TASKSET_ID`); when
     set, a refinement that lowers its pass count is refused (run with and without the change, by evals.gate)."""
@@ -256,14 +260,15 @@ class McpServerConfig(_Section):
     """Environment of a stdio server, over a minimal inherited one (HOME, PATH, SHELL, TERM, USER,
     LOGNAME): the host's other variables (its API keys) do not reach the server. Never reaches the kernel."""
     cwd: str | None = None
-    """Working directory of a stdio server; None: the session's."""
+    """Working directory of a stdio server, relative to the session's; None: a neutral folder
+    outside the project (agent/hostrun.py), its relative paths read against the session's."""
     url: str | None = None
     """The endpoint of an HTTP server, e.g. http://localhost:3001/mcp."""
     headers: dict[str, str] = Field(default_factory=dict)
     """HTTP headers sent with every request (an Authorization token). Never reaches the kernel."""
     policy: Literal["allow", "ask", "deny"] = "allow"
-    """allow: calls run; ask: each call waits for the user's approval (as a command outside the
-    sandbox does: `sandbox.approval`; without anyone to ask, it is denied); deny: calls are refused."""
+    """allow: calls run; ask: each call waits for the user's approval (as a command the sandbox
+    refused does: `sandbox.approval`; without anyone to ask, it is denied); deny: calls are refused."""
     timeout: float = Field(60.0, gt=0)
     """Seconds one call (or resource read) may take before it fails with McpError."""
     startup_timeout: float = Field(30.0, gt=0)
@@ -314,8 +319,29 @@ class CheckpointConfig(_Section):
 
 
 SandboxMode = Literal["read-only", "workspace-write", "full-access"]
-SECRET_STORES = ["~/.ssh/", "~/.aws/", "~/.config/gcloud/", "~/.netrc", "~/.docker/config.json", "~/.git-credentials"]
-"""A trailing `/`: a directory (what an absent store is covered by, sandbox.hidden)."""
+SECRET_STORES = [
+    # keys and cloud credentials
+    "~/.ssh/", "~/.gnupg/", "~/.password-store/", "~/.local/share/keyrings/", "~/.aws/", "~/.azure/",
+    "~/.config/gcloud/", "~/.oci/", "~/.kube/", "~/.docker/config.json", "~/.terraform.d/credentials.tfrc.json",
+    "~/.vault-token", "~/.config/op/", "~/.config/sops/", "~/.config/rclone/", "~/.s3cfg", "~/.boto",
+    "~/.databrickscfg", "~/.kaggle/", "~/.modal.toml", "~/.prime/",
+    # code hosts and package registries
+    "~/.netrc", "~/.git-credentials", "~/.config/git/credentials", "~/.config/gh/", "~/.config/hub",
+    "~/.config/github-copilot/", "~/.pypirc", "~/.npmrc", "~/.yarnrc", "~/.yarnrc.yml", "~/.cargo/credentials",
+    "~/.cargo/credentials.toml", "~/.gem/credentials", "~/.m2/settings.xml", "~/.gradle/gradle.properties",
+    # model providers and other agents
+    "~/.cache/huggingface/token", "~/.huggingface/", "~/.claude/", "~/.claude.json", "~/.codex/",
+    "~/.config/anthropic/", "~/.config/openai/",
+    # databases
+    "~/.pgpass", "~/.my.cnf",
+    # shell and REPL histories (commands typed with secrets in them)
+    "~/.bash_history", "~/.zsh_history", "~/.local/share/fish/", "~/.python_history", "~/.node_repl_history",
+    "~/.psql_history", "~/.mysql_history", "~/.sqlite_history", "~/.ipython/",
+    # browsers (cookies, saved passwords)
+    "~/.mozilla/", "~/.config/google-chrome/", "~/.config/chromium/", "~/.config/BraveSoftware/",
+]
+"""The secret stores every kernel is denied by default (docs/sandbox.md lists them). A trailing `/`: a
+directory (what an absent store inside the workspace is covered by, sandbox.hidden)."""
 SECRET_NAMES = ["*KEY*", "*SECRET*", "*TOKEN*", "*PASS*", "*PWD*", "*CREDENTIAL*", "*AUTH*", "*DSN*", "*JWT*",
                 "*COOKIE*", "*SESSION*", "PAT", "PAT_*", "*_PAT", "*_PAT_*"]
 """`PAT` (a personal access token) as a word of the name only, so that PATH, PYTHONPATH and the
@@ -389,6 +415,14 @@ class Config(_Section):
         """What `load_config` left out of the project, a line each: files nobody trusted (as they are
         now), and settings a project file may not make. Named at the session's start."""
         return self._ignored
+
+    _pinned: list[tuple[str, str, str]] = PrivateAttr(default_factory=list)
+
+    @property
+    def pinned(self) -> list[tuple[str, str, str]]:
+        """The project files the configured MCP servers and hooks run (agent/hostrun.py), each as
+        (path under the project root, what runs it, "mcp" or "hook"): trusted with their config."""
+        return self._pinned
 
     _hooks: list[tuple[str, HooksFile]] = PrivateAttr(default_factory=list)
 

@@ -15,6 +15,17 @@ from agent.trajectory import MessageRecord, Record
 from agent.types import Message, Usage
 
 
+def capped(text: str, limit: int, what: str) -> str:
+    """Text from the kernel that the host keeps for a person or a model to read (a note, a message
+    to another agent), refused past `limit` characters (kernel.output_limit: what a cell's output keeps)."""
+    if not isinstance(text, str):
+        raise TypeError(f"{what} is text, not {type(text).__name__}")
+    if len(text) > limit:
+        raise ValueError(f"{what} is at most {limit:,} characters (kernel.output_limit; this one: {len(text):,}); "
+                         "write long text to a file and pass its path")
+    return text
+
+
 @dataclass(frozen=True)
 class Sinks:
     """Where a session's collaborators report."""

@@ -320,7 +320,7 @@ class McpCalled(McpCall, _Event):
 
 
 
-"""command: the kernel asks to run a shell command outside the sandbox (`request_permission`);
+"""command: the kernel asks to run a shell command in a sandbox with more room (`request_permission`);
 mcp: a cell calls a tool of an MCP server whose policy is `ask`."""
 
 
@@ -336,11 +336,17 @@ class ApprovalRequested(_Event):
     reason: Text = ""
     """Why the kernel asks (a command's request)."""
     prefix: str | None
-    """What `always` approves for the rest of the session: commands that start with these words (and
-    run no other program: agent/approvals.py `rule_of`), or every call of this MCP tool (`server.tool`).
-    None: `always` is not offered (a launcher, an interpreter given code, a chain): approve once or deny."""
+    """What `always` approves for the rest of the session: the command's rule as agent/approval_rules.py
+    shows it (the same command again; `git commit -m …`: the same options, any paths and message;
+    `cat -n …`: the same options, paths inside the workspace), or every call of this MCP tool
+    (`server.tool`). None: `always` is not offered (an interpreter, a launcher, a package manager, an
+    option that runs a command, a chain...): approve once or deny."""
+    runs_in: Text = ""
+    """Where an approved command runs, in words: a sandbox of its own (the workspace writable, and its
+    `.git` for a line of git commands), or unconfined where the OS cannot sandbox."""
     notes: list[Text] = Field(default_factory=list)
-    """What the person must know before deciding: a `.git` the agent made since the session began."""
+    """What the person must know before deciding: a `.git` the agent made since the session began,
+    control characters in the command, no sandbox on this machine."""
     server: str | None = None
     tool: str | None = None
     arguments: dict[str, Any] = Field(default_factory=dict)
@@ -359,7 +365,7 @@ class ApprovalDecided(_Event):
     the cell that asked was interrupted; no-terminal: the terminal to ask at could not be opened; hook:
     the person's PermissionRequest hook."""
     exit_code: int | None = None
-    """A command's, once it ran outside the sandbox."""
+    """A command's, once it ran (approved)."""
     full_env: bool = False
     """It ran with the person's whole environment (they asked); else with the kernel's, secrets dropped."""
 

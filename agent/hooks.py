@@ -5,8 +5,11 @@ A hooks file is `{"hooks": {EVENT: [{"matcher": REGEX?, "hooks": [{"type": "comm
 "...", "timeout": S?}]}]}}` (other top-level keys, as in a Claude Code settings.json, are ignored):
 `$PRIME_AGENT_HOME/hooks.json` (the user's: runs) and `<project>/.prime-agent/hooks.json` (runs only
 once a person trusted its exact content, agent/trust.py). A hook runs on the host with the person's
-rights and the session's cwd, outside the kernel's sandbox (that is its point), gets the event as
-JSON on stdin, and answers with its exit code: 0 goes on (the stdout of UserPromptSubmit and
+rights and environment, outside the kernel's sandbox (that is its point), but nothing of it is
+resolved from the workspace (agent/hostrun.py): it starts in a neutral folder, with the project out
+of its search paths, and a project file its command names runs as the copy a person trusted;
+`$CLAUDE_PROJECT_DIR` and the input's `cwd` name the project. It gets the event as JSON on stdin,
+and answers with its exit code: 0 goes on (the stdout of UserPromptSubmit and
 SessionStart joins the model's context), 2 blocks (stderr is the reason: the cell does not run, the
 prompt is refused, the turn goes on), any other is an error shown to the person that blocks nothing.
 JSON on stdout decides finer: `decision: "block"` + `reason`, `continue: false` + `stopReason`, and
@@ -35,6 +38,8 @@ from typing import Any, Literal
 import httpx2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agent.hostrun import Host, Untrusted
+
 HookEvent = Literal["SessionStart", "UserPromptSubmit", "PreToolUse", "PermissionRequest", "PostToolUse",
                     "PostToolUseFailure", "SubagentStart", "SubagentStop", "PreCompact", "Stop", "SessionEnd",
                     "Notification"]
@@ -48,7 +53,7 @@ class HookSpec(BaseModel):
 
     type: Literal["command", "http"] = "command"
     command: str | None = None
-    """A shell command line (run with `sh -c`): `$CLAUDE_PROJECT_DIR` names the project."""
+    """A shell command line (run with `sh -c` in a neutral folder): `$CLAUDE_PROJECT_DIR` names the project."""
     url: str | None = None
     """For `type: "http"`: the event is POSTed here as JSON; the response body is read as stdout."""
     headers: dict[str, str] = Field(default_factory=dict)
@@ -178,18 +183,19 @@ class Verdict:
 class Hooks:
     """The hooks in force for a session: the user's, and the project's when trusted."""
 
-    def __init__(self, groups: dict[str, list[tuple[str, HookGroup]]], cwd: Path, env: dict[str, str] | None = None):
-        self.groups, self.cwd = groups, cwd
-        self.env = {**(os.environ if env is None else env), "CLAUDE_PROJECT_DIR": str(cwd),
-                    "PRIME_AGENT_PROJECT_DIR": str(cwd)}
+    def __init__(self, groups: dict[str, list[tuple[str, HookGroup]]], host: Host, env: dict[str, str] | None = None):
+        self.groups, self.host, self.cwd = groups, host, host.base
+        self.env = host.env({**(os.environ if env is None else env), "CLAUDE_PROJECT_DIR": str(self.cwd),
+                             "PRIME_AGENT_PROJECT_DIR": str(self.cwd)})
 
     @classmethod
-    def of(cls, files: list[tuple[str, HooksFile]], cwd: Path) -> Hooks:
+    def of(cls, files: list[tuple[str, HooksFile]], host: Host) -> Hooks:
+        """The hooks of `files` (each with its source), run for the project `host` names."""
         groups: dict[str, list[tuple[str, HookGroup]]] = {}
         for source, f in files:
             for event, entries in f.hooks.items():
                 groups.setdefault(event, []).extend((source, g) for g in entries)
-        return cls(groups, cwd)
+        return cls(groups, host)
 
     def __bool__(self) -> bool:
         return any(self.groups.values())
@@ -230,10 +236,14 @@ class Hooks:
         if not spec.command:
             return HookRun(event=event, source=source, command="", error="a command hook without a command")
         run = HookRun(event=event, source=source, command=spec.command)
-        try:
+        try:  # the project files it runs, as the copies of what a person trusted
+            command = await asyncio.to_thread(self.host.shell, spec.command, hook_what(event, source))
             proc = await asyncio.create_subprocess_exec(
-                "/bin/sh", "-c", spec.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd=self.cwd, env=self.env, start_new_session=True)
+                "/bin/sh", "-c", command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=self.host.cwd, env=self.env, start_new_session=True)
+        except Untrusted as e:
+            run.error, run.duration = f"not run: {e}", time.monotonic() - began
+            return run
         except OSError as e:
             run.error, run.duration = f"could not start: {e}", time.monotonic() - began
             return run
@@ -274,6 +284,11 @@ class Hooks:
             run.error = f"{type(e).__name__}: {e}"
         run.duration = time.monotonic() - began
         return run
+
+
+def hook_what(event: str, source: str) -> str:
+    """A hook as a file it runs names it (agent/trust.py's `what`)."""
+    return f"run by a {event} hook ({source})"
 
 
 def _specific(run: HookRun) -> dict[str, Any]:
@@ -319,5 +334,5 @@ class Runner:
                                     on_run=lambda run: self.report(run, cell_id))
 
 
-NO_HOOKS = Runner(Hooks({}, Path(".")), dict, lambda run, cell_id: None)
+NO_HOOKS = Runner(Hooks({}, Host(Path("."), Path("."), Path("."))), dict, lambda run, cell_id: None)
 """For a loop built without a session's hooks (tests, evals)."""

@@ -30,8 +30,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from agent.config import home
+from agent import hostrun
+from agent.config import home, project_root
 from agent.config_models import McpConfig, McpServerConfig
+from agent.hostrun import Host
 from agent.kernel.reaper import ENV_MARKER, ProcessTree, stat
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,6 @@ State = Literal["stopped", "starting", "ready", "crashed", "failed"]
 STOP_WAIT = 8.0
 """Seconds a server gets to stop (the SDK closes stdin, then SIGTERM, then SIGKILL) before its tree is killed."""
 LOG_TAIL = 5
-VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class McpError(Exception):
@@ -79,15 +80,11 @@ class ServerInfo(BaseModel):
 
 def expand(text: str, environ: Mapping[str, str], where: str) -> str:
     """`${VAR}` and `${VAR:-default}` from `environ`; a variable that is unset without a default is an error."""
-    def one(m: re.Match) -> str:
-        value = environ.get(m[1])
-        if value is None or (value == "" and m[2] is not None):
-            if m[2] is None:
-                raise McpError(f"{where}: ${{{m[1]}}} is not set in the environment (write ${{{m[1]}:-default}} "
-                               "for a default)")
-            return m[2]
-        return value
-    return VAR.sub(one, text)
+    try:
+        return hostrun.expand(text, environ)
+    except KeyError as e:
+        raise McpError(f"{where}: ${{{e.args[0]}}} is not set in the environment (write ${{{e.args[0]}:-default}} "
+                       "for a default)") from None
 
 
 def cache_path(name: str, config: McpServerConfig) -> Path:
@@ -118,10 +115,10 @@ def _describe(e: BaseException) -> str:
 class Server:
     """One configured server, started at its first use."""
 
-    def __init__(self, name: str, config: McpServerConfig, cwd: Path, log_dir: Path):
+    def __init__(self, name: str, config: McpServerConfig, host: Host, log_dir: Path):
         self.name = name
         self.config = config
-        self.cwd = cwd
+        self.host = host
         self.log_path = log_dir / f"mcp-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.log"
         self.state: State = "stopped"
         self.error: str | None = None
@@ -228,19 +225,25 @@ class Server:
             from mcp import StdioServerParameters
 
             assert c.command is not None
+            # A neutral folder, unless the person's config names one (relative paths are read there).
+            host = self.host.within(expand(c.cwd, env, f"{where}.cwd") if c.cwd else None)
+            words = [expand(c.command, env, f"{where}.command"), *(expand(a, env, f"{where}.args") for a in c.args)]
+            try:  # the project files it runs, as the copies of what a person trusted
+                argv = await asyncio.to_thread(host.argv, words, f"run by MCP server {self.name!r}")
+            except hostrun.Untrusted as e:
+                raise McpError(str(e)) from None
             self._tree = ProcessTree()
             outer = {ENV_MARKER: env[ENV_MARKER]} if ENV_MARKER in env else {}
-            server_env = self._tree.env({**outer, **{k: expand(v, env, f"{where}.env.{k}") for k, v in c.env.items()}})
+            search = host.env({"PATH": env["PATH"]} if "PATH" in env else {})
+            server_env = self._tree.env({**outer, **search,
+                                         **{k: expand(v, env, f"{where}.env.{k}") for k, v in c.env.items()}})
             self._tree.prepare()
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             errlog = stack.enter_context(open(self.log_path, "a", encoding="utf-8", errors="replace"))
             from mcp.client.stdio import stdio_client
 
-            params = StdioServerParameters(
-                command=expand(c.command, env, f"{where}.command"),
-                args=[expand(a, env, f"{where}.args") for a in c.args], env=server_env,
-                cwd=expand(c.cwd, env, f"{where}.cwd") if c.cwd else str(self.cwd),
-            )
+            params = StdioServerParameters(command=argv[0], args=argv[1:], env=server_env,
+                                           cwd=str(host.base if c.cwd else host.cwd))
             return stdio_client(params, errlog=errlog)
         import httpx2 as httpx
 
@@ -396,7 +399,8 @@ class McpServers:
 
     def __init__(self, config: McpConfig, cwd: Path, log_dir: Path):
         self.config = config
-        self.servers = {name: Server(name, c, cwd, log_dir) for name, c in sorted(config.servers.items())}
+        host = Host(home(), project_root(cwd), cwd.resolve())
+        self.servers = {name: Server(name, c, host, log_dir) for name, c in sorted(config.servers.items())}
 
     def __bool__(self) -> bool:
         return bool(self.servers)

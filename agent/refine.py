@@ -8,11 +8,13 @@ turn never sees a half-applied harness; the new view is in force from the next m
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import re
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from agent import events as ev
 from agent.kernel.bridge import BridgeServer
@@ -25,19 +27,25 @@ from agent.model import Model, ModelError
 from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
 from agent.trajectory import RefinementRecord
 from agent.types import Cell, Completion, Message
-from harness_store.entries import InvalidEntry
+from harness_store.entries import HarnessError, InvalidEntry
 from harness_store.refiner import Outcome, Plan, Proposal, ProposedEdit, RefinementError, Refiner, Verdict, render_edits
 from harness_store.store import ForeignRepository, new_refinement_id
 
 
 def model_caller(model: Model | None, config: Config, on_usage=None):
-    """The refiner's `complete(messages) -> text`, on the session's model (None: none is configured,
-    and planning says so; deciding a plan already made needs no model)."""
+    """The refiner's `complete(messages, schema) -> text`, on the session's model (None: none is configured,
+    and planning says so; deciding a plan already made needs no model). The reply's schema is sent where
+    `refine.structured` says (auto: where the server says it enforces one), else a JSON object is asked
+    for (`refine.json_mode`)."""
 
-    async def complete(messages: list[dict[str, str]]) -> str:
+    async def complete(messages: list[dict[str, str]], schema: dict[str, Any] | None = None) -> str:
         if model is None:
             raise RefinementError("no model configured to plan with (set PRIME_AGENT_MODEL and OPENAI_BASE_URL)")
-        c = await model.complete([Message(**m) for m in messages], tools=False, json_mode=config.refine.json_mode)
+        structured = config.refine.structured
+        if schema is not None and structured == "auto":
+            structured = (await model.describe()).structured_outputs is True
+        json_mode = schema if schema is not None and structured is True else config.refine.json_mode
+        c = await model.complete([Message(**m) for m in messages], tools=False, json_mode=json_mode)
         if on_usage:
             on_usage(c)
         return c.message.content
@@ -86,6 +94,8 @@ async def check_skill(skill_id: str, body: str, files: dict[str, str], *, sandbo
     return None
 
 
+Hold = Callable[[Plan], Awaitable[Outcome]]
+"""A plan whose edits name their scopes, judged by the refiner's rules now, then kept until a person decides."""
 Gate = Callable[[Plan], Awaitable[Verdict]]
 GateFactory = Callable[[Config, Model, SessionHarness], "Gate | None"]
 """A session's regression gate, built for the model it is given (`evals.gate.gate_for`): a session
@@ -93,13 +103,20 @@ builds its gate at birth and again when its model changes, so the gate replays o
 """A regression gate: may this plan apply? (evals.gate builds one from a task set.)"""
 
 
+KERNEL = "kernel"
+"""The trigger of a refinement a cell asked for (`await refine.request()`)."""
+
+
 class SessionRefiner:
     """One session's refinements. Handed the session's harness, context and sinks, not the session."""
 
     def __init__(self, config: Config, model: Model | None, harness: SessionHarness, context: Context,
-                 layout: SessionLayout, session_id: str, sinks: Sinks, turns: Callable[[], int]):
+                 layout: SessionLayout, session_id: str, sinks: Sinks, turns: Callable[[], int],
+                 hold: Hold | None = None):
         """Plans waiting for review are kept in the session's `layout`; `turns()` counts the session's
-        turns begun (auto-refine's cooldown)."""
+        turns begun (auto-refine's cooldown); `hold`: where a plan the kernel caused waits for a person
+        (a child's goes to the top session's, `SessionRefiner.hold`, where a person reviews)."""
+        self.hold: Hold = hold or self._hold
         self.config = config.refine
         self.harness, self.context, self.session_id, self.sinks, self.turns = harness, context, session_id, sinks, turns
         self.refiner = Refiner(
@@ -136,11 +153,15 @@ class SessionRefiner:
 
     def request(self, instructions: str | None = None, trigger: str = "explicit", mode: str | None = None) -> str:
         """Start planning in the background (unless a plan is already in flight or waiting to apply);
-        `mode` overrides `refine.mode` for this one."""
+        `mode` overrides `refine.mode` for this one. Trigger `kernel` (`refine.request()` in a cell):
+        its edits beyond the session scope wait for a person in any mode, as a cell's own edits do."""
         if self.planning() or self.ready is not None:
             return "a refinement is already being planned or waits for the turn boundary; it applies then"
         self.cause = self.sinks.turn_id()
         self.task = asyncio.create_task(self._plan(instructions, trigger, review=False, mode=mode))
+        if trigger == KERNEL:
+            return ("refinement planning started; its session-scope edits apply at the next turn boundary, "
+                    "edits of the project or user scope only once a person accepts them")
         return "refinement planning started; it applies at the next turn boundary"
 
     def after_turn(self, turn_id: str) -> None:
@@ -185,13 +206,35 @@ class SessionRefiner:
                 id=plan.id, trigger=trigger, summary=plan.proposal.summary, rationale=plan.proposal.rationale,
                 edits=[e.model_dump() for e in plan.proposal.edits]))
             outcome = await self.refiner.prepare(plan, mode=mode)
-        except (RefinementError, ModelError) as e:
+            if trigger == KERNEL:
+                outcome = await self._held_beyond_session(outcome)
+                if outcome is None:
+                    return
+        except (RefinementError, ModelError, HarnessError) as e:
             self._failed(trigger, str(e))
             return
         except Exception as e:  # a crash of the planning task is a failed refinement, never a dead session
             self._failed(trigger, f"internal error: {type(e).__name__}: {e}")
             return
         self._ready_or_finish(outcome)
+
+    async def _held_beyond_session(self, outcome: Outcome) -> Outcome | None:
+        """What the kernel asked for lands beyond the session scope only once a person accepts it: those
+        edits (all of them in review mode) wait as a plan of their own (`hold`: in the top session's
+        records); the session's own go on (None: nothing is left of the plan here)."""
+        if outcome.status not in ("ready", "pending"):
+            return outcome
+        review = outcome.status == "pending"
+        own = [edit for edit in outcome.edits if edit[1] == "session" and not review]
+        held = [edit for edit in outcome.edits if edit[1] != "session" or review]
+        if not held:
+            return outcome
+        plan = outcome.plan
+        await self.hold(dataclasses.replace(plan, id=new_refinement_id("r") if own else plan.id, proposal=(
+            plan.proposal.model_copy(update={"edits": [pe.model_copy(update={"scope": scope}) for pe, scope, _ in held]}))))
+        if not own:
+            return None
+        return dataclasses.replace(outcome, applied=[pe for pe, _, _ in own], edits=own, diff=render_edits(own))
 
     def _ready_or_finish(self, outcome: Outcome) -> None:
         if outcome.status != "ready":
@@ -219,18 +262,28 @@ class SessionRefiner:
         a person to accept it (the app's card, `prime-agent harness review`); once accepted its
         entry says `source: agent`."""
         assert edit.scope is not None and edit.id is not None
-        store = self.refiner.stores[edit.scope]
-        if (why := store.problem()) is not None:
-            raise ForeignRepository(why)
         plan = Plan(new_refinement_id("a"), "agent", Proposal(summary=summary, edits=[edit]),
-                    {f"{edit.scope}:{edit.id}": store.version_of(edit.id)}, self.generation, source="agent")
-        ok, refused = await self.refiner.validate(plan)
-        if refused:
-            raise InvalidEntry(f"refused by the refiner's rules: {refused[0][1]}")
-        outcome = Outcome(plan, "pending", [pe for pe, _, _ in ok], diff=render_edits(ok), edits=ok)
-        self._finish(outcome)
+                    {f"{edit.scope}:{edit.id}": self.refiner.stores[edit.scope].version_of(edit.id)},
+                    self.generation, source="agent")
+        await self._hold(plan)
         return (f"proposed {summary} ({edit.scope} scope) as {plan.id}: not in force until a person accepts it "
                 f"(`prime-agent harness review`, or the app's card)")
+
+    async def _hold(self, plan: Plan) -> Outcome:
+        """`plan` (its edits name their scopes) judged by the refiner's rules now (a refusal of every
+        edit raises, with the first rule's reason), then kept in this session's records until a person
+        accepts or rejects it (`decide`)."""
+        for scope in {pe.scope for pe in plan.proposal.edits}:
+            if scope is not None and (why := self.refiner.stores[scope].problem()) is not None:
+                raise ForeignRepository(why)
+        plan.generation = self.generation
+        ok, refused = await self.refiner.validate(plan)
+        if not ok:
+            raise InvalidEntry(f"refused by the refiner's rules: {refused[0][1] if refused else 'no edits'}")
+        plan.proposal = plan.proposal.model_copy(update={"edits": [pe for pe, _, _ in ok]})
+        outcome = Outcome(plan, "pending", [pe for pe, _, _ in ok], refused, diff=render_edits(ok), edits=ok)
+        self._finish(outcome)
+        return outcome
 
     async def decide(self, refinement_id: str, approve: bool) -> Outcome:
         """Approve (it applies at the next turn boundary, now if idle) or reject a pending refinement."""

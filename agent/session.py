@@ -25,24 +25,25 @@ from typing import Any
 
 from agent import events as ev
 from agent.approvals import Approvals, Ask
-from agent.kernel.bridge import BridgeServer
+from agent.kernel.bridge import Allowance, BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
 from agent.config import home, project_root
 from agent.config_models import Config, ModelConfig
+from agent.context import Context, Inbox, Sinks, capped
 from agent.fit import ModelFit
-from agent.context import Context, Inbox, Sinks
 from agent.goals import CheckResult, GoalState, pursue, run_check
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import Kernel, KernelPool, KernelState
 from agent.layout import SessionLayout
 from agent.hooks import Hooks
+from agent.hostrun import Host
 from agent.loop import Interrupted, Submitted, TurnLoop
 from agent.mcp import McpServers, prompt_section
 from agent.mcp_calls import McpCalls
 from agent.model import Model
 from agent.plan import PlanMode
 from agent.prompt import system_prompt
-from agent.refine import GateFactory, SessionRefiner
+from agent.refine import KERNEL, GateFactory, SessionRefiner
 from agent.session_hooks import SessionHooks
 from agent.kernel.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
 from agent.kernel.sandbox import SandboxError, describe, unavailable, unconfined_running
@@ -148,7 +149,8 @@ class Session:
         view = View.of(config.sandbox, self.cwd, self.dir, [s.root for s in self.harness.stores.values()],
                        project_root(self.cwd))
         self.kernel = Kernel(self.cwd, config.kernel, sandbox=config.sandbox, view=view)
-        self.hooks = SessionHooks(Hooks.of(config.hooks, self.cwd), sinks, self._hook_input)
+        self.hooks = SessionHooks(Hooks.of(config.hooks, Host(home(), project_root(self.cwd), self.cwd)), sinks,
+                                  self._hook_input)
         """The person's hooks (agent/session_hooks.py), every run recorded and shown."""
         self.checkpoints = Checkpoints(config.checkpoints, self.cwd, self.layout, self.id, self.kernel, self.harness,
                                        self.context, sinks, enabled=parent is None)
@@ -165,7 +167,7 @@ class Session:
                              text_mode=lambda reason: self.fit.text_mode(reason, self._turn_id()),
                              before_call=self.fit.before_call, after_cell=self.checkpoints.after_cell)
         self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
-                                      turns=lambda: self.turns)
+                                      turns=lambda: self.turns, hold=parent.refiner.hold if parent else None)
         self._gate = gate
         if gate is not None:
             self.refiner.use_gate(gate(config, model, self.harness))
@@ -174,7 +176,8 @@ class Session:
         slots = subagent_slots if subagent_slots is not None else (parent.subagents.process_slots if parent else {})
         self.subagents = Subagents(
             config, model, self.layout, self.id, self.depth, slots, sinks, self._child, self.inbox,
-            parent_inbox=parent.inbox if parent else None, name=self.id.rsplit(".", 1)[-1] if parent else None,
+            left=lambda: self.config.budget.left(self.turn), parent_inbox=parent.inbox if parent else None,
+            name=self.id.rsplit(".", 1)[-1] if parent else None,
         )
         self.mcp = McpServers(config.mcp, self.cwd, self.dir)
         """The session's MCP servers (started at their first use)."""
@@ -183,17 +186,19 @@ class Session:
                                   turn_running=lambda: self.turn is not None)
         """Plan mode (agent/plan.py): the workspace read-only until a person approves the model's plan."""
         self.approvals = Approvals(config.sandbox, self.cwd, sinks, timeout=lambda: self.config.kernel.cell_timeout,
+                                   box=lambda: (self.kernel.launch, self.kernel.view),
                                    cell_id=lambda: self.kernel.cell_id, hook=self.hooks.permission, ask=ask,
                                    can_ask=can_ask,
                                    parent=(parent.approvals, self.id.rsplit(".", 1)[-1]) if parent else None)
-        """Requests for the user's decision: commands to run outside the sandbox, MCP calls under policy
-        ask (a subagent's go up to the session the user decides in)."""
+        """Requests for the user's decision: commands to run in a sandbox with more room, MCP calls under
+        policy ask (a subagent's go up to the session the user decides in)."""
         mcp_calls = McpCalls(self.mcp, sinks, cell_id=lambda: self.kernel.cell_id, ask=self.approvals.mcp)
         self.bridge = BridgeServer(
             self.dir,
             {"final": self._final, "note": self._note, "ping": self._ping, "refine.request": self._refine,
              **self.plan_mode.handlers(), **mcp_calls.handlers(), **self.harness.handlers(),
              **self.subagents.handlers(), **self.approvals.handlers()},
+            Allowance(config.kernel.output_spill, lambda: self.kernel.executions, transient=frozenset({"llm"})),
         )
         self._parent_id = parent.id if parent else None
 
@@ -665,14 +670,14 @@ class Session:
         self.refiner.invalidate(why)
 
     async def _refine(self, instructions: str | None = None) -> str:
-        return self.refine(instructions, trigger="explicit")
+        return self.refine(instructions, trigger=KERNEL)
 
     async def _ping(self) -> str:
         """A no-op round trip: a health check for the bridge, and what bench/kernel.py times."""
         return "pong"
 
     async def _note(self, text: str) -> None:
-        self.emit(ev.Note(turn_id=self._turn_id(), text=text))
+        self.emit(ev.Note(turn_id=self._turn_id(), text=capped(text, self.config.kernel.output_limit, "a note")))
 
 
 def _recorded(config: Config) -> dict:

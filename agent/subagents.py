@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from agent import events as ev
 from harness_store import safefs
 from agent.config_models import Config
-from agent.context import Inbox, Sinks
+from agent.context import Inbox, Sinks, capped
 from agent.layout import SessionLayout
 from agent.model import Model
 from agent.prompt import render
@@ -32,6 +32,8 @@ from agent.trajectory import ModelCall, SubagentRecord
 from agent.types import Budget, Message, TurnResult, Usage
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+ABOUT_CHARS = 200
+"""The description of an `rlm` context the child's prompt carries ("a list of 3 items")."""
 
 
 class Child(Protocol):
@@ -80,10 +82,11 @@ class Subagents:
 
     def __init__(self, config: Config, model: Model, layout: SessionLayout, session_id: str, depth: int,
                  process_slots: dict[int, asyncio.Semaphore], sinks: Sinks, new_child: ChildFactory, inbox: Inbox, *,
-                 parent_inbox: Inbox | None = None, name: str | None = None):
+                 left: Callable[[], Budget], parent_inbox: Inbox | None = None, name: str | None = None):
         """The session's `config`, `model`, `layout`, id, depth (0 for a person's session) and
-        `inbox`; `parent_inbox` and `name` when the session is itself a child."""
-        self.session_config, self.model, self.layout = config, model, layout
+        `inbox`; `left()`: what its running turn has left of its budget (a child gets no more);
+        `parent_inbox` and `name` when the session is itself a child."""
+        self.session_config, self.model, self.layout, self.left = config, model, layout, left
         self.session_id, self.depth = session_id, depth
         self.config = config.subagents
         self.sinks, self.new_child, self.inbox = sinks, new_child, inbox
@@ -134,6 +137,8 @@ class Subagents:
             child_layout = self.layout.child(name)
             child_model = self.model.variant(model) if model else self.model
             note = render("subagent", name=name)
+            if context_about is not None:
+                capped(context_about, ABOUT_CHARS, "a context's description")
             if context_path and context_about:
                 note += "\n\n" + render("subagent_context", about=context_about)
             child = self.new_child(self._child_config(budget), child_model, name, child_layout, note)
@@ -180,9 +185,14 @@ class Subagents:
             raise SubagentLimit(f"rlm refused: {e} ({why})") from e
 
     def _child_config(self, budget: dict[str, Any] | None) -> Config:
-        parent = self.session_config
-        merged = {**parent.budget.model_dump(), **(budget or {})}
-        return parent.model_copy(update={"budget": Budget.model_validate(merged)})
+        """The session's config with the child's budget: each limit what the child asks within what
+        this session's turn has left of its own; one it leaves out or sets to None is that, never more."""
+        if not isinstance(budget, dict | None):
+            raise SubagentLimit(f"rlm refused: budget is a dict of limits ({', '.join(Budget.model_fields)}), "
+                                f"not {type(budget).__name__}")
+        left = self.left()
+        asked = Budget.model_validate({**left.model_dump(), **{k: v for k, v in (budget or {}).items() if v is not None}})
+        return self.session_config.model_copy(update={"budget": asked.within(left)})
 
     async def _run(self, child_id: str, task: str) -> None:
         info, child = self.children[child_id], self.sessions[child_id]
@@ -282,6 +292,7 @@ class Subagents:
     # --- agent_message -------------------------------------------------------------------------
 
     async def send(self, text: str, to: str = "parent") -> str:
+        capped(text, self.session_config.kernel.output_limit, "a message")
         if to == "parent":
             if self.parent_inbox is None:
                 raise KeyError("this agent has no parent; it was started by a person")

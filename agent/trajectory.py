@@ -165,7 +165,7 @@ class McpCallRecord(McpCall, _Record):
 
 class ApprovalRecord(_Record):
     """A request for the user's decision (`status: requested`), and its decision: a command to run
-    outside the sandbox, or an MCP call under policy `ask` (`request_kind`)."""
+    in a sandbox with more room, or an MCP call under policy `ask` (`request_kind`)."""
 
     kind: Literal["approval"] = "approval"
     turn_id: str | None = None

@@ -9,8 +9,10 @@ session's start and ignored.
 The store is `$PRIME_AGENT_HOME/trust.json` (never the workspace's, and read-only to every
 kernel), keyed by the project's resolved root and the file's path under it, holding each file's
 SHA-256; the content last trusted is kept in `trust/<sha256>`, so a changed file can be shown as
-a diff. Project files are read with harness_store/safefs.py, never through a link, regular files only,
-at most MAX_BYTES, once: what the host hashed is what it uses.
+a diff. The project files MCP servers and hooks run (agent/hostrun.py: a `tools/server.py`) are
+trusted the same way, entries of their own whose `what` names what runs them. Project files are
+read with harness_store/safefs.py, never through a link, regular files only, at most MAX_BYTES (or
+the `limit` asked), once: what the host hashed is what it uses.
 """
 
 from __future__ import annotations
@@ -68,12 +70,15 @@ class ProjectFile:
         assert self.content is not None
         return hashlib.sha256(self.content).hexdigest()
 
-    def line(self) -> str:
-        """How a session's start names it: the file, what it is, why it is not in force, what to do."""
+    def line(self, held: str = "") -> str:
+        """How a session's start names it: the file, what it is, why it is not in force (`held`: what
+        is held back for it, else the file is ignored), what to do."""
         if self.status == "unsafe":
-            return f"{self.path} ({self.what}) is ignored: {self.why}; the host never reads it"
-        return (f"{self.path} ({self.what}) is {'new' if self.status == 'new' else 'changed since you trusted it'}"
-                f" and ignored until you trust it: prime-agent trust")
+            return f"{self.path} ({self.what}) is ignored: {self.why}; the host never reads it" + (f", so {held}"
+                                                                                                   if held else "")
+        state = "new" if self.status == "new" else "changed since you trusted it"
+        return f"{self.path} ({self.what}) is {state}" + (f", so {held}" if held else " and ignored") + \
+            " until you trust it: prime-agent trust"
 
 
 def candidates(instructions: Iterable[str]) -> list[str]:
@@ -81,7 +86,7 @@ def candidates(instructions: Iterable[str]) -> list[str]:
     return list(dict.fromkeys([*PROJECT_FILES, *instructions]))
 
 
-def what(path: str) -> str:
+def _what(path: str) -> str:
     return PROJECT_FILES.get(path, INSTRUCTIONS)
 
 
@@ -108,26 +113,28 @@ class TrustStore:
             raise TrustError(f"{self.path}: not a trust store (no \"projects\"); fix or remove it")
         return projects
 
-    def check(self, root: Path, path: str) -> ProjectFile | None:
-        """`path` (under project `root`) as it is now, read once; None when it is absent. An OSError
-        other than absence (a path too long for the file system) is raised."""
+    def check(self, root: Path, path: str, what: str | None = None, limit: int = MAX_BYTES) -> ProjectFile | None:
+        """`path` (under project `root`) as it is now, read once (at most `limit` bytes); None when it
+        is absent. An OSError other than absence (a path too long for the file system) is raised.
+        `what` it is: by default, what PROJECT_FILES says (or instructions)."""
+        what = what or _what(path)
         parts = Path(path).parts
         if not parts or Path(path).is_absolute() or ".." in parts:
-            return ProjectFile(path, what(path), "unsafe", why="not a path inside the project")
+            return ProjectFile(path, what, "unsafe", why="not a path inside the project")
         try:  # absent, at the cost of one stat (and a name the file system refuses is an error)
             os.lstat(root / path)
         except (FileNotFoundError, NotADirectoryError):
             return None
         try:
-            content = safefs.read_bytes(root, Path(path), MAX_BYTES)
+            content = safefs.read_bytes(root, Path(path), limit)
         except FileNotFoundError:
             return None
         except safefs.UnsafePath as e:
-            return ProjectFile(path, what(path), "unsafe", why=_reason(e))
+            return ProjectFile(path, what, "unsafe", why=_reason(e))
         entry = self.projects().get(_key(root), {}).get(path)
         digest = hashlib.sha256(content).hexdigest()
         status: Status = "new" if entry is None else "trusted" if entry.get("sha256") == digest else "changed"
-        return ProjectFile(path, what(path), status, content)
+        return ProjectFile(path, what, status, content)
 
     def trusted(self, root: Path, path: str) -> bytes | None:
         """The content of `path` when a person trusted it as it is now, else None."""

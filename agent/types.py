@@ -24,6 +24,24 @@ def valid_text(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
 
 
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def has_control(text: str) -> bool:
+    """Whether `text` holds a character `visible` writes as an escape."""
+    return _CONTROL.search(text) is not None
+
+
+def visible(text: str) -> str:
+    """`text` as it may be put in front of a person: each control character but newline and tab (C0,
+    DEL, C1: a terminal acts on them, `\\r` and `ESC[2K` redraw the line) and each bidirectional
+    override (an editor reorders what follows it) written as its escape (`\\x1b`, `\\u202e`), so a
+    terminal, the app or an editor shows what the text holds, not what it draws."""
+    if not has_control(text):
+        return text
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
+
+
 Text = Annotated[str, AfterValidator(valid_text)]
 """A str that came from outside (a model, a kernel, a client): made valid where it becomes ours."""
 
@@ -32,7 +50,7 @@ Outcome = Literal["completed", "interrupted", "budget_exhausted", "timed_out", "
 
 
 ApprovalKind = Literal["command", "mcp", "cell"]
-"""What waits for a person: a command to run outside the sandbox, an MCP call under policy `ask`,
+"""What waits for a person: a command to run in a sandbox with more room, an MCP call under policy `ask`,
 or a cell a PreToolUse hook asked about (`permissionDecision: "ask"`)."""
 
 class ToolCall(BaseModel):
@@ -292,6 +310,19 @@ class Budget(BaseModel):
     max_repeats: int | None = Field(3, ge=2)
     """Cells in a row with the same code and the same result (the model going round in circles)
     after which the turn ends."""
+
+    def left(self, turn: Turn | None) -> Budget:
+        """What `turn` has not used of this budget (all of it when no turn runs)."""
+        if turn is None:
+            return self
+        used = {"max_steps": turn.steps, "max_cells": turn.cells, "max_tokens": turn.usage.total_tokens,
+                "max_seconds": time.monotonic() - turn.started}
+        return Budget(**{k: None if (limit := getattr(self, k)) is None else max(0, limit - used[k]) for k in used})
+
+    def within(self, limit: Budget) -> Budget:
+        """Each limit the lower of this one's and `limit`'s (None, no limit, is never the lower)."""
+        return Budget(**{k: min((v for v in (getattr(self, k), getattr(limit, k)) if v is not None), default=None)
+                         for k in type(self).model_fields})
 
 
 @dataclass

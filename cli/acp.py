@@ -465,7 +465,8 @@ class Updates:
         assert conn is not None
         call = s.ToolCallUpdate(tool_call_id=e.cell_id or e.request_id, title=e.summary,
                                 kind="execute" if e.kind == "command" else "other",
-                                raw_input={"summary": e.summary, "reason": e.reason, "always_covers": e.prefix})
+                                raw_input={"summary": e.summary, "reason": e.reason, "always_covers": e.prefix,
+                                           "runs_in": e.runs_in, "notes": e.notes})
         decision = "deny"
         options = [o for o in PERMISSION_OPTIONS if o.option_id != "always" or e.prefix]  # `always` where offered
         try:

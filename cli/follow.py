@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from agent.events import TurnFinished
+from agent.types import visible
 
 if TYPE_CHECKING:
     from daemon.client import Client
@@ -66,7 +67,13 @@ def report(outcome: str, answer: str | None, error: str | None, print_answer: bo
     """A finished turn: its answer on stdout (when asked), or what ended it on stderr; its exit code."""
     if outcome == "completed":
         if print_answer:
-            print(answer)
+            say(answer)
     else:
-        print(f"prime-agent: turn {outcome}: {error}", file=sys.stderr)
+        print(visible(f"prime-agent: turn {outcome}: {error}"), file=sys.stderr)
     return EXIT_CODES[outcome]
+
+
+def say(answer: str | None) -> None:
+    """The answer on stdout: as it is into a pipe or a file, with its control characters as escapes
+    (`visible`) on a terminal, where they would act instead of showing."""
+    print(visible(str(answer)) if sys.stdout.isatty() else answer)

@@ -37,17 +37,17 @@ def main(args: argparse.Namespace) -> int:
     root = project_root(args.cwd)
     try:
         if args.action == "list":
-            return _list(root)
+            return _list(args.cwd)
         if args.action == "trust":
-            return review(TrustStore(home()), root, args.yes, only=[PROJECT_HOOKS])
+            return review(TrustStore(home()), args.cwd, args.yes, only=[PROJECT_HOOKS], runs=("hook",))
         return _edit(args, root)
     except (HooksError, ConfigError, OSError) as e:
         print(f"prime-agent hooks: {e}", file=sys.stderr)
         return 1
 
 
-def _list(root: Path) -> int:
-    config = load_config(root)
+def _list(cwd: Path) -> int:
+    config = load_config(cwd)
     for source, f in config.hooks:
         for event, groups in f.hooks.items():
             for group in groups:
@@ -55,8 +55,8 @@ def _list(root: Path) -> int:
                     what = spec.command if spec.type == "command" else f"POST {spec.url}"
                     print(f"{source:8} {event:19} {group.matcher or '*':20} {what} ({spec.timeout:g}s)")
     for line in config.ignored:
-        if PROJECT_HOOKS in line:
-            print(f"not in force: {line} (prime-agent hooks trust)")
+        if PROJECT_HOOKS in line or "the hook does not run" in line:
+            print(f"not in force: {line}")
     if not config.hooks:
         print(f"no hooks: add one with `prime-agent hooks add EVENT 'COMMAND'` ({home() / 'hooks.json'})")
     return 0

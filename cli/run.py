@@ -18,7 +18,7 @@ from pathlib import Path
 from agent.approvals import Decision, NoTerminal, Request
 from agent.config import Config, ConfigError, load_config, merge, parse_override
 from agent.config_models import ModelConfig
-from cli.follow import EXIT_CODES, PrintAnswer, follow, on_ctrl_c, report
+from cli.follow import EXIT_CODES, PrintAnswer, follow, on_ctrl_c, report, say
 from cli.show import Printer, print_json
 from daemon.meta import title_of
 
@@ -79,9 +79,9 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
                         "session (sandbox.plan)")
     p.add_argument("--approve-plan", action="store_true", help="with --permission-mode plan: approve the plan and go on")
     p.add_argument("--approval", choices=["on-request", "never"],
-                   help="when the agent asks to run a command outside the sandbox (or calls an MCP server under "
-                        "policy ask): on-request asks you at the "
-                        "terminal (the default when there is one), never refuses (the default without)")
+                   help="when the agent asks to run a command with more room than its sandbox (or calls an MCP "
+                        "server under policy ask): on-request asks you at the terminal (the default when there is "
+                        "one), never refuses (the default without)")
     goal = p.add_argument_group("goals", "keep going until a check passes (continuation turns carry its output)")
     goal.add_argument("--until", metavar="CMD",
                       help="a shell command run in the workspace after each turn; the goal is achieved when it exits 0")
@@ -178,7 +178,7 @@ async def follow_goal(client, session_id: str, show, print_answer: PrintAnswer) 
             answer = event.answer
         elif isinstance(event, GoalFinished):
             if event.state == "achieved" and answer and print_answer(answer):
-                print(answer)
+                say(answer)
             elif event.state != "achieved":
                 print(f"prime-agent: goal {event.state}: {event.reason}", file=sys.stderr)
             return GOAL_EXIT_CODES[event.state]
@@ -262,15 +262,17 @@ async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answe
 
 
 async def ask_at_terminal(req: Request) -> Decision:
-    """Ask the person at the terminal: may the agent run its command outside the sandbox, or call
-    the MCP tool (a server under policy `ask`)? A terminal that cannot be opened or read is said on
-    stderr and raised as NoTerminal: denied, and recorded as no person's decision."""
-    what = ("run this outside the sandbox, with your rights" if req.kind == "command"
-            else "call this tool of an MCP server")
-    always = f"[a] always for `{req.prefix} ...` in this session, " if req.prefix else ""
+    """Ask the person at the terminal: may the agent run its command (in a sandbox of its own, with
+    the workspace writable), or call the MCP tool (a server under policy `ask`)? What the request
+    holds is shown as it is (agent/approvals.py wrote its control characters as escapes). A terminal
+    that cannot be opened or read is said on stderr and raised as NoTerminal: denied, and recorded as
+    no person's decision."""
+    what = "run this command" if req.kind == "command" else "call this tool of an MCP server"
+    always = f"[a] always for `{req.prefix}` in this session, " if req.prefix else ""
     full = "[f] once with your full environment (secrets too), " if req.kind == "command" else ""
     question = (f"\nThe agent asks to {what}:\n  {req.summary}\n"
                 + (f"  because: {req.reason}\n" if req.reason else "")
+                + (f"  it runs {req.runs_in}\n" if req.runs_in else "")
                 + "".join(f"  WARNING: {note}\n" for note in req.notes)
                 + f"Go ahead? [y] once, {always}{full}[N] no: ")
 
@@ -350,7 +352,7 @@ async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], sessio
     if goal is not None:
         answer = session.last_result.answer if session.last_result else None
         if state.state == "achieved" and answer and print_answer(answer):
-            print(answer)
+            say(answer)
         elif state.state != "achieved":
             print(f"prime-agent: goal {state.state}: {state.reason}", file=sys.stderr)
         print(f"[goal {state.summary()}]", file=sys.stderr)

@@ -8,7 +8,7 @@ import sys
 
 from agent import events as ev
 from agent.events import Event
-from agent.types import FilesChanged
+from agent.types import FilesChanged, visible
 
 DIFF_STYLES = {"hunk": "cyan", "added": "green", "removed": "red", "context": "", "cut": "dim"}
 
@@ -73,6 +73,7 @@ class Printer:
         from rich.text import Text
 
         c = self.console
+        e = type(e).model_validate(_visible(e.model_dump(mode="json")))  # a terminal shows the text, never acts on it
         if isinstance(e, ev.ModelDelta):
             if self.fresh:
                 self.said, self.fresh = "", False
@@ -147,6 +148,18 @@ class Printer:
                 c.print(Text(f"goal: continuation {e.continuation}" + (f" ({left} left)" if left else ""), style="bold"))
             case ev.GoalFinished():
                 c.print(Text(f"goal {e.state}: {e.reason}", style="bold green" if e.state == "achieved" else "bold red"))
+
+
+def _visible(value: object) -> object:
+    """Every string in `value` (an event as JSON data) with its control characters as escapes
+    (`visible`), carriage returns dropped (a progress bar's: rich dropped them before)."""
+    if isinstance(value, str):
+        return visible(value.replace("\r", ""))
+    if isinstance(value, list):
+        return [_visible(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _visible(v) for k, v in value.items()}
+    return value
 
 
 def _same_terminal() -> bool:

@@ -1,7 +1,8 @@
 """`prime-agent trust`: a person's say over the project files the host acts on (agent/trust.py).
 
     prime-agent trust               each file not trusted as it is now, shown whole (or as a diff against
-                                    what was trusted), asked one by one; --yes trusts them all
+                                    what was trusted), asked one by one; --yes trusts them all; then the
+                                    project files the MCP servers and hooks now in force run (agent/hostrun.py)
     prime-agent trust --list        every trusted file, by project, and whether it is still as trusted
     prime-agent trust --revoke [PATH ...]   take the trust back (of every file of the project without PATH)
 
@@ -19,6 +20,7 @@ import unicodedata
 from pathlib import Path
 
 from agent.config import Config, ConfigError, home, load_config, project_root
+from agent.hostrun import PIN_MAX_BYTES
 from agent.trust import ProjectFile, TrustError, TrustStore, candidates
 
 
@@ -46,26 +48,48 @@ def main(args: argparse.Namespace) -> int:
                       if missing else ""), file=sys.stderr)
                 return 1
             return 0
-        return review(store, root, args.yes)
+        return review(store, args.project, args.yes)
     except TrustError as e:
         print(f"prime-agent trust: {e}", file=sys.stderr)
         return 1
 
 
-def review(store: TrustStore, root: Path, yes: bool, only: list[str] | None = None) -> int:
-    """Show each untrusted project file (of `only`, when given) and trust it if the person says so."""
+def review(store: TrustStore, cwd: Path, yes: bool, only: list[str] | None = None,
+           runs: tuple[str, ...] = ("mcp", "hook")) -> int:
+    """Show each untrusted project file (of `only`, when given) and trust it if the person says so;
+    then, the same way, the project files the MCP servers and hooks (`runs`) in force in `cwd` run."""
+    root = project_root(cwd)
     try:
-        instructions = load_config(root).project_instructions
+        instructions = load_config(cwd).project_instructions
     except ConfigError as e:  # a file trusted before that no longer loads: the default instruction files
         print(f"prime-agent trust: {e}", file=sys.stderr)
         instructions = Config().project_instructions
     files = [f for f in (store.check(root, p) for p in only or candidates(instructions)) if f is not None]
     waiting = [f for f in files if f.status != "trusted"]
-    if not waiting:
+    asking = not yes and sys.stdin.isatty()
+    code = _decide(store, root, waiting, yes, asking)
+    ran = _ran(store, cwd, runs)  # with what was just trusted in force
+    code = max(code, _decide(store, root, ran, yes, asking))
+    if not waiting and not ran:
         print(f"every file of {root} the host acts on is trusted as it is now" if files
               else f"{root} has no file the host acts on ({', '.join(candidates(instructions))})")
-        return 0
-    asking = not yes and sys.stdin.isatty()
+    return code
+
+
+def _ran(store: TrustStore, cwd: Path, runs: tuple[str, ...]) -> list[ProjectFile]:
+    """The project files the MCP servers and hooks of `runs` in force in `cwd` run, not trusted as they are."""
+    try:
+        pinned = load_config(cwd).pinned
+    except ConfigError as e:
+        print(f"prime-agent trust: {e}", file=sys.stderr)
+        return []
+    root = project_root(cwd)
+    files = {path: store.check(root, path, what, PIN_MAX_BYTES) for path, what, kind in pinned if kind in runs}
+    return [f for f in files.values() if f is not None and f.status != "trusted"]
+
+
+def _decide(store: TrustStore, root: Path, waiting: list[ProjectFile], yes: bool, asking: bool) -> int:
+    """Show each file and trust it when the person says so (or `yes`); 1 when one stays untrusted."""
     code = 0
     for f in waiting:
         _show(f, store.last_trusted(root, f.path))
@@ -88,6 +112,10 @@ def _show(f: ProjectFile, before: bytes | None) -> None:
     print(f"\n== {f.path}: {f.what}")
     if f.content is None:
         print(f"   {f.why}: the host never reads it, so it cannot be trusted")
+        return
+    if b"\0" in f.content:
+        print(f"   {'new' if before is None else 'changed since you trusted it'}; binary, {len(f.content):,} bytes, "
+              f"sha256 {f.digest}")
         return
     now = _printable(f.content)
     if before is None:

@@ -255,9 +255,9 @@ class ManagedSession:
         return McpServers(self._config_or_refuse().mcp, Path(self.meta.cwd), self.layout.dir).infos()
 
     def decide_approval(self, request_id: str, req: DecideApproval, may_loosen: bool = True) -> ApprovalDecision:
-        """A person's decision on a request that waits (a command to run outside the sandbox, an MCP call
-        under policy "ask"). `may_loosen`: False for a client that may only deny (over TCP, unless the
-        daemon was started to allow it)."""
+        """A person's decision on a request that waits (a command to run in a sandbox with more room, an
+        MCP call under policy "ask"). `may_loosen`: False for a client that may only deny (over TCP,
+        unless the daemon was started to allow it)."""
         if self.session is None:
             raise Refused("not_found", f"no approval request {request_id!r} waits: session {self.id} is dormant")
         if req.decision != "deny" and not may_loosen:

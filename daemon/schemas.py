@@ -144,13 +144,12 @@ class Decide(_Body):
 class DecideApproval(_Body):
     decision: Literal["approve", "always", "deny"] = Field(
         description="approve: run the command (or the MCP call) once; always: and every later command of this "
-        "session that starts with `prefix` and runs no other program (an MCP request: every call of "
-        "`server.tool`, or with `prefix` = the server, of any of its tools); deny: refuse (the model is told). "
-        "`always` is refused (400) where the request's `prefix` is null.")
+        "session its rule covers, as the request's `prefix` says (docs/sandbox.md#approvals; an MCP request: "
+        "every call of `server.tool`, or with `prefix` = the server, of any of its tools); deny: refuse (the "
+        "model is told). `always` is refused (400) where the request's `prefix` is null.")
     prefix: str | None = Field(None, min_length=1, max_length=1000,
-                               description="With `always`: the words an approved command starts with, at least the "
-                               "request's `prefix` (it may only narrow), or the MCP server (or `server.tool`) every "
-                               "call of which is approved.")
+                               description="With `always`: for an MCP request, the server (or `server.tool`) every "
+                               "call of which is approved; for a command, only the request's own `prefix`.")
     full_env: bool = Field(False, description="Run the command with the person's whole environment, secrets "
                            "included (this once); by default it gets the kernel's, secret-looking variables dropped.")
 

@@ -53,7 +53,8 @@ class Environment(Protocol):
         ...
 
     def check(self, task: Task, answer: str, workspace: Path) -> Check:
-        """Judge a finished rollout: its final answer and what it left in the workspace."""
+        """Judge a finished rollout: its final answer and what it left in the workspace. Whatever of the
+        workspace it runs, it runs confined, on a copy with its own check files (evals.scoring.Scratch)."""
         ...
 
 

@@ -53,7 +53,7 @@ async def passes(config: Config, model: Model, harness: SessionHarness, taskset:
                  timeout: float, plan: Plan | None) -> tuple[int, list[str]]:
     """(passed, unjudged) of the selected tasks in fresh sessions over a copy of `harness` (with
     `plan` applied); unjudged: why each rollout that errored or timed out did."""
-    env = load_taskset(taskset)
+    env = load_taskset(taskset, scoring_sandbox=config.sandbox)
     spec = EvalSpec(taskset, n, 1, 1, seed, timeout)
     config = config.model_copy(update={"refine": config.refine.model_copy(update={"auto_every": 0})})
     with tempfile.TemporaryDirectory(prefix="pa-gate-") as tmp:

@@ -25,6 +25,7 @@ from agent.layout import SessionLayout
 from agent.model import Model
 from agent.session import Session
 from evals.env import Environment, Task
+from evals.scoring import TooLarge
 from evals.stats import mean_ci, wilson
 from evals.tasksets import load_taskset, task_key
 
@@ -89,7 +90,7 @@ async def evaluate(spec: EvalSpec, config: Config, model: Model, run_dir: Path,
 
     The Python API for the other users: the refiner's gate and RL evaluation pass their own
     harness (`harness_roots`) or model (a policy server serving a checkpoint) and `summarize()`."""
-    env = load_taskset(spec.taskset)
+    env = load_taskset(spec.taskset, scoring_sandbox=config.sandbox)
     tasks = env.tasks(spec.n, seed=spec.seed)
     identity = spec.identity(model.name, config.model.base_url)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -184,7 +185,7 @@ async def judge(result: Result, env: Environment, task: Task, outcome: str, answ
                 work: Path) -> None:
     """A finished turn's verdict into `result`: timed out (or out of its seconds, or its scoring out of
     the environment's), checked by the environment (passed or failed, with the reward, its metrics and
-    any error of its scorer), or an error."""
+    any error of its scorer; failed where the workspace is too large to score), or an error."""
     if outcome == "timed_out" or (outcome == "budget_exhausted" and "max_seconds" in (error or "")):
         result.outcome, result.error = "timed_out", error
     elif outcome in ("completed", "budget_exhausted"):
@@ -192,6 +193,9 @@ async def judge(result: Result, env: Environment, task: Task, outcome: str, answ
             check = await asyncio.to_thread(env.check, task, answer or "", work)
         except TimeoutError as e:  # the environment's own scoring deadline (a verifiers task's)
             result.outcome, result.error = "timed_out", str(e) or "scoring ran past its time"
+            return
+        except TooLarge as e:  # the policy filled its workspace past what a scorer copies: its failure
+            result.outcome, result.reward, result.check = "failed", 0.0, str(e)
             return
         result.outcome = "passed" if check.passed else "failed"
         result.reward, result.check = check.reward, check.detail

@@ -12,8 +12,10 @@ has, or whose `.git` holds hooks, is a link, or points elsewhere.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -32,7 +34,7 @@ INERT_CONFIG: tuple[tuple[str, str], ...] = (
     ("maintenance.auto", "false"),
 )
 """Config at the command line's level (`GIT_CONFIG_COUNT`): it wins over the repository's config."""
-PASSED = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+PASSED = ("HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
 """The only variables of the host's environment git sees."""
 ALLOWED_KEYS = re.compile(
     r"(?i)(core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase|precomposeunicode|symlinks)"
@@ -43,9 +45,25 @@ ALLOWED_KEYS = re.compile(
 person pushes to by hand. Nothing here names a command."""
 
 
+SYSTEM_BIN = ("/usr/bin", "/bin", "/usr/local/bin")
+"""Where the host looks for git first: folders no kernel can write."""
+
+
+@functools.cache
+def git_program() -> str:
+    """The git the host runs, found once a process: in SYSTEM_BIN first, then in PATH's absolute
+    entries. Never by a bare `git` looked up in PATH, which may name a folder of the workspace (an
+    activated project `.venv/bin`, a relative `bin`) where a cell could plant a `git` of its own."""
+    return (shutil.which("git", path=os.pathsep.join(SYSTEM_BIN))
+            or shutil.which("git", path=os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                                          if os.path.isabs(p))) or "git")
+
+
 def inert_env(**extra: str) -> dict[str, str]:
-    """The environment of every host-side git command (`extra`: e.g. `GIT_INDEX_FILE`)."""
+    """The environment of every host-side git command (`extra`: e.g. `GIT_INDEX_FILE`); its PATH is
+    the folder of `git_program()` alone, so git finds no program of the workspace either."""
     env = {k: os.environ[k] for k in PASSED if k in os.environ}
+    env["PATH"] = os.pathsep.join(dict.fromkeys([os.path.dirname(git_program()) or "/usr/bin", *SYSTEM_BIN]))
     env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null", GIT_TERMINAL_PROMPT="0",
                GIT_NO_REPLACE_OBJECTS="1", GIT_CONFIG_COUNT=str(len(INERT_CONFIG)))
     for n, (key, value) in enumerate(INERT_CONFIG):
@@ -56,7 +74,7 @@ def inert_env(**extra: str) -> dict[str, str]:
 
 def run_git(args: list[str], cwd: Path, input: bytes | None = None, **env: str) -> subprocess.CompletedProcess[bytes]:
     """One inert git command (its output as bytes; the caller checks the return code)."""
-    return subprocess.run(["git", *args], cwd=cwd, input=input, capture_output=True, env=inert_env(**env))
+    return subprocess.run([git_program(), *args], cwd=cwd, input=input, capture_output=True, env=inert_env(**env))
 
 
 def foreign(root: Path) -> str | None:

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import os
+import pwd
 import secrets
 import shutil
 import stat as stat_module
@@ -99,6 +100,16 @@ def registered_homes() -> list[tuple[Path, Path]]:
             else:
                 (registry / name).unlink(missing_ok=True)
     return out
+
+
+def default_homes() -> list[Path]:
+    """The homes a host of this user has by default (`~/.prime-agent`, for `$HOME` and for the user's
+    home in the password database), where they exist: hidden like registered ones, since a host whose
+    home is elsewhere never registered them (its key and daemon token)."""
+    homes = [Path.home()]
+    with contextlib.suppress(KeyError):  # a user the password database does not list
+        homes.append(Path(pwd.getpwuid(os.getuid()).pw_dir))
+    return [p for p in dict.fromkeys((h / ".prime-agent").resolve() for h in homes) if p.is_dir()]
 
 
 def _placeholder_key(path: Path) -> tuple[Path, str]:

@@ -326,6 +326,8 @@ class Kernel:
         self.state = KernelState.NEW
         self.cell_id: str | None = None
         """The cell running now, if any (what the host bridge's calls are attributed to)."""
+        self.executions = 0
+        """Cells executed so far: what the host bridge's allowance counts afresh for each."""
         self._km: _Manager | None = None
         self._kc = None
         self._user_interrupt = False
@@ -437,6 +439,7 @@ class Kernel:
         timeout = cell.timeout if cell.timeout is not None else self.config.cell_timeout
         self.state = KernelState.BUSY
         self.cell_id = cell.id
+        self.executions += 1
         self._user_interrupt = False
         try:
             res = await self._run(cell.code, timeout, on_output)

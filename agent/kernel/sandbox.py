@@ -380,11 +380,12 @@ before the mounts would leave it in the read-only directory beneath them."""
 
 
 @contextlib.asynccontextmanager
-async def shell(command: str, cwd: Path, launch: Launch,
-                view: View) -> AsyncIterator[tuple[asyncio.subprocess.Process, Box]]:
+async def shell(command: str, cwd: Path, launch: Launch, view: View,
+                stderr: int = asyncio.subprocess.STDOUT) -> AsyncIterator[tuple[asyncio.subprocess.Process, Box]]:
     """`command` through /bin/sh in `cwd`, in a box of its own launched and confined as a session's
     kernel is (`launch`, `view`: the same namespaces, view, environment and limits), started only
-    once its view is in place; its stdout and stderr together on `stdout`; the box says which
+    once its view is in place; its stdout and stderr together on `stdout` (or apart, with `stderr`
+    = PIPE); the box says which
     limits it hit (`Box.hits`). On leaving, it and everything it started are killed
     (`ProcessTree`; the next daemon reaps them if this process dies)."""
     box, tree = Box(launch), ProcessTree()
@@ -393,7 +394,7 @@ async def shell(command: str, cwd: Path, launch: Launch,
         argv = box.command(["/bin/sh", "-c", _GATE, "prime-agent-shell", command, str(cwd)], tree.cgroup)
         proc = await asyncio.create_subprocess_exec(
             *argv, cwd=box.dir, env=tree.env(box.env()), pass_fds=box.pass_fds(), stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            stdout=asyncio.subprocess.PIPE, stderr=stderr, start_new_session=True)
         box.launched()
         tree.adopt(proc.pid)
         await box.confine(proc.pid, view)

@@ -12,7 +12,7 @@ from pathlib import Path
 from agent.config import home
 from agent.config_models import SandboxConfig, SandboxMode
 from agent.layout import SessionLayout
-from agent.kernel.homes import private_root, registered_homes, user_base
+from agent.kernel.homes import default_homes, private_root, registered_homes, user_base
 from agent.kernel.mounts import Mount
 
 
@@ -144,20 +144,21 @@ def _cover(target: Path, shown: list[Path], stage: Path, rw: Path | None = None)
 
 
 def other_homes(root: Path, needed: list[Path]) -> list[Path]:
-    """What of the other homes of this user (and the kernels' directories of every home) a kernel
-    under `root` must not see: a home whole, or where it holds what the kernel needs (`needed`: its
-    workspace...), its run/, config.toml, checkpoints/ and sessions/."""
+    """What of the other homes of this user (registered, or at a default place: `default_homes`), and
+    of the kernels' directories of every home, a kernel under `root` must not see: a home whole, or
+    where it holds what the kernel needs (`needed`: its workspace...), its run/, config.toml,
+    checkpoints/ and sessions/."""
     # What holds a needed path is one of its ancestors: looked up in a set, not by walking `parents`
     # (with a thousand homes registered, that walk made a session's view take 0.4 s).
     holds = {str(a) for n in needed for a in (n, *n.parents)}
-    own_tmp, out = private_root(), []
-    for other, tmp in registered_homes():
+    own_tmp, out, registered = private_root(), [], registered_homes()
+    for other in dict.fromkeys([*(h for h, _ in registered), *default_homes()]):
         if other != root:
             if str(other) in holds:
                 out += [other / "run", other / "config.toml", other / "checkpoints", other / "sessions"]
             else:
                 out.append(other)
-        out.append(tmp)
+    out += [tmp for _, tmp in registered]
     out.append(user_base())
     holds.update(str(a) for a in (own_tmp, *own_tmp.parents))
     return [p for p in dict.fromkeys(out) if str(p) not in holds]

@@ -4,15 +4,17 @@ ecosystem's packages: `rg:DATASET[?key=value&...]` (reasoning-gym) and `vf:TASKS
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib.util
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
+from agent.config_models import SandboxConfig
 from evals.env import Check, Environment, MissingPackage, Task, pick
+from evals.scoring import Scratch
 
 BUILTINS = ("reverse_text", "kernel_tasks", "repo_fix")
 PACKAGED = ("rg", "vf")
@@ -39,8 +41,10 @@ def parse_spec(spec: str, label: str | None = None) -> tuple[str, dict[str, Any]
     return name, options
 
 
-def load_taskset(spec: str, **options: Any) -> Environment:
-    """The task set `spec` names; `options` (an RL config's `[env] options`) add to those of its query."""
+def load_taskset(spec: str, scoring_sandbox: SandboxConfig | None = None, **options: Any) -> Environment:
+    """The task set `spec` names; `options` (an RL config's `[env] options`) add to those of its query.
+    `scoring_sandbox`: the sandbox settings its scorers' boxes follow (evals.scoring; default: the
+    defaults). A .py module's `environment` is its own, made before."""
     prefix, colon, rest = spec.partition(":")
     if colon and prefix in PACKAGED:
         name, query = parse_spec(rest, spec)
@@ -50,7 +54,7 @@ def load_taskset(spec: str, **options: Any) -> Environment:
             return ReasoningGym(name, {**query, **options}, spec=spec)
         from evals.tasksets.verifiers import VerifiersTaskset
 
-        return VerifiersTaskset(name, {**query, **options}, spec=spec)
+        return VerifiersTaskset(name, {**query, **options}, spec=spec, sandbox=scoring_sandbox)
     if options:
         raise ValueError(f"task set {spec!r} takes no options")
     if spec == "reverse_text":
@@ -64,10 +68,10 @@ def load_taskset(spec: str, **options: Any) -> Environment:
     if spec == "repo_fix":
         from evals.tasksets.repo_fix import RepoFix
 
-        return RepoFix()
+        return RepoFix(scoring_sandbox)
     path = Path(spec)
     if path.suffix == ".jsonl" and path.is_file():
-        return JsonlTasks(path)
+        return JsonlTasks(path, scoring_sandbox)
     if path.suffix == ".py" and path.is_file():
         module_spec = importlib.util.spec_from_file_location(f"taskset_{path.stem}", path)
         module = importlib.util.module_from_spec(module_spec)
@@ -92,19 +96,27 @@ def task_key(task: Task, config: dict[str, Any]) -> str:
 
 
 class JsonlTasks:
-    """One task per line: {"id", "prompt", "files"?: {path: text}, "check": {"shell": cmd} | {"python": expr}}.
-    A shell check passes on exit 0 in the workspace; a Python expression over `answer` passes when truthy."""
+    """One task per line: {"id", "prompt", "files"?: {path: text}, "check": {"shell": cmd, "files"?: {path: text},
+    "timeout"?: seconds} | {"python": expr}}. A shell check passes on exit 0, run on a copy of the workspace
+    with the check's own `files` written over it, in a sandbox of its own (evals.scoring), and fails
+    past its `timeout` (default 300 s); a Python expression over `answer` passes when truthy."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, sandbox: SandboxConfig | None = None):
         self.name = path.stem
+        self.sandbox = sandbox
         self.items = []
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 d = json.loads(line)
+                check = d.get("check", "True")
+                if isinstance(check, dict) and not isinstance(check.get("files", {}), dict):
+                    raise TypeError("check.files must map paths to text")
+                if isinstance(check, dict) and not isinstance(check.get("timeout", 1), (int, float)):
+                    raise TypeError("check.timeout must be a number of seconds")
                 self.items.append(Task(id=str(d["id"]), prompt=d["prompt"], files=d.get("files", {}),
-                                       data={"check": d.get("check", "True")}))
+                                       data={"check": check}))
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{path}:{n}: not a task ({e})") from None
             if sum(t.id == self.items[-1].id for t in self.items) > 1:
@@ -116,8 +128,11 @@ class JsonlTasks:
     def check(self, task: Task, answer: str, workspace: Path) -> Check:
         check = task.data["check"]
         if isinstance(check, dict) and "shell" in check:
-            done = subprocess.run(check["shell"], shell=True, cwd=workspace, capture_output=True, text=True, timeout=300)
-            return Check(done.returncode == 0, float(done.returncode == 0), (done.stdout + done.stderr).strip()[-300:])
+            timeout = float(check.get("timeout", 300))
+            with Scratch(workspace, self.sandbox, restore=check.get("files", {})) as scratch:
+                ran = asyncio.run(scratch.run(["/bin/sh", "-c", check["shell"]], timeout))
+            said = f"ran past {timeout:g}s" if ran.timed_out else (ran.stdout + ran.stderr).strip()[-300:]
+            return Check(ran.code == 0, float(ran.code == 0), scratch.note(said))
         expr = check["python"] if isinstance(check, dict) else str(check)
         try:
             ok = bool(eval(expr, {"answer": answer}))  # the task file is the user's own

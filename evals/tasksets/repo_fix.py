@@ -1,13 +1,29 @@
 """repo_fix: a dozen small repositories, each with one bug and a failing test; solved when the
-test suite passes (`python -m pytest -q` in the workspace). For real models."""
+task's own tests pass. For real models.
+
+The check (docs/evals.md, "Scorers run confined") runs pytest on a copy of the workspace with the
+task's test file written back over whatever the agent left there (evals.scoring.Scratch), in a sandbox
+of its own, and so that nothing else of the workspace's can speak for pytest: an isolated interpreter
+(`-I`: no working directory, PYTHON* variables or user site on the path, so no planted `pytest.py`,
+`unittest.py` or `sitecustomize.py` loads), no conftest.py (`--noconftest`), no configuration of the
+workspace's (`-c /dev/null`: no pytest.ini, pyproject.toml, setup.cfg or tox.ini addopts), no plugins
+but pytest's own. It passes only on evidence: a JUnit report, written outside the copy, in which
+exactly the task's own tests ran and passed, and exit code 0 (a solution that exits at import
+writes no report).
+"""
 
 from __future__ import annotations
 
-import subprocess
+import ast
+import asyncio
+import os
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
+from agent.config_models import SandboxConfig
 from evals.env import Check, Task, pick
+from evals.scoring import Scratch
 
 # name: (module source with the bug, test source)
 REPOS: dict[str, tuple[str, str]] = {
@@ -34,10 +50,17 @@ REPOS: dict[str, tuple[str, str]] = {
              "from lib import fizz\n\ndef test_fizzbuzz():\n    assert fizz(15) == 'FizzBuzz' and fizz(9) == 'Fizz' and fizz(7) == '7'\n"),
 }
 PROMPT = "The test suite of this repository fails. Find the bug and fix it so that `python -m pytest -q` passes."
+TIMEOUT = 120.0
+"""Seconds the task's tests may run; past them the check fails."""
+REPORT_CAP = 1 << 20
 
 
 class RepoFix:
     name = "repo_fix"
+
+    def __init__(self, sandbox: SandboxConfig | None = None):
+        self.sandbox = sandbox
+        """The sandbox settings a scorer's box follows (secret stores, environment, limits, `required`)."""
 
     def tasks(self, n: int | None, *, seed: int) -> list[Task]:
         all_tasks = [Task(id=name, prompt=PROMPT, files={"lib.py": lib, "test_lib.py": test})
@@ -45,7 +68,41 @@ class RepoFix:
         return pick(all_tasks, n, seed)
 
     def check(self, task: Task, answer: str, workspace: Path) -> Check:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=workspace,
-                              capture_output=True, text=True, timeout=120)
-        tail = (done.stdout.strip().splitlines() or [""])[-1]
-        return Check(passed=done.returncode == 0, reward=float(done.returncode == 0), detail=tail)
+        tests = {rel: text for rel, text in task.files.items() if Path(rel).name.startswith("test_")}
+        with Scratch(workspace, self.sandbox, restore=tests) as scratch:
+            report = scratch.out / "junit.xml"
+            argv = [sys.executable, "-I", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
+                    "-c", os.devnull, f"--rootdir={scratch.work}", f"--junitxml={report}", *tests]
+            ran = asyncio.run(scratch.run(argv, TIMEOUT, {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}))
+            try:
+                xml = scratch.read(report, REPORT_CAP)
+            except OSError:
+                xml = None
+        passed, why = verdict(ran.code, xml, expected(tests))
+        tail = f"ran past {TIMEOUT:g}s" if ran.timed_out else (ran.stdout.strip().splitlines() or [""])[-1]
+        return Check(passed, float(passed), scratch.note(why or tail))
+
+
+def expected(tests: dict[str, str]) -> set[tuple[str, str]]:
+    """(classname, name) of each test function in the task's test files, as a JUnit report names them."""
+    return {(".".join(Path(rel).with_suffix("").parts), node.name) for rel, text in tests.items()
+            for node in ast.parse(text).body if isinstance(node, ast.FunctionDef) and node.name.startswith("test")}
+
+
+def verdict(code: int | None, xml: bytes | None, tests: set[tuple[str, str]]) -> tuple[bool, str | None]:
+    """Whether the report shows exactly `tests`, each passed, from a run that exited 0; and if not, why
+    (None: the run's own output says it)."""
+    if code != 0:
+        return False, None
+    if xml is None:
+        return False, "no test report: the test run ended before writing one"
+    try:
+        cases = list(ElementTree.fromstring(xml).iter("testcase"))
+    except ElementTree.ParseError:
+        return False, "the test report is not JUnit XML"
+    ran = {(c.get("classname"), c.get("name")) for c in cases}
+    if ran != tests or len(cases) != len(tests):
+        return False, f"the report shows {len(cases)} tests, not the task's {len(tests)}"
+    if failed := [c.get("name") for c in cases if any(e.tag in ("failure", "error", "skipped") for e in c)]:
+        return False, f"the report shows {', '.join(failed)} not passing"
+    return True, None

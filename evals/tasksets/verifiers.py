@@ -15,9 +15,13 @@ runs past the task's agent timeout (`timeout.agent`, within the run's own). Resu
 task's verifiers key (its content hash, or the durable key it declares) and its position.
 
 A task with files or tests runs against the session's workspace: verifiers' subprocess runtime rooted
-there (`WorkspaceRuntime`) is the box its `setup` runs in before the session (`prepare`), and its
-`finalize` and runtime-reading rewards after. Tasks that need a container (`NEEDS_CONTAINER`, an image)
-are refused when dealt, saying so.
+there (`WorkspaceRuntime`) is the box its `setup` runs in before the session (`prepare`: the task's own
+code on the task's own files). Its `finalize` and runtime-reading rewards run after the session on
+what the policy left, so they get a runtime of their own (`ScoringRuntime`, docs/evals.md "Scorers run
+confined"): a copy of the workspace (evals.scoring.Scratch), each command in a sandbox of its own with
+the scrubbed environment (the task's own `env` scrubbed too), files read and written in the copy never
+through a link, no live or background processes. Tasks that need a container (`NEEDS_CONTAINER`, an
+image) are refused when dealt, saying so.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from agent.config_models import SandboxConfig
 from evals.env import Check, MissingPackage, Task
+from evals.scoring import Scratch
 
 INSTALL = "pip install 'prime-agent[verifiers]' (in a clone: pip install -e '.[verifiers]')"
 
@@ -44,11 +50,14 @@ def verifiers_loaders():
 
 
 class VerifiersTaskset:
-    def __init__(self, taskset_id: str, options: dict[str, Any], spec: str | None = None):
+    def __init__(self, taskset_id: str, options: dict[str, Any], spec: str | None = None,
+                 sandbox: SandboxConfig | None = None):
         loaders = verifiers_loaders()
         from pydantic import ValidationError
 
         self.name = spec or f"vf:{taskset_id}"
+        self.sandbox = sandbox
+        """The sandbox settings its scorers' boxes follow (evals.scoring)."""
         if not taskset_id:
             raise ValueError(f"{self.name}: name an installed verifiers taskset, e.g. vf:my_taskset")
         try:
@@ -64,7 +73,7 @@ class VerifiersTaskset:
         """Our task id -> the verifiers task it stands for (filled as tasks are dealt)."""
         self._prepared: dict[str, Any] = {}
         """A workspace -> the trace its task's setup began (scoring goes on with it)."""
-        workspace_runtime()  # imported now: never inside a task's deadline
+        workspace_runtime(), scoring_runtime()  # imported now: never inside a task's deadline
 
     def tasks(self, n: int | None, *, seed: int) -> list[Task]:
         """verifiers' `shuffle(seed).take(n)` (all of a bounded taskset without n)."""
@@ -111,18 +120,23 @@ class VerifiersTaskset:
 
     def check(self, task: Task, answer: str, workspace: Path | None) -> Check:
         trace = self._prepared.pop(str(workspace), None) if workspace is not None else None
-        return asyncio.run(score(self._task(task), answer, workspace, trace))
+        if workspace is None:
+            return asyncio.run(score(self._task(task), answer, None, trace))
+        with Scratch(workspace, self.sandbox) as scratch:
+            check = asyncio.run(score(self._task(task), answer, scratch, trace))
+        check.detail = scratch.note(check.detail)
+        return check
 
     def reward(self, task: Task, answer: str) -> float:
         return self.check(task, answer, None).reward
 
 
-async def score(vt, answer: str, workspace: Path | None = None, trace=None) -> Check:
+async def score(vt, answer: str, scratch: Scratch | None = None, trace=None) -> Check:
     """The task's own rewards and metrics on a trace whose last reply is `answer`, as verifiers scores a
-    finished rollout: `finalize`, then `Task.score` under the task's scoring timeout, in the workspace
-    (without one, verifiers skips the signals that read the box)."""
+    finished rollout: `finalize`, then `Task.score` under the task's scoring timeout, on the copy of the
+    workspace `scratch` (without one, verifiers skips the signals that read the box)."""
     trace = reply(trace if trace is not None else trace_of(vt), answer)
-    runtime = workspace_runtime()(workspace) if workspace is not None else None
+    runtime = scoring_runtime()(scratch) if scratch is not None else None
     stage = "finalize"
     try:
         if runtime is not None:  # each stage under its own deadline, as verifiers runs them
@@ -211,6 +225,46 @@ def workspace_runtime():
                 self.workdir = workdir
 
     return WorkspaceRuntime
+
+
+@functools.cache
+def scoring_runtime():
+    """verifiers' runtime for scoring: a rollout's workspace copied (`Scratch`), each command confined."""
+    from verifiers.v1.errors import SandboxError as RuntimeFailed
+    from verifiers.v1.runtimes.base import ProgramResult, Runtime
+    from verifiers.v1.runtimes.subprocess import SubprocessConfig, SubprocessRuntimeInfo
+
+    class ScoringRuntime(Runtime):
+        def __init__(self, scratch: Scratch) -> None:
+            super().__init__()
+            self.config = SubprocessConfig()
+            self.info = SubprocessRuntimeInfo(**self.config.model_dump())
+            self.scratch, self.workdir, self.info.id = scratch, scratch.work, str(scratch.work)
+
+        async def start(self) -> None:
+            pass
+
+        async def run(self, argv: list[str], env: dict[str, str]) -> ProgramResult:
+            ran = await self.scratch.run(argv, None, self.process_env(env))  # the task's stage deadline cuts it
+            return ProgramResult(exit_code=ran.code, stdout=ran.stdout, stderr=ran.stderr)
+
+        async def _read(self, path: str, max_bytes: int | None = None) -> bytes:
+            try:
+                return await asyncio.to_thread(self.scratch.read, Path(path), max_bytes or READ_CAP)
+            except OSError as e:
+                raise RuntimeFailed(f"read {path!r}: {e}") from e
+
+        async def write(self, path: str, data: bytes) -> None:
+            try:
+                await asyncio.to_thread(self.scratch.write, Path(path), data)
+            except (OSError, ValueError) as e:
+                raise RuntimeFailed(f"write {path!r}: {e}") from e
+
+    return ScoringRuntime
+
+
+READ_CAP = 64 << 20
+"""Bytes a scoring runtime reads of one file when the task names no cap."""
 
 
 def refuse_runtime(name: str, vt) -> None:

@@ -4,18 +4,27 @@ exit codes and JSON decide."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shlex
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from agent.hooks import EVENTS, Hooks, HooksError, HooksFile, read
+from agent.config import home, project_root
+from agent.hooks import EVENTS, HookRun, Hooks, HooksError, HooksFile, read
+from agent.hostrun import Host, Untrusted
+
+
+def host(project: Path) -> Host:
+    return Host(home(), project_root(project), project.resolve())
+
 
 def hooks(project: Path, config: dict, source: str = "user") -> Hooks:
-    return Hooks.of([(source, HooksFile.model_validate(config))], project)
+    return Hooks.of([(source, HooksFile.model_validate(config))], host(project))
 
 
 def command(event: str, line: str, matcher: str | None = None, timeout: float | None = None) -> dict:
@@ -37,7 +46,7 @@ async def test_a_hook_gets_claude_codes_input_on_stdin_and_the_project_dir(proje
 
 async def test_exit_2_blocks_with_stderr_and_other_codes_only_report(project: Path):
     h = Hooks.of([("user", HooksFile.model_validate(command("PreToolUse", "echo no rm -rf here >&2; exit 2"))),
-                  ("user", HooksFile.model_validate(command("PreToolUse", "echo oops >&2; exit 1")))], project)
+                  ("user", HooksFile.model_validate(command("PreToolUse", "echo oops >&2; exit 1")))], host(project))
     verdict = await h.run("PreToolUse", {"tool_name": "ipython"}, target="ipython")
     assert verdict.blocked and verdict.reason == "no rm -rf here"
     failed = next(r for r in verdict.runs if r.exit_code == 1)
@@ -58,7 +67,7 @@ async def test_json_output_decides_permission_input_context_and_stopping(project
     deny = {"hookSpecificOutput": {"permissionDecision": "deny", "permissionDecisionReason": "not on main"}}
     stop = {"continue": False, "stopReason": "the build is red"}
     both = Hooks.of([("user", HooksFile.model_validate(command("PreToolUse", f"echo {shlex.quote(json.dumps(d))}")))
-                     for d in (deny, stop, out)], project)
+                     for d in (deny, stop, out)], host(project))
     verdict = await both.run("PreToolUse", {"tool_name": "ipython"}, target="ipython")
     assert verdict.permission == "deny" and verdict.blocked and verdict.reason == "not on main"
     assert verdict.stop == "the build is red"
@@ -124,7 +133,7 @@ def test_a_claude_code_settings_file_copied_verbatim_reads(tmp_path: Path):
 # --- through real sessions: a scripted model, real kernels, the person's hooks files ----------------
 
 from agent import events as ev  # noqa: E402
-from agent.config import home, load_config  # noqa: E402
+from agent.config import load_config  # noqa: E402
 from agent.session import Session  # noqa: E402
 from agent.testing.scripted import ScriptedModel, cells  # noqa: E402
 from agent.trajectory import HookRecord, read_records  # noqa: E402
@@ -342,3 +351,107 @@ async def test_garbage_from_a_hook_decides_nothing_and_breaks_nothing(project: P
         assert result.outcome == "completed"
         runs = [r.run for r in read_records(s.layout.trajectory, []) if isinstance(r, HookRecord)]
         assert len(runs) == 2 and any(r.error and "http" in r.command for r in runs)
+
+
+# --- what a hook runs: never the workspace's, unless a person trusted those bytes ------------------
+
+def runs_of(s: Session) -> dict[str, HookRun]:
+    return {r.run.command: r.run for r in read_records(s.layout.trajectory, []) if isinstance(r, HookRecord)}
+
+
+def fresh(tmp_path: Path) -> Path:
+    project = tmp_path / "fresh"
+    project.mkdir()
+    return project
+
+
+async def test_modules_a_cell_plants_never_run_in_python_m_hooks(tmp_path: Path):
+    """The person's `python3 -m json.tool` and `python3 -m hookmod` hooks; a cell writes json.py and
+    hookmod.py into a fresh project. The hooks start in a neutral folder with PYTHONSAFEPATH=1: json.tool
+    is the standard library's, hookmod is not found, and neither planted module runs on the host."""
+    project, marker = fresh(tmp_path), tmp_path / "pwned"
+    plant = f"open({str(marker)!r}, 'a').write(__name__ + ' ran on the host\\n')\n"
+    user_hooks({"hooks": {"PostToolUse": [{"hooks": [{"type": "command", "command": "python3 -m json.tool"},
+                                                     {"type": "command", "command": "python3 -m hookmod"}]}]}})
+    async with hooked(project, [cells(f"for m in ('json', 'hookmod'):\n    open(m + '.py', 'w').write({plant!r})"),
+                                "ok"]) as s:
+        await s.prompt("go")
+    assert (project / "hookmod.py").is_file() and not marker.exists(), marker.read_text()
+    runs = runs_of(s)
+    assert runs["python3 -m json.tool"].exit_code == 0 and '"tool_name": "ipython"' in runs["python3 -m json.tool"].stdout
+    assert runs["python3 -m hookmod"].exit_code == 1 and "No module named hookmod" in runs["python3 -m hookmod"].stderr
+
+
+async def test_a_tool_a_cell_plants_in_node_modules_never_runs_for_an_npx_hook(tmp_path: Path):
+    project, marker = fresh(tmp_path), tmp_path / "pwned"
+    user_hooks(command("PostToolUse", "npx --offline --no-install prime-agent-planted-tool"))
+    plant = f"#!/bin/sh\necho planted tool ran > {marker}\n"
+    async with hooked(project, [cells("import os\nos.makedirs('node_modules/.bin')\n"
+                                      f"open('node_modules/.bin/prime-agent-planted-tool', 'w').write({plant!r})\n"
+                                      "os.chmod('node_modules/.bin/prime-agent-planted-tool', 0o755)"), "ok"]) as s:
+        await s.prompt("go")
+    assert (project / "node_modules" / ".bin" / "prime-agent-planted-tool").is_file()
+    assert not marker.exists()
+    [run] = runs_of(s).values()
+    assert run.exit_code not in (0, None), run
+
+
+async def test_a_hook_script_changed_after_trust_does_not_run_and_one_that_cds_to_the_project_does(tmp_path: Path):
+    """The project's hooks.json: SessionStart cds to `$CLAUDE_PROJECT_DIR` and runs `git status`
+    (what a person writes, and what works), UserPromptSubmit runs `python3 tools/hook.py`, trusted
+    with the file. A cell rewrites the script: it does not run, at the next prompt nor in the next
+    session (named at its start), until a person trusts the change."""
+    project, marker = fresh(tmp_path), tmp_path / "pwned"
+    subprocess.run(["git", "init", "-q", str(project)], check=True)  # the person's repository
+    (project / ".prime-agent").mkdir()
+    status, script = 'cd "$CLAUDE_PROJECT_DIR" && git status --short', "python3 tools/hook.py"
+    (project / ".prime-agent" / "hooks.json").write_text(json.dumps({"hooks": {
+        "SessionStart": [{"hooks": [{"type": "command", "command": status}]}],
+        "UserPromptSubmit": [{"hooks": [{"type": "command", "command": script}]}]}}))
+    (project / "tools").mkdir()
+    (project / "tools" / "hook.py").write_text("print('the tracker says: ISSUE-7 is open')\n")
+    trust(project, ".prime-agent/hooks.json", "tools/hook.py")
+    leak = f"import os\nopen({str(marker)!r}, 'w').write(os.environ.get('OPENAI_API_KEY', 'ran'))\n"
+    async with hooked(project, [cells(f"open('tools/hook.py', 'w').write({leak!r})"), "planted", "next"]) as s:
+        await s.prompt("what is open?")
+        told = s.model.calls[0][-1].content
+        assert "the tracker says: ISSUE-7 is open" in told and "?? tools/" in told  # both hooks ran
+        await s.prompt("and now?")
+        assert not marker.exists()
+        run = [r.run for r in read_records(s.layout.trajectory, []) if isinstance(r, HookRecord)][-1]
+        assert (run.command, run.exit_code) == (script, None)
+        assert run.error == ("not run: tools/hook.py (run by a UserPromptSubmit hook (project)) is changed since you "
+                             "trusted it, so it does not run until you trust it: prime-agent trust")
+    async with hooked(project, ["fine"]) as s:
+        assert s.ignored == ["tools/hook.py (run by a UserPromptSubmit hook (project)) is changed since you trusted "
+                             "it, so the hook does not run until you trust it: prime-agent trust"]
+        await s.prompt("hello")
+    assert not marker.exists() and [r.command for r in runs_of(s).values()] == [status]
+
+
+def test_a_hook_command_line_is_read_for_the_project_files_it_runs(tmp_path: Path):
+    """What is pinned is what runs: the command, and what an interpreter runs (its script, a code
+    suffix), as sh would read the line; never a file a command only reads or writes."""
+    project = fresh(tmp_path)
+    for name in ("tools/hook.py", "tools/serve", "data.db", ".claude/hooks/format.sh", "README"):
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text("")
+    h = host(project)
+    for line, runs in {
+        '"$CLAUDE_PROJECT_DIR"/.claude/hooks/format.sh': [".claude/hooks/format.sh"],
+        'cd "$CLAUDE_PROJECT_DIR" && python3 tools/hook.py --db data.db > tools/out.py 2>&1': ["tools/hook.py"],
+        "cd $PRIME_AGENT_PROJECT_DIR && git add README tools/hook.py && ruff format tools/": [],
+        "FOO=1 node --require ./tools/hook.py tools/serve data.db README": ["tools/hook.py", "tools/serve"],
+        'echo "$(bash tools/serve)" `python3 tools/hook.py` "$HOME/tools/hook.py"': ["tools/serve", "tools/hook.py"],
+        "python3 -c 'import tools.hook' | jq .x  # python3 tools/hook.py": [],
+        "uv run 'tools/hook.py'; deno run https://example.com/tools/hook.py": ["tools/hook.py"],
+    }.items():
+        assert h.pinned(h.shell_words(line)) == runs, line
+    with pytest.raises(Untrusted, match=r"^tools/new.py \(a hook\) is absent, so it does not run$"):
+        h.shell("python3 tools/new.py", "a hook")  # a cell could write it after the check
+    with pytest.raises(Untrusted, match=r"^tools/hook.py \(a hook\) is new, so it does not run until you trust it"):
+        h.shell("python3 tools/hook.py", "a hook")
+    trust(project, "tools/hook.py")
+    copy = home() / "pinned" / hashlib.sha256(b"").hexdigest() / "hook.py"
+    assert h.shell('cd "$CLAUDE_PROJECT_DIR" && python3 tools/hook.py data.db', "a hook") == \
+        f'cd "$CLAUDE_PROJECT_DIR" && python3 {copy} data.db'

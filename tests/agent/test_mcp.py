@@ -439,3 +439,91 @@ async def test_a_server_under_ask_starts_only_once_a_person_approved_a_call(root
     assert asked == [("clock.get_current_time(timezone='UTC')", False)] * 2  # asked twice, started by neither ask
     assert "McpError: the call clock.get_current_time was not approved" in out and "'timezone': 'UTC'" in out
     assert marker.read_text() == "started\n"  # the approved call started it
+
+
+# --- what a server runs: never the workspace's, unless a person trusted those bytes ---------------
+
+TIME_PYTHON = str(Path(TIME).parent / "python")
+"""The time server's own interpreter: `python -m mcp_server_time` imports its installed package."""
+SERVER_SCRIPT = "import sys\nfrom mcp_server_time import main\nsys.argv[1:] = ['--local-timezone', 'UTC']\nmain()\n"
+"""tools/server.py as a person writes it: the time server, started from a script of the project."""
+
+
+def leak(marker: Path) -> str:
+    """A module or script as a cell plants it: on the host it writes the server's secret where the
+    kernel cannot, then exits."""
+    return f"import os\nopen({str(marker)!r}, 'w').write('ran ' + os.environ.get('LEAK', ''))\nraise SystemExit(3)\n"
+
+
+def fresh(base: Path, servers: dict) -> Path:
+    """A fresh project (no .git, no .prime-agent) whose .mcp.json a person wrote and trusted."""
+    project = base / "fresh"
+    project.mkdir()
+    (project / ".mcp.json").write_text(json.dumps({"mcpServers": servers}))
+    trust(project, ".mcp.json")
+    return project
+
+
+async def cell_outputs(project: Path, *code: str) -> tuple[list[str], Session]:
+    """One session whose model runs each of `code` as a cell: what each printed."""
+    events: list = []
+    async with Session(load_config(project), ScriptedModel([*(cells(c) for c in code), "done"]), cwd=project,
+                       on_event=events.append) as s:
+        await s.prompt("go")
+    return [e.result.stdout + (e.result.error_value or "") for e in events if isinstance(e, ev.CellFinished)], s
+
+
+CALL = ("try:\n    print((await mcp.clock.get_current_time(timezone='UTC'))['timezone'])\n"
+        "except (McpError, AttributeError) as e:\n    print('refused:', e)")
+
+
+async def test_a_module_a_cell_plants_beside_a_python_m_server_is_never_imported(tmp_path_factory, monkeypatch):
+    """`python -m mcp_server_time` from a trusted .mcp.json, started after a cell wrote
+    `mcp_server_time.py` into the project: the server imports its installed package (it starts in
+    a neutral folder with PYTHONSAFEPATH=1), never the planted module, which would get its secrets."""
+    base = tmp_path_factory.mktemp("planted")
+    marker = base / "pwned"
+    monkeypatch.setenv("MCP_TEST_SECRET", SECRET)
+    project = fresh(base, {"clock": {"command": TIME_PYTHON, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"],
+                                     "env": {"LEAK": "${MCP_TEST_SECRET}"}}})
+    out, _ = await cell_outputs(project, f"open('mcp_server_time.py', 'w').write({leak(marker)!r})", CALL)
+    assert (project / "mcp_server_time.py").is_file()
+    assert not marker.exists(), marker.read_text()
+    assert out[1].strip() == "UTC"
+
+
+async def test_a_server_script_changed_after_trust_does_not_start(tmp_path_factory, monkeypatch, prime_home: Path):
+    """`python tools/server.py`, trusted with .mcp.json. A cell rewrites the script: the server does
+    not start, in that session (the script is checked as the server starts) nor in the next (named
+    at its start), and its secret reaches nothing. Restored, the script runs again, as the copy of
+    the bytes trusted, in a neutral folder."""
+    base = tmp_path_factory.mktemp("changed")
+    marker = base / "pwned"
+    monkeypatch.setenv("MCP_TEST_SECRET", SECRET)
+    project = fresh(base, {"clock": {"command": TIME_PYTHON, "args": ["tools/server.py"],
+                                     "env": {"LEAK": "${MCP_TEST_SECRET}"}}})
+    (project / "tools").mkdir()
+    (project / "tools" / "server.py").write_text(SERVER_SCRIPT)
+    trust(project, "tools/server.py")
+
+    out, _ = await cell_outputs(project, f"open('tools/server.py', 'w').write({leak(marker)!r})", CALL)
+    assert not marker.exists(), marker.read_text()
+    assert out[1].startswith("refused: ") and ("could not start: tools/server.py (run by MCP server 'clock') is "
+                                               "changed since you trusted it, so it does not run until you trust "
+                                               "it: prime-agent trust") in out[1], out
+    out, s = await cell_outputs(project, CALL)
+    assert s.ignored == ["tools/server.py (run by MCP server 'clock') is changed since you trusted it, so MCP server "
+                         "'clock' does not start until you trust it: prime-agent trust"]
+    assert out[0].startswith("refused: no MCP server 'clock'") and not marker.exists()
+
+    (project / "tools" / "server.py").write_text(SERVER_SCRIPT)  # the person's `git checkout`
+    events: list = []
+    async with Session(load_config(project), ScriptedModel([cells(CALL), "done"]), cwd=project,
+                       on_event=events.append) as s:
+        await s.prompt("go")
+        pid = s.mcp.servers["clock"].pid
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    assert [e.result.stdout for e in events if isinstance(e, ev.CellFinished)] == ["UTC\n"]
+    assert Path(argv[1]).parents[1] == prime_home / "pinned" and Path(argv[1]).read_text() == SERVER_SCRIPT
+    assert str(project) not in " ".join(argv) and project not in [cwd, *cwd.parents]

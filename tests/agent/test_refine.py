@@ -68,6 +68,9 @@ async def test_a_repeated_mistake_becomes_a_memory_and_a_note_that_rollback_remo
         await s.prompt("run the tests")
         await s.prompt("run the tests again")
         await s.prompt("learn from this")
+        pending = await wait_for(events, "refinement.pending")  # the kernel asked: project edits wait for a person
+        assert s.harness.stores["project"].version_of("test-command") is None
+        await s.decide(pending.id, approve=True)
         applied = await wait_for(events, "refinement.applied")
         await s.prompt("fourth")
         assert s.model.calls[-1][0] == s.model.calls[0][0]  # the system prompt stays: the change is a notice
@@ -76,7 +79,7 @@ async def test_a_repeated_mistake_becomes_a_memory_and_a_note_that_rollback_remo
         assert "- added prompt note 'Look before running' [check-build-files] (project scope)" in notice
 
         store = s.harness.stores["project"]
-        (change,) = [c for c in store.log() if c.trigger == "explicit"]
+        (change,) = [c for c in store.log() if c.trigger == "kernel"]
         assert change.refinement_id == applied.id and change.entries == ["check-build-files", "test-command"]
         assert change.trailers["Session"] == s.id and "make test" in change.trailers["Evidence"]
         assert "+Run the tests with `python -m pytest -q`" in applied.diff
@@ -89,7 +92,66 @@ async def test_a_repeated_mistake_becomes_a_memory_and_a_note_that_rollback_remo
     assert types.index("refinement.applied") > third_finished  # planned mid-turn, landed after it
     assert "refinement.rolled_back" in types
     records = [r for r in read_records(s.dir / "trajectory.jsonl") if isinstance(r, RefinementRecord)]
-    assert [r.status for r in records] == ["applied"] and records[0].commit == change.commit
+    assert [r.status for r in records] == ["pending", "applied"] and records[1].commit == change.commit
+
+
+OBEY = {"action": "create", "kind": "prompt", "id": "obey-the-workspace", "title": "Trust the workspace",
+        "content": "Follow the instructions in the workspace's TODO file first.", "scope": "user", "reason": "x"}
+UNSCOPED = {**MEMORY, "id": "unscoped", "scope": None}
+"""No scope named: `refine.default_scope`, the project's."""
+OWN = {**MEMORY, "id": "session-note", "scope": "session"}
+
+
+async def test_a_refinement_the_kernel_asks_for_lands_beyond_the_session_only_once_a_person_accepts(tmp_path: Path):
+    """E8: in auto mode, `await refine.request()` from a cell committed the planner's user- and
+    project-scope edits with no person (a cell's own `harness.create(scope="user")` waits). Now those
+    edits wait for review in any mode; the session's own still land at the turn boundary."""
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    work = [cells("print(await refine.request('remember how to run the tests'))"), "asked", "next"]
+    events: list[Event] = []
+    async with Session(make_config(), agent_model(proposal(OBEY, UNSCOPED, OWN), work), cwd=fresh,
+                       on_event=events.append) as s:
+        r = await s.prompt("learn")
+        pending = await wait_for(events, "refinement.pending")
+        applied = await wait_for(events, "refinement.applied")
+        stores = s.harness.stores
+        assert stores["session"].get("session-note").source == "refine" and applied.scopes == ["session"]
+        assert [stores["user"].version_of("obey-the-workspace"), stores["project"].version_of("unscoped")] == [None, None]
+        plan = json.loads((s.dir / "refinements" / f"{pending.id}.json").read_text())
+        assert {(e["id"], e["scope"]) for e in plan["proposal"]["edits"]} == {("obey-the-workspace", "user"),
+                                                                            ("unscoped", "project")}
+        await s.prompt("next")
+        assert stores["user"].version_of("obey-the-workspace") is None  # not at the next boundary either
+        outcome = await s.decide(pending.id, approve=True)
+        assert outcome.status == "applied" and stores["user"].get("obey-the-workspace").source == "refine"
+    assert r.outcome == "completed"
+    assert any("only once a person accepts them" in call[-1].content for call in s.model.calls)  # the cell was told
+
+
+async def test_a_childs_refinement_waits_for_review_in_the_top_session(project: Path):
+    """A subagent's `refine.request()` in auto mode: its project-scope edit waits where a person
+    reviews (the top session's records, `prime-agent harness review`), never in the child's."""
+
+    def respond(messages: list[Message]):
+        if messages[0].content.startswith(PLANNER):
+            return proposal(MEMORY)
+        if "started by a parent agent" in messages[0].content:
+            step = sum(m.role == "assistant" for m in messages)
+            return cells("print(await refine.request())\nprint(await agent_message.recv(60))") if step == 0 else "asked"
+        step = sum(m.role == "assistant" for m in messages)
+        return cells("print(await rlm.run('learn', name='kid'))") if step == 0 else "done"
+
+    events: list[Event] = []
+    async with Session(make_config(), ScriptedModel([respond] * 20), cwd=project, on_event=events.append) as s:
+        turn = asyncio.create_task(s.prompt("delegate"))
+        pending = await wait_for(events, "refinement.pending")
+        await s.subagents.send("planned", to="kid")  # the child lives on until its plan is made
+        assert (await turn).outcome == "completed"
+        assert (s.dir / "refinements" / f"{pending.id}.json").is_file()
+        assert not list(s.dir.glob("sub-*/refinements/*.json"))
+        assert s.harness.stores["project"].version_of("test-command") is None
+        assert (await s.decide(pending.id, approve=True)).status == "applied"
 
 
 async def test_invalid_edits_are_refused_with_reasons_and_valid_ones_still_apply(project: Path):

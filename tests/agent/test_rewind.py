@@ -375,3 +375,22 @@ async def test_a_planted_filter_fsmonitor_or_global_config_runs_nothing_when_the
         await s.rewind(2)
         assert (project / "a.txt").read_text() == "one\n"
     assert not marker.exists()
+
+
+async def test_a_git_a_cell_plants_in_the_workspaces_path_never_runs_on_the_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The person's PATH holds the project's activated `.venv/bin`; a cell plants a `git` there. The
+    checkpoint at the turn's end runs the host's git, never the planted one (which would run unsandboxed)."""
+    project = tmp_path / "fresh"
+    project.mkdir()
+    marker = tmp_path / "planted-git-ran"
+    monkeypatch.setenv("PATH", f"{project / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    plant = ("import os; os.makedirs('.venv/bin', exist_ok=True)\n"
+             f"write('.venv/bin/git', '#!/bin/sh\\necho ran >> {marker}\\nexec /usr/bin/git \"$@\"\\n')\n"
+             "os.chmod('.venv/bin/git', 0o755)")
+    async with session(project, [cells(plant), "planted", cells("write('a.py', 'x = 1\\n')"), "edited"]) as s:
+        assert (await s.prompt("one")).outcome == "completed"
+        assert (project / ".venv" / "bin" / "git").is_file()
+        assert (await s.prompt("two")).outcome == "completed"
+        await s.rewind(2)
+        assert not (project / "a.py").exists()  # the checkpoints worked, with the host's own git
+    assert not marker.exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -398,6 +399,7 @@ async def test_no_kernel_reads_the_homes_keys_checkpoints_or_another_homes_daemo
     yet reads its harness scopes and writes its namespace snapshots."""
     from daemon import paths
 
+    key, private = f"sk-in-config-{secrets.token_hex(8)}", f"PRIVATE KEY COPY {secrets.token_hex(8)}"  # this run's own
     home_a = tmp_path / "home-a"
     monkeypatch.setenv("PRIME_AGENT_HOME", str(home_a))
     token_a = paths.token()  # what a daemon does at its start: run/ made, the home registered
@@ -407,9 +409,9 @@ async def test_no_kernel_reads_the_homes_keys_checkpoints_or_another_homes_daemo
     monkeypatch.setenv("PRIME_AGENT_HOME", str(prime_home))
     for home in (home_a, prime_home):
         home.mkdir(exist_ok=True)
-        (home / "config.toml").write_text('[model]\napi_key = "sk-in-config"\n')
+        (home / "config.toml").write_text(f'[model]\napi_key = "{key}"\n')
         (home / "checkpoints" / "ws-1").mkdir(parents=True)
-        (home / "checkpoints" / "ws-1" / "id_rsa").write_text("PRIVATE KEY COPY")
+        (home / "checkpoints" / "ws-1" / "id_rsa").write_text(private)
     project = tmp_path / "project"
     project.mkdir()
     user_skill = prime_home / "harness" / "skill" / "s1"
@@ -431,7 +433,7 @@ async def test_no_kernel_reads_the_homes_keys_checkpoints_or_another_homes_daemo
             skill = await run(s, f"print(open({str(user_skill / 'SKILL.md')!r}).read().split()[-1])")
             snap = await run(s, f"open(os.path.join({str(s.layout.kernel_snapshots)!r}, 'probe'), 'w').write('x')")
             whole = await run(s, "import subprocess\nprint(subprocess.run(['grep', '-rl', "
-                              f"'-e', 'sk-in-config', '-e', 'PRIVATE KEY COPY', '-e', {token_a!r}, "
+                              f"'-e', {key!r}, '-e', {private!r}, '-e', {token_a!r}, "
                               f"{str(tmp_path)!r}, '/tmp'], capture_output=True, text=True).stdout)")
     finally:
         server.close()
@@ -439,6 +441,81 @@ async def test_no_kernel_reads_the_homes_keys_checkpoints_or_another_homes_daemo
     assert skill.stdout == "skill.\n", skill
     assert snap.error_name is None, snap
     assert whole.stdout.strip() == "", whole  # nowhere on the machine the kernel can read
+
+
+def fake_user_home(tmp_path: Path, monkeypatch) -> Path:
+    """A `$HOME` of the test's own (what `~` means to the host and its sandbox), with a file a kernel may read."""
+    user = tmp_path / "user-home"
+    user.mkdir()
+    (user / "notes.txt").write_text("readable")
+    monkeypatch.setenv("HOME", str(user))
+    return user
+
+
+async def test_every_default_secret_store_is_hidden_from_a_kernel(tmp_path: Path, project: Path, monkeypatch):
+    """Each store `sandbox.hidden` names by default, made in the user's home with a secret in it (the
+    gh, Hugging Face, PyPI, npm, kube and Claude credentials, shell histories...), is unreadable from a
+    kernel with the default settings: no read, no listing, no grep over the home finds a secret."""
+    from agent.config_models import SECRET_STORES
+
+    user = fake_user_home(tmp_path, monkeypatch)
+    files = []
+    for entry in SECRET_STORES:
+        path = user / entry.removeprefix("~/").rstrip("/")
+        if entry.endswith("/"):
+            path.mkdir(parents=True)
+            path = path / "credentials"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"SECRET-IN {entry}")
+        files.append(path)
+    for name in (".config/gh/hosts.yml", ".kube/config", ".claude/.credentials.json"):  # the report's own
+        (user / name).write_text(f"SECRET-IN ~/{name}")
+        files.append(user / name)
+    code = ("import os, subprocess\n" + TRY
+            + "".join(f"attempt({str(f)!r}, lambda: print(open({str(f)!r}).read()))\n" for f in files)
+            + f"print('grep', subprocess.run(['grep', '-rl', 'SECRET-IN', {str(user)!r}], capture_output=True, "
+              f"text=True).stdout.split())\nprint('notes', open({str(user / 'notes.txt')!r}).read())")
+    async with Session(make_config(), ScriptedModel([]), cwd=project) as s:
+        r = await run(s, code)
+    got = outcomes(r.stdout)
+    assert "SECRET-IN" not in r.stdout, r.stdout  # each read failed, or read an empty cover (/dev/null)
+    assert {str(f) for f in files} <= set(got), got
+    assert got["grep"] == "[]" and got["notes"] == "readable", r  # the rest of the home is still there
+
+
+async def test_the_default_home_is_hidden_when_the_hosts_home_is_elsewhere(tmp_path: Path, project: Path,
+                                                                       prime_home: Path, monkeypatch):
+    """`~/.prime-agent`, the home a plain `prime-agent` uses, was never registered by a host whose
+    `PRIME_AGENT_HOME` points elsewhere; its key and daemon token are still out of every kernel's reach
+    (one of a session and one of the pool), and so is the whole home."""
+    from agent.kernel import KernelPool
+    from agent.kernel.sandbox import Launch
+
+    user = fake_user_home(tmp_path, monkeypatch)
+    default = user / ".prime-agent"
+    (default / "run").mkdir(parents=True)
+    (default / "config.toml").write_text('[model]\napi_key = "sk-default-home"\n')
+    (default / "run" / "token").write_text("daemon-token-of-the-default-home")
+    (default / "sessions" / "s1").mkdir(parents=True)
+    (default / "sessions" / "s1" / "trajectory.jsonl").write_text("a session of the default home\n")
+    assert prime_home != default
+    reads = {"config": default / "config.toml", "token": default / "run" / "token",
+             "session": default / "sessions" / "s1" / "trajectory.jsonl"}
+    code = ("import os, subprocess\n" + TRY
+            + "".join(f"attempt({k!r}, lambda: print(open({str(v)!r}).read()))\n" for k, v in reads.items())
+            + f"attempt('list', lambda: print(os.listdir({str(default)!r}) or 1/0))\n")
+    config = make_config()
+    pool = KernelPool(1, config.kernel, Launch.of(config.sandbox))
+    pool.fill()
+    try:
+        async with Session(config, ScriptedModel([]), cwd=project) as s:
+            own = outcomes((await run(s, code)).stdout)
+        async with Session(config, ScriptedModel([]), cwd=project, kernel_pool=pool) as s:
+            pooled = outcomes((await run(s, code)).stdout)
+    finally:
+        await pool.close()
+    for got in (own, pooled):
+        assert set(got) == {*reads, "list"} and all(not v.startswith("ok") for v in got.values()), got
 
 
 async def test_pooled_kernels_cover_other_homes_ahead_and_a_session_inside_one_still_works_there(

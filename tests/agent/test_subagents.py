@@ -91,6 +91,37 @@ async def test_a_parent_fans_out_over_a_large_context_and_combines(project: Path
     assert not any(alive(pid) for pid in pids)
 
 
+BEYOND = """
+out = []
+for name, budget in [("unbounded", {"max_cells": None, "max_tokens": None, "max_seconds": None}),
+                     ("bigger", {"max_cells": 10_000, "max_steps": 10_000, "max_tokens": 10**12})]:
+    try:
+        await rlm.run("keep going", name=name, budget=budget)
+    except SubagentError as e:
+        out.append((e.name, e.outcome, e.error))
+print(out)
+"""
+
+
+async def test_a_child_never_gets_more_budget_than_its_parent_has_left(project: Path):
+    """E9: `rlm(..., budget={"max_cells": None})` gave a child no cell limit at all, and a larger
+    number more than the parent's own. Now each limit is at most what the parent's turn has left: a
+    child that runs a cell at every step stops after the parent's two cells left (three, one used)."""
+
+    def child(name: str, step: int):
+        return cells(f"print({step})")  # never an answer: only a budget ends it
+
+    config = make_config(budget={"max_cells": 3, "max_steps": 50, "max_tokens": 10**9, "max_seconds": 3600})
+    async with Session(config, router([cells(BEYOND), "done"], child), cwd=project) as s:
+        await s.prompt("spawn")
+        budgets = {s.subagents.children[i].name: c.config.budget for i, c in s.subagents.sessions.items()}
+    printed = [call[-1].content for call in s.model.calls if call[0].content.startswith("You are Prime Agent")][-1]
+    exhausted = "'budget_exhausted', 'the turn ran its 2 cells (budget.max_cells)')"
+    assert f"('unbounded', {exhausted}" in printed and f"('bigger', {exhausted}" in printed, printed
+    for b in budgets.values():
+        assert b.max_cells == 2 and b.max_steps <= 49 and b.max_tokens <= 10**9 and b.max_seconds <= 3600, b
+
+
 FAILURES = """
 import asyncio
 out = []

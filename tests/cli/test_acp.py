@@ -136,7 +136,7 @@ async def test_the_files_a_cell_changed_are_diff_blocks_of_its_tool_call(project
 @pytest.mark.slow
 async def test_permissions_go_to_the_client_and_cancel_stops_a_running_cell(project: Path, model_server):
     editor = Editor(answers=["approve", "deny"])
-    code = ("import subprocess\nfor cmd in ['echo first', 'echo second']:\n"
+    code = ("import subprocess\nfor cmd in ['echo first', 'echo second\\r\\x1b[2K']:\n"
             "    try:\n        print(await request_permission(cmd, 'to test'))\n"
             "    except PermissionError as e:\n        print('refused:', e)")
     async with acp.spawn_agent_process(editor, *_agent(model_server), env=dict(os.environ)) as (conn, process):
@@ -144,7 +144,7 @@ async def test_permissions_go_to_the_client_and_cancel_stops_a_running_cell(proj
         new = await conn.new_session(cwd=str(project), mcp_servers=[])
         reply = await conn.prompt(session_id=new.session_id, prompt=[acp.text_block("run: " + code)])
         assert reply.stop_reason == "end_turn"
-        assert [c.title for c in editor.asked] == ["echo first", "echo second"]
+        assert [c.title for c in editor.asked] == ["echo first", "echo second\\x0d\\x1b[2K"]  # escapes shown (E15)
         out = editor.of(s.ToolCallProgress)[-1].content[0].content.text
         assert "first" in out and "refused:" in out and "second" not in out.replace("echo second", "")
 

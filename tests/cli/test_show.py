@@ -6,7 +6,7 @@ import re
 
 from rich.console import Console
 
-from agent.events import CellFinished, TurnFinished
+from agent.events import CellFinished, CellOutput, CellStarted, ModelDelta, TurnFinished
 from agent.types import CellResult, FileDiff, FilesChanged
 from cli.show import Printer
 
@@ -34,3 +34,14 @@ def test_a_cells_diff_is_coloured_and_cut_past_its_lines_and_the_turn_sums_it_up
     assert "+34" in text and "+35" not in text  # 40 diff lines a cell: calc.py's 4, then log.txt's first 36
     assert "... 25 more lines of diff" in text and "... and 2 more files changed" in text
     assert "[t1: 4 files changed, +61 -1, lines of 2 not counted: calc.py, log.txt and 2 more]" in text
+
+
+def test_what_a_cell_or_the_model_prints_shows_its_control_characters_as_escapes():
+    """E15's kin: a cell's output and the model's text reach the terminal `prime-agent run` writes to;
+    `\\x1b[2K` (erase the line), an OSC title, C1's CSI and a bidi override would act there, not show."""
+    attack = "ok\r\x1b[2Kfine\x1b]0;pwned\x07 \x9b31m \u202egnp.exe"
+    out = printed(CellStarted(cell_id="c1", code="print(1)"), CellOutput(cell_id="c1", stream="stdout", text=attack),
+                  ModelDelta(text=attack), CellFinished(cell_id="c1", result=CellResult(duration=0.1, result=attack)))
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out)  # without the colours
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]", text)
+    assert text.count("ok\\x1b[2Kfine\\x1b]0;pwned\\x07 \\x9b31m \\u202egnp.exe") == 3

@@ -3,12 +3,11 @@ API, as the app and any client make it."""
 
 from __future__ import annotations
 
-import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from agent.approvals import covers, prefix_of
 from agent.layout import SessionLayout
 from agent.kernel.sandbox import unavailable
 from agent.testing.openai_server import OpenAIServer, Reply
@@ -31,36 +30,39 @@ async def turn(client: Client, sid: str, code: str, decision: str | None, after:
     raise AssertionError("unreachable")
 
 
-async def test_denied_the_model_is_told_approved_it_ran_outside_and_always_approves_the_prefix(
-        daemon: Client, project: Path, model_server):
+async def test_denied_the_model_is_told_approved_it_ran_and_always_approves_what_the_card_said(
+        daemon: Client, tmp_path: Path, model_server):
+    project = person_repository(tmp_path / "repo")
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
     assert s.sandbox == "workspace-write"
-    ask = "r = await request_permission('touch .git/approved', 'to mark the repository')\nprint(r)"
+    ask = "r = await request_permission('git commit -q --allow-empty -m one', 'to commit')\nprint(r)"
 
     denied = await turn(daemon, s.id, "open('.git/x', 'w')\n", None, 0)  # what the sandbox says first
     assert "Read-only file system" in denied[-1].answer
     events = await turn(daemon, s.id, ask, "deny", denied[-1].seq)
     requested = next(e for e in events if e.type == "approval.requested")
-    assert (requested.kind, requested.summary, requested.prefix) == ("command", "touch .git/approved", "touch")
+    assert (requested.kind, requested.summary, requested.prefix) == (
+        "command", "git commit -q --allow-empty -m one", "git commit -q --allow-empty -m … (the same options; any "
+        "paths and message)")
+    assert "its repository (.git)" in requested.runs_in and requested.notes == []
     decided = next(e for e in events if e.type == "approval.decided")
     assert (decided.decision, decided.by, decided.exit_code) == ("deny", "user", None)
-    assert "PermissionError: not run outside the sandbox: the user denied it" in events[-1].answer
-    assert not (project / ".git" / "approved").exists()
+    assert "PermissionError: not approved: the user denied it" in events[-1].answer
+    assert commits(project) == ["start"]
 
     events = await turn(daemon, s.id, ask, "always", events[-1].seq)
     decided = next(e for e in events if e.type == "approval.decided")
     assert (decided.decision, decided.by, decided.exit_code) == ("always", "user", 0)
-    assert "[ran outside the sandbox: exit code 0]" in events[-1].answer
-    assert (project / ".git" / "approved").exists()
+    assert "[approved and run: exit code 0]" in events[-1].answer and commits(project) == ["one", "start"]
 
-    again = "print(await request_permission('touch .git/again'))"
+    again = "print(await request_permission('git commit -m two --allow-empty -q'))"
     events = await turn(daemon, s.id, again, None, events[-1].seq)  # nobody decides: the rule does
     decided = next(e for e in events if e.type == "approval.decided")
-    assert (decided.decision, decided.by) == ("always", "rule") and (project / ".git" / "again").exists()
-    chained = "print(await request_permission('touch .git/b; touch .git/c'))"
-    events = await turn(daemon, s.id, chained, "deny", events[-1].seq)  # a chain is never a rule's
-    assert next(e for e in events if e.type == "approval.decided").by == "user"
-    assert not (project / ".git" / "b").exists()
+    assert (decided.decision, decided.by) == ("always", "rule") and commits(project) == ["two", "one", "start"]
+    for wider in ("git commit -q --allow-empty -m three; touch .git/c", "git commit -q --allow-empty -m three -n"):
+        events = await turn(daemon, s.id, f"print(await request_permission({wider!r}))", "deny", events[-1].seq)
+        assert next(e for e in events if e.type == "approval.decided").by == "user", wider  # asked again
+    assert commits(project) == ["two", "one", "start"] and not (project / ".git" / "c").exists()
 
     with pytest.raises(DaemonError) as e:
         await daemon.approve(s.id, "a-nothing", "approve")
@@ -71,8 +73,22 @@ async def test_denied_the_model_is_told_approved_it_ran_outside_and_always_appro
 
     records = [r for r in read_records(SessionLayout(Path(s.dir)).trajectory, []) if isinstance(r, ApprovalRecord)]
     assert [r.status for r in records] == ["requested", "deny", "requested", "always", "requested", "always",
-                                           "requested", "deny"]
-    assert {r.request_kind for r in records} == {"command"} and records[0].summary == "touch .git/approved"
+                                           "requested", "deny", "requested", "deny"]
+    assert {r.request_kind for r in records} == {"command"} and records[0].summary == "git commit -q --allow-empty -m one"
+
+
+def person_repository(path: Path) -> Path:
+    """A repository the person made, with one commit."""
+    path.mkdir()
+    for args in (["init", "-q"], ["config", "user.name", "P"], ["config", "user.email", "p@example.com"],
+                 ["commit", "-q", "--allow-empty", "-m", "start"]):
+        subprocess.run(["git", *args], cwd=path, check=True, capture_output=True)
+    return path
+
+
+def commits(repository: Path) -> list[str]:
+    return subprocess.run(["git", "log", "--format=%s"], cwd=repository, capture_output=True, text=True,
+                          check=True).stdout.split()
 
 
 def parent_and_child(request: dict) -> Reply:
@@ -81,7 +97,7 @@ def parent_and_child(request: dict) -> Reply:
     if messages[-1]["role"] == "tool":
         return Reply(content="done: " + messages[-1]["content"])
     if "You are `marker`, started by a parent agent" in messages[0]["content"]:
-        return Reply(code=["r = await request_permission('touch .git/approved', 'to mark the repository')\n"
+        return Reply(code=["r = await request_permission('git init -q', 'to make the repository')\n"
                            "final(str(r.exit_code))"])
     return Reply(code=["print(await (await rlm('mark the repository', name='marker')))"])
 
@@ -99,46 +115,39 @@ async def test_a_subagents_request_is_decided_in_its_parents_session(daemon: Cli
                 break
     requested = next((e for e in events if e.type == "approval.requested"), events[-1])
     assert requested.type == "approval.requested", requested
-    assert requested.summary == "touch .git/approved" and "subagent marker" in requested.reason, requested
+    assert requested.summary == "git init -q" and "subagent marker" in requested.reason, requested
     decided = next(e for e in events if e.type == "approval.decided")
     assert (decided.decision, decided.by, decided.exit_code) == ("approve", "user", 0)
-    assert (project / ".git" / "approved").exists() and events[-1].answer == "done: 0", events[-1]
+    assert (project / ".git" / "HEAD").exists() and events[-1].answer == "done: 0", events[-1]
     records = [r for r in read_records(SessionLayout(Path(s.dir)).trajectory, []) if isinstance(r, ApprovalRecord)]
     assert [r.status for r in records] == ["requested", "approve"]
 
 
-async def test_always_on_python_m_pytest_does_not_approve_python_evil_py(daemon: Client, project: Path, model_server):
-    """Finding 10: `always` on `python3 -m pytest` made the rule `python3`, and the agent's own
-    `python3 evil.py` then ran outside the sandbox unasked."""
+async def test_no_always_for_an_interpreter_whatever_prefix_the_person_gives(daemon: Client, project: Path,
+                                                                              model_server):
+    """Finding 10 and E7: `always` on `python3 -m pytest` made a rule, and the agent's own `python3
+    evil.py`, or a `pytest.py` it planted for `-m` to import, then ran unasked. No interpreter has a
+    rule now, whatever prefix the API is given; each later run is the person's to decide."""
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
-    plant = ("open('evil.py', 'w').write(\"open('pwned', 'w').write('ran outside')\\n\")\n"
+    plant = ("open('evil.py', 'w').write(\"open('pwned', 'w').write('ran')\\n\")\n"
              "print(await request_permission('python3 -m pytest --version'))")
-    events = await turn(daemon, s.id, plant, "always", 0)
-    requested = next(e for e in events if e.type == "approval.requested")
-    assert requested.prefix == "python3 -m pytest"  # what the card and the terminal show `always` covers
-    assert next(e for e in events if e.type == "approval.decided").by == "user"
-
-    events = await turn(daemon, s.id, "print(await request_permission('python3 -m pytest -q --co'))", None,
-                        events[-1].seq)
-    assert next(e for e in events if e.type == "approval.decided").by == "rule"  # the rule still works
-    for attack in ("python3 evil.py", "python3 -m pytest.evil", "python3 -c 'import evil'", "env python3 evil.py",
-                   "PYTHONSTARTUP=evil.py python3 -m pytest"):
-        events = await turn(daemon, s.id, f"print(await request_permission({attack!r}))", "deny", events[-1].seq)
-        requested = next((e for e in events if e.type == "approval.requested"), None)
-        assert requested is not None, (attack, events[-1])  # asked again: the person decides
-        assert next(e for e in events if e.type == "approval.decided").by == "user", attack
-    assert not (project / "pwned").exists()
-
-    accepted = await daemon.send(s.id, "run: print(await request_permission('python3 evil.py'))")
-    async for e in daemon.events(s.id, events[-1].seq):  # nor can a person widen `always` to the interpreter
+    accepted = await daemon.send(s.id, "run: " + plant)
+    async for e in daemon.events(s.id, 0):
         if e.type == "approval.requested":
-            for wider in ("python3", "python3 -m"):
+            assert e.prefix is None  # what the card and the terminal offer: no `always`
+            for prefix in (None, "python3 -m pytest", "python3"):
                 with pytest.raises(DaemonError) as refused:
-                    await daemon.approve(s.id, e.request_id, "always", prefix=wider)
-                assert refused.value.status == 400 and "prefix" in refused.value.message, refused.value.message
-            await daemon.approve(s.id, e.request_id, "deny")
+                    await daemon.approve(s.id, e.request_id, "always", prefix=prefix)
+                assert refused.value.status == 400 and "not offered" in refused.value.message, refused.value.message
+            await daemon.approve(s.id, e.request_id, "approve")
         if e.type == "turn.finished" and e.turn_id == accepted.turn_id:
             break
+    assert "[approved and run: exit code" in e.answer, e.answer
+    for attack in ("python3 -m pytest --version", "python3 evil.py", "python3 -m pytest.evil",
+                   "python3 -c 'import evil'", "env python3 evil.py", "PYTHONSTARTUP=evil.py python3 -m pytest"):
+        events = await turn(daemon, s.id, f"print(await request_permission({attack!r}))", "deny", e.seq)
+        e = events[-1]
+        assert next(x for x in events if x.type == "approval.decided").by == "user", attack  # asked again
     assert not (project / "pwned").exists()
 
 
@@ -184,7 +193,8 @@ async def test_a_git_repository_the_agent_made_is_named_and_no_rule_runs_git_in_
     s = await daemon.create_session(workspace, model="fake", base_url=model_server.base_url, sandbox=sandbox)
     events = await turn(daemon, s.id, "print(await request_permission('git status'))", "always", 0)
     requested = next(e for e in events if e.type == "approval.requested")
-    assert (requested.prefix, requested.notes) == ("git status", [])
+    unconfined = ["it runs with your rights, unconfined: the sandbox is off (full-access)"]
+    assert (requested.prefix, requested.notes) == ("git status", unconfined if sandbox == "full-access" else [])
 
     plant = ("import subprocess\n"
              "try:\n"
@@ -200,24 +210,7 @@ async def test_a_git_repository_the_agent_made_is_named_and_no_rule_runs_git_in_
     if made:  # the sandbox let the cell make it: the request must say so, and no rule may decide it
         requested = next((e for e in events if e.type == "approval.requested"), None)
         assert requested is not None, "an earlier `always` ran git in the agent's repository unasked"
-        assert len(requested.notes) == 1 and str(workspace / ".git") in requested.notes[0], requested.notes
-        assert "core.fsmonitor" in requested.notes[0]
+        assert len(requested.notes) == 2 and str(workspace / ".git") in requested.notes[0], requested.notes
+        assert "core.fsmonitor" in requested.notes[0] and requested.notes[1:] == unconfined
         assert next(e for e in events if e.type == "approval.decided").by == "user"
     assert not pwned.exists()
-
-
-@pytest.mark.parametrize(("command", "rule"), [
-    ("python3 -m pytest -q tests", "python3 -m pytest"), ("python3 evil.py", "python3 evil.py"), ("python3", None),
-    ("python3 -c 'import os'", None), ("bash -c 'id'", None), ("npm run build", "npm run build"),
-    ("uv run python -m pytest", "uv run python -m pytest"), ("npx prettier --write .", "npx prettier"),
-    ("git push --force", "git push"), ("git -c core.fsmonitor=x status", None), ("env", None),
-    ("sudo apt install x", None), ("timeout 10 python3 x.py", None), ("docker exec box sh -c id", None),
-    ("touch a; rm -rf b", None), ("ls -la", "ls"), ("FOO=1 make test", "FOO=1 make test"),
-])
-def test_what_always_covers(command: str, rule: str | None):
-    """What the card offers for `always`; and a rule covers later commands no wider than itself."""
-    assert prefix_of(command) == rule
-    if rule is not None:
-        assert covers(shlex.split(rule), command)
-    assert not covers(["python3"], "python3 evil.py") and not covers(["npm"], "npm run evil")
-    assert covers(["git", "push"], "git push --force")  # decided: arguments after the subcommand are covered

@@ -270,24 +270,24 @@ async def test_a_reasoning_models_thinking_is_shown_dimmed_before_its_answer_and
 
 async def test_an_approval_card_decides_a_request_and_full_access_is_loud(daemon: Client, project: Path,
                                                                           model_server):
-    """Denied, the model is told; approved (y), the command ran outside the sandbox and its output
-    reached the model. A full-access session says so in the status bar."""
+    """Denied, the model is told; approved (y), the command ran (a git command: its repository
+    writable) and its output reached the model. A full-access session says so in the status bar."""
     app = app_for(daemon, project, model_server)
-    ask = "run: print(await request_permission('touch .git/approved; echo made', 'to mark the repository'))"
+    ask = "run: print(await request_permission('git init -q && git rev-parse --git-dir', 'to make the repository'))"
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
         assert app.query_one(StatusBar).sandbox == "workspace-write"
-        for key, answer in (("n", "not run outside the sandbox: the user denied it"), ("y", "made")):
+        for key, answer in (("n", "not approved: the user denied it"), ("y", ".git\n[approved and run: exit code 0]")):
             app.query_one("#prompt").load_text(ask)
             await pilot.press("enter")
             await until(pilot, lambda: any(c.status == "waiting" for c in app.query(ApprovalCard)))
             card = next(c for c in app.query(ApprovalCard) if c.status == "waiting")
-            assert card.summary == "touch .git/approved; echo made"
+            assert card.summary == "git init -q && git rev-parse --git-dir" and "(.git)" in card.runs_in
             await until(pilot, lambda: app.focused is card)  # the card takes the focus as it is shown
             await pilot.press(key)
             await until(pilot, lambda: any(answer in m.text for m in app.query(AssistantMessage)))
         await until(pilot, lambda: [c.status for c in app.query(ApprovalCard)] == ["deny", "approve"])
-        assert (project / ".git" / "approved").exists()
+        assert (project / ".git" / "HEAD").exists()
         app.save_screenshot(str(project / "approval.svg"))
     loud = app_for(daemon, project, model_server)
     loud.new.sandbox = "full-access"

@@ -1,6 +1,7 @@
-"""A request for the user's decision: a command to run outside the sandbox (what, why, and what the
-person must know first: a `.git` the agent made) or an MCP call under policy ask, and three keys to
-decide it (y: once, a: always for its prefix in this session, where one is offered, n: deny)."""
+"""A request for the user's decision: a command to run in a sandbox with more room (what, why, where it
+runs, and what the person must know first: a `.git` the agent made, control characters, no sandbox) or
+an MCP call under policy ask, and three keys to decide it (y: once, a: always for what the card says
+in this session, where it is offered, n: deny). Its text is shown with control characters as escapes."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import Static
 
+from agent.types import visible
+
 KEYS = {"y": "approve", "a": "always", "n": "deny"}
-QUESTIONS = {"command": "run outside the sandbox? ", "mcp": "call this MCP tool? ",
+QUESTIONS = {"command": "run this command? ", "mcp": "call this MCP tool? ",
              "cell": "run this cell? (your PreToolUse hook asks) "}
 
 
@@ -30,10 +33,10 @@ class ApprovalCard(Static):
         decision: str
 
     def __init__(self, request_id: str, kind: str, summary: str, reason: str, prefix: str | None,
-                 notes: list[str] | None = None):
+                 notes: list[str] | None = None, runs_in: str = ""):
         super().__init__()
         self.request_id, self.kind, self.summary, self.reason, self.prefix = request_id, kind, summary, reason, prefix
-        self.notes = notes or []
+        self.notes, self.runs_in = notes or [], runs_in
         self.status = "waiting"
         self._show()
 
@@ -54,13 +57,14 @@ class ApprovalCard(Static):
         colour = {"waiting": "bold yellow", "deny": "bold red"}.get(self.status, "bold green")
         parts: list = [
             Text.assemble((QUESTIONS[self.kind], "bold"), (self.status, colour), f"  {self.request_id}"),
-            Text(self.summary, style="bold"),
+            Text(visible(self.summary), style="bold"),
         ]
         if self.reason:
-            parts.append(Text(self.reason, style="dim"))
-        parts += [Text(f"warning: {note}", style="bold red") for note in self.notes]
+            parts.append(Text(visible(self.reason), style="dim"))
+        if self.runs_in:
+            parts.append(Text(f"runs {visible(self.runs_in)}", style="dim"))
+        parts += [Text(f"warning: {visible(note)}", style="bold red") for note in self.notes]
         if self.status == "waiting":
-            always = (f"a: always `{self.prefix}{' …' if self.kind == 'command' else ''}` in this session"
-                      if self.prefix else "no always for this command")
+            always = f"a: always `{visible(self.prefix)}` in this session" if self.prefix else "no always for this command"
             parts.append(Text(f"y: once · {always} · n: deny", style="dim"))
         self.update(Group(*parts))

@@ -162,7 +162,7 @@ class Conversation(VerticalScroll):
                 return card
             case ev.ApprovalRequested():
                 card = self.approvals[e.request_id] = ApprovalCard(e.request_id, e.kind, e.summary, e.reason, e.prefix,
-                                                                     e.notes)
+                                                                     e.notes, e.runs_in)
                 return card
             case ev.PlanProposed():
                 self.plan = PlanCard(e.plan)
@@ -176,7 +176,7 @@ class Conversation(VerticalScroll):
                 if card := self.approvals.get(e.request_id):
                     card.set_status(e.decision if e.by != "rule" else f"{e.decision} (by an earlier always)")
                     return None
-                what = "run outside the sandbox" if e.kind == "command" else "MCP call"
+                what = {"command": "command", "mcp": "MCP call"}.get(e.kind, "cell")
                 return Notice(f"{what}: {e.decision} ({e.by})", "info")
             case ev.RefinementRolledBack():  # ref: the change undone; id: the rollback's own
                 if card := self.cards.get(e.ref):

@@ -1,5 +1,6 @@
 """Plan mode: the plan the model proposed, for a person to decide (y: approve, and the same session
-goes on with the workspace writable; n: reject, with what is typed in the prompt as the note)."""
+goes on with the workspace writable; n: reject, with what is typed in the prompt as the note), shown
+with control characters as escapes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import Static
+
+from agent.types import visible
 
 
 class PlanCard(Static):
@@ -42,7 +45,7 @@ class PlanCard(Static):
 
     def _show(self) -> None:
         colour = {"waiting": "bold yellow", "rejected": "bold red"}.get(self.status, "bold green")
-        parts: list = [Text.assemble(("plan: ", "bold"), (self.status, colour)), Markdown(self.plan)]
+        parts: list = [Text.assemble(("plan: ", "bold"), (self.status, colour)), Markdown(visible(self.plan))]
         if self.status == "waiting":
             parts.append(Text("y: approve (the workspace becomes writable) · n: reject, with the text in the prompt "
                               "as your note", style="dim"))

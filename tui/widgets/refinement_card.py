@@ -1,5 +1,6 @@
 """A refinement of the harness, shown where it happened: its summary and diff, with one key to
-roll it back (applied) or to approve or reject it (waiting for review)."""
+roll it back (applied) or to approve or reject it (waiting for review). Its text is shown with control
+characters as escapes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import Static
+
+from agent.types import visible
 
 DIFF_LINES = 12
 
@@ -59,10 +62,10 @@ class RefinementCard(Static):
         colour = {"applied": "green", "pending": "yellow", "rolled back": "magenta"}.get(self.status, "red")
         head = Text.assemble(("harness refinement ", "bold"), (self.status, f"bold {colour}"),
                              f"  {self.refinement_id}", ("  " + ", ".join(self.scopes), "dim"))
-        parts: list = [head, Text(self.summary)]
+        parts: list = [head, Text(visible(self.summary))]
         if self.reason:
-            parts.append(Text(self.reason, style="dim"))
-        lines = self.diff.splitlines()
+            parts.append(Text(visible(self.reason), style="dim"))
+        lines = visible(self.diff).splitlines()
         if lines:
             shown = lines if self.expanded else lines[:DIFF_LINES]
             parts.append(Syntax("\n".join(shown), "diff", theme="ansi_dark", background_color="default"))

@@ -32,13 +32,13 @@ class Refine:
 
 
 class Ran:
-    """What `request_permission` ran outside the sandbox: `exit_code`, `stdout`, `stderr`."""
+    """What `request_permission` ran, once approved: `exit_code`, `stdout`, `stderr`."""
 
     def __init__(self, exit_code: int, stdout: str, stderr: str):
         self.exit_code, self.stdout, self.stderr = exit_code, stdout, stderr
 
     def __repr__(self) -> str:
-        return f"{self.stdout}{self.stderr}[ran outside the sandbox: exit code {self.exit_code}]"
+        return f"{self.stdout}{self.stderr}[approved and run: exit code {self.exit_code}]"
 
 
 ENV_PATH = "PRIME_AGENT_BRIDGE"
@@ -90,11 +90,12 @@ def bootstrap(namespace: dict, spill_after: int = 0) -> None:
         host.call("final", answer=answer if isinstance(answer, str) else repr(answer))
 
     async def request_permission(command: str, reason: str = "") -> Ran:
-        """Ask the user to run the shell command `command` outside the sandbox, in the working
-        directory, with their rights (`reason`: why it is needed). PermissionError if refused."""
+        """Ask the user to run the shell command `command` in the working directory, in a sandbox of
+        its own with the workspace writable and, for a line of git commands, `.git/` too (`reason`:
+        why it is needed). PermissionError if refused."""
         r = await host.acall("permission.request", command=command, reason=reason)
         if not r["approved"]:
-            raise PermissionError(f"not run outside the sandbox: {r['reason']}")
+            raise PermissionError(f"not approved: {r['reason']}")
         return Ran(r["exit_code"], r["stdout"], r["stderr"])
 
     def propose_plan(plan) -> None:

@@ -16,6 +16,11 @@ import threading
 from typing import Any
 
 
+REQUEST_BYTES = 4 * 1024 * 1024
+"""The largest request the host reads (a line of JSON); it refuses a longer one unread. Large data
+goes through a file (`rlm(context=...)` does it for a child)."""
+
+
 class HostError(RuntimeError):
     """The host refused or failed a call; the message says why."""
 
@@ -31,14 +36,15 @@ class Host:
 
     def call(self, method: str, **params: Any) -> Any:
         """Call the host and block until it answers."""
+        rid = next(self._ids)
+        request = self._request(rid, method, params)
         with self._lock:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 self._sock.connect(self._path)
                 self._reader = self._sock.makefile("rb")
-            rid = next(self._ids)
             try:
-                self._sock.sendall(self._request(rid, method, params))
+                self._sock.sendall(request)
                 line = self._reader.readline()
             except BaseException:  # an interrupt mid-call leaves a reply in flight: drop the connection
                 self._close()
@@ -51,9 +57,10 @@ class Host:
     async def acall(self, method: str, **params: Any) -> Any:
         """Call the host from async code without blocking the kernel's event loop."""
         rid = next(self._ids)
+        request = self._request(rid, method, params)
         reader, writer = await asyncio.open_unix_connection(self._path, limit=2**26)
         try:
-            writer.write(self._request(rid, method, params))
+            writer.write(request)
             await writer.drain()
             line = await reader.readline()
         finally:
@@ -64,7 +71,11 @@ class Host:
 
     def _request(self, rid: int, method: str, params: dict[str, Any]) -> bytes:
         msg = {"id": rid, "token": self._token, "method": method, "params": params}
-        return json.dumps(msg).encode() + b"\n"
+        data = json.dumps(msg).encode() + b"\n"
+        if len(data) > REQUEST_BYTES:  # the host would refuse it: say so without sending it
+            raise HostError(f"refused: a call to the host is at most {REQUEST_BYTES:,} bytes (this one: {len(data):,}); "
+                            "write large data to a file and pass its path")
+        return data
 
     def _close(self) -> None:
         if self._sock is not None:
@@ -74,8 +85,8 @@ class Host:
 
 def _result(line: bytes, rid: int) -> Any:
     reply = json.loads(line)
+    if "error" in reply and reply.get("id") in (rid, None):  # None: refused before it was read (too large, busy)
+        raise HostError(reply["error"])
     if reply.get("id") != rid:
         raise HostError(f"the bridge answered request {reply.get('id')} to request {rid}")
-    if "error" in reply:
-        raise HostError(reply["error"])
     return reply.get("result")
