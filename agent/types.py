@@ -312,12 +312,14 @@ class Budget(BaseModel):
     after which the turn ends."""
 
     def left(self, turn: Turn | None) -> Budget:
-        """What `turn` has not used of this budget (all of it when no turn runs)."""
+        """What `turn` has not used of this budget (all of it when no turn runs); `max_repeats`, a limit on
+        no quantity used, as it is."""
         if turn is None:
             return self
         used = {"max_steps": turn.steps, "max_cells": turn.cells, "max_tokens": turn.usage.total_tokens,
                 "max_seconds": time.monotonic() - turn.started}
-        return Budget(**{k: None if (limit := getattr(self, k)) is None else max(0, limit - used[k]) for k in used})
+        return self.model_copy(update={k: None if (limit := getattr(self, k)) is None else max(0, limit - used[k])
+                                       for k in used})
 
     def within(self, limit: Budget) -> Budget:
         """Each limit the lower of this one's and `limit`'s (None, no limit, is never the lower)."""
