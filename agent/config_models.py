@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from agent.hooks import HooksFile
 from agent.types import Budget, Usage
@@ -52,7 +52,8 @@ class ModelConfig(_Section):
     name: str | None = None
     """Model name sent to the server (PRIME_AGENT_MODEL)."""
     base_url: str | None = None
-    """OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (OPENAI_BASE_URL); None is OpenAI."""
+    """OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (OPENAI_BASE_URL); None is OpenAI.
+    Anything but an http(s) URL with a host is refused where it is set."""
     api_key: str | None = None
     """API key (OPENAI_API_KEY); local servers that need none get a placeholder."""
     action_format: Literal["tools", "text"] = "tools"
@@ -71,8 +72,15 @@ class ModelConfig(_Section):
     temperature: float | None = None
     """Sampling temperature; None: the model's own default where its server advertises one (ours:
     its `generation_config.json`), else the server's."""
-    max_completion_tokens: int | None = None
-    """Cap on tokens per completion; None leaves the server's default."""
+    max_completion_tokens: int | None = Field(None, ge=1)
+    """Cap on tokens per completion. Unless set, fitted to a context window the server states (or
+    `context_window`, where set): a fifth of it, the room the compaction threshold leaves above the
+    context, at most 32,768 (SmolLM2's 8,192-token window: 1,638). Where the window is not known
+    (OpenAI's API, Ollama) nothing is sent, and the server's own limit applies."""
+    repetition_limit: int = Field(500, ge=0)
+    """Characters of a completion that may be one piece of text repeated back to back (5 times or
+    more) before the completion is stopped there and the turn ends (`budget_exhausted`: a model
+    caught in a loop, as small ones fall into at low temperature); 0: never stopped for it."""
     timeout: float = 300.0
     """Seconds to wait for one model call (per attempt) before it counts as timed out."""
     max_retries: int = 4
@@ -122,6 +130,20 @@ class ModelConfig(_Section):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra JSON fields for every request (server-specific sampling options); a model's advertised
     sampling defaults other than `temperature` (`top_p`, ...) go here unless set here."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (a port that is not a number raises here)
+        except ValueError as e:
+            raise ValueError(f"{url!r} is not a URL ({e}); e.g. http://localhost:8000/v1") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
+            raise ValueError(f"{url!r} is not an http(s) URL of a server, e.g. http://localhost:8000/v1")
+        return url
 
     def user_set(self, name: str) -> bool:
         """Whether `name` was set by the user (a config file, the environment, a flag, a request), not

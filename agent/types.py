@@ -322,16 +322,22 @@ class Budget(BaseModel):
     """Code cells executed in one turn."""
     max_tokens: int | None = None
     """Prompt plus completion tokens spent in one turn."""
-    max_seconds: float | None = None
-    """Wall-clock seconds for one turn."""
+    max_seconds: float | None = 1800.0
+    """Wall-clock seconds for one turn: half an hour, so that no turn nobody watches (a `send`, a
+    schedule, a session left running) goes on for good; a person goes on with another prompt."""
+    max_repeats: int | None = Field(3, ge=2)
+    """Cells in a row with the same code and the same result (the model going round in circles)
+    after which the turn ends."""
 
     def left(self, turn: Turn | None) -> Budget:
-        """What `turn` has not used of this budget (all of it when no turn runs)."""
+        """What `turn` has not used of this budget (all of it when no turn runs); `max_repeats`, a limit on
+        no quantity used, as it is."""
         if turn is None:
             return self
         used = {"max_steps": turn.steps, "max_cells": turn.cells, "max_tokens": turn.usage.total_tokens,
                 "max_seconds": time.monotonic() - turn.started}
-        return Budget(**{k: None if (limit := getattr(self, k)) is None else max(0, limit - used[k]) for k in used})
+        return self.model_copy(update={k: None if (limit := getattr(self, k)) is None else max(0, limit - used[k])
+                                       for k in used})
 
     def within(self, limit: Budget) -> Budget:
         """Each limit the lower of this one's and `limit`'s (None, no limit, is never the lower)."""
@@ -356,6 +362,8 @@ class Turn:
     """Set from outside the loop (`final(answer)` from the kernel, an interrupt): what ends the
     turn at the loop's next check. The first one set wins."""
 
+    same_cells: tuple[int, tuple[str, ...]] = (0, ())
+    """How many cells in a row so far ran the same code with the same result, and that code and result."""
     final: bool = False
     """Code called `final(answer)` (rather than the model answering without a cell)."""
     goal_id: str | None = None

@@ -80,9 +80,9 @@ def main(argv: list[str]) -> int:
         return 2
     new_session = args.resume is None and not args.cont
     if new_session and not config.model.configured:
-        from cli.run import NO_MODEL
+        from cli.run import no_model
 
-        print(NO_MODEL, file=sys.stderr)
+        print(no_model(config.model), file=sys.stderr)
         return 2
     try:
         session_id = asyncio.run(_run(config, cwd, args, sets))

@@ -16,7 +16,7 @@ from pathlib import Path
 from agent.config import ConfigError, load_config
 from cli import version
 from cli.overrides import add_set, read_overrides
-from cli.run import NO_MODEL
+from cli.run import no_model
 
 EXIT_CONFIG = 2
 
@@ -80,7 +80,7 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(str(e))
     if not config.model.configured:
-        print(NO_MODEL, file=sys.stderr)
+        print(no_model(config.model), file=sys.stderr)
         return EXIT_CONFIG
     if args.resume:
         spec = EvalSpec(**meta["spec"])

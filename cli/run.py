@@ -17,6 +17,7 @@ from pathlib import Path
 
 from agent.approvals import Decision, NoTerminal, Request
 from agent.config import Config, ConfigError, load_config
+from agent.config_models import ModelConfig
 from cli import invocation
 from cli.overrides import add_set, read_overrides
 from cli.follow import EXIT_CODES, PrintAnswer, follow, on_ctrl_c, report, say
@@ -36,7 +37,23 @@ Point it at any OpenAI-compatible server:
   llama.cpp   export OPENAI_BASE_URL=http://localhost:8080/v1 PRIME_AGENT_MODEL=local
   OpenRouter  export OPENAI_BASE_URL=https://openrouter.ai/api/v1 OPENAI_API_KEY=... PRIME_AGENT_MODEL=<vendor/model>
 or pass --model and --base-url, or set [model] in $PRIME_AGENT_HOME/config.toml (default ~/.prime-agent).
+No model at hand? Pull a small one and serve it offline (docs/models.md):
+  prime-agent models pull smollm2-135m-instruct
+  prime-agent rl serve --model smollm2-135m-instruct --port 8000 &
+  export OPENAI_BASE_URL=http://127.0.0.1:8000/v1 PRIME_AGENT_MODEL=smollm2-135m-instruct
 For a model without tool calling, add: --set model.action_format=text"""
+
+
+def no_model(model: ModelConfig) -> str:
+    """NO_MODEL, its first line saying what of the model's settings is missing."""
+    if model.name and not model.base_url:
+        missing = (f"the model {model.name!r} has no server to go to: no endpoint (--base-url, OPENAI_BASE_URL) "
+                   "and no API key for OpenAI's own API (OPENAI_API_KEY)")
+    elif model.base_url and not model.name:
+        missing = f"a server ({model.base_url}) but no model name to ask it for (--model, PRIME_AGENT_MODEL)"
+    else:
+        return NO_MODEL
+    return NO_MODEL.replace("no model configured.", f"no model configured: {missing}.", 1)
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
@@ -102,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"prime-agent: {e}", file=sys.stderr)
         return EXIT_CONFIG
     if not config.model.configured:
-        print(NO_MODEL, file=sys.stderr)
+        print(no_model(config.model), file=sys.stderr)
         return EXIT_CONFIG
     if not cwd.is_dir():
         print(f"prime-agent: --cwd {cwd} is not a directory", file=sys.stderr)

@@ -41,17 +41,19 @@ def agent_config(base_url: str | None, train: TrainConfig, env: EnvConfig) -> Co
 
 
 def agent_overrides(base_url: str | None, train: TrainConfig, env: EnvConfig) -> dict:
-    """agent_config's settings as config overrides (what a daemon session is created with)."""
+    """agent_config's settings as config overrides (what a daemon session is created with). The guards
+    against a model that loops are off: a policy's loops are samples to learn from, kept whole (its
+    completions are bounded by `train.max_tokens`, its turns by `env.max_steps` and `env.timeout`)."""
     return {
         "model": {"name": "prime-policy", "base_url": base_url, "action_format": "text", "base_prompt": env.base_prompt,
-                  "stream": False,
+                  "stream": False, "repetition_limit": 0,
                   "record_logprobs": True, "temperature": train.temperature, "max_completion_tokens": train.max_tokens,
                   "max_retries": 1, "timeout": train.request_timeout,
                   # top_p pinned: the trainer scores tokens over the whole distribution, whatever sampling
                   # defaults the server advertises for the model (agent.model.fitted)
                   "extra_body": {"top_p": 1.0,
                                  **({"truncate_prompt_tokens": env.prompt_tokens} if env.prompt_tokens else {})}},
-        "budget": {"max_steps": env.max_steps, "max_seconds": env.timeout},
+        "budget": {"max_steps": env.max_steps, "max_seconds": env.timeout, "max_repeats": None},
         "kernel": {"interrupt_grace": 1.0, "cell_timeout": min(30.0, env.timeout)},
         "compaction": {"enabled": False},
         "refine": {"auto_every": 0},
