@@ -56,6 +56,7 @@ from daemon.schemas import (
     SessionInfo,
     Status,
     Transcript,
+    WebAccess,
 )
 
 _T = TypeVar("_T")
@@ -285,6 +286,19 @@ class Client:
                        project: str | None = None) -> RolledBack:
         body = {"ref": ref, "scope": scope, "to": to, "session": session, "project": project}
         return await self._typed(RolledBack, "POST", "/v1/harness/rollback", json=_params(**body))
+
+    async def web(self, address: str, cwd: str) -> AsyncGenerator[WebAccess, None]:
+        """Serve the web page on `address` (POST /v1/web; `cwd`: the page's default folder for a new
+        session): yields where it is and its login token once, and returns when the daemon stops. The
+        login is valid until then, or until the caller stops iterating."""
+        async with self._http.stream("POST", "/v1/web", json={"address": address, "cwd": cwd},
+                                     timeout=httpx2.Timeout(10.0, read=None)) as r:
+            if r.status_code >= 400:
+                raise _error(r.status_code, await r.aread())
+            lines = r.aiter_lines()
+            yield WebAccess.model_validate_json(await anext(lines))
+            async for _ in lines:  # empty lines keep it open
+                pass
 
     # --- events --------------------------------------------------------------------------------
 
