@@ -7,7 +7,7 @@ import http.server
 import threading
 
 import pytest
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
@@ -17,16 +17,17 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def login(browser, web: Web) -> None:
+    browser.get_log("browser")  # read: what an earlier test left there is not this test's
     browser.get(web.url)
     wait_for(lambda: _buttons(browser, "New session"), what="the sessions list")
     assert "token" not in browser.current_url  # dropped from the address bar
 
 
 def new_session(browser, web: Web) -> str:
-    _buttons(browser, "New session")[0].click()
+    press(browser, "New session")
     directory = browser.find_element(By.CSS_SELECTOR, "input[aria-label=Directory]")
     assert directory.get_attribute("value") == str(web.project)  # where `prime-agent web` was started
-    _buttons(browser, "Create")[0].click()
+    press(browser, "Create")
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "textarea[aria-label=Message]"), what="the session view")
     return browser.current_url.rsplit("/", 1)[1]
 
@@ -42,11 +43,33 @@ def send(browser, *lines: str) -> None:
 
 
 def texts(browser, css: str) -> list[str]:
-    return [e.text for e in browser.find_elements(By.CSS_SELECTOR, css)]
+    """The shown text of each element `css` matches, read at once (the page may redraw between reads)."""
+    return browser.execute_script("return [...document.querySelectorAll(arguments[0])].map((e) => e.innerText)", css)
+
+
+def press(browser, label: str) -> None:
+    """Click the button `label`, scrolled to the middle of the page first (as a person scrolls to it:
+    not under the bar at the top nor the composer at the bottom)."""
+    def clicked() -> bool:
+        try:
+            buttons = _buttons(browser, label)
+            if not buttons:
+                return False
+            button = buttons[0]
+            browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", button)
+            button.click()
+            return True
+        except StaleElementReferenceException:  # the page redrew it meanwhile
+            return False
+
+    wait_for(clicked, what=f"the button {label!r}")
 
 
 def _buttons(browser, label: str) -> list:
-    return [b for b in browser.find_elements(By.TAG_NAME, "button") if b.text == label and b.is_displayed()]
+    try:
+        return [b for b in browser.find_elements(By.XPATH, f"//button[normalize-space()='{label}']") if b.is_displayed()]
+    except StaleElementReferenceException:
+        return []
 
 
 def test_new_session_streams_a_cell_and_an_answer_takes_an_approval_shows_a_plot_and_survives_a_reload(web, browser):
@@ -74,7 +97,7 @@ def test_new_session_streams_a_cell_and_an_answer_takes_an_approval_shows_a_plot
     wait_for(lambda: _buttons(browser, "Allow once"), what="the approval card")
     shoot(browser, "approval")
     assert "echo approved-ok" in texts(browser, ".card.approval pre.summary")
-    _buttons(browser, "Allow once")[0].click()
+    press(browser, "Allow once")
     wait_for(lambda: "allowed once" in "".join(texts(browser, ".card.approval .card-status")), what="the decision")
     wait_for(lambda: "approved-ok" in "".join(texts(browser, output)), what="the approved command's output")
 
@@ -180,37 +203,37 @@ def test_a_refinement_is_reviewed_diffed_and_rolled_back_a_turn_rewound_and_a_pl
     wait_for(lambda: "+two" in browser.find_element(By.CSS_SELECTOR, ".conversation").get_attribute("textContent"),
              what="the cell's diff of notes.txt")
 
-    _buttons(browser, "Harness")[0].click()
+    press(browser, "Harness")
     wait_for(lambda: "nothing in force yet" in browser.find_element(By.CSS_SELECTOR, ".harness").text, what="the panel")
-    _buttons(browser, "Refine now")[0].click()
+    press(browser, "Refine now")
     wait_for(lambda: _buttons(browser, "Approve"), what="the refinement waiting for review")
     assert "Run the tests with" in browser.find_element(By.CSS_SELECTOR, ".card.refinement pre").text  # its diff
-    _buttons(browser, "Approve")[0].click()
+    press(browser, "Approve")
     wait_for(lambda: "applied" in "".join(texts(browser, ".card.refinement .card-status")), what="the refinement applied")
-    _buttons(browser, "Harness")[0].click()  # closed, opened again: loaded afresh
-    _buttons(browser, "Harness")[0].click()
+    press(browser, "Harness")  # closed, opened again: loaded afresh
+    press(browser, "Harness")
     wait_for(lambda: "remember how this project runs its tests" in browser.find_element(By.CSS_SELECTOR, ".history").text,
              what="the change in the session scope's history")
-    _buttons(browser, "Diff")[0].click()
+    press(browser, "Diff")
     wait_for(lambda: "+Run the tests" in browser.find_element(By.CSS_SELECTOR, ".history .diff").text, what="its diff")
-    _buttons(browser, "Roll back")[0].click()
+    press(browser, "Roll back")
     wait_for(lambda: "rolled back" in browser.find_element(By.CSS_SELECTOR, ".conversation").text, what="the rollback")
-    _buttons(browser, "Harness")[0].click()
+    press(browser, "Harness")
 
     browser.find_elements(By.CSS_SELECTOR, ".message.user button.link")[1].click()  # rewind to before turn 2
-    _buttons(browser, "Rewind")[0].click()
+    press(browser, "Rewind")
     wait_for(lambda: "rewound to before turn 2" in browser.find_element(By.CSS_SELECTOR, ".conversation").text,
              what="the rewind")
     assert (web.project / "notes.txt").read_text() == "one"
 
     browser.get(web.base + "/#/")
     wait_for(lambda: _buttons(browser, "New session"), what="the sessions list")
-    _buttons(browser, "New session")[0].click()
+    press(browser, "New session")
     browser.find_element(By.CSS_SELECTOR, "input[aria-label='Plan mode']").click()
-    _buttons(browser, "Create")[0].click()
+    press(browser, "Create")
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "textarea[aria-label=Message]"), what="the session view")
     send(browser, "run: propose_plan('1. write plan.txt')")
     wait_for(lambda: _buttons(browser, "Approve the plan"), what="the plan card")
-    _buttons(browser, "Approve the plan")[0].click()
+    press(browser, "Approve the plan")
     wait_for(lambda: "approved" in "".join(texts(browser, ".card.plan .card-status")), what="the plan approved")
     assert console_errors(browser) == []

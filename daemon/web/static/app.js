@@ -54,6 +54,7 @@ function route() {
 
 function showLogin(message) {
   view?.abort();
+  if (!message && main.querySelector('form.login')) return;  // shown already: what is typed there stays
   const input = el('input', { type: 'password', 'aria-label': 'Token', autocomplete: 'off', placeholder: 'login token' });
   const form = el('form', { class: 'login' }, el('h2', {}, 'Log in'),
     el('p', {}, 'Open the URL that ', el('code', {}, 'prime-agent web'), ' printed, or paste its token here.'),
@@ -132,7 +133,7 @@ async function sessionView(id, signal) {
   const panel = harnessPanel(id, say);
   panel.hidden = true;
   bar.replaceChildren(el('a', { class: 'back', href: '#/' }, '← Sessions'), status.node,
-    el('button', { type: 'button', class: 'secondary', onclick: () => { panel.hidden = !panel.hidden; if (!panel.hidden) panel.load(); } }, 'Harness'));
+    el('button', { type: 'button', class: 'secondary', onclick: () => toggle(panel) }, 'Harness'));
   main.replaceChildren(panel, log, composer(path, status));
   document.title = `${info.title || id} · Prime Agent`;
   let after = 0;
@@ -151,6 +152,14 @@ async function sessionView(id, signal) {
     status.render(false);  // the stream ended or broke (the daemon restarting): again, from where it stopped
     await sleep(1000, signal);
   }
+}
+
+/** Show the harness panel (loaded afresh, scrolled to) or hide it. */
+function toggle(panel) {
+  panel.hidden = !panel.hidden;
+  if (panel.hidden) return;
+  panel.load();
+  panel.scrollIntoView({ block: 'start' });
 }
 
 function composer(path, status) {
