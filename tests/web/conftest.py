@@ -1,6 +1,6 @@
-"""The web page's tests: one real daemon per module, started by the real `prime-agent web` in a home of
-its own with the fake OpenAI server as its model, and one headless Chromium (Debian's `chromium` and
-`chromium-driver`, which scripts/setup.sh installs) driven by selenium."""
+"""The web page's tests: one real daemon for all of them (per xdist worker), started by the real
+`prime-agent web` in a home of its own with the fake OpenAI server as its model, and one headless
+Chromium (Debian's `chromium` and `chromium-driver`, which scripts/setup.sh installs) driven by selenium."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ PLAN = {
 
 @dataclass
 class Model:
-    """The fake model's script: `run: CODE` runs CODE in a cell and answers with its output; `xss`
+    """The fake model's script: `run: CODE` runs CODE in a cell and answers with its output (steered:
+    with the steering message); `xss`
     answers with XSS; `stream` answers in two halves, the second once `go` is set; anything else is
     echoed; the refiner's planner gets PLAN."""
 
@@ -50,6 +51,8 @@ class Model:
         if messages[0]["content"].startswith("You refine the harness"):
             return Reply(content=json.dumps(PLAN))
         prompt = next(m["content"] for m in reversed(messages) if m["role"] == "user").rsplit("\n\n", 1)[-1]
+        if messages[-1]["content"].startswith("[Message from the user while you work]"):
+            return Reply(content=f"steered: {messages[-1]['content'].split(chr(10), 1)[1]}")
         if messages[-1]["role"] == "tool":
             out = messages[-1]["content"]
             return Reply(content=f"The cell said: {out}\n\n| cell | said |\n| --- | --- |\n| 1 | {out.splitlines()[0] if out else ''} |")
@@ -81,7 +84,7 @@ class Web:
         return (self.home / "run" / "token").read_text().strip()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
     root = tmp_path_factory.mktemp("web")
     home, project = root / "home", root / "project"

@@ -127,3 +127,18 @@ async def test_post_web_is_refused_over_tcp(web: Web):
         with pytest.raises(Exception) as e:
             await anext(tcp.web("127.0.0.1:0", "/"))
         assert getattr(e.value, "status", None) == 403
+
+
+def test_the_login_is_a_strict_httponly_cookie_the_page_runs_no_inline_script_and_the_token_is_written_nowhere(web: Web):
+    token = web.url.split("token=")[1]
+    with httpx2.Client(base_url=web.base, headers={"Origin": web.base}) as h:
+        r = h.post("/web/login", json={"token": token})
+        cookie = r.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie and token.lower() not in cookie
+        page = h.get("/")
+        csp = page.headers["content-security-policy"]
+        assert "script-src 'self';" in csp and "unsafe-inline" not in csp and "frame-ancestors 'none'" in csp
+        assert "<script>" not in page.text and " on" not in page.text.split("<body>")[1]  # no inline script
+    written = [p for p in web.home.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+    assert (web.home / "run" / "daemon.log").is_file()
+    assert written == []  # nor in the daemon's log (run/daemon.log), nor in any record

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import http.server
+import re
 import threading
 
 import pytest
@@ -72,7 +73,8 @@ def _buttons(browser, label: str) -> list:
         return []
 
 
-def test_new_session_streams_a_cell_and_an_answer_takes_an_approval_shows_a_plot_and_survives_a_reload(web, browser):
+def test_new_session_streams_a_cell_and_an_answer_is_steered_and_stopped_takes_approvals_shows_a_plot_and_survives_a_reload(
+        web, browser):
     login(browser, web)
     session = new_session(browser, web)
 
@@ -82,39 +84,70 @@ def test_new_session_streams_a_cell_and_an_answer_takes_an_approval_shows_a_plot
     output = ".cell pre.output"
     wait_for(lambda: "first" in "".join(texts(browser, output)), what="the cell's first line, while it runs")
     assert "second" not in "".join(texts(browser, output))  # it streams: the cell waits for `go`
+    assert _buttons(browser, "Steer") and _buttons(browser, "Stop")  # a turn runs: Enter steers it
+    send(browser, "also mind the tests")
     go.write_text("")
     wait_for(lambda: "second" in "".join(texts(browser, output)), what="the cell's second line")
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".message.assistant table"), what="the answer's table")
+    answer = ".message.assistant .text"
+    wait_for(lambda: any("steered: also mind the tests" in t for t in texts(browser, answer)),
+             what="the model's answer to the steering")
+    assert any("steer delivered: also mind the tests" in t for t in texts(browser, ".notice"))
 
     send(browser, "stream")
-    answer = ".message.assistant .text"
     wait_for(lambda: any("The answer streams:" in t for t in texts(browser, answer)), what="half an answer")
     assert not any("second half" in t for t in texts(browser, answer))  # the model has not sent the rest yet
     web.model.go.set()
     wait_for(lambda: any("then the second half." in t for t in texts(browser, answer)), what="the whole answer")
 
-    send(browser, "run: print((await request_permission('echo approved-ok')).stdout)")
-    wait_for(lambda: _buttons(browser, "Allow once"), what="the approval card")
+    send(browser, "run: while True: time.sleep(0.05)")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".cell.running"), what="the endless cell")
+    press(browser, "Stop")
+    wait_for(lambda: any(t.startswith("turn interrupted") for t in texts(browser, ".notice")), what="the stopped turn")
+
+    send(browser, "run: print((await request_permission('echo approved-ok')).stdout, end='')",
+         "print((await request_permission('echo always-ok')).stdout, end='')",
+         "print((await request_permission('echo always-ok')).stdout, end='')",  # the rule answers it
+         "try: await request_permission('echo denied-ok')", "except PermissionError as e: print(e)")
+    card = ".card.approval:not(.decided) pre.summary"
+    wait_for(lambda: texts(browser, card) == ["echo approved-ok"], what="the first approval card")
     shoot(browser, "approval")
-    assert "echo approved-ok" in texts(browser, ".card.approval pre.summary")
     press(browser, "Allow once")
-    wait_for(lambda: "allowed once" in "".join(texts(browser, ".card.approval .card-status")), what="the decision")
-    wait_for(lambda: "approved-ok" in "".join(texts(browser, output)), what="the approved command's output")
+    wait_for(lambda: texts(browser, card) == ["echo always-ok"], what="the second approval card")
+    press(browser, "Always allow")
+    wait_for(lambda: texts(browser, card) == ["echo denied-ok"], what="the third approval card")
+    press(browser, "Deny")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".message.assistant table"), what="the answer's table")
+    assert texts(browser, ".card.approval .card-status") == [
+        "allowed once; exit 0", "always allowed; exit 0", "always allowed (by an earlier always); exit 0", "denied"]
+    assert texts(browser, output)[-1] == "approved-ok\nalways-ok\nalways-ok\nnot approved: the user denied it\n"
 
     send(browser, "run: import matplotlib.pyplot as plt", "plt.plot([1, 3, 2])", "plt.show()")
     plot = ".cell .images img"
     wait_for(lambda: browser.execute_script(
         f"const i = document.querySelector('{plot}'); return i && i.complete && i.naturalWidth > 100"),
         what="the plot as an image")
+    wait_for(lambda: texts(browser, ".status .state") == ["idle"], what="the turn's end")
+    status = texts(browser, ".status")[0]
+    assert re.search(r"ctx [\d.]+k/128k", status) and re.search(r"[1-9][\d,]* tok", status), status
+    assert browser.find_element(By.CSS_SELECTOR, ".status input[aria-label=Model]").get_attribute("value") == "fake"
 
     shoot(browser, "session")
-    shoot(browser, "phone", 390, 844)
+    browser.set_window_size(390, 844)  # a phone: one column, nothing wider than the screen
+    try:
+        wait_for(lambda: browser.execute_script("return window.innerWidth") <= 400, what="the phone width")
+        assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+        box = browser.find_element(By.CSS_SELECTOR, "textarea[aria-label=Message]")
+        assert box.is_displayed() and box.rect["x"] >= 0 and box.rect["x"] + box.rect["width"] <= 390
+        shoot(browser, "phone", 390, 844)
+    finally:
+        browser.set_window_size(1100, 900)
     browser.refresh()  # everything comes back from the daemon
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, plot), what="the plot after the reload")
     assert session in browser.current_url
     wait_for(lambda: any("then the second half." in t for t in texts(browser, answer)), what="the answer after the reload")
     shown = browser.find_element(By.TAG_NAME, "main").text
-    assert "first\nsecond" in shown and "approved-ok" in shown and "allowed once" in shown
+    assert "first\nsecond" in shown and "approved-ok" in shown and "always allowed; exit 0" in shown
+    assert "turn interrupted" in shown and "steered: also mind the tests" in shown
     assert texts(browser, ".message.user .text")[0].startswith("run: import os, time\nprint('first'")
     assert console_errors(browser) == []  # no CSP violation, no script error
 
