@@ -43,7 +43,7 @@ async def static(name: str) -> Response:
     return _file(name)
 
 
-@router.post("/web/login")
+@router.post("/web/login", include_in_schema=False)
 async def login(req: WebLogin, served: Server, response: Response) -> LoggedIn:
     """Trade the token `prime-agent web` printed for a login: an HttpOnly, SameSite=Strict cookie and
     the XSRF token the page sends beside it (X-Prime-Agent-Xsrf)."""
@@ -56,7 +56,7 @@ async def login(req: WebLogin, served: Server, response: Response) -> LoggedIn:
     return LoggedIn(xsrf=xsrf, cwd=lease.cwd)
 
 
-@router.post("/web/logout", status_code=204)
+@router.post("/web/logout", status_code=204, include_in_schema=False)
 async def logout(request: Request, served: Server) -> Response:
     served.tcp.logins.logout(request.cookies.get(served.tcp.cookie, ""))
     response = Response(status_code=204)

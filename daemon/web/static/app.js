@@ -144,6 +144,7 @@ async function sessionView(id, signal) {
         for (const e of batch) status.track(e);
         after = Math.max(after, ...batch.map((e) => e.seq));
         status.render(true);
+        if (batch.some((e) => e.type === 'turn.started' || e.type === 'turn.queued')) status.retitle().catch(say);
       }
     } catch (error) {
       if (signal.aborted) return;
@@ -216,15 +217,23 @@ class Status {
     }
   }
 
-  /** A session is titled by its first prompt (as the daemon titles it: its first line, 60 characters). */
-  titled(prompt) {
-    if (!this.info.title) this.info = { ...this.info, title: prompt.trim().split('\n')[0].slice(0, 60) };
+  /** The daemon titles a session by its first prompt: once one is in, its title is asked for. */
+  async retitle() {
+    if (this.info.title || this.asked) return;
+    this.asked = true;
+    try {
+      this.info = { ...this.info, title: (await api('GET', this.path)).title };
+      document.title = `${this.info.title || this.info.id} · Prime Agent`;
+      this.render(true);
+    } finally {
+      this.asked = false;
+    }
   }
 
   track(e) {
     switch (e.type) {
-      case 'turn.started': this.state = 'running'; this.running = e.turn_id; this.titled(e.prompt); break;
-      case 'turn.queued': if (this.state !== 'running') this.state = 'queued'; this.titled(e.prompt); break;
+      case 'turn.started': this.state = 'running'; this.running = e.turn_id; break;
+      case 'turn.queued': if (this.state !== 'running') this.state = 'queued'; break;
       case 'model.completed': {
         const total = e.usage.prompt_tokens + e.usage.completion_tokens;
         this.contextUsed = total || this.contextUsed;

@@ -32,11 +32,11 @@ export class Conversation {
 
   /** Show a batch of events; the view follows the end if it was there. */
   apply(batch) {
-    const atEnd = window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 120;
+    const follow = following();
     for (const e of batch) this.one(e);
     for (const message of this.dirty) message.render();
     this.dirty.clear();
-    if (atEnd) window.scrollTo(0, document.documentElement.scrollHeight);
+    follow();
   }
 
   add(node) {
@@ -252,6 +252,7 @@ export class Conversation {
       outputs.forEach((o, i) => {
         if (IMAGE.test(o.mime) && /^[A-Za-z0-9+/=\s]*$/.test(o.data)) {
           const img = el('img', { alt: `display output ${i + 1} of the cell` });
+          img.addEventListener('load', following(), { once: true });
           img.src = `data:${o.mime};base64,${o.data.replace(/\s/g, '')}`;
           box.append(img);
         } else {
@@ -349,6 +350,14 @@ export class Conversation {
     }
     card.setStatus(status + (e.reason ? `: ${e.reason}` : ''));
   }
+}
+
+/** Call it before the page grows, and what it returns after: the view follows the end if it was there. */
+function following() {
+  const atEnd = window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 120;
+  return () => {
+    if (atEnd) window.scrollTo(0, document.documentElement.scrollHeight);
+  };
 }
 
 function filesView(files) {
