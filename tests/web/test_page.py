@@ -190,7 +190,7 @@ def test_hostile_text_from_the_model_and_a_cell_shows_as_text_and_runs_nothing(w
         for part in ('<img src=x onerror="window.__pwned=1">', "<script>window.__pwned=2</script>",
                      "[click me](javascript:window.__pwned=3)", '<a href="javascript:window.__pwned=4">link</a>'):
             assert shown.count(part) >= 4, part  # the prompt, its echo, the answer, the cell's output
-        assert leak in shown  # a markdown image is its source text: nothing was fetched from elsewhere
+        assert shown.count(leak) >= 2  # the prompt and its echo: a markdown image is its source text, nothing fetched
         shoot(browser, "hostile")
 
         browser.get(web.base + "/#/")
