@@ -37,6 +37,7 @@ from agent.checkpoints import TurnRow
 from agent.goals import GoalState
 from agent.mcp import ServerInfo
 from agent.subagents import ChildInfo
+from agent.types import Attachment
 from daemon.paths import lock_file, log_file, pid_file, socket_file
 from daemon.schedules import Schedule
 from daemon.schemas import (
@@ -254,6 +255,11 @@ class Client:
 
     async def subagents(self, session_id: str) -> list[ChildInfo]:
         return await self._typed(list[ChildInfo], "GET", f"/v1/sessions/{session_id}/subagents")
+
+    async def cell_outputs(self, session_id: str, turn_id: str, cell_id: str) -> list[Attachment]:
+        """A cell's display outputs (`cell.finished` names their types), each with its data in base64."""
+        path = f"/v1/sessions/{session_id}/turns/{turn_id}/cells/{cell_id}/outputs"
+        return await self._typed(list[Attachment], "GET", path)
 
     async def kernel(self, session_id: str) -> KernelInfo:
         return await self._typed(KernelInfo, "GET", f"/v1/sessions/{session_id}/kernel")
