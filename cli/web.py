@@ -40,12 +40,13 @@ async def _serve(args: argparse.Namespace) -> int:
     client = await connect(autostart=True)
     try:
         async for access in client.web(f"[{host}]:{args.port}" if ":" in host else f"{host}:{args.port}", os.getcwd()):
-            url = login_url(host, int(access.address.rpartition(":")[2]), access.token)
+            port = int(access.address.rpartition(":")[2])
+            url = login_url(host, port, access.token)
             print(url, flush=True)
             if not is_loopback(host):
                 print(f"prime-agent: warning: the page listens on {host}, reachable from the network, without TLS: "
                       "the token, the login cookie and all the page shows travel unencrypted. Prefer the default "
-                      f"127.0.0.1 with an SSH tunnel (ssh -L {args.port}:127.0.0.1:{args.port} THIS-MACHINE).",
+                      f"127.0.0.1 with an SSH tunnel (ssh -L {port}:127.0.0.1:{port} THIS-MACHINE).",
                       file=sys.stderr)
             print("[open the URL above; Ctrl-C ends the login, the daemon and its sessions go on]", file=sys.stderr)
             if not args.no_browser:
