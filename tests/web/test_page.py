@@ -7,6 +7,7 @@ import http.server
 import re
 import threading
 
+import httpx2
 import pytest
 from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
@@ -149,6 +150,12 @@ def test_new_session_streams_a_cell_and_an_answer_is_steered_and_stopped_takes_a
     assert "first\nsecond" in shown and "approved-ok" in shown and "always allowed; exit 0" in shown
     assert "turn interrupted" in shown and "steered: also mind the tests" in shown
     assert texts(browser, ".message.user .text")[0].startswith("run: import os, time\nprint('first'")
+
+    model = browser.find_element(By.CSS_SELECTOR, ".status input[aria-label=Model]")
+    model.send_keys(Keys.CONTROL, "a")
+    model.send_keys("fake-2", Keys.ENTER)  # typed over: the session's model from its next turn
+    with httpx2.Client(base_url=web.base, headers={"Authorization": f"Bearer {web.bearer}"}) as api:
+        wait_for(lambda: api.get(f"/v1/sessions/{session}").json()["model"] == "fake-2", what="the model switched")
     assert console_errors(browser) == []  # no CSP violation, no script error
 
 

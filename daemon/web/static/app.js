@@ -200,6 +200,7 @@ class Status {
     this.node = el('div', { class: 'status' });
     this.modelInput = el('input', { type: 'text', 'aria-label': 'Model', value: info.model, size: 12, class: 'model' });
     this.modelInput.addEventListener('change', () => this.switchModel());
+    this.modelInput.addEventListener('blur', () => { this.modelInput.value = this.modelInput.value.trim() || this.model; });
     this.render(true);
   }
 
@@ -208,8 +209,10 @@ class Status {
   }
 
   async switchModel() {
+    const model = this.modelInput.value.trim();
+    if (!model || model === this.model) return;  // emptied on the way to typing another: nothing to switch to
     try {
-      this.info = await api('PATCH', this.path, { model: this.modelInput.value.trim() });
+      this.info = await api('PATCH', this.path, { model });
       this.model = this.info.model;
     } catch (error) {
       this.modelInput.value = this.model;
