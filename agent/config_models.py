@@ -6,6 +6,7 @@ session's configuration comes from, and how the sources merge, is agent/config.p
 from __future__ import annotations
 
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -24,16 +25,27 @@ class Price(_Section):
     """Dollars per million tokens."""
 
     input: float = Field(0.0, ge=0)
-    """Prompt tokens not read from the cache."""
+    """Prompt tokens neither read from the cache nor written to it."""
     cached_input: float | None = Field(None, ge=0)
     """Prompt tokens read from the provider's prompt cache; None bills them as `input`."""
+    cache_write: float | None = Field(None, ge=0)
+    """Prompt tokens written to the provider's prompt cache (Anthropic: 1.25 times `input` for its
+    five-minute cache); None bills them as `input`."""
     output: float = Field(0.0, ge=0)
     """Completion tokens (reasoning tokens included, as providers bill them)."""
 
     def cost(self, usage: Usage) -> float:
         cached = min(usage.cached_tokens, usage.prompt_tokens)
-        rate = self.input if self.cached_input is None else self.cached_input
-        return ((usage.prompt_tokens - cached) * self.input + cached * rate + usage.completion_tokens * self.output) / 1e6
+        written = min(usage.cache_write_tokens, usage.prompt_tokens - cached)
+        read_rate = self.input if self.cached_input is None else self.cached_input
+        write_rate = self.input if self.cache_write is None else self.cache_write
+        return ((usage.prompt_tokens - cached - written) * self.input + cached * read_rate + written * write_rate
+                + usage.completion_tokens * self.output) / 1e6
+
+
+Provider = Literal["openai-chat", "anthropic", "openai-responses"]
+PROVIDER_HOSTS: dict[str, Provider] = {"api.anthropic.com": "anthropic", "api.openai.com": "openai-responses"}
+"""The services whose base URL names the API to speak."""
 
 
 class ModelConfig(_Section):
@@ -93,6 +105,20 @@ class ModelConfig(_Section):
     send_reasoning: bool = False
     """Send each assistant message's reasoning back as `reasoning_content`: for providers that require
     it (DeepSeek's thinking mode with tool calls). Otherwise reasoning stays out of every request."""
+    provider: Provider | None = None
+    """The API spoken: `openai-chat` (Chat Completions: OpenAI and every OpenAI-compatible server),
+    `anthropic` (Anthropic's Messages API; key from ANTHROPIC_API_KEY) or `openai-responses`
+    (OpenAI's Responses API). Unset, the base URL's host says: api.anthropic.com is `anthropic`,
+    api.openai.com `openai-responses`, any other (or none) `openai-chat` (docs/models.md#providers)."""
+    thinking_budget: int | None = Field(None, ge=1024)
+    """`anthropic`: tokens of extended thinking a reply may spend (`thinking.budget_tokens`, at least
+    1,024); None: no extended thinking."""
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    """`openai-responses`: the reasoning models' `reasoning.effort`; None: the model's default."""
+    reasoning_summary: Literal["auto", "concise", "detailed"] | None = None
+    """`openai-responses`: ask for summaries of the model's reasoning (`reasoning.summary`), shown and
+    recorded as its reasoning; None: none asked (OpenAI serves them only to verified organizations,
+    and refuses the request of any other)."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra JSON fields for every request (server-specific sampling options); a model's advertised
     sampling defaults other than `temperature` (`top_p`, ...) go here unless set here."""
@@ -108,9 +134,23 @@ class ModelConfig(_Section):
         return type(self).model_construct(_fields_set=set(self.model_fields_set), **{**dict(self), **values})
 
     @property
+    def api(self) -> Provider:
+        """The provider in force: the one set, else the one the base URL's host names."""
+        return self.provider or detect_provider(self.base_url)
+
+    @property
     def configured(self) -> bool:
         """A model name, and somewhere to send it (an endpoint, or OpenAI with a key)."""
         return bool(self.name and (self.base_url or self.api_key))
+
+
+def detect_provider(base_url: str | None) -> Provider:
+    """The provider a base URL's host names (`PROVIDER_HOSTS`), else `openai-chat`."""
+    try:
+        host = urlsplit(base_url).hostname if base_url else None
+    except ValueError:  # not a URL: the client says so when it is used
+        host = None
+    return PROVIDER_HOSTS.get(host or "", "openai-chat")
 
 
 class KernelConfig(_Section):
@@ -168,7 +208,11 @@ class RefineConfig(_Section):
     default_scope: Literal["session", "project", "user"] = "project"
     """Where an edit lands when the proposal names no scope."""
     json_mode: bool = True
-    """Ask the server for a JSON object (response_format) when planning."""
+    """Ask the server for a JSON object (response_format) when planning without the reply's schema."""
+    structured: Literal["auto"] | bool = "auto"
+    """Send the proposal's JSON schema when planning (response_format json_schema), so the server holds the
+    reply to it: auto where the server says it can (`structured_outputs` in its /v1/models: `rl serve`
+    does), true always, false never."""
     gate_taskset: str | None = None
     """A task set (a built-in name, a .jsonl file, a .py module, `rg:DATASET` or `vf:TASKSET_ID`); when
     set, a refinement that lowers its pass count is refused (run with and without the change, by evals.gate)."""

@@ -501,6 +501,7 @@ class Session:
     def steer(self, text: str) -> None:
         """Queue a message for the running turn; it reaches the model at its next call."""
         self.inbox.steer(text)
+        self.emit(ev.SteerQueued(turn_id=self.turn.id if self.turn else None, text=text))
 
     def take_steering(self) -> list[str]:
         """Steering that no model call took (it came as the turn ended), now no longer queued."""

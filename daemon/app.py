@@ -30,7 +30,7 @@ STATUS = {
     "bad_config": 400, "bad_cwd": 400, "no_model": 400, "bad_scope": 400, "harness": 400, "bad_project": 400,
     "bad_last_event_id": 400, "bad_request": 400, "not_found": 404, "busy": 409, "config_broken": 409,
     "cwd_missing": 409, "not_running": 409, "refinement_failed": 409, "turn_running": 409, "no_plan": 409, "bad_turn": 400,
-    "no_checkpoint": 409,
+    "no_checkpoint": 409, "server": 502,
     "rewind_conflict": 409, "bad_rewind": 400, "rewind_failed": 409, "too_many_sessions": 429, "stopping": 503,
     "write_failed": 503, "disk_full": 507,
     "goal_running": 409, "in_use": 409, "no_goal": 404, "too_many_goals": 429, "remote_loosening": 403,

@@ -37,7 +37,7 @@ from agent.checkpoints import TurnRow
 from agent.goals import GoalState
 from agent.mcp import ServerInfo
 from agent.subagents import ChildInfo
-from agent.types import Attachment
+from agent.types import Attachment, FilesChanged
 from daemon.paths import lock_file, log_file, pid_file, socket_file
 from daemon.schedules import Schedule
 from daemon.schemas import (
@@ -51,6 +51,7 @@ from daemon.schemas import (
     ModelKey,
     Notice,
     PlanDecision,
+    Pruned,
     RefinementDecision,
     RewindResult,
     RolledBack,
@@ -148,8 +149,10 @@ class Client:
         return await self._typed(SessionInfo, "POST", "/v1/sessions",
                                  json={k: v for k, v in body.items() if v is not None})
 
-    async def sessions(self) -> list[SessionInfo]:
-        return await self._typed(list[SessionInfo], "GET", "/v1/sessions")
+    async def sessions(self, cwd: str | Path | None = None) -> list[SessionInfo]:
+        """Every session, oldest first; `cwd`: those of that directory or one below it."""
+        params = _params(cwd=str(Path(cwd).resolve()) if cwd is not None else None)
+        return await self._typed(list[SessionInfo], "GET", "/v1/sessions", params=params)
 
     async def session(self, session_id: str) -> SessionInfo:
         return await self._typed(SessionInfo, "GET", f"/v1/sessions/{session_id}")
@@ -197,6 +200,15 @@ class Client:
             raise _error(r.status_code, r.content)
         return r.text
 
+    async def diff(self, session_id: str) -> FilesChanged | None:
+        """What changed in the session's workspace since its first checkpoint (None: nothing)."""
+        path = f"/v1/sessions/{session_id}/diff"
+        return await self._typed(FilesChanged | None, "GET", path)  # type: ignore[arg-type]
+
+    async def server_models(self, session_id: str) -> list[str]:
+        """The models the session's server lists."""
+        return await self._typed(list[str], "GET", f"/v1/sessions/{session_id}/models")
+
     async def sleep(self, session_id: str) -> SessionInfo:
         return await self._typed(SessionInfo, "POST", f"/v1/sessions/{session_id}/sleep")
 
@@ -204,8 +216,16 @@ class Client:
         """Close the session (it stays listed; a prompt opens it again); `if_idle`: only if nothing runs in it."""
         return await self._typed(SessionInfo, "POST", f"/v1/sessions/{session_id}/close", json={"if_idle": if_idle})
 
-    async def delete(self, session_id: str) -> None:
-        await self._call("DELETE", f"/v1/sessions/{session_id}")
+    async def delete(self, session_id: str, files: bool = False) -> None:
+        """Out of the registry; `files`: its files removed too."""
+        await self._call("DELETE", f"/v1/sessions/{session_id}", params={"files": "true"} if files else None)
+
+    async def prune(self, older_than_days: float | None = None, cwd: str | Path | None = None,
+                    dry_run: bool = False) -> Pruned:
+        body = {"older_than_days": older_than_days, "cwd": str(Path(cwd).resolve()) if cwd is not None else None,
+                "dry_run": dry_run}
+        return await self._typed(Pruned, "POST", "/v1/sessions/prune",
+                                 json={k: v for k, v in body.items() if v is not None})
 
     async def send(self, session_id: str, text: str, mode: str = "prompt") -> MessageAccepted:
         body = {"text": text, "mode": mode, **({"key": self.key.wire()} if self.key else {})}

@@ -97,6 +97,31 @@ class SessionInfo(BaseModel):
                                   "until that process ends.")
 
 
+class PruneSessions(_Body):
+    older_than_days: float | None = Field(None, gt=0, description="Also sessions not used (prompted, a turn begun "
+                                          "or ended) for this many days.")
+    cwd: str | None = Field(None, max_length=4096, description="Only sessions of this directory or one below it.")
+    dry_run: bool = Field(False, description="Say what would go; remove nothing.")
+
+
+class PrunedSession(BaseModel):
+    id: str
+    cwd: str
+    title: str | None
+    turns: int
+    why: Literal["deleted", "empty", "unused"] = Field(description="deleted: deleted, its files left on disk; "
+                                                       "empty: never prompted; unused: not used for older_than_days.")
+    bytes: int = Field(description="Its files on disk.")
+
+
+class Pruned(BaseModel):
+    """Sessions removed with their files (none with `dry_run`); live, busy ones and those another process
+    hosts are left alone."""
+
+    sessions: list[PrunedSession]
+    bytes: int
+
+
 class Transcript(BaseModel):
     """A session's whole trajectory: every record, in order (agent/trajectory.py)."""
 
@@ -300,7 +325,6 @@ class ErrorDetail(BaseModel):
 
 class ErrorBody(BaseModel):
     error: ErrorDetail
-
 
 
 class OpenWeb(_Body):

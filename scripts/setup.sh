@@ -35,3 +35,5 @@ if [ "${1:-}" = "test" ]; then
 fi
 # PYTHONDONTWRITEBYTECODE may be set: compile our own packages once so starts stay fast.
 .venv/bin/python -m compileall -q agent tui cli harness_store daemon evals rl prime_agent_py
+# The command is in .venv/bin; nothing here changes your PATH.
+echo "setup: done. prime-agent is .venv/bin/prime-agent: 'source .venv/bin/activate' (or export PATH=\"$PWD/.venv/bin:\$PATH\") puts it on your PATH; 'prime-agent doctor' checks the rest" >&2

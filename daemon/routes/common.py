@@ -23,7 +23,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def _model_env() -> dict[str, str]:
-    return {var: "set" if var == "OPENAI_API_KEY" else os.environ[var] for var in ENV_VARS if os.environ.get(var)}
+    return {var: "set" if var.endswith("_API_KEY") else os.environ[var] for var in ENV_VARS if os.environ.get(var)}
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agent.config_models import Config
 from agent.layout import SessionLayout
-from agent.model import OpenAIModel
+from agent.providers import open_model
 from agent.trajectory import MessageRecord, Record, read_records
 from evals.env import Environment, Task
 from evals.runner import WORKSPACE_PREFIX, EvalSpec, Result, prompt_of, rollout, rollout_layout, rollout_session
@@ -88,7 +88,7 @@ def warm_start_system_prompt(train: TrainConfig, env: EnvConfig, run_dir: Path) 
 
     async def start() -> None:
         with tempfile.TemporaryDirectory(prefix=WORKSPACE_PREFIX) as work:
-            async with rollout_session(config, OpenAIModel(config.model), Path(work), layout.dir):
+            async with rollout_session(config, open_model(config.model), Path(work), layout.dir):
                 pass
 
     shutil.rmtree(layout.dir, ignore_errors=True)  # a session id is one session's
@@ -114,7 +114,7 @@ class HarnessOrchestrator:
         """`group` rollouts of each task, in order: each one's result and its trajectory file."""
         spec = EvalSpec(taskset=self.env.name, n=len(tasks), rollouts=group, concurrency=self.train.threads or os.cpu_count() or 1,
                         seed=step, timeout=self.env_config.timeout)
-        model = OpenAIModel(self.config.model)
+        model = open_model(self.config.model)
         step_dir = self.run_dir / "rollouts" / f"step-{step}"
         slots = asyncio.Semaphore(spec.concurrency)
 

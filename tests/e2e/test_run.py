@@ -107,9 +107,9 @@ def test_a_bad_config_file_is_named(project: Path):
 @pytest.mark.parametrize(
     ("script", "flags", "code", "message"),
     [
-        ([Reply(status=500)] * 3, ["-c", "model.max_retries=2", "-c", "model.retry_base_delay=0.01"], 3, "HTTP 500"),
+        ([Reply(status=500)] * 3, ["--set", "model.max_retries=2", "--set", "model.retry_base_delay=0.01"], 3, "HTTP 500"),
         ([Reply(code=["1"])] * 3, ["--max-turns", "2"], 4, "budget.max_steps"),
-        ([Reply(hang=True)] * 2, ["-c", "model.timeout=0.5", "-c", "model.max_retries=1"], 5, "no answer within 0.5s"),
+        ([Reply(hang=True)] * 2, ["--set", "model.timeout=0.5", "--set", "model.max_retries=1"], 5, "no answer within 0.5s"),
     ],
     ids=["model-error", "budget", "timeout"],
 )
@@ -183,7 +183,7 @@ def test_run_prints_each_turns_usage_and_cost_and_the_sessions(project: Path):
         Reply(content="done", prompt_tokens=1200, usage={"prompt_tokens_details": {"cached_tokens": 1000}}),
     ]
     with OpenAIServer(script) as server:
-        r = run("run", "-c", "model.prices.fake-model={input = 2.0, cached_input = 0.5, output = 8.0}", "go",
+        r = run("run", "--set", "model.prices.fake-model={input = 2.0, cached_input = 0.5, output = 8.0}", "go",
                 cwd=project, server=server)
     assert r.returncode == 0, r.stderr
     # (200 x $2 + 800 x $0.50 + 2 x $8 + 200 x $2 + 1,000 x $0.50 + 1 x $8) per million = $0.001724
@@ -333,3 +333,27 @@ def test_at_a_terminal_the_answer_is_printed_once_even_when_its_stream_was_retri
     out = re.sub(r"\x1b\[[0-9;]*m", "", seen.decode(errors="replace"))
     assert "retry 1" in out  # the stream dropped midway and the retry streamed the rest
     assert " ".join(out.split()).count("careful analysis of everything shows.") == 1, out
+
+
+def test_without_a_terminal_or_approval_flag_a_denial_names_no_setting_the_user_never_made(project: Path,
+                                                                                       prime_home: Path):
+    """Issue 52: without a terminal the denial said `sandbox.approval = "never"`, a setting nobody made."""
+    script = [Reply(code=[DENIED.format(command="echo hi")]), Reply(content="done")]
+    with OpenAIServer(script) as server:
+        p = prime_agent("run", "ask", cwd=project, server=server, stdin=subprocess.DEVNULL, start_new_session=True)
+        out, err = p.communicate(timeout=90)
+    assert p.returncode == 0, err
+    records = read_records(session_dir(prime_home) / "trajectory.jsonl")
+    (cell,) = [r for r in records if isinstance(r, CellRecord)]
+    assert cell.result.stdout == ("refused: not approved: nobody can approve it in this session (run it in the "
+                                  "daemon, or at a terminal)\n")
+    assert "sandbox.approval" not in out + err
+
+
+def test_text_mode_shows_each_cell_once(project: Path):
+    """Issue 52: in text mode the cell streamed as the model's words, then was printed again as a cell."""
+    script = [Reply(content="Let me compute.\n```python\nprint(6 * 7)\n```"), Reply(content="It is 42.")]
+    with OpenAIServer(script) as server:
+        r = run("run", "--set", "model.action_format=text", "what is 6 * 7?", cwd=project, server=server)
+    assert r.returncode == 0 and r.stdout == "It is 42.\n", r.stderr
+    assert r.stderr.count("print(6 * 7)") == 1 and "Let me compute." in r.stderr and "42" in r.stderr

@@ -113,9 +113,9 @@ def test_prime_agent_run_on_the_served_model_runs_a_cell_and_records_its_tokens(
     (project / "numbers.txt").write_text("12\n-40\n7\n300\n")
     env = {**os.environ, "OPENAI_BASE_URL": served, "PRIME_AGENT_MODEL": "smollm2"}
     run = subprocess.run([str(Path(sys.executable).parent / "prime-agent"), "run", "--json",
-                          "-c", 'model.action_format="text"', "-c", "model.record_logprobs=true",
-                          "-c", 'model.base_prompt="short"', "-c", "model.temperature=0",
-                          "-c", "model.max_completion_tokens=200", "--max-turns", "2",
+                          "--set", 'model.action_format="text"', "--set", "model.record_logprobs=true",
+                          "--set", 'model.base_prompt="short"', "--set", "model.temperature=0",
+                          "--set", "model.max_completion_tokens=200", "--max-turns", "2",
                           "Using the files in your working directory: Add up the numbers in numbers.txt: what is their sum?"],
                          cwd=project, env=env, capture_output=True, text=True, timeout=600)
     events = [json.loads(line) for line in run.stdout.splitlines()]
