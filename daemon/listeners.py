@@ -198,7 +198,8 @@ class TcpGate:
                 public and method in SAFE_METHODS):
             raise _Denied(403, "cross_origin", "a request from another site's page")
         scheme, _, given = headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1"), self.listener.token.encode()):
+        token = self.listener.token.encode()
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1"), token):
             return None
         if public:
             return None

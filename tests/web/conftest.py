@@ -55,7 +55,8 @@ class Model:
             return Reply(content=f"steered: {messages[-1]['content'].split(chr(10), 1)[1]}")
         if messages[-1]["role"] == "tool":
             out = messages[-1]["content"]
-            return Reply(content=f"The cell said: {out}\n\n| cell | said |\n| --- | --- |\n| 1 | {out.splitlines()[0] if out else ''} |")
+            first = out.splitlines()[0] if out else ""
+            return Reply(content=f"The cell said: {out}\n\n| cell | said |\n| --- | --- |\n| 1 | {first} |")
         if m := re.match(r"run: (.*)", prompt, re.DOTALL):
             return Reply(code=[m.group(1)])
         if prompt == "xss":
@@ -113,7 +114,8 @@ def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory):
     if not (CHROMIUM and CHROMEDRIVER):
-        pytest.fail("no chromium/chromedriver: run scripts/setup.sh test (it installs Debian's chromium and chromium-driver)")
+        pytest.fail("no chromium/chromedriver: run scripts/setup.sh test (it installs Debian's chromium and "
+                    "chromium-driver)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
