@@ -42,7 +42,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from daemon.server import AlreadyRunning, parse_tcp, serve
+    from daemon.listeners import parse_tcp
+    from daemon.server import AlreadyRunning, serve
 
     try:
         if args.tcp:

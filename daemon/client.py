@@ -37,7 +37,7 @@ from agent.checkpoints import TurnRow
 from agent.goals import GoalState
 from agent.mcp import ServerInfo
 from agent.subagents import ChildInfo
-from agent.types import FilesChanged
+from agent.types import Attachment, FilesChanged
 from daemon.paths import lock_file, log_file, pid_file, socket_file
 from daemon.schedules import Schedule
 from daemon.schemas import (
@@ -58,6 +58,7 @@ from daemon.schemas import (
     SessionInfo,
     Status,
     Transcript,
+    WebAccess,
 )
 
 _T = TypeVar("_T")
@@ -275,6 +276,11 @@ class Client:
     async def subagents(self, session_id: str) -> list[ChildInfo]:
         return await self._typed(list[ChildInfo], "GET", f"/v1/sessions/{session_id}/subagents")
 
+    async def cell_outputs(self, session_id: str, turn_id: str, cell_id: str) -> list[Attachment]:
+        """A cell's display outputs (`cell.finished` names their types), each with its data in base64."""
+        path = f"/v1/sessions/{session_id}/turns/{turn_id}/cells/{cell_id}/outputs"
+        return await self._typed(list[Attachment], "GET", path)
+
     async def kernel(self, session_id: str) -> KernelInfo:
         return await self._typed(KernelInfo, "GET", f"/v1/sessions/{session_id}/kernel")
 
@@ -306,6 +312,19 @@ class Client:
                        project: str | None = None) -> RolledBack:
         body = {"ref": ref, "scope": scope, "to": to, "session": session, "project": project}
         return await self._typed(RolledBack, "POST", "/v1/harness/rollback", json=_params(**body))
+
+    async def web(self, address: str, cwd: str) -> AsyncGenerator[WebAccess, None]:
+        """Serve the web page on `address` (POST /v1/web; `cwd`: the page's default folder for a new
+        session): yields where it is and its login token once, and returns when the daemon stops. The
+        login is valid until then, or until the caller stops iterating."""
+        async with self._http.stream("POST", "/v1/web", json={"address": address, "cwd": cwd},
+                                     timeout=httpx2.Timeout(10.0, read=None)) as r:
+            if r.status_code >= 400:
+                raise _error(r.status_code, await r.aread())
+            lines = r.aiter_lines()
+            yield WebAccess.model_validate_json(await anext(lines))
+            async for _ in lines:  # empty lines keep it open
+                pass
 
     # --- events --------------------------------------------------------------------------------
 

@@ -326,3 +326,23 @@ class ErrorDetail(BaseModel):
 class ErrorBody(BaseModel):
     error: ErrorDetail
 
+
+class OpenWeb(_Body):
+    address: str = Field(min_length=3, max_length=300, description="HOST:PORT the page is served on (port 0: any free one).")
+    cwd: str = Field(min_length=1, max_length=4096, description="Where the page's New session opens by default.")
+
+
+class WebAccess(BaseModel):
+    """The first line of POST /v1/web: where the page is and the token that logs a browser in."""
+
+    address: str = Field(description="HOST:PORT the daemon listens on.")
+    token: str = Field(description="The login token: valid while the request that got it stays open.")
+
+
+class WebLogin(_Body):
+    token: str = Field(min_length=1, max_length=200)
+
+
+class LoggedIn(BaseModel):
+    xsrf: str = Field(description="Send it as `X-Prime-Agent-Xsrf` with every request, beside the cookie.")
+    cwd: str = Field(description="The folder `prime-agent web` runs in: New session's default.")

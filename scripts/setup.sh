@@ -7,6 +7,11 @@ if ! command -v bwrap > /dev/null && command -v apt-get > /dev/null; then
     sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
     $sudo apt-get install -y -qq bubblewrap > /dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq bubblewrap; }
 fi
+# The web page's tests (tests/web) drive Debian's headless chromium through its chromium-driver.
+if [ "${1:-}" = "test" ] && ! { command -v chromium && command -v chromedriver; } > /dev/null && command -v apt-get > /dev/null; then
+    sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get install -y -qq chromium chromium-driver > /dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq chromium chromium-driver; }
+fi
 command -v bwrap > /dev/null || echo "setup: bubblewrap is not installed: kernels will run unsandboxed (see docs/sandbox.md)" >&2
 [ -x .venv/bin/python ] || python3 -m venv .venv
 extra=""

@@ -36,6 +36,8 @@ class Reply:
     """Never answer (until the server stops)."""
     drop: bool = False
     """Streaming: send part of the reply, then cut the connection."""
+    pause: threading.Event | None = None
+    """Streaming: send the first half of the content, then the rest once this is set (at most 60 s)."""
     garbage: bool = False
     """Answer 200 with a body that is not JSON."""
     prompt_tokens: int | None = None
@@ -235,6 +237,9 @@ class _Handler(BaseHTTPRequestHandler):
             if ids is not None and not msg.get("tool_calls"):
                 extra["token_ids"] = [ids[i]]
             chunk({"role": "assistant", "content": piece} if i == 0 else {"content": piece}, extra=extra)
+            if reply.pause is not None and i == len(pieces) // 2 - 1:
+                self.wfile.flush()
+                reply.pause.wait(60)
             if reply.drop and i >= len(pieces) // 2:
                 self.wfile.flush()
                 self.close_connection = True

@@ -41,6 +41,16 @@ async def test_a_session_runs_a_turn_and_streams_its_events(daemon: Client, proj
     assert kinds[kinds.index("turn_finished") + 1:] in ([], ["checkpoint"])  # the turn's end checkpoint may follow
     assert [x.id for x in await daemon.sessions()] == [s.id]
 
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    await daemon.send(s.id, f"run: import base64\nfrom IPython.display import Image\ndisplay(Image(base64.b64decode('{png}')))")
+    cell = next(e for e in await collect(daemon, s.id, "t2", events[-1].seq) if e.type == "cell.finished")
+    assert cell.attachments == ["image/png"]
+    shown = await daemon.cell_outputs(s.id, "t2", cell.cell_id)  # the image itself, by the cell's id
+    assert [(o.mime, "".join(o.data.split())) for o in shown] == [("image/png", png)]
+    with pytest.raises(DaemonError) as e:
+        await daemon.cell_outputs(s.id, "t1", cell.cell_id)
+    assert e.value.status == 404
+
 
 async def test_prompts_queue_behind_a_running_turn_and_steering_reaches_it(daemon: Client, project: Path, model_server):
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
