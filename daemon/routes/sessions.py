@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import Response
 
 from agent.config import ConfigError
@@ -18,6 +18,7 @@ from daemon.schemas import (
     CloseSession,
     CreateSession,
     DecidePlan,
+    Directory,
     Interrupt,
     Interrupted,
     KernelInfo,
@@ -42,7 +43,7 @@ async def create_session(req: CreateSession, request: Request, manager: Manager)
 
 
 @router.get("/v1/sessions")
-async def list_sessions(manager: Manager, cwd: str | None = None) -> list[SessionInfo]:
+async def list_sessions(manager: Manager, cwd: Annotated[Directory | None, Query()] = None) -> list[SessionInfo]:
     """Every session of the registry, whichever front made it (`prime-agent run` too), oldest first;
     `cwd`: only those of that directory or one below it."""
     return manager.listing(cwd)
