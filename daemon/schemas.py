@@ -18,7 +18,7 @@ next prompt. closed: closed by a person (`sessions close`) or ended with the `pr
 prompt opens it again."""
 
 
-Directory = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
+Directory = Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\x00]*$")]
 """A directory's path as a request names it: no NUL (no file system has one; Python refuses it)."""
 
 
@@ -104,7 +104,7 @@ class SessionInfo(BaseModel):
 class PruneSessions(_Body):
     older_than_days: float | None = Field(None, gt=0, description="Also sessions not used (prompted, a turn begun "
                                           "or ended) for this many days.")
-    cwd: Directory | None = Field(None, description="Only sessions of this directory or one below it.")
+    cwd: Directory | None = Field(None, max_length=4096, description="Only sessions of this directory or one below it.")
     dry_run: bool = Field(False, description="Say what would go; remove nothing.")
 
 
