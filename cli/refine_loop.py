@@ -115,7 +115,7 @@ async def _run(spec, config, run_dir: Path, settings: dict) -> int:
         report = await loop.run()
     finally:
         await model.close()
-    print_report(Console(), report, run_dir)
+    print_report(Console(width=None if sys.stdout.isatty() else 160), report, run_dir)  # a file or pipe: no wrapping
     return 0
 
 
@@ -125,23 +125,23 @@ def print_report(console, report, run_dir: Path) -> None:
     t = Table(title=f"{report.taskset}: {len(report.rounds)} rounds, the {report.scope} scope "
                     f"(train {len(report.splits['train'])}, val {len(report.splits['val'])}, "
                     f"test {len(report.splits['test'])})")
-    for name, justify in (("round", "right"), ("refinement", "left"), ("val before", "right"), ("val after", "right"),
-                          ("kept", "left"), ("regressions", "right"), ("refused", "right"), ("tokens", "right"),
-                          ("cost", "right"), ("reason", "left")):
+    for name, justify in (("round", "right"), ("candidate", "left"), ("validation", "right"), ("kept", "left"),
+                          ("regressions", "right"), ("refused", "right"), ("tokens", "right"), ("cost", "right"),
+                          ("reason", "left")):
         t.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in report.rounds:
-        t.add_row(str(r.round), r.refinement_id or "-", _num(r.val.before), _num(r.val.after),
+        t.add_row(str(r.round), r.summary[:40] or "-", f"{_num(r.val.before)} -> {_num(r.val.after)}",
                   "yes" if r.kept else "no", str(len(r.regressions)),
                   f"{len(r.refused)}" + (f" ({r.guard_refusals} guard)" if r.guard_refusals else ""),
                   f"{r.tokens:,}", f"${r.cost:.4f}", r.reason)
     console.print(t)
-    h = report.test
-    console.print(f"test split, n={h.n}: before {h.before.mean:.3f} [{h.before.ci95[0]:.3f}, {h.before.ci95[1]:.3f}], "
-                  f"after {h.after.mean:.3f} [{h.after.ci95[0]:.3f}, {h.after.ci95[1]:.3f}]; "
-                  f"difference {h.diff:+.3f}, 95% CI [{h.ci95[0]:+.3f}, {h.ci95[1]:+.3f}] (paired, the task as the unit)")
-    console.print(f"harness {report.harness_before[:12]} -> {report.harness_after[:12]}; "
-                  f"{report.tokens:,} tokens, ${report.cost:.4f}")
-    console.print(f"report: {run_dir / 'report.json'}; figure: {run_dir / 'refine.png'}")
+    h = report.test  # plain lines: one each, whatever the terminal's width
+    print(f"test split, n={h.n}: before {h.before.mean:.3f} [{h.before.ci95[0]:.3f}, {h.before.ci95[1]:.3f}], "
+          f"after {h.after.mean:.3f} [{h.after.ci95[0]:.3f}, {h.after.ci95[1]:.3f}]; "
+          f"difference {h.diff:+.3f}, 95% CI [{h.ci95[0]:+.3f}, {h.ci95[1]:+.3f}] (paired, the task as the unit)")
+    print(f"harness {report.harness_before[:12]} -> {report.harness_after[:12]}; {report.tokens:,} tokens, "
+          f"${report.cost:.4f}")
+    print(f"report: {run_dir / 'report.json'}; figure: {run_dir / 'refine.png'}")
 
 
 def _num(x: float | None) -> str:
