@@ -17,7 +17,8 @@ disjoint splits: its first N tasks train, the next M validate, the next T test. 
 At the end the test split runs with the first harness and the last one: a paired difference with
 a 95% interval, the task as the unit. Every rollout is a fresh session in a fresh workspace, on a
 private copy of the harness (every scope at the commit the loop measures), scored by the task
-set's confined check (evals/scoring.py).
+set's confined check (evals/scoring.py); its kernel reads neither the task set's file nor the
+run folder's other records (`unseen`).
 
 The run folder holds it all: `loop.json` (what was asked, the splits, every scope's first commit),
 `val-0/` (the first harness on the validation split), `rounds/NN/train/`, `rounds/NN/plan.json`,
@@ -165,6 +166,9 @@ class RefineLoop:
         self.heads: dict[str, str | None] = {}
         """Every scope's commit when the loop began (`loop.json`)."""
         self.env = load_taskset(spec.taskset, scoring_sandbox=config.sandbox)
+        named = Path(spec.taskset)
+        self.task_file = [str(named.resolve())] if named.suffix in (".jsonl", ".py") and named.is_file() else []
+        """The task set's own file (its prompts and checks), where it has one: no kernel of the loop reads it."""
 
     # --- the run ----------------------------------------------------------------------------------
 
@@ -352,7 +356,8 @@ class RefineLoop:
         spec = EvalSpec(self.spec.taskset, None, 1, self.spec.concurrency, self.spec.seed, self.spec.timeout, version)
         results: list[Result] = []
         for _ in range(2):
-            results = await evaluate(spec, self.config, self.model, run_dir, harness_roots=roots, tasks=tasks)
+            results = await evaluate(spec, self._confined(run_dir), self.model, run_dir, harness_roots=roots,
+                                     tasks=tasks)
             if not any(r.outcome == "error" for r in results):
                 break
         return results
@@ -360,7 +365,15 @@ class RefineLoop:
     def _refiner(self, roots: dict[Scope, Path], on_usage: Callable[[Completion], None] | None = None) -> Refiner:
         stores = {s: HarnessStore(root, s, self.config.harness.limits()) for s, root in roots.items()}
         return Refiner(stores, model_caller(self.model, self.config, on_usage), mode="auto", default_scope=self.scope,
-                       check_skill=functools.partial(check_skill, sandbox=self.config.sandbox))
+                       check_skill=functools.partial(check_skill, sandbox=self._confined(None).sandbox))
+
+    def _confined(self, eval_dir: Path | None) -> Config:
+        """The config of a kernel the loop starts: the task set's file and the run folder covered (a
+        Python check's verdict in a `results.jsonl` is its expression, the answer), but for the way down
+        to a rollout's own session in `eval_dir` (whose sibling sessions its view covers). None: a
+        kernel of no rollout (the refiner's skill check), the whole run folder covered."""
+        hidden = [*self.config.sandbox.hidden, *self.task_file, *unseen(self.run_dir.resolve(), eval_dir)]
+        return self.config.model_copy(update={"sandbox": self.config.sandbox.model_copy(update={"hidden": hidden})})
 
     def _landed(self, plan_id: str) -> Change | None:
         return next((c for c in self.live.log() if c.refinement_id == plan_id and c.trigger == TRIGGER), None)
@@ -396,6 +409,20 @@ def digest(tasks: list[Task], results: list[Result], run_dir: Path, budget: int)
         lines.append(transcript(messages[first + 1:], per_message=share // 2, total=share) or "(no steps)")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
+
+
+def unseen(root: Path, inside: Path | None) -> list[str]:
+    """The paths of the run folder `root` a kernel evaluating in `inside` is not to read (`sandbox.hidden`
+    entries): every entry beside the way down to `inside/sessions`, and `inside/results.jsonl` (made
+    before the first kernel starts, appended to while they run)."""
+    if inside is None:
+        return [f"{root}/"]
+    inside, out, here = inside.resolve(), [], root
+    for part in (*inside.relative_to(root).parts, "sessions"):
+        if here.is_dir():
+            out += [f"{p}/" if p.is_dir() else str(p) for p in sorted(here.iterdir()) if p.name != part]
+        here = here / part
+    return [*out, str(inside / "results.jsonl")]
 
 
 def held_out(before: list[Result], after: list[Result]) -> HeldOut:
