@@ -133,7 +133,7 @@ def print_report(console, report, run_dir: Path) -> None:
         t.add_row(str(r.round), r.summary[:40] or "-", f"{_num(r.val.before)} -> {_num(r.val.after)}",
                   "yes" if r.kept else "no", str(len(r.regressions)),
                   f"{len(r.refused)}" + (f" ({r.guard_refusals} guard)" if r.guard_refusals else ""),
-                  f"{r.tokens:,}", f"${r.cost:.4f}", r.reason)
+                  f"{r.tokens:,}", f"${r.cost:.4f}", _short(r.reason))
     console.print(t)
     h = report.test  # plain lines: one each, whatever the terminal's width
     print(f"test split, n={h.n}: before {h.before.mean:.3f} [{h.before.ci95[0]:.3f}, {h.before.ci95[1]:.3f}], "
@@ -142,6 +142,11 @@ def print_report(console, report, run_dir: Path) -> None:
     print(f"harness {report.harness_before[:12]} -> {report.harness_after[:12]}; {report.tokens:,} tokens, "
           f"${report.cost:.4f}")
     print(f"report: {run_dir / 'report.json'}; figure: {run_dir / 'refine.png'}")
+
+
+def _short(text: str, width: int = 100) -> str:
+    """A reason in the table: a failed plan's quotes the model's reply (report.json holds all of it)."""
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _num(x: float | None) -> str:
