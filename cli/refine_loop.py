@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from agent.config import ConfigError, home, load_config, merge, parse_override, project_root
+from agent.model import ModelError
 from cli.run import NO_MODEL
 
 EXIT_CONFIG = 2
@@ -48,7 +49,7 @@ def given(args: argparse.Namespace) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from evals.refine_loop import LoopError, LoopSpec, LoopState
+    from evals.refine_loop import LoopSpec, LoopState
 
     for flag in ("rounds", "train", "val", "test", "n", "concurrency"):
         value = getattr(args, flag)
@@ -95,8 +96,9 @@ def main(args: argparse.Namespace) -> int:
     settings = {"set": (state.settings.get("set", []) if state else []) + args.overrides}
     try:
         return asyncio.run(_run(spec, config, run_dir, settings))
-    except (LoopError, ValueError) as e:
-        return _fail(str(e))
+    except (ValueError, ModelError) as e:  # LoopError too: an outage, a scope changed behind the loop
+        begun = (run_dir / "loop.json").is_file()
+        return _fail(f"{e}" + (f"\nfinish the run with: prime-agent refine loop --resume {run_dir}" if begun else ""))
 
 
 async def _run(spec, config, run_dir: Path, settings: dict) -> int:

@@ -348,7 +348,8 @@ class RefineLoop:
     async def _evaluate(self, tasks: list[Task], run_dir: Path, commit: str, roots: dict[Scope, Path] | None = None,
                         plan: str | None = None) -> list[Result]:
         """`tasks` on the harness at `commit` (with `plan` applied, when `roots` holds it); an errored
-        rollout is run once more before it counts."""
+        rollout is run once more before it counts (as 0), and a split whose every rollout errored
+        stops the loop."""
         if roots is None:
             with self._harness(commit) as roots:
                 return await self._evaluate(tasks, run_dir, commit, roots)
@@ -360,6 +361,9 @@ class RefineLoop:
                                      tasks=tasks)
             if not any(r.outcome == "error" for r in results):
                 break
+        if all(r.outcome == "error" for r in results):  # an outage measures nothing: stop, to resume later
+            raise LoopError(f"every rollout of {run_dir.relative_to(self.run_dir)} errored, twice (the first: "
+                            f"{results[0].error}); nothing was measured")
         return results
 
     def _refiner(self, roots: dict[Scope, Path], on_usage: Callable[[Completion], None] | None = None) -> Refiner:

@@ -14,7 +14,7 @@ import pytest
 
 from agent.testing.scripted import ScriptedModel, cells
 from agent.types import Message
-from evals.refine_loop import LoopSpec, RefineLoop, split
+from evals.refine_loop import LoopError, LoopSpec, RefineLoop, split
 from evals.refine_report import Report
 from evals.tasksets import load_taskset
 from harness_store.store import HarnessStore
@@ -153,3 +153,14 @@ async def test_a_helpful_note_is_kept_a_harmful_one_rejected_and_the_held_out_sp
     # Resumed once more, a finished loop runs nothing and says the same.
     again = await the_loop(tasks, project, run, ScriptedModel([])).run()
     assert again == report
+
+
+@pytest.mark.timeout(300)
+async def test_a_loop_whose_every_rollout_errors_stops_and_measures_nothing(project: Path, tmp_path: Path):
+    """The model is unreachable (every call fails): the validation split's rollouts all error, and the
+    loop stops saying so rather than plan from nothing and report an outage as a score of 0."""
+    tasks, run = write_tasks(tmp_path / "sums.jsonl"), tmp_path / "run"
+    with pytest.raises(LoopError, match=r"every rollout of val-0 errored, twice \(the first: .*scripted model"):
+        await the_loop(tasks, project, run, ScriptedModel([]), rounds=1).run()
+    assert not (run / "rounds").exists() and not (run / "report.json").exists()
+    assert HarnessStore(project / ".prime-agent" / "harness", "project").entries() == []
