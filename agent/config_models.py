@@ -168,7 +168,11 @@ class RefineConfig(_Section):
     default_scope: Literal["session", "project", "user"] = "project"
     """Where an edit lands when the proposal names no scope."""
     json_mode: bool = True
-    """Ask the server for a JSON object (response_format) when planning."""
+    """Ask the server for a JSON object (response_format) when planning without the reply's schema."""
+    structured: Literal["auto"] | bool = "auto"
+    """Send the proposal's JSON schema when planning (response_format json_schema), so the server holds the
+    reply to it: auto where the server says it can (`structured_outputs` in its /v1/models: `rl serve`
+    does), true always, false never."""
     gate_taskset: str | None = None
     """A task set (a built-in name, a .jsonl file, a .py module, `rg:DATASET` or `vf:TASKSET_ID`); when
     set, a refinement that lowers its pass count is refused (run with and without the change, by evals.gate)."""

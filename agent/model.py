@@ -79,6 +79,8 @@ class ServerModel(BaseModel):
     """Whether the server can serve tool calls for it (ours: whether its chat template renders tools)."""
     sampling: dict[str, float] = Field(default_factory=dict)
     """The model's own sampling defaults (ours: from its `generation_config.json`): temperature, top_p."""
+    structured_outputs: bool | None = None
+    """Whether the server holds a reply to a JSON schema (`response_format` json_schema): ours says so."""
 
 
 def fitted(config: ModelConfig, server: ServerModel) -> ModelConfig:
@@ -118,15 +120,17 @@ class Model(Protocol):
         messages: list[Message],
         *,
         tools: bool = True,
-        json_mode: bool = False,
+        json_mode: bool | dict[str, Any] = False,
         on_delta: DeltaCallback | None = None,
         on_reasoning: DeltaCallback | None = None,
         on_retry: RetryCallback | None = None,
         on_fallback: FallbackCallback | None = None,
     ) -> Completion:
         """One completion. `tools=False` for plain calls (summaries, `llm()`); `json_mode=True` asks for
-        a JSON object (the server's JSON mode); `on_delta` streams text and `on_reasoning` the model's
-        reasoning; `on_retry` hears of each wait and `on_fallback` of a switch to a fallback model."""
+        a JSON object (the server's JSON mode), a JSON schema for a reply valid under it (`response_format`
+        json_schema, for a server that can: `ServerModel.structured_outputs`); `on_delta` streams text and
+        `on_reasoning` the model's reasoning; `on_retry` hears of each wait and `on_fallback` of a switch to
+        a fallback model."""
         ...
 
     def variant(self, name: str) -> Model:
@@ -252,7 +256,9 @@ class OpenAIModel:
         sampling = entry.get("sampling_defaults")
         sampling = {k: float(v) for k, v in sampling.items() if k in SAMPLING and _number(v)} \
             if isinstance(sampling, dict) else {}
-        return ServerModel(context_window=window, tools=tools if isinstance(tools, bool) else None, sampling=sampling)
+        structured = entry.get("structured_outputs")
+        return ServerModel(context_window=window, tools=tools if isinstance(tools, bool) else None, sampling=sampling,
+                           structured_outputs=structured if isinstance(structured, bool) else None)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -263,7 +269,7 @@ class OpenAIModel:
         messages: list[Message],
         *,
         tools: bool = True,
-        json_mode: bool = False,
+        json_mode: bool | dict[str, Any] = False,
         on_delta: DeltaCallback | None = None,
         on_reasoning: DeltaCallback | None = None,
         on_retry: RetryCallback | None = None,
@@ -337,7 +343,7 @@ class OpenAIModel:
         delay = min(cfg.retry_max_delay, cfg.retry_base_delay * 2 ** (n - 1))
         return delay * random.uniform(0.5, 1.0)  # jitter, so clients do not retry in lockstep
 
-    def _request(self, messages: list[Message], tools: bool, json_mode: bool) -> dict[str, Any]:
+    def _request(self, messages: list[Message], tools: bool, json_mode: bool | dict[str, Any]) -> dict[str, Any]:
         cfg = self.config
         wire = [to_wire(m, cfg.send_reasoning) for m in messages]
         req: dict[str, Any] = {"model": self.name, "messages": wire}
@@ -353,7 +359,10 @@ class OpenAIModel:
         if cfg.stream:
             req["stream"] = True
             req["stream_options"] = {"include_usage": True}
-        if json_mode:
+        if isinstance(json_mode, dict):
+            name = re.sub(r"[^A-Za-z0-9_-]", "_", str(json_mode.get("title") or "reply"))[:64]
+            req["response_format"] = {"type": "json_schema", "json_schema": {"name": name, "schema": json_mode}}
+        elif json_mode:
             req["response_format"] = {"type": "json_object"}
         req.update(cfg.extra_body)
         return req

@@ -459,6 +459,6 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-async def _no_planning(messages):
+async def _no_planning(messages, schema=None):
     raise RefinementError("the live harness is only committed to here; planning happens on a copy")
 
