@@ -17,11 +17,14 @@ from pathlib import Path
 
 from agent.config import ConfigError, home, load_config, merge, parse_override, project_root
 from agent.model import ModelError
-from cli.run import NO_MODEL
+from cli.overrides import add_set
+from cli.run import no_model
 
 EXIT_CONFIG = 2
-FLAGS = ("rounds", "train", "val", "test", "n", "concurrency", "timeout", "out", "resume", "model", "base_url", "overrides")
-"""The loop's own options (`refine SESSION` takes none of them)."""
+FLAGS = {"rounds": "--rounds", "train": "--train", "val": "--val", "test": "--test", "n": "-n", "concurrency": "-j",
+         "timeout": "--timeout", "out": "--out", "resume": "--resume", "model": "--model", "base_url": "--base-url",
+         "overrides": "--set"}
+"""The loop's own options, by their destination (`refine SESSION` takes none of them)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,22 +42,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", metavar="DIR", help="finish an interrupted loop")
     g.add_argument("--model", help="model name (PRIME_AGENT_MODEL): the agent's and the refiner's")
     g.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
-    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override a config field, e.g. --set refine.default_scope=user (repeatable)")
+    add_set(g, " (refine.default_scope=user: the loop edits the user scope)")
 
 
 def given(args: argparse.Namespace) -> list[str]:
     """The loop's options given on the command line."""
-    return [f"--{name.replace('_', '-')}" for name in FLAGS if getattr(args, name, None) not in (None, [])]
+    return [flag for name, flag in FLAGS.items() if getattr(args, name, None) not in (None, [])]
 
 
 def main(args: argparse.Namespace) -> int:
     from evals.refine_loop import LoopSpec, LoopState
 
-    for flag in ("rounds", "train", "val", "test", "n", "concurrency"):
-        value = getattr(args, flag)
-        if value is not None and value < (0 if flag in ("train", "val", "test") else 1):
-            return _fail(f"--{flag} must be at least {0 if flag in ('train', 'val', 'test') else 1}")
+    for name in ("rounds", "train", "val", "test", "n", "concurrency"):
+        least = 0 if name in ("train", "val", "test") else 1
+        if (value := getattr(args, name)) is not None and value < least:
+            return _fail(f"{FLAGS[name]} must be at least {least}")
     if args.timeout is not None and args.timeout <= 0:
         return _fail("--timeout must be positive")
     state = None
@@ -85,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(str(e))
     if not config.model.configured:
-        print(NO_MODEL, file=sys.stderr)
+        print(no_model(config.model), file=sys.stderr)
         return EXIT_CONFIG
     if state is None:
         named = Path(spec.taskset).stem if spec.taskset.endswith((".jsonl", ".py")) else spec.taskset
@@ -104,12 +106,12 @@ def main(args: argparse.Namespace) -> int:
 async def _run(spec, config, run_dir: Path, settings: dict) -> int:
     from rich.console import Console
 
-    from agent.model import OpenAIModel
+    from agent.providers import open_model
     from evals.refine_loop import RefineLoop
 
     err = Console(stderr=True)
     roots = {"user": home() / "harness", "project": project_root(Path(".").resolve()) / ".prime-agent" / "harness"}
-    model = OpenAIModel(config.model)
+    model = open_model(config.model)
     try:
         loop = RefineLoop(spec, config, model, run_dir, roots, settings=settings,
                           say=lambda text: err.print(f"[dim]{text}[/dim]"))

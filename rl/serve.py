@@ -183,10 +183,21 @@ class CompletionRequest(_Request):
     echo: bool = False
 
 
-def create_app(engine) -> FastAPI:
-    """The HTTP API over a sampler: `Engine` (byte policies) or rl.engine.HFEngine."""
+def create_app(engine, strict_name: bool = False) -> FastAPI:
+    """The HTTP API over a sampler: `Engine` (byte policies) or rl.engine.HFEngine. `strict_name`: a
+    request naming another model than `engine.name` is refused (404 `model_not_found`, as OpenAI and
+    vLLM answer), so a misspelt name fails here as it would on any other server; without it (the
+    trainer's own servers, a byte policy) any name is served."""
     app = FastAPI(title="Prime Agent policy server")
     tok = engine.tok
+
+    def unknown(req: _Request) -> JSONResponse | None:
+        if not strict_name or req.model in (None, engine.name):
+            return None
+        return JSONResponse({"error": {"message": f"The model `{req.model}` does not exist: this server serves "
+                                                  f"`{engine.name}` (GET /v1/models lists it)",
+                                       "type": "invalid_request_error", "param": "model", "code": "model_not_found"}},
+                            404)
 
     # Errors in OpenAI's shape, so clients show the message.
     @app.exception_handler(HTTPException)
@@ -219,6 +230,8 @@ def create_app(engine) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
+        if (refused := unknown(req)) is not None:
+            return refused
         for m in req.messages:
             if not isinstance(m.get("content", ""), (str, type(None))):
                 m["content"] = "".join(p.get("text", "") for p in m["content"] if isinstance(p, dict))
@@ -238,6 +251,8 @@ def create_app(engine) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
+        if (refused := unknown(req)) is not None:
+            return refused
         p = req.prompt
         if isinstance(p, str):
             prompts = [tok.encode(p)]
@@ -287,7 +302,7 @@ async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool, 
         raise HTTPException(400, f"this model's maximum context length is {limit} tokens and the prompt has "
                                  f"{max(map(len, prompts))}: pass truncate_prompt_tokens ([env] prompt_tokens in RL) or "
                                  "start the server with --truncate to keep its last tokens, or send a shorter prompt "
-                                 "(the agent: -c model.base_prompt='\"short\"')")
+                                 "(the agent: --set model.base_prompt=short)")
     expanded = [p for p in prompts for _ in range(req.n)]
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
     created = int(time.time())
@@ -490,7 +505,7 @@ def _lp_entry(tok, token: int, logprob: float) -> dict[str, Any]:
 class BackgroundServer:
     """uvicorn in a thread, for the trainer and for tests: `with BackgroundServer(engine) as url:` (or an app)."""
 
-    def __init__(self, engine: Engine | FastAPI, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, engine: Engine | FastAPI, host: str = "127.0.0.1", port: int = 0, strict_name: bool = False):
         import socket
 
         import uvicorn
@@ -498,7 +513,7 @@ class BackgroundServer:
         self.sock = socket.socket()
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
-        app = engine if isinstance(engine, FastAPI) else create_app(engine)
+        app = engine if isinstance(engine, FastAPI) else create_app(engine, strict_name)
         config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=3)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
@@ -562,7 +577,8 @@ def main(args) -> int:
     _announce(f"{engine.name} ({engine.parameters:,} parameters, {args.dtype}, context {engine.context})",
               engine, args)
     signal.signal(signal.SIGTERM, lambda *_: _stop())
-    with BackgroundServer(engine, args.host, args.port):  # HTTP in a thread; sampling here (HFEngine.run)
+    # HTTP in a thread, answering to the served name only; sampling here (HFEngine.run)
+    with BackgroundServer(engine, args.host, args.port, strict_name=True):
         try:
             engine.run()
         except KeyboardInterrupt:
