@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.report import load_average, save  # noqa: E402
 from harness_store.skills import export_skills, import_skills, skill_folders  # noqa: E402
-from harness_store.store import HarnessStore, size_text  # noqa: E402
+from harness_store.entries import size_text  # noqa: E402
+from harness_store.store import HarnessStore  # noqa: E402
 from harness_store.view import HarnessView  # noqa: E402
 
 

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import json
 import platform
 import re
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from agent.config import ConfigError, load_config
+from agent.config import ConfigError, home, load_config, project_root
 from cli import version
 from cli.overrides import add_set, read_overrides
 from cli.run import no_model
+from harness_store.entries import HarnessError
 
 EXIT_CONFIG = 2
 
@@ -37,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per rollout")
     p.add_argument("--out", help="run directory (default: outputs/evals/<taskset>--<model>/<run id>)")
     p.add_argument("--resume", metavar="DIR", help="finish a run: keep its results, rerun errored and missing rollouts")
+    p.add_argument("--harness", metavar="REF", help="evaluate this harness version (a commit, a tag, a refinement id, "
+                   "or SCOPE@REV ...) on private copies; the live harness is left as it is")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -85,7 +90,11 @@ def main(args: argparse.Namespace) -> int:
     if args.resume:
         spec = EvalSpec(**meta["spec"])
     else:
-        spec = EvalSpec(args.taskset, args.n, args.rollouts, args.concurrency, args.seed, args.timeout)
+        try:
+            version = harness_version(args.harness) if args.harness else None
+        except HarnessError as e:
+            return _fail(f"--harness {args.harness}: {e}")
+        spec = EvalSpec(args.taskset, args.n, args.rollouts, args.concurrency, args.seed, args.timeout, version)
         named = Path(args.taskset).stem if args.taskset.endswith((".jsonl", ".py")) else args.taskset  # rg:a?b.c=1
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{named}--{config.model.name}")
         run_dir = Path(args.out) if args.out else Path("outputs/evals") / slug / time.strftime("%Y%m%d-%H%M%S")
@@ -117,16 +126,51 @@ async def _run(spec, config, run_dir: Path, overrides: dict) -> int:
     }, indent=1))
     model = open_model(config.model)
     console = Console(stderr=True)
+    if spec.harness:
+        console.print("harness: " + " ".join(f"{scope}@{commit[:12]}" for scope, commit in spec.harness.items()))
     done_before = sum(r.outcome in ("passed", "failed", "timed_out") for r in read_results(run_dir / "results.jsonl"))
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         bar = progress.add_task(spec.taskset, total=len(tasks) * spec.rollouts, completed=done_before)
         try:
-            results = await evaluate(spec, config, model, run_dir, on_result=lambda r: progress.advance(bar))
+            with harness_copies(spec.harness) as roots:
+                results = await evaluate(spec, config, model, run_dir, on_result=lambda r: progress.advance(bar),
+                                         harness_roots=roots)
         finally:
             await model.close()
     _print_summary(Console(), summarize(results), run_dir)  # the summary is the output: stdout
     return 0
+
+
+def harness_stores() -> dict:
+    """The live harness scopes an eval's sessions would use: the user's and this project's."""
+    from agent.harness import scope_roots
+    from harness_store.store import HarnessStore
+
+    return {scope: HarnessStore(root, scope) for scope, root in scope_roots(home(), project_root(Path(".")), None).items()}
+
+
+def harness_version(ref: str) -> dict[str, str]:
+    """Every scope's commit in the version `ref` names (scopes it does not name: their HEAD now)."""
+    from harness_store.versions import resolve_version
+
+    stores = harness_stores()
+    named = resolve_version(ref, stores)
+    return {scope: named.get(scope) or head for scope, store in stores.items() if (head := store.head()) or scope in named}
+
+
+@contextlib.contextmanager
+def harness_copies(version: dict[str, str] | None):
+    """Private copies of the harness at `version` (each scope it names at its commit, the others empty),
+    removed after; None: the live harness, as a session finds it."""
+    if version is None:
+        yield None
+        return
+    from harness_store.versions import check_out
+
+    with tempfile.TemporaryDirectory(prefix="pa-harness-") as tmp:
+        stores = harness_stores()
+        yield check_out(stores, {scope: version.get(scope) for scope in stores}, Path(tmp))
 
 
 def _print_summary(console, s, run_dir: Path) -> None:

@@ -13,10 +13,10 @@ from agent.harness import SessionHarness, scope_roots
 from agent.layout import SessionLayout, session_layouts, sessions_dir
 from daemon.client import Client, DaemonError, daemon_pid
 from daemon.schemas import RolledBack
-from harness_store.entries import HarnessError
+from harness_store.entries import HarnessError, size_text
 from harness_store.refiner import Plan
 from harness_store.skills import SkillRow, export_skills, import_skills, skill_folders
-from harness_store.store import Change, size_text
+from harness_store.store import Change
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:

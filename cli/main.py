@@ -42,7 +42,8 @@ COMMANDS = {  # in the order --help lists them
     "rewind": Command("cli.rewind", "go back to before a turn: files, conversation, harness and kernel (--list: "
                       "the turns)"),
     "rate": Command("cli.rl", "rate a session 0..1: the reward its training samples carry"),
-    "refine": Command("cli.refine", "refine the harness from a session, or decide a pending refinement"),
+    "refine": Command("cli.refine", "refine the harness from a session, decide a pending refinement, or measure "
+                      "refinement on held-out tasks (refine loop TASKSET)"),
     "eval": Command("cli.eval", "evaluate the agent on a task set (or: eval compare RUN_A RUN_B)"),
     "rl": Command("cli.rl", "train the policy with RL, or serve it"),
     "models": Command("cli.models", "pull known models into $PRIME_AGENT_HOME/models, list them"),

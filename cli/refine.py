@@ -1,4 +1,5 @@
-"""`prime-agent refine SESSION` and `prime-agent refine approve|reject ID --session SESSION`.
+"""`prime-agent refine SESSION`, `prime-agent refine approve|reject ID --session SESSION`, and
+`prime-agent refine loop TASKSET ...` (cli/refine_loop.py: does refinement help on held-out tasks?).
 
 Refines the harness from a session's evidence, or decides a refinement that waits for review.
 One path, the session's own refiner (agent.refine.SessionRefiner), with its regression gate:
@@ -18,6 +19,7 @@ from agent.config import ConfigError, home, load_config, project_root
 from agent.model import ModelError
 from agent.trajectory import SessionRecord, read_records
 from agent.types import Usage
+from cli import refine_loop
 from cli.trajectory import find_trajectory
 from daemon.client import Client, DaemonError, daemon_pid
 from harness_store.refiner import RefinementError
@@ -28,14 +30,25 @@ STATUS = {"refinement.applied": "applied", "refinement.pending": "pending", "ref
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
-    p.add_argument("what", metavar="SESSION|approve|reject", help="a session id (or 'last'), or approve/reject")
-    p.add_argument("id", nargs="?", help="with approve/reject: the refinement id")
+    p.add_argument("what", metavar="SESSION|approve|reject|loop",
+                   help="a session id (or 'last'), approve/reject, or loop (measure refinement on held-out tasks)")
+    p.add_argument("id", nargs="?", help="with approve/reject: the refinement id; with loop: the task set")
     p.add_argument("--session", help="with approve/reject: the session the refinement belongs to")
     p.add_argument("--instructions", help="what the refinement should focus on")
     p.add_argument("--mode", choices=["auto", "review", "dry-run"], help="override refine.mode")
+    refine_loop.add_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.what == "loop":
+        if extra := [f for f, v in (("--session", args.session), ("--instructions", args.instructions),
+                                    ("--mode", args.mode)) if v]:
+            print(f"prime-agent: refine loop takes no {', '.join(extra)}", file=sys.stderr)
+            return 2
+        return refine_loop.main(args)
+    if extra := refine_loop.given(args):
+        print(f"prime-agent: {', '.join(extra)}: options of `prime-agent refine loop TASKSET`", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(_main(args))
     except (FileNotFoundError, KeyError, ConfigError, ModelError, RefinementError) as e:

@@ -41,10 +41,14 @@ class EvalSpec:
     concurrency: int = 4
     seed: int = 0
     timeout: float = 600.0
+    harness: dict[str, str] | None = None
+    """The harness version evaluated, each scope's commit (`eval --harness`, the refine loop); None: the
+    harness in force."""
 
     def identity(self, model: str, base_url: str | None) -> dict[str, Any]:
         """What must match for a resumed rollout to count as the same."""
-        return {"taskset": self.taskset, "seed": self.seed, "timeout": self.timeout, "model": model, "base_url": base_url}
+        return {"taskset": self.taskset, "seed": self.seed, "timeout": self.timeout, "model": model, "base_url": base_url,
+                **({"harness": self.harness} if self.harness else {})}
 
 
 @dataclass
@@ -58,6 +62,8 @@ class Result:
     turns: int = 0
     cells: int = 0
     tokens: int = 0
+    cost: float = 0.0
+    """Dollars the rollout's model calls cost (`Usage.cost`)."""
     seconds: float = 0.0
     session_id: str = ""
     harness_version: str | None = None
@@ -85,13 +91,16 @@ class Summary:
 
 
 async def evaluate(spec: EvalSpec, config: Config, model: Model, run_dir: Path,
-                   on_result: Callable[[Result], None] | None = None, harness_roots: dict | None = None) -> list[Result]:
+                   on_result: Callable[[Result], None] | None = None, harness_roots: dict | None = None,
+                   tasks: list[Task] | None = None) -> list[Result]:
     """Run what `run_dir/results.jsonl` does not hold yet; return every result, in task order.
 
-    The Python API for the other users: the refiner's gate and RL evaluation pass their own
-    harness (`harness_roots`) or model (a policy server serving a checkpoint) and `summarize()`."""
+    The Python API for the other users: the refiner's gate, the refine loop and RL evaluation pass
+    their own harness (`harness_roots`: a session scope of its own is added to each rollout where it
+    names none), model (a policy server serving a checkpoint) or `tasks` (a split of the set's
+    selection), and `summarize()`."""
     env = load_taskset(spec.taskset, scoring_sandbox=config.sandbox)
-    tasks = env.tasks(spec.n, seed=spec.seed)
+    tasks = env.tasks(spec.n, seed=spec.seed) if tasks is None else tasks
     identity = spec.identity(model.name, config.model.base_url)
     run_dir.mkdir(parents=True, exist_ok=True)
     results_path = run_dir / "results.jsonl"
@@ -144,6 +153,7 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
             limit = min(spec.timeout, task.timeout or spec.timeout)
             turn = await asyncio.wait_for(run_session(), limit)  # the start counts against the timeout too
             result.turns, result.cells, result.tokens = turn.steps, turn.cells, turn.usage.total_tokens
+            result.cost = turn.usage.cost
             await judge(result, env, task, turn.outcome, turn.answer, turn.error, work)
         except StageTimedOut as e:
             result.outcome, result.error = "timed_out", str(e)
@@ -163,6 +173,8 @@ def rollout_session(config: Config, model: Model, work: Path, session_dir: Path,
                     harness_roots: dict | None = None) -> Session:
     """A rollout's session, in its throwaway workspace `work`: nothing to rewind, so no checkpoints."""
     off = config.checkpoints.model_copy(update={"enabled": False})
+    if harness_roots is not None and "session" not in harness_roots:  # shared roots: each rollout its own scope
+        harness_roots = {**harness_roots, "session": SessionLayout(session_dir).harness}
     return Session(config.model_copy(update={"checkpoints": off}), model, cwd=work, session_dir=session_dir,
                    harness_roots=harness_roots)
 

@@ -48,12 +48,59 @@ class SkillLimits:
     """All the files of one skill together, SKILL.md included."""
 
 
+@dataclass(frozen=True)
+class Blob:
+    """A file's bytes and whether it is executable (a skill's script run as `./scripts/x.sh`)."""
+
+    data: bytes
+    executable: bool = False
+
+
+@dataclass
+class Edit:
+    """One create, update or delete of one entry."""
+
+    action: Literal["create", "update", "delete"]
+    id: str
+    kind: Kind | None = None
+    """Required for create; found from the store otherwise."""
+    title: str | None = None
+    description: str | None = None
+    body: str | None = None
+    metadata: dict[str, Any] | None = None
+    files: dict[str, str | bytes | Blob] | None = None
+    """Skills only: every file of the folder besides SKILL.md (path within the folder -> text, bytes,
+    or a Blob to keep the executable bit); replaces the old set."""
+    base: str | None = None
+    """The entry's version (`Entry` file hash) the edit was planned against; checked at apply time."""
+
+
 class HarnessError(Exception):
     """Base of every refusal by the store; the message says what and why."""
 
 
 class InvalidEntry(HarnessError):
     pass
+
+
+def check_size(limits: SkillLimits, where: str, size: int, total: int) -> None:
+    """Refuse a skill file over the per-file cap, or a skill whose files together pass the per-skill cap."""
+    if size > limits.max_file_bytes:
+        big, cap = size_text(size), size_text(limits.max_file_bytes)
+        if big == cap:
+            big, cap = f"{size:,} B", f"{limits.max_file_bytes:,} B"
+        raise InvalidEntry(f"{where}: {big}, over the cap of {cap} per file (harness.max_skill_file_bytes)")
+    if total > limits.max_skill_bytes:
+        raise InvalidEntry(f"{where}: the skill's files pass {size_text(limits.max_skill_bytes)}, the cap per skill "
+                           "(harness.max_skill_bytes)")
+
+
+def size_text(n: int) -> str:
+    """A size for people: 812 B, 14.2 KB, 3.1 MB."""
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 class ImmutableEntry(HarnessError):

@@ -45,6 +45,18 @@ ALLOWED_KEYS = re.compile(
 person pushes to by hand. Nothing here names a command."""
 
 
+GIT_IDENTITY = ("-c", "user.name=prime-agent", "-c", "user.email=prime-agent@localhost", "-c", "commit.gpgsign=false")
+GITIGNORE = "*.swp\n*~\n.#*\n*.tmp\n.harness.lock\n__pycache__/\n*.pyc\n"
+GITATTRIBUTES = (
+    "# Every file is kept byte for byte (no line-ending conversion); what skills ship in binary\n"
+    "# formats gets no text diff (`harness diff` says the file changed).\n"
+    "* -text\n"
+    + "".join(f"*.{ext} binary\n" for ext in (
+        "ttf otf woff woff2 eot pdf png jpg jpeg gif webp ico bmp tif tiff psd mp3 mp4 wav ogg webm "
+        "zip gz tgz tar bz2 xz zst 7z jar whl so dylib dll exe bin pkl npy npz pt onnx sqlite db "
+        "docx xlsx pptx odt ods odp").split())
+)
+
 SYSTEM_BIN = ("/usr/bin", "/bin", "/usr/local/bin")
 """Where the host looks for git first: folders no kernel can write."""
 

@@ -228,7 +228,7 @@ class Refiner:
         for scope, store in self.stores.items():
             if (store.root / ".git").is_dir():
                 lines += [f"- {c.date:%Y-%m-%d} [{scope}] {c.refinement_id}: {c.summary}"
-                          for c in store.log(self.history) if c.trigger in ("refine", "rollback")]
+                          for c in store.log(self.history) if c.trigger in ("refine", "refine-loop", "rollback")]
         return "\n".join(sorted(lines, reverse=True)[: self.history])
 
     async def validate(self, plan: Plan) -> tuple[list[tuple[ProposedEdit, Scope, Edit]], list[tuple[ProposedEdit, str]]]:
@@ -301,8 +301,10 @@ class Refiner:
             outcome.status = "pending"
         return outcome
 
-    def commit(self, outcome: Outcome, *, session: str | None = None, generation: int = 0) -> Outcome:
-        """Land a ready outcome: one commit per scope touched. Quick: run it at a turn boundary."""
+    def commit(self, outcome: Outcome, *, session: str | None = None, generation: int = 0,
+               trailers: dict[str, str] | None = None) -> Outcome:
+        """Land a ready outcome: one commit per scope touched (with `trailers` besides the plan's).
+        Quick: run it at a turn boundary."""
         plan = outcome.plan
         if plan.generation != generation:
             return Outcome(plan, "rejected", refused=[(pe, "stale") for pe in outcome.applied],
@@ -323,7 +325,7 @@ class Refiner:
                            else f"refine: {plan.proposal.summary}\n\n{plan.proposal.rationale}")
                 outcome.change = store.apply(
                     edits, summary=summary, trigger=plan.trigger, source=plan.source, refinement_id=plan.id,
-                    session=session, evidence=plan.evidence)
+                    session=session, evidence=plan.evidence, trailers=trailers)
                 diffs.append(store.diff(outcome.change.commit + "~1", outcome.change.commit))
         except HarnessError as e:  # e.g. a person edited the entry after validation: nothing of this scope landed
             return Outcome(plan, "rejected", refused=[(pe, str(e)) for pe in outcome.applied], reason=str(e))

@@ -13,6 +13,7 @@ for byte, executable bits included; bytecode caches and a `.git` folder are left
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -25,10 +26,11 @@ from harness_store.entries import (
     InvalidEntry,
     SkillLimits,
     check_id,
+    check_size,
     parse,
     safe_relative,
 )
-from harness_store.store import Blob, Change, Edit, HarnessStore, check_size, write_file
+from harness_store.store import Blob, Change, Edit, HarnessStore
 
 SKIPPED_DIRS = frozenset({".git", "__pycache__"})
 SKIPPED_SUFFIXES = (".pyc",)
@@ -252,3 +254,13 @@ def _inside(path: str, root: str) -> bool:
 def _rel(path: str, root: str) -> str:
     return Path(os.path.relpath(path, root)).as_posix()
 
+
+def write_file(path: Path, blob: Blob) -> None:
+    """Replace `path` with `blob` at once (a reader sees the old file or the new, never half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp.write_bytes(blob.data)
+    if blob.executable:
+        mode = tmp.stat().st_mode
+        tmp.chmod(mode | (mode & 0o444) >> 2)  # executable wherever readable
+    os.replace(tmp, path)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,55 +34,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness_store import safefs
-from harness_store.entries import (
-    KINDS,
-    MAX_DESCRIPTION_CHARS,
-    MAX_ENTRY_CHARS,
-    Entry,
-    HarnessError,
-    InvalidEntry,
-    Kind,
-    SkillLimits,
-    Source,
-    check_id,
-    entry_path,
-    locate,
-    now,
-    parse,
-    safe_relative,
-    version,
-)
-from harness_store.gitenv import fingerprint, foreign, parse_batch, run_git
+from harness_store.entries import (KINDS, MAX_DESCRIPTION_CHARS, MAX_ENTRY_CHARS, Blob, Edit, Entry, HarnessError,
+                                   InvalidEntry, SkillLimits, Source, check_id, check_size, entry_path, locate, now,
+                                   parse, safe_relative, version)
+from harness_store.gitenv import GIT_IDENTITY, GITATTRIBUTES, GITIGNORE, fingerprint, foreign, parse_batch, run_git
 
 Scope = Literal["user", "project", "session"]
-GIT_IDENTITY = ("-c", "user.name=prime-agent", "-c", "user.email=prime-agent@localhost", "-c", "commit.gpgsign=false")
-GITIGNORE = "*.swp\n*~\n.#*\n*.tmp\n.harness.lock\n__pycache__/\n*.pyc\n"
-GITATTRIBUTES = (
-    "# Every file is kept byte for byte (no line-ending conversion); what skills ship in binary\n"
-    "# formats gets no text diff (`harness diff` says the file changed).\n"
-    "* -text\n"
-    + "".join(f"*.{ext} binary\n" for ext in (
-        "ttf otf woff woff2 eot pdf png jpg jpeg gif webp ico bmp tif tiff psd mp3 mp4 wav ogg webm "
-        "zip gz tgz tar bz2 xz zst 7z jar whl so dylib dll exe bin pkl npy npz pt onnx sqlite db "
-        "docx xlsx pptx odt ods odp").split())
-)
 OWN_FILES = (".gitignore", ".gitattributes")
 """The store's own files: no rollback takes them away."""
 STAGE = object()
 """A write that commits the file as it is on disk (a person's own bytes, never rewritten)."""
-
-
-@dataclass(frozen=True)
-class Blob:
-    """A file's bytes and whether it is executable (a skill's script run as `./scripts/x.sh`)."""
-
-    data: bytes
-    executable: bool = False
-
-
 Write = "str | bytes | Blob | None | object"
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git's id of the empty tree
-TRAILERS = ("Refinement-Id", "Trigger", "Session", "Evidence", "Reverts", "Restores")
+TRAILERS = ("Refinement-Id", "Trigger", "Session", "Evidence", "Reverts", "Restores", "Round", "Run")
 
 
 class Conflict(HarnessError):
@@ -94,25 +59,6 @@ class NotFound(HarnessError):
 
 class ForeignRepository(HarnessError):
     """A scope's repository is not one the host made: git is not run in it."""
-
-
-@dataclass
-class Edit:
-    """One create, update or delete of one entry."""
-
-    action: Literal["create", "update", "delete"]
-    id: str
-    kind: Kind | None = None
-    """Required for create; found from the store otherwise."""
-    title: str | None = None
-    description: str | None = None
-    body: str | None = None
-    metadata: dict[str, Any] | None = None
-    files: dict[str, str | bytes | Blob] | None = None
-    """Skills only: every file of the folder besides SKILL.md (path within the folder -> text, bytes,
-    or a Blob to keep the executable bit); replaces the old set."""
-    base: str | None = None
-    """The entry's version (`Entry` file hash) the edit was planned against; checked at apply time."""
 
 
 @dataclass
@@ -228,6 +174,21 @@ class HarnessStore:
         out = self._git("status", "--porcelain", "-z", "--untracked-files=all", "--no-renames")
         return {item[3:] for item in out.split("\0") if len(item) > 3}
 
+    def checkout(self, ref: str, dest: Path) -> HarnessStore:
+        """A private copy of this scope as it was at `ref` (a commit, a refinement id, a tag, HEAD~2) in
+        `dest` (absent or empty): its history up to `ref` and nothing uncommitted. Running sessions on
+        it, or changing it, leaves this scope as it is."""
+        sha = self.resolve(ref)
+        with self._lock():
+            shutil.copytree(self.root / ".git", dest / ".git", symlinks=True)
+        copy = HarnessStore(dest, self.scope, self.limits)
+        copy._git("reset", "-q", "--hard", sha)
+        return copy
+
+    def tree(self, ref: str = "HEAD") -> str:
+        """The id of the entries as they are at `ref`: equal for two commits whose files are the same."""
+        return self._git("rev-parse", f"{self.resolve(ref)}^{{tree}}").strip()
+
     def head(self) -> str | None:
         """The commit the scope is at (its harness version); None before anything was written to it,
         and for a refused repository (`problem()` says why)."""
@@ -317,8 +278,10 @@ class HarnessStore:
         refinement_id: str | None = None,
         session: str | None = None,
         evidence: str | None = None,
+        trailers: dict[str, str] | None = None,
     ) -> Change:
-        """Validate every edit, then land them all in one commit; nothing is written on refusal."""
+        """Validate every edit, then land them all in one commit; nothing is written on refusal.
+        `trailers`: more provenance (the refine loop's `Round` and `Run`)."""
         if not edits:
             raise InvalidEntry("a change needs at least one edit")
         if not self.exists():
@@ -328,8 +291,15 @@ class HarnessStore:
             self._commit_user_edits()  # a person's unsaved-to-git edit lands in history before ours
             writes, touched = self._planned(edits, source)
             rid = refinement_id or new_refinement_id()
-            trailers = {"Refinement-Id": rid, "Trigger": trigger, "Session": session, "Evidence": evidence}
-            return self._land(writes, summary, trailers, touched)
+            said = {"Refinement-Id": rid, "Trigger": trigger, "Session": session, "Evidence": evidence, **(trailers or {})}
+            return self._land(writes, summary, said, touched)
+
+    def record(self, summary: str, trailers: dict[str, str]) -> Change:
+        """A commit that changes no entry: an event of the scope's history (a refinement the refine
+        loop measured and rejected, with why), shown by `log()`."""
+        with self._lock():
+            self.ensure()
+            return self._land({}, summary, trailers, [])
 
     def _planned(self, edits: list[Edit], source: Source) -> tuple[dict[str, Write], list[str]]:
         """The writes of a change and the entries it touches; raises what makes it refused."""
@@ -540,6 +510,8 @@ class HarnessStore:
             if not parents:
                 raise InvalidEntry("the first commit of a scope cannot be rolled back")
             touched = [rel for rel in self._changed(parents[0], target) if rel not in OWN_FILES]
+            if not touched:
+                raise InvalidEntry(f"{ref} changed no entry: there is nothing of it to roll back")
             after, before = self._blobs(target, touched), self._blobs(parents[0], touched)
             writes: dict[str, Write] = {}
             for rel in touched:
@@ -647,37 +619,6 @@ def _trailers(message: str) -> dict[str, str]:
 def _printable(text: str) -> str:
     """A commit message without control characters (they would break `log()`'s parsing)."""
     return "".join(c for c in text if c in "\n\t" or c >= " ")
-
-
-def write_file(path: Path, blob: Blob) -> None:
-    """Replace `path` with `blob` at once (a reader sees the old file or the new, never half)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    tmp.write_bytes(blob.data)
-    if blob.executable:
-        mode = tmp.stat().st_mode
-        tmp.chmod(mode | (mode & 0o444) >> 2)  # executable wherever readable
-    os.replace(tmp, path)
-
-
-def check_size(limits: SkillLimits, where: str, size: int, total: int) -> None:
-    """Refuse a skill file over the per-file cap, or a skill whose files together pass the per-skill cap."""
-    if size > limits.max_file_bytes:
-        big, cap = size_text(size), size_text(limits.max_file_bytes)
-        if big == cap:
-            big, cap = f"{size:,} B", f"{limits.max_file_bytes:,} B"
-        raise InvalidEntry(f"{where}: {big}, over the cap of {cap} per file (harness.max_skill_file_bytes)")
-    if total > limits.max_skill_bytes:
-        raise InvalidEntry(f"{where}: the skill's files pass {size_text(limits.max_skill_bytes)}, the cap per skill "
-                           "(harness.max_skill_bytes)")
-
-
-def size_text(n: int) -> str:
-    """A size for people: 812 B, 14.2 KB, 3.1 MB."""
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def _check_layout(writes: dict[str, Write]) -> None:
