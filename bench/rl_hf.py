@@ -45,7 +45,7 @@ from rl import train as training  # noqa: E402
 from rl.config import load  # noqa: E402
 from rl.envs import load as load_env  # noqa: E402
 from rl.hf import load_hf  # noqa: E402
-from rl.models import pull  # noqa: E402
+from rl.pull import pull  # noqa: E402
 from tests.rl.servers import Recording, policy_server_process, vllm_missing, vllm_server  # noqa: E402
 
 CONFIG = ROOT / "examples" / "reverse_text" / "smollm2.toml"

@@ -10,8 +10,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.config import describe, merge, parse_override
-from rl.model import PolicyConfig
-from rl.models import ModelNotFound, resolve
+from rl.losses import IPOConfig, LossConfig
+from rl.policy.policy import PolicyConfig
+from rl.pull import ModelNotFound, resolve
 
 
 class _Section(BaseModel):
@@ -50,30 +51,6 @@ class SFTConfig(_Section):
     noise: float = 0.0
     """Fraction of demonstrations replaced by the environment's plausible wrong answer: the warm start
     then knows the skill but does not always choose it, which is what RL is for."""
-
-
-class LossConfig(_Section):
-    name: Literal["ipo", "dppo", "icepop", "ppo", "cispo"] = "ipo"
-    """The loss (rl/losses.py); each field below applies to the losses it names, unset: their defaults."""
-    eps: float | None = Field(None, gt=0)
-    """ipo: keep a token iff |p - q| <= eps (default 0.3)."""
-    delta_low: float | None = None
-    """dppo (default 0.2)."""
-    delta_high: float | None = None
-    """dppo (default 0.2)."""
-    ratio_low: float | None = None
-    """icepop 0.2, ppo 0.8, cispo off."""
-    ratio_high: float | None = None
-    """icepop 5.0, ppo 1.2, cispo 5.0."""
-    max_ratio: float | None = None
-    """Cap on the ratio's value and gradient (1e4)."""
-    kl_tau: float | None = None
-    """Weight of tau * (log r)^2 on loss tokens (0)."""
-
-    def overrides(self) -> dict[str, float]:
-        from rl.losses import DEFAULTS
-
-        return {k: v for k, v in self.model_dump(exclude={"name"}).items() if v is not None and k in DEFAULTS[self.name]}
 
 
 class DifficultyConfig(_Section):
@@ -222,7 +199,7 @@ class RunConfig(_Section):
     env: EnvConfig = Field(default_factory=EnvConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
-    loss: LossConfig = Field(default_factory=LossConfig)
+    loss: LossConfig = Field(default_factory=IPOConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
 
     @field_validator("model")

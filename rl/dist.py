@@ -31,7 +31,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from rl.model import MARKER, save_checkpoint
+from rl.policy.checkpoint import MARKER, save_checkpoint
 from rl.sample import Batch, Sample
 from rl.packing import MicroBatch
 

@@ -22,7 +22,7 @@ from evals.env import RLEnvironment, Task
 from rl.advantages import Excluded, group_advantages
 from rl.config import TrainConfig
 from rl.fleet import Fleet, NoServerLeft, reload  # noqa: F401  (reload: rl.orchestrator.reload, as before)
-from rl.model import ByteTokenizer
+from rl.policy.tokenizer import ByteTokenizer
 from rl.sample import Batch, Sample
 
 

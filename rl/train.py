@@ -35,13 +35,13 @@ from rl import dist
 from rl.config import RunConfig
 from rl.envs import load as load_env
 from rl.envs.harness import HarnessOrchestrator, policy_view, warm_start_system_prompt
-from rl.model import (
-    MARKER, ByteTokenizer, Policy, build_policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint,
-    token_logprobs,
-)
 from rl.fleet import Fleet
 from rl.orchestrator import Orchestrator, rollout_seed
-from rl.packing import backward, micro_batches
+from rl.losses import LossConfig, LossInputs, compute
+from rl.packing import MicroBatch, micro_batches
+from rl.policy.checkpoint import MARKER, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint
+from rl.policy.policy import Policy, build_policy, token_logprobs
+from rl.policy.tokenizer import ByteTokenizer
 from rl.sample import Batch
 from rl.serve import BackgroundServer, Engine
 
@@ -155,6 +155,33 @@ def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: Run
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), cfg.train.max_grad_norm)
     opt.step()
     return {**m, "grad_norm": float(grad_norm)}
+
+
+def backward(model: torch.nn.Module, micro: list[MicroBatch], temperature: float, loss: LossConfig,
+             loss_tokens: int | None = None) -> dict[str, float]:
+    """Forward and backward of each micro-batch in turn, the gradients adding up to those of the whole
+    step: each micro-batch's summed token loss is divided by the loss-mask tokens of the whole step
+    (`loss_tokens` where the step spans data-parallel ranks). Returns the step's loss, token count,
+    entropy and loss metrics, as if computed in one piece."""
+    tokens = sum(int(m.loss_mask.sum()) for m in micro)
+    divisor = max(loss_tokens or tokens, 1)
+    device = next(model.parameters()).device
+    total, kept = 0.0, []
+    for m in micro:
+        m = m.to(device)
+        mask = m.loss_mask  # log-probs of the loss tokens alone, flat
+        trainer, entropy = token_logprobs(model, m.ids, temperature, entropy=True, positions=m.positions,
+                                          segments=m.segments, where=mask)
+        inference, advantages = m.inference[mask], m.advantages[mask]
+        out = compute(LossInputs(trainer, inference, advantages, torch.ones_like(trainer, dtype=torch.bool)), loss)
+        part = out.per_token.sum() / divisor
+        part.backward()
+        total += part.item()
+        kept.append((trainer.detach(), inference, advantages, entropy))
+    trainer, inference, advantages, entropy = (torch.cat(t) for t in zip(*kept))
+    # the metrics over every loss token of the step at once (they are means and maxima over it)
+    metrics = compute(LossInputs(trainer, inference, advantages, torch.ones_like(trainer, dtype=torch.bool)), loss).metrics
+    return {"loss": total, "tokens": tokens, "entropy": float(entropy.mean()) if tokens else 0.0, **metrics}
 
 
 # --- the run -------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from evals.env import Check, Task
 from evals.runner import Result
 from rl.config import RunConfig, load
 from rl.envs.harness import HarnessOrchestrator
-from rl.model import ByteTokenizer
+from rl.policy.tokenizer import ByteTokenizer
 from rl.serve import BackgroundServer, hf_engine
 from rl.train import SAMPLED_SHARE_WARNING, sft, train
 from tests.rl.conftest import WIDE_VOCAB

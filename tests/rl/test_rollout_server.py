@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from evals.tasksets.reverse_text import ReverseText
 from rl.config import RunConfig
-from rl.model import load_policy, save_checkpoint
+from rl.policy.checkpoint import load_policy, save_checkpoint
 from rl.orchestrator import Orchestrator, reload
 from rl.serve import BackgroundServer, Engine, create_app
 from rl.train import sft, train
