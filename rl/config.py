@@ -113,15 +113,21 @@ class TrainConfig(_Section):
     async_level: int = Field(0, ge=0)
     """Batches sampling may run ahead of training (0: sample, then train)."""
     max_off_policy_steps: int = Field(1, ge=0)
-    """Rollouts sampled by a policy older than this many steps are dropped (and counted)."""
+    """Rollouts sampled by a policy older than this many steps are dropped (and counted as `stale`), however
+    they came to be old: async_level, policy_lag, a server behind on its reloads (prime-rl's default: 8)."""
     policy_lag: int = Field(0, ge=0)
     """Force off-policy sampling: the sampler gets each step's weights this many steps late (the
-    off-policy stress study). Lag grows from 0 to this over the first steps, then stays."""
+    off-policy stress study). Lag grows from 0 to this over the first steps, then stays. max_off_policy_steps
+    applies: it must be at least this lag, or every rollout past the first steps would be dropped."""
     seed: int = 0
     """Seeds the initial weights, the warm start's noise, and each step's tasks and sampling."""
     sampler_dtype: Literal["float32", "bfloat16"] = "float32"
     """The built-in server's weights, for a Hugging Face model: bfloat16 samples at half the width, and its
     probabilities then differ from the fp32 trainer's (mismatch_kl per step; what IPO masks)."""
+    shard_frozen: bool = False
+    """With N processes: shard a LoRA run's frozen base across the ranks as the trained weights are (for a base
+    too big for one device), all-gathered for each forward and backward. Off: every rank holds the whole base
+    and only the adapter's weights and gradients cross between ranks (rl/dist.py)."""
     threads: int | None = Field(None, ge=1)
     """torch threads for training and sampling; None: torch's own count (the machine's cores, or
     OMP_NUM_THREADS). Under load one thread can be the fastest: two threads spun on two busy cores
@@ -154,6 +160,14 @@ class TrainConfig(_Section):
     version its server held."""
     reload_urls: list[str] = Field(default_factory=list)
     """With rollout_urls: each one's reload_url, in the same order (default: each URL + "/reload")."""
+
+    @model_validator(mode="after")
+    def _a_lagged_sampler_trains(self) -> TrainConfig:
+        if self.policy_lag > self.max_off_policy_steps:
+            raise ValueError(f"policy_lag = {self.policy_lag} samples with weights {self.policy_lag} steps old, and "
+                             f"max_off_policy_steps = {self.max_off_policy_steps} drops every rollout that old: "
+                             f"set max_off_policy_steps to at least {self.policy_lag}, or lag less")
+        return self
 
     @model_validator(mode="after")
     def _one_way_to_name_servers(self) -> TrainConfig:

@@ -71,15 +71,17 @@ class IPOConfig(_Loss):
 
 
 class DPPOConfig(_Loss):
-    """DPPO: drop a token whose probability moved past delta in the direction its advantage pushes."""
+    """DPPO (Binary-TV, "Rethinking the Trust Region in LLM Reinforcement Learning", arXiv 2602.04879): drop a
+    token whose probability moved past delta in the direction its advantage pushes; the kept ones are
+    REINFORCE weighted by the capped ratio, detached, as the paper's code (sail-sg/Stable-RL) computes it."""
 
     name: Literal["dppo"] = "dppo"
     delta_low: float = Field(0.2, ge=0)
     """With A <= 0, keep a token iff p - q >= -delta_low."""
     delta_high: float = Field(0.2, ge=0)
     """With A > 0, keep a token iff p - q <= delta_high."""
-    max_ratio: float = Field(1e4, gt=0)
-    """Cap on the ratio's value and gradient."""
+    max_ratio: float = Field(10.0, gt=0)
+    """Cap on the detached weight min(r, max_ratio) (the paper's code: clip_ratio_c, 10)."""
 
 
 class IcePopConfig(_Loss):
@@ -141,7 +143,7 @@ def dppo(x: LossInputs, c: DPPOConfig) -> LossOutputs:
     t = _Tokens.of(x)
     diff = _prob_diff(t.lp.detach(), t.lq)  # p - q
     keep = torch.where(t.adv > 0, diff <= c.delta_high, diff >= -c.delta_low)
-    per = -t.adv * _capped(t.log_r, c.max_ratio)
+    per = -t.ratio.clamp(max=c.max_ratio) * t.adv * t.lp  # the weight detached: the gradient is REINFORCE's, reweighted
     return t.outputs(per, keep, t.ratio > c.max_ratio, c.kl_tau)
 
 

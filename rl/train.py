@@ -154,7 +154,13 @@ def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: Run
     m = backward(model, micro, cfg.train.temperature, cfg.loss, loss_tokens)
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), cfg.train.max_grad_norm)
     opt.step()
-    return {**m, "grad_norm": float(grad_norm)}
+    return {**m, "trained_tokens": trained_tokens(batch), "grad_norm": float(grad_norm)}
+
+
+def trained_tokens(batch: Batch) -> int:
+    """Every token the step's forward and backward ran over, prompt and completion (what the step's time
+    buys), beside `tokens`, the loss-mask tokens alone (what the loss divides by)."""
+    return sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples)
 
 
 def backward(model: torch.nn.Module, micro: list[MicroBatch], temperature: float, loss: LossConfig,
@@ -224,7 +230,7 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
     external = cfg.train.rollout_servers()
     engine = sampler_engine(model, start, cfg) if main and not external else None
     vocab_size = int(model.output_weight.shape[0])  # the ids this policy can train on
-    model = dist.shard(model)
+    model = dist.shard(model, cfg.train.shard_frozen)
     # fused: one kernel per weight, not a dozen (TRL's default too)
     opt = torch.optim.AdamW(trainable(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, fused=True)
     if state is not None:
@@ -271,7 +277,8 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
         for batch, share, loss_tokens in dist.scatter(batches, start, cfg.train.steps):
             step = batch.step
             t = time.time()
-            m = train_step(model, opt, share, cfg, loss_tokens) if share.samples else {"loss": 0.0, "tokens": 0}
+            m = train_step(model, opt, share, cfg, loss_tokens) if share.samples else \
+                {"loss": 0.0, "tokens": 0, "trained_tokens": 0}
             m = dist.reduce_metrics(m)
             state = dist.gathered(model)  # the whole model on rank 0, for the sampler and checkpoints
             if main:
@@ -284,7 +291,7 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
                 m.update(step=step, reward_mean=_mean(batch.rewards), off_policy_max=max(
                     (step - s.version for s in batch.samples), default=0), samples=len(batch.samples), **batch.counts,
                     seconds=time.time() - t, sampling_seconds=t - waited)
-                m["tokens_per_s"] = m["tokens"] / max(m["seconds"], 1e-9)
+                m["tokens_per_s"] = m["trained_tokens"] / max(m["seconds"], 1e-9)
                 m["sampled_share"] = sampled_share(batch.counts)
                 if external:  # servers that left the rotation while this step sampled, or on its reload
                     m["servers_live"], m["servers_lost"] = len(servers.live), servers.take_failures()
@@ -399,7 +406,8 @@ def sampled_share(counts: dict[str, int]) -> float | None:
 
 
 def console_line(m: dict) -> str:
-    """A step's line: the reward, the loss, and what trained (a step that trained nothing says so, not 0 tok/s)."""
+    """A step's line: the reward, the loss, and what trained: every token of its samples a second (a step that
+    trained nothing says so, not 0 tok/s)."""
     share = m.get("sampled_share")
     trained = f"{m['tokens_per_s']:,.0f} tok/s" if m["tokens"] else "nothing trained"
     line = (f"step {m['step']:4d}  reward {m['reward_mean']:.3f}  loss {m['loss']:+.4f}  "

@@ -48,7 +48,14 @@ def test_dppo_masks_by_the_sign_of_the_advantage():
     # p - q = +0.3 for both tokens; A > 0 masks it (> 0.2), A < 0 keeps it (>= -0.2)
     lp, lq, adv, mask = inputs([math.log(0.8), math.log(0.8)], [math.log(0.5), math.log(0.5)], [1.0, -1.0])
     out = loss(DPPOConfig(), lp, lq, adv, mask)
-    assert out.per_token[0, 0].item() == 0.0 and out.per_token[0, 1].item() == pytest.approx(1.6)
+    out.per_token.sum().backward()
+    # the kept token: -sg(min(r, 10)) * A * log p, r = 1.6, as the paper's code computes it
+    assert out.per_token[0, 0].item() == 0.0 and out.per_token[0, 1].item() == pytest.approx(1.6 * math.log(0.8))
+    assert lp.grad[0].tolist() == pytest.approx([0.0, 1.6])
+    big, q, a, m = inputs([0.0], [-20.0], [-1.0])  # p - q ~ +1 with A < 0: kept; r ~ 5e8, its weight capped at 10
+    capped = loss(DPPOConfig(), big, q, a, m)
+    capped.per_token.sum().backward()
+    assert big.grad.item() == pytest.approx(10.0) and capped.metrics["clipped_fraction"] == 1.0
 
 
 def test_icepop_keeps_ratios_in_range_inclusive():
@@ -100,7 +107,7 @@ def reference(name: str, lp: torch.Tensor, lq: torch.Tensor, a: torch.Tensor, m:
         keep, per = (p - q).abs() <= 0.3, -a * r.clamp(max=1e4)
     elif name == "dppo":
         keep = torch.where(a > 0, p - q <= 0.2, p - q >= -0.2)
-        per = -a * r.clamp(max=1e4)
+        per = -r.clamp(max=10.0) * a * lp
     elif name == "icepop":
         keep, per = (r >= 0.2) & (r <= 5.0), -a * r
     elif name == "ppo":
