@@ -10,7 +10,7 @@ from typing import Any
 
 from agent.types import ToolCall
 
-IPYTHON_TOOL = {
+IPYTHON_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "ipython",

@@ -5,7 +5,9 @@ Export (`to_atif`): each system and user message is a step of its own; each mode
 step: the reply's text and reasoning, a `tool_call` (`ipython`, `{"code"}`) for each cell, the cells'
 outputs as its `observation` (one result per cell), and `metrics`: prompt, completion and cached
 tokens, cost, and, where the session recorded them (`model.record_logprobs`), `prompt_token_ids`,
-`completion_token_ids` and `logprobs`. Children are embedded in `subagent_trajectories` (their
+`completion_token_ids` and `logprobs`; a native provider's reply as it came (Anthropic's blocks with
+their thinking signatures, Responses' items with their encrypted reasoning) in `extra.provider_blocks`,
+so an imported conversation can be sent back to that provider. Children are embedded in `subagent_trajectories` (their
 ids referenced from the step that was running when they finished). A compaction or a rewind is a
 system step whose `extra.context` is the whole conversation from there on. The rating (a reward)
 and the harness version go in `final_metrics.extra`.
@@ -21,6 +23,8 @@ import datetime
 import json
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from atif import (
     Agent,
@@ -50,7 +54,7 @@ from agent.trajectory import (
     TurnStartedRecord,
     read_records,
 )
-from agent.types import Message, Usage
+from agent.types import Blocks, Message, Usage
 from agent.types import ToolCall as OurToolCall
 
 SCHEMA_VERSION = "ATIF-v1.8"
@@ -129,8 +133,11 @@ class _Builder:
                           cached_tokens=usage.cached_tokens, cost_usd=usage.cost,
                           prompt_token_ids=call.prompt_token_ids if call else None,
                           completion_token_ids=m.token_ids, logprobs=m.logprobs,
-                          extra={"reasoning_tokens": usage.reasoning_tokens} if usage.reasoning_tokens else None)
+                          extra={k: v for k, v in (("reasoning_tokens", usage.reasoning_tokens),
+                                                   ("cache_write_tokens", usage.cache_write_tokens)) if v} or None)
         extra: dict[str, Any] = {"turn_id": r.turn_id} if r.turn_id else {}
+        if m.blocks is not None:  # the reply as its provider sent it (thinking signatures, encrypted reasoning)
+            extra["provider_blocks"] = m.blocks.model_dump()
         if call is not None:
             extra.update(duration=call.duration, attempts=call.attempts, finish_reason=call.finish_reason)
         self.agent = self.step(
@@ -270,6 +277,15 @@ def _text(content: str | list[ContentPart] | None) -> str:
     return "".join(p.text or "" for p in content if p.type == "text")
 
 
+def _blocks(value: Any) -> Blocks | None:
+    """A step's provider blocks, where they are ours to send back (another agent's, or a malformed
+    value, are left out: the step's text and calls stand)."""
+    try:
+        return Blocks.model_validate(value) if value else None
+    except ValidationError:
+        return None
+
+
 def _agent_step(step: Step, text: str, turn: str | None) -> list[Record]:
     m, extra = step.metrics or Metrics(), step.extra or {}
     fenced = extra.get("observation_as") == "user" or any((c.extra or {}).get("fenced") for c in step.tool_calls or [])
@@ -277,14 +293,16 @@ def _agent_step(step: Step, text: str, turn: str | None) -> list[Record]:
                                            arguments=c.arguments["raw"] if set(c.arguments) == {"raw"}
                                            else json.dumps(c.arguments)) for c in step.tool_calls or []]
     usage = Usage(prompt_tokens=m.prompt_tokens or 0, completion_tokens=m.completion_tokens or 0,
-                  cached_tokens=m.cached_tokens or 0, cost=m.cost_usd or 0.0)
+                  cached_tokens=m.cached_tokens or 0, cost=m.cost_usd or 0.0,
+                  cache_write_tokens=(m.extra or {}).get("cache_write_tokens") or 0)
     out: list[Record] = []
     if step.llm_call_count != 0:
         out.append(ModelCall(turn_id=turn or "", context_messages=0, usage=usage, duration=0.0, attempts=1,
                              model=step.model_name or "", prompt_token_ids=m.prompt_token_ids))
     out.append(MessageRecord(turn_id=turn, message=Message(
         role="assistant", content=text, tool_calls=calls, reasoning=step.reasoning_content,
-        token_ids=m.completion_token_ids, logprobs=m.logprobs)))
+        token_ids=m.completion_token_ids, logprobs=m.logprobs,
+        blocks=_blocks(extra.get("provider_blocks")))))
     results = [r for r in (step.observation.results if step.observation else []) if r.content is not None]
     contents = [_text(r.content) for r in results]
     if fenced and results:

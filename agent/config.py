@@ -3,7 +3,8 @@ one per component, are agent/config_models.py).
 
 Order, later wins: defaults < $PRIME_AGENT_HOME/config.toml < <project>/.mcp.json (its MCP servers,
 Claude Code's format) < <project>/.prime-agent/config.toml < environment (OPENAI_BASE_URL,
-OPENAI_API_KEY, PRIME_AGENT_MODEL) < command-line overrides (or a request's).
+OPENAI_API_KEY (ANTHROPIC_API_KEY where the provider is `anthropic`), PRIME_AGENT_MODEL) <
+command-line overrides (or a request's).
 
 The project's two files count only once a person trusted their exact content (agent/trust.py), and
 even then a project may only tighten the sandbox (`tighten`): what loosens it comes from the person
@@ -22,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agent.config_models import Config, SandboxConfig
+from agent.config_models import Config, SandboxConfig, detect_provider
 from agent.hooks import HooksError, hook_what
 from agent.hooks import read as read_hooks
 from agent.hostrun import Host, expand, server_words
@@ -40,8 +41,18 @@ class ConfigError(Exception):
 ENV_VARS = {
     "OPENAI_BASE_URL": ("model", "base_url"),
     "OPENAI_API_KEY": ("model", "api_key"),
+    "ANTHROPIC_API_KEY": ("model", "api_key"),
     "PRIME_AGENT_MODEL": ("model", "name"),
 }
+"""The environment's settings; of the two keys, the one of the provider in force counts (`key_var`)."""
+
+
+def key_var(model: Any) -> str:
+    """The environment variable holding the API key for a `[model]` table's provider."""
+    model = model if isinstance(model, dict) else {}
+    base_url = model.get("base_url") if isinstance(model.get("base_url"), str) else None
+    provider = model.get("provider") or detect_provider(base_url)
+    return "ANTHROPIC_API_KEY" if provider == "anthropic" else "OPENAI_API_KEY"
 
 
 def home() -> Path:
@@ -113,11 +124,13 @@ def load_config(cwd: Path, overrides: dict[str, Any] | None = None, source: str 
             _add(merged, data, str(path))
         env: dict[str, Any] = {}
         for var, (section, key) in ENV_VARS.items():
-            if os.environ.get(var):
+            if os.environ.get(var) and key != "api_key":
                 env.setdefault(section, {})[key] = os.environ[var]
         merge(merged, env)
-        if overrides:
-            merge(merged, _validated(overrides, source))
+        given = _validated(overrides, source) if overrides else {}
+        if os.environ.get(var := key_var({**_table(merged, "model"), **_table(given, "model")})):
+            merge(merged, {"model": {"api_key": os.environ[var]}})
+        merge(merged, given)
         config = _parse(merged, "configuration")
         for name in config.project_instructions:
             file = store.check(root, name)
@@ -298,6 +311,11 @@ def _read_toml(path: Path, content: bytes | None = None) -> dict[str, Any]:
         raise ConfigError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot be read: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
+    table = data.get(name)
+    return table if isinstance(table, dict) else {}
 
 
 def _validated(data: dict[str, Any], source: str) -> dict[str, Any]:

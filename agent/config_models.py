@@ -6,8 +6,9 @@ session's configuration comes from, and how the sources merge, is agent/config.p
 from __future__ import annotations
 
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from agent.hooks import HooksFile
 from agent.types import Budget, Usage
@@ -24,23 +25,35 @@ class Price(_Section):
     """Dollars per million tokens."""
 
     input: float = Field(0.0, ge=0)
-    """Prompt tokens not read from the cache."""
+    """Prompt tokens neither read from the cache nor written to it."""
     cached_input: float | None = Field(None, ge=0)
     """Prompt tokens read from the provider's prompt cache; None bills them as `input`."""
+    cache_write: float | None = Field(None, ge=0)
+    """Prompt tokens written to the provider's prompt cache (Anthropic: 1.25 times `input` for its
+    five-minute cache); None bills them as `input`."""
     output: float = Field(0.0, ge=0)
     """Completion tokens (reasoning tokens included, as providers bill them)."""
 
     def cost(self, usage: Usage) -> float:
         cached = min(usage.cached_tokens, usage.prompt_tokens)
-        rate = self.input if self.cached_input is None else self.cached_input
-        return ((usage.prompt_tokens - cached) * self.input + cached * rate + usage.completion_tokens * self.output) / 1e6
+        written = min(usage.cache_write_tokens, usage.prompt_tokens - cached)
+        read_rate = self.input if self.cached_input is None else self.cached_input
+        write_rate = self.input if self.cache_write is None else self.cache_write
+        return ((usage.prompt_tokens - cached - written) * self.input + cached * read_rate + written * write_rate
+                + usage.completion_tokens * self.output) / 1e6
+
+
+Provider = Literal["openai-chat", "anthropic", "openai-responses"]
+PROVIDER_HOSTS: dict[str, Provider] = {"api.anthropic.com": "anthropic", "api.openai.com": "openai-responses"}
+"""The services whose base URL names the API to speak."""
 
 
 class ModelConfig(_Section):
     name: str | None = None
     """Model name sent to the server (PRIME_AGENT_MODEL)."""
     base_url: str | None = None
-    """OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (OPENAI_BASE_URL); None is OpenAI."""
+    """OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (OPENAI_BASE_URL); None is OpenAI.
+    Anything but an http(s) URL with a host is refused where it is set."""
     api_key: str | None = None
     """API key (OPENAI_API_KEY); local servers that need none get a placeholder."""
     action_format: Literal["tools", "text"] = "tools"
@@ -59,8 +72,15 @@ class ModelConfig(_Section):
     temperature: float | None = None
     """Sampling temperature; None: the model's own default where its server advertises one (ours:
     its `generation_config.json`), else the server's."""
-    max_completion_tokens: int | None = None
-    """Cap on tokens per completion; None leaves the server's default."""
+    max_completion_tokens: int | None = Field(None, ge=1)
+    """Cap on tokens per completion. Unless set, fitted to a context window the server states (or
+    `context_window`, where set): a fifth of it, the room the compaction threshold leaves above the
+    context, at most 32,768 (SmolLM2's 8,192-token window: 1,638). Where the window is not known
+    (OpenAI's API, Ollama) nothing is sent, and the server's own limit applies."""
+    repetition_limit: int = Field(500, ge=0)
+    """Characters of a completion that may be one piece of text repeated back to back (5 times or
+    more) before the completion is stopped there and the turn ends (`budget_exhausted`: a model
+    caught in a loop, as small ones fall into at low temperature); 0: never stopped for it."""
     timeout: float = 300.0
     """Seconds to wait for one model call (per attempt) before it counts as timed out."""
     max_retries: int = 4
@@ -93,9 +113,37 @@ class ModelConfig(_Section):
     send_reasoning: bool = False
     """Send each assistant message's reasoning back as `reasoning_content`: for providers that require
     it (DeepSeek's thinking mode with tool calls). Otherwise reasoning stays out of every request."""
+    provider: Provider | None = None
+    """The API spoken: `openai-chat` (Chat Completions: OpenAI and every OpenAI-compatible server),
+    `anthropic` (Anthropic's Messages API; key from ANTHROPIC_API_KEY) or `openai-responses`
+    (OpenAI's Responses API). Unset, the base URL's host says: api.anthropic.com is `anthropic`,
+    api.openai.com `openai-responses`, any other (or none) `openai-chat` (docs/models.md#providers)."""
+    thinking_budget: int | None = Field(None, ge=1024)
+    """`anthropic`: tokens of extended thinking a reply may spend (`thinking.budget_tokens`, at least
+    1,024); None: no extended thinking."""
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    """`openai-responses`: the reasoning models' `reasoning.effort`; None: the model's default."""
+    reasoning_summary: Literal["auto", "concise", "detailed"] | None = None
+    """`openai-responses`: ask for summaries of the model's reasoning (`reasoning.summary`), shown and
+    recorded as its reasoning; None: none asked (OpenAI serves them only to verified organizations,
+    and refuses the request of any other)."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra JSON fields for every request (server-specific sampling options); a model's advertised
     sampling defaults other than `temperature` (`top_p`, ...) go here unless set here."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (a port that is not a number raises here)
+        except ValueError as e:
+            raise ValueError(f"{url!r} is not a URL ({e}); e.g. http://localhost:8000/v1") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
+            raise ValueError(f"{url!r} is not an http(s) URL of a server, e.g. http://localhost:8000/v1")
+        return url
 
     def user_set(self, name: str) -> bool:
         """Whether `name` was set by the user (a config file, the environment, a flag, a request), not
@@ -108,9 +156,23 @@ class ModelConfig(_Section):
         return type(self).model_construct(_fields_set=set(self.model_fields_set), **{**dict(self), **values})
 
     @property
+    def api(self) -> Provider:
+        """The provider in force: the one set, else the one the base URL's host names."""
+        return self.provider or detect_provider(self.base_url)
+
+    @property
     def configured(self) -> bool:
         """A model name, and somewhere to send it (an endpoint, or OpenAI with a key)."""
         return bool(self.name and (self.base_url or self.api_key))
+
+
+def detect_provider(base_url: str | None) -> Provider:
+    """The provider a base URL's host names (`PROVIDER_HOSTS`), else `openai-chat`."""
+    try:
+        host = urlsplit(base_url).hostname if base_url else None
+    except ValueError:  # not a URL: the client says so when it is used
+        host = None
+    return PROVIDER_HOSTS.get(host or "", "openai-chat")
 
 
 class KernelConfig(_Section):
@@ -168,7 +230,11 @@ class RefineConfig(_Section):
     default_scope: Literal["session", "project", "user"] = "project"
     """Where an edit lands when the proposal names no scope."""
     json_mode: bool = True
-    """Ask the server for a JSON object (response_format) when planning."""
+    """Ask the server for a JSON object (response_format) when planning without the reply's schema."""
+    structured: Literal["auto"] | bool = "auto"
+    """Send the proposal's JSON schema when planning (response_format json_schema), so the server holds the
+    reply to it: auto where the server says it can (`structured_outputs` in its /v1/models: `rl serve`
+    does), true always, false never."""
     gate_taskset: str | None = None
     """A task set (a built-in name, a .jsonl file, a .py module, `rg:DATASET` or `vf:TASKSET_ID`); when
     set, a refinement that lowers its pass count is refused (run with and without the change, by evals.gate)."""

@@ -141,8 +141,23 @@ class TurnFinished(TurnOutcome, _Event):
     counts, not its diff (the cells' `files` have those)."""
 
 
+class SteerQueued(_Event):
+    """A person's message for the running turn, waiting for its next model call."""
+
+    type: Literal["steer.queued"] = "steer.queued"
+    text: Text
+
+
 class SteerDelivered(_Event):
     type: Literal["steer.delivered"] = "steer.delivered"
+    text: Text
+
+
+class SteerReturned(_Event):
+    """Steering no model call took because the person interrupted the turn: handed back to them (the
+    app puts it in the prompt again), not sent."""
+
+    type: Literal["steer.returned"] = "steer.returned"
     text: Text
 
 
@@ -478,7 +493,8 @@ class ScheduleFired(_Event):
 
 Event = Annotated[
     SessionStarted | SessionResumed | Rewound | Note | Error | UsageCharged
-    | TurnQueued | TurnStarted | TurnFinished | SteerDelivered | MessageDelivered | Compaction
+    | TurnQueued | TurnStarted | TurnFinished | SteerQueued | SteerDelivered | SteerReturned | MessageDelivered
+    | Compaction
     | ModelStarted | ModelDelta | ModelRetry | ModelFallback | ModelCompleted
     | CellStarted | CellOutput | CellFinished
     | HarnessEdited | HarnessReloaded

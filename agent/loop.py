@@ -20,7 +20,7 @@ from agent.config_models import Config
 from agent.context import Context, Inbox, Sinks
 from agent.hooks import NO_HOOKS, Runner
 from agent.kernel import Kernel, KernelError
-from agent.model import ContextOverflow, Model, ModelError, ModelTimeout, ToolsRefused
+from agent.model import ContextOverflow, Model, ModelError, ModelTimeout, Repeating, ToolsRefused
 from agent.prompt import render
 from agent.trajectory import CellRecord, CompactionRecord, ModelCall, WriteFailed
 from agent.types import Cell, CellResult, Completion, FilesChanged, Message, Outcome, ToolCall, Turn
@@ -36,7 +36,7 @@ class Submitted(Exception):
 
 
 class BudgetExhausted(Exception):
-    """A turn budget (steps, cells, tokens, seconds) ran out; the message says which."""
+    """A turn budget (steps, cells, tokens, seconds, repeats) ran out; the message says which."""
 
 
 class Interrupted(Exception):
@@ -61,16 +61,19 @@ class TurnLoop:
                  system_prompt: Callable[[], str], hooks: Runner = NO_HOOKS,
                  ask_cell: Callable[[str, str], Awaitable[str | None]] | None = None,
                  text_mode: Callable[[str], bool] = lambda reason: False,
+                 before_call: Callable[[str], Awaitable[None]] | None = None,
                  after_cell: Callable[[], Awaitable[FilesChanged | None]] | None = None):
         """`system_prompt()` builds the system prompt afresh: a compaction starts the context over with it.
         `hooks`: the person's (PreToolUse, PostToolUse, Stop, PreCompact); `ask_cell(code, reason)`: a
         person's say on a cell a hook asked about (None: approved, else why not); `text_mode(reason)`
         switches the session to text mode when the server refuses tools (False: it did not);
-        `after_cell()`: the files the cell that just ran changed (the checkpoints')."""
+        `before_call(turn_id)`: fits the session to its model's server while it has not answered yet
+        (agent/fit.py); `after_cell()`: the files the cell that just ran changed (the checkpoints')."""
         self.config, self.model, self.kernel, self.context, self.inbox = config, model, kernel, context, inbox
         self.emit, self.record, self.charge = sinks.emit, sinks.record, sinks.charge
         self.system_prompt = system_prompt
         self.hooks, self.ask_cell, self.text_mode, self.after_cell = hooks, ask_cell, text_mode, after_cell
+        self.before_call = before_call
         self.said_no_logprobs = False
 
     async def run(self, turn: Turn) -> tuple[Outcome, str | None, str | None]:
@@ -97,7 +100,7 @@ class TurnLoop:
             return "completed", e.answer, None
         except HookStopped as e:
             return "interrupted", None, f"a hook stopped the turn: {e}"
-        except BudgetExhausted as e:
+        except (BudgetExhausted, Repeating) as e:  # a loop is a budget too: the model will not get out of it
             return "budget_exhausted", None, str(e)
         except Interrupted:
             return "interrupted", None, "interrupted by the user"
@@ -126,6 +129,8 @@ class TurnLoop:
         self.stop_if_done(turn)
         self.check_budget(turn)
         self.deliver_inbox(turn)
+        if self.before_call is not None:  # the window and prompt in force are what the server says
+            await self.within_budget(turn, self.before_call(turn.id))
         if compaction.needed(self.context, self.config) or self.context.compact_requested:
             asked, self.context.compact_requested = self.context.compact_requested, False
             await self.compact(turn, "manual" if asked else "auto")
@@ -292,7 +297,8 @@ class TurnLoop:
         if remaining is not None:
             if remaining == 0:
                 raise BudgetExhausted(out_of_seconds(b.max_seconds))
-            cell.timeout = min(cell.timeout or self.config.kernel.cell_timeout, remaining)
+            if remaining < (cell.timeout or self.config.kernel.cell_timeout):  # else the cell's own stands
+                cell.timeout = remaining
         turn.cells += 1
         tool_input = {"code": cell.code, **({"timeout": cell.timeout} if cell.timeout is not None else {})}
         pre = await self.hooks("PreToolUse", {"tool_name": "ipython", "tool_input": tool_input, "tool_use_id": cell.id},
@@ -328,7 +334,21 @@ class TurnLoop:
         self.record(CellRecord(turn_id=turn.id, cell=cell, result=result))
         self.emit(ev.CellFinished(turn_id=turn.id, cell_id=cell.id, attachments=[a.mime for a in result.attachments],
                                   result=result.model_copy(update={"attachments": []}), files=files))
+        self.count_repeats(turn, cell, result)
         return result
+
+    def count_repeats(self, turn: Turn, cell: Cell, result: CellResult) -> None:
+        """The same code with the same result `budget.max_repeats` times in a row: the model is going
+        round in circles, and the turn stops once this cell's result is told (not its traceback, whose
+        cell numbers differ each run)."""
+        limit = self.config.budget.max_repeats
+        seen = (cell.code.strip(), result.stdout, result.stderr, str(result.result), result.error_name or "",
+                result.error_value or "")
+        count, last = turn.same_cells
+        turn.same_cells = (count + 1 if seen == last else 1, seen)
+        if limit is not None and turn.same_cells[0] >= limit:
+            turn.stop_with(BudgetExhausted(f"the model ran the same cell with the same result {limit} times in a "
+                                           "row, going round in circles, so the turn stops (budget.max_repeats)"))
 
     async def files_of_cell(self, turn: Turn) -> FilesChanged | None:
         """The files the cell changed. An interrupt meanwhile (which cancels the turn's task while the

@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field
 
 from agent.actions import IPYTHON_TOOL
 from agent.config_models import ModelConfig
+from agent.repetition import Repetition
 from agent.types import Completion, Message
 from agent.wire import MalformedReply, ServerReply, Shown, brief, to_wire
 
@@ -59,6 +60,11 @@ class ToolsRefused(ModelError):
     """The server refused a request with tools: it cannot serve tool calls for this model."""
 
 
+class Repeating(ModelError):
+    """The completion fell into a loop, repeating one piece of text back to back: it was stopped there
+    (`model.repetition_limit`). Not retried: the same request would loop again."""
+
+
 TOOLS_ERRORS = re.compile(r"enable-auto-tool-choice|tool-call-parser|tool.choice|does not support tools|"
                           r"tools? (are|is) not supported", re.IGNORECASE)
 """vLLM without a tool parser (`"auto" tool choice requires --enable-auto-tool-choice and
@@ -79,15 +85,27 @@ class ServerModel(BaseModel):
     """Whether the server can serve tool calls for it (ours: whether its chat template renders tools)."""
     sampling: dict[str, float] = Field(default_factory=dict)
     """The model's own sampling defaults (ours: from its `generation_config.json`): temperature, top_p."""
+    structured_outputs: bool | None = None
+    """Whether the server holds a reply to a JSON schema (`response_format` json_schema): ours says so."""
+    reached: bool = True
+    """False: no server could be reached there (not up yet): ask again later."""
+
+
+FITTED_COMPLETION_MAX = 32_768
+"""The most tokens a completion is fitted to (`model.max_completion_tokens` unset, a known window)."""
 
 
 def fitted(config: ModelConfig, server: ServerModel) -> ModelConfig:
     """`config` with what the server says of its model wherever the user set nothing: the context
-    window, text mode for a model that renders no tools, its sampling defaults. What the user set
-    stays set (the result's `model_fields_set` is the user's), and wins."""
+    window, a completion cap fitted to it (a fifth of a window known from the server or the user),
+    text mode for a model that renders no tools, its sampling defaults. What the user set stays set
+    (the result's `model_fields_set` is the user's), and wins."""
     update: dict[str, Any] = {}
     if server.context_window and not config.user_set("context_window"):
         update["context_window"] = server.context_window
+    window = update.get("context_window") or (config.context_window if config.user_set("context_window") else None)
+    if window and not config.user_set("max_completion_tokens"):
+        update["max_completion_tokens"] = max(1, min(window // 5, FITTED_COMPLETION_MAX))
     if server.tools is False and not config.user_set("action_format"):
         update["action_format"] = "text"
     sampling = dict(server.sampling)
@@ -104,8 +122,8 @@ class Model(Protocol):
     action_format: Literal["tools", "text"]
 
     async def describe(self) -> ServerModel:
-        """What the model's server says of it (asked once per server and model), empty where it says
-        nothing or cannot be asked."""
+        """What the model's server says of it (asked once per server and model, until it answers), empty
+        where it says nothing; not `reached` where it cannot be asked (yet)."""
         ...
 
     def reconfigure(self, config: ModelConfig) -> None:
@@ -118,15 +136,17 @@ class Model(Protocol):
         messages: list[Message],
         *,
         tools: bool = True,
-        json_mode: bool = False,
+        json_mode: bool | dict[str, Any] = False,
         on_delta: DeltaCallback | None = None,
         on_reasoning: DeltaCallback | None = None,
         on_retry: RetryCallback | None = None,
         on_fallback: FallbackCallback | None = None,
     ) -> Completion:
         """One completion. `tools=False` for plain calls (summaries, `llm()`); `json_mode=True` asks for
-        a JSON object (the server's JSON mode); `on_delta` streams text and `on_reasoning` the model's
-        reasoning; `on_retry` hears of each wait and `on_fallback` of a switch to a fallback model."""
+        a JSON object (the server's JSON mode), a JSON schema for a reply valid under it (`response_format`
+        json_schema, for a server that can: `ServerModel.structured_outputs`); `on_delta` streams text and
+        `on_reasoning` the model's reasoning; `on_retry` hears of each wait and `on_fallback` of a switch to
+        a fallback model."""
         ...
 
     def variant(self, name: str) -> Model:
@@ -201,7 +221,7 @@ class OpenAIModel:
         """What each server said of each model, by (base URL, model name): asked once a session."""
 
     def variant(self, name: str) -> OpenAIModel:
-        other = OpenAIModel(self.config.model_copy(update={"name": name}), self.key_hint)
+        other = type(self)(self.config.model_copy(update={"name": name}), self.key_hint)
         other._described = self._described
         return other
 
@@ -226,18 +246,26 @@ class OpenAIModel:
 
     async def describe(self) -> ServerModel:
         """`GET /v1/models` (and llama.cpp's `/props`), read for this model's entry. OpenAI's own API
-        (no base URL) says nothing of use and is not asked; a server that cannot answer says nothing."""
+        (no base URL) says nothing of use and is not asked; a server that answers with an error says
+        nothing; one that cannot be reached is asked again next time."""
         key = (self.config.base_url, self.name)
-        if key not in self._described:
-            self._described[key] = ServerModel() if self.config.base_url is None else await self._ask_server()
-        return self._described[key]
+        if key in self._described:
+            return self._described[key]
+        server = ServerModel() if self.config.base_url is None else await self._ask_server()
+        if server.reached:
+            self._described[key] = server
+        return server
 
     async def _ask_server(self) -> ServerModel:
         await asyncio.to_thread(self.prepare)
         options = {"timeout": min(self.config.timeout, DESCRIBE_TIMEOUT)}
         try:
             listing = await self._client.get("/models", cast_to=object, options=options)
-        except Exception:  # no listing (transformers serve offline: a 500), or no server yet: the turn will say
+        except self._openai.APITimeoutError:  # a listing that does not come in time is not waited on again
+            return ServerModel()
+        except self._openai.APIConnectionError:  # no server there yet: asked again before the next call
+            return ServerModel(reached=False)
+        except Exception:  # no listing (transformers serve offline: a 500): the server says nothing
             return ServerModel()
         entries = listing.get("data") if isinstance(listing, dict) else None
         entry = next((e for e in entries or [] if isinstance(e, dict) and e.get("id") == self.name), {})
@@ -252,7 +280,9 @@ class OpenAIModel:
         sampling = entry.get("sampling_defaults")
         sampling = {k: float(v) for k, v in sampling.items() if k in SAMPLING and _number(v)} \
             if isinstance(sampling, dict) else {}
-        return ServerModel(context_window=window, tools=tools if isinstance(tools, bool) else None, sampling=sampling)
+        structured = entry.get("structured_outputs")
+        return ServerModel(context_window=window, tools=tools if isinstance(tools, bool) else None, sampling=sampling,
+                           structured_outputs=structured if isinstance(structured, bool) else None)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -263,7 +293,7 @@ class OpenAIModel:
         messages: list[Message],
         *,
         tools: bool = True,
-        json_mode: bool = False,
+        json_mode: bool | dict[str, Any] = False,
         on_delta: DeltaCallback | None = None,
         on_reasoning: DeltaCallback | None = None,
         on_retry: RetryCallback | None = None,
@@ -283,7 +313,7 @@ class OpenAIModel:
             for s in shown:
                 s.restart()
             try:
-                completion = await self._call(request, *shown)
+                completion = await self._call(request, *shown, first_cell=tools and self.action_format == "text")
             except _Retryable as e:
                 failures += 1
                 limited = e.wait is not None or e.quota  # a wait the server asked for, or a quota's: within max_wait
@@ -337,7 +367,7 @@ class OpenAIModel:
         delay = min(cfg.retry_max_delay, cfg.retry_base_delay * 2 ** (n - 1))
         return delay * random.uniform(0.5, 1.0)  # jitter, so clients do not retry in lockstep
 
-    def _request(self, messages: list[Message], tools: bool, json_mode: bool) -> dict[str, Any]:
+    def _request(self, messages: list[Message], tools: bool, json_mode: bool | dict[str, Any]) -> dict[str, Any]:
         cfg = self.config
         wire = [to_wire(m, cfg.send_reasoning) for m in messages]
         req: dict[str, Any] = {"model": self.name, "messages": wire}
@@ -353,7 +383,10 @@ class OpenAIModel:
         if cfg.stream:
             req["stream"] = True
             req["stream_options"] = {"include_usage": True}
-        if json_mode:
+        if isinstance(json_mode, dict):
+            name = re.sub(r"[^A-Za-z0-9_-]", "_", str(json_mode.get("title") or "reply"))[:64]
+            req["response_format"] = {"type": "json_schema", "json_schema": {"name": name, "schema": json_mode}}
+        elif json_mode:
             req["response_format"] = {"type": "json_object"}
         req.update(cfg.extra_body)
         return req
@@ -364,7 +397,8 @@ class OpenAIModel:
         if isinstance(e, oa.APITimeoutError):
             return _Retryable(f"no answer within {self.config.timeout:g}s", timeout=True)
         if isinstance(e, oa.APIConnectionError):
-            return _Retryable(f"connection failed: {e.__cause__ or e}")
+            where = f"is a server up at {self.config.base_url}?" if self.config.base_url else "no network?"
+            return _Retryable(f"connection failed: {e.__cause__ or e} ({where})")
         if isinstance(e, oa.APIStatusError):
             status, message = e.status_code, _error_text(e)
             headers = e.response.headers
@@ -397,14 +431,37 @@ class OpenAIModel:
         return await self._client.post("/chat/completions", body=request, cast_to=object,
                                        stream=bool(request.get("stream")), stream_cls=AsyncStream[object])
 
-    async def _call(self, request: dict[str, Any], text: Shown, reasoning: Shown) -> Completion:
+    def _watch(self) -> Callable[[str], None]:
+        """What watches a completion's text for a loop: raises `Repeating` once it fell into one."""
+        limit = self.config.repetition_limit
+        if not limit:
+            return lambda piece: None
+        guard, written = Repetition(limit), 0
+
+        def watch(piece: str) -> None:
+            nonlocal written
+            written += len(piece)
+            if (loop := guard.feed(piece)) is not None:
+                raise Repeating(f"the model fell into a loop, writing {loop.describe()}: its completion was "
+                                f"stopped after {written:,} characters (model.repetition_limit = {limit})")
+
+        return watch
+
+    async def _call(self, request: dict[str, Any], text: Shown, reasoning: Shown, first_cell: bool = False) -> Completion:
+        """`first_cell`: a text-mode step, whose streamed reply ends with its first whole cell where it can
+        (`ServerReply.stop_after_cell`)."""
         try:
-            reply = ServerReply(text, reasoning)
+            reply = ServerReply(text, reasoning, self._watch())
             if request.get("stream"):
                 stream = await self._post(request)
-                await self._refuse_html(stream.response)
-                async for chunk in stream:
-                    reply.add_chunk(chunk)
+                try:
+                    await self._refuse_html(stream.response)
+                    async for chunk in stream:
+                        reply.add_chunk(chunk)
+                        if first_cell and reply.stop_after_cell():
+                            break
+                finally:  # also when the reply is stopped early: the server stops sampling it
+                    await stream.close()
             else:
                 body = await self._post(request)
                 if isinstance(body, str):  # not JSON: the client hands the text over as it is

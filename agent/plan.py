@@ -1,4 +1,4 @@
-"""Plan mode (`sandbox.plan`, ARCHITECTURE.md §16): the workspace read-only until a person approves
+"""Plan mode (`sandbox.plan`, docs/architecture.md §16): the workspace read-only until a person approves
 the plan the model proposed (`propose_plan(text)` in the kernel); approved, the same kernel's
 workspace becomes writable and the session goes on in workspace-write. The trajectory's plan
 records are the durable truth of it (`in_plan_mode`, `pending_plan`), not session.json.

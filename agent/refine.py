@@ -14,6 +14,7 @@ import re
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from agent import events as ev
 from agent.kernel.bridge import BridgeServer
@@ -32,13 +33,19 @@ from harness_store.store import ForeignRepository, new_refinement_id
 
 
 def model_caller(model: Model | None, config: Config, on_usage=None):
-    """The refiner's `complete(messages) -> text`, on the session's model (None: none is configured,
-    and planning says so; deciding a plan already made needs no model)."""
+    """The refiner's `complete(messages, schema) -> text`, on the session's model (None: none is configured,
+    and planning says so; deciding a plan already made needs no model). The reply's schema is sent where
+    `refine.structured` says (auto: where the server says it enforces one), else a JSON object is asked
+    for (`refine.json_mode`)."""
 
-    async def complete(messages: list[dict[str, str]]) -> str:
+    async def complete(messages: list[dict[str, str]], schema: dict[str, Any] | None = None) -> str:
         if model is None:
             raise RefinementError("no model configured to plan with (set PRIME_AGENT_MODEL and OPENAI_BASE_URL)")
-        c = await model.complete([Message(**m) for m in messages], tools=False, json_mode=config.refine.json_mode)
+        structured = config.refine.structured
+        if schema is not None and structured == "auto":
+            structured = (await model.describe()).structured_outputs is True
+        json_mode = schema if schema is not None and structured is True else config.refine.json_mode
+        c = await model.complete([Message(**m) for m in messages], tools=False, json_mode=json_mode)
         if on_usage:
             on_usage(c)
         return c.message.content

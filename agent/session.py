@@ -30,6 +30,7 @@ from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewou
 from agent.config import home, project_root
 from agent.config_models import Config, ModelConfig
 from agent.context import Context, Inbox, Sinks, capped
+from agent.fit import ModelFit
 from agent.goals import CheckResult, GoalState, pursue, run_check
 from agent.harness import SessionHarness, scope_roots
 from agent.kernel import Kernel, KernelPool, KernelState
@@ -39,7 +40,7 @@ from agent.hostrun import Host
 from agent.loop import Interrupted, Submitted, TurnLoop
 from agent.mcp import McpServers, prompt_section
 from agent.mcp_calls import McpCalls
-from agent.model import Model, fitted
+from agent.model import Model
 from agent.plan import PlanMode
 from agent.prompt import system_prompt
 from agent.refine import KERNEL, GateFactory, SessionRefiner
@@ -158,9 +159,13 @@ class Session:
         self.system_prompt = SystemPrompt(self.harness, self.context, sinks, lambda: self._prompt_text(self.config.model),
                                           tell=lambda text: self.notices.append(text))
         """The system prompt in force, and what the model has been told of the harness since."""
+        self.fit = ModelFit(lambda: self.model, lambda: self.config.model, self._prompt_text, self._use,
+                            self.system_prompt.replace, self.emit)
+        """The model settings fitted to what its server says (agent/fit.py): at the start, and once it answers."""
         self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks, self.system_prompt.build,
                              hooks=self.hooks, ask_cell=lambda code, reason: self.approvals.cell(code, reason),
-                             text_mode=self.text_mode, after_cell=self.checkpoints.after_cell)
+                             text_mode=lambda reason: self.fit.text_mode(reason, self._turn_id()),
+                             before_call=self.fit.before_call, after_cell=self.checkpoints.after_cell)
         self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
                                       turns=lambda: self.turns, hold=parent.refiner.hold if parent else None)
         self._gate = gate
@@ -248,7 +253,7 @@ class Session:
         # The kernel starts while the model's server is asked about the model: both wait on other processes.
         kernel = asyncio.ensure_future(self.kernel.start(self.kernel_pool, ready=self._bridge_up))
         try:
-            fit = await self._fit()  # before the system prompt is built: it depends on the fit
+            fit = await self.fit.fit()  # before the system prompt is built: it depends on the fit
             self._trajectory = TrajectoryWriter(self.layout.trajectory)
             if self._resumed is not None:
                 self.record(ResumedRecord(reason=self._resumed, harness_version=self.system_prompt.harness_version))
@@ -276,43 +281,10 @@ class Session:
         if started.context:
             self.notices.append(f"[Context from the user's SessionStart hook]\n{started.context}")
 
-    async def _fit(self) -> list[str]:
-        """Fit the session to the model it is pointed at, where the user set nothing: what its server
-        says of it (agent.model.fitted: context window, text mode, sampling defaults), and the short base
-        prompt where the full one would take more than an eighth of the context. The notices to show."""
-        user = self.config.model
-        model = fitted(user, await self.model.describe())
-        notes = []
-        if model.action_format != user.action_format:
-            notes.append(f"the server says {self.model.name} renders no tools: the session is in text mode "
-                         "(```python cells; model.action_format pins either)")
-        if not user.user_set("base_prompt") and model.base_prompt == "full":
-            tokens = len(self._prompt_text(model)) // 4
-            if tokens > model.context_window // 8:
-                model = model.with_defaults(base_prompt="short")
-                notes.append(f"the system prompt with the full base prompt (~{tokens:,} tokens) would take more "
-                             f"than an eighth of the model's {model.context_window:,}-token context: the short base "
-                             "prompt is used (model.base_prompt pins either)")
-        if model is not user:
-            self._use(model)
-        return notes
-
     def _use(self, model: ModelConfig) -> None:
-        """Go on with these model settings: the model, the loop, the refiner and new children."""
+        """Go on with these model settings (the fit's): the model, the loop, the refiner and new children."""
         self.model.reconfigure(model)
-        self.use_model(self.model, self.config.model_copy(update={"model": model}))
-
-    def text_mode(self, reason: str) -> bool:
-        """The server refused tools (`ToolsRefused`): go on in text mode, with a fresh system prompt and
-        a notice, unless the user pinned `model.action_format` (or it is text already). Whether it switched."""
-        model = self.config.model
-        if model.user_set("action_format") or self.model.action_format == "text":
-            return False
-        self._use(model.with_defaults(action_format="text"))
-        self.system_prompt.replace(self._turn_id())
-        self.emit(ev.Note(turn_id=self._turn_id(), text=f"{reason}; the session goes on in text mode (```python "
-                                                        "cells; model.action_format pins either)"))
-        return True
+        self._switch_model(self.model, self.config.model_copy(update={"model": model}))
 
     async def _bridge_up(self, kernel_dir: Path) -> dict[str, str]:
         """The host bridge, in the kernel's own directory: the one way out of its sandbox."""
@@ -501,6 +473,7 @@ class Session:
     def steer(self, text: str) -> None:
         """Queue a message for the running turn; it reaches the model at its next call."""
         self.inbox.steer(text)
+        self.emit(ev.SteerQueued(turn_id=self.turn.id if self.turn else None, text=text))
 
     def take_steering(self) -> list[str]:
         """Steering that no model call took (it came as the turn ended), now no longer queued."""
@@ -543,7 +516,12 @@ class Session:
         return await self.refiner.decide(refinement_id, approve)
 
     def use_model(self, model: Model, config: Config) -> None:
-        """Switch the model (between turns); the refiner and new children use the new one too."""
+        """Switch the model (between turns); the refiner and new children use the new one too. It is
+        fitted to its server before its first call."""
+        self._switch_model(model, config)
+        self.fit.pending = True
+
+    def _switch_model(self, model: Model, config: Config) -> None:
         self.model, self.config = model, config
         self.loop.model, self.loop.config = model, config
         self.subagents.model = model

@@ -35,8 +35,9 @@ class SessionHooks(Runner):
 
     async def permission(self, req: Request) -> Decision | None:
         """PermissionRequest hooks decide a request before a person is asked: allow, deny, or not.
-        The tool is `ipython` (a cell a PreToolUse hook asked about), `Bash` (a command to run outside
-        the sandbox) or `mcp__SERVER__TOOL`."""
+        The tool is `ipython` (a cell a PreToolUse hook asked about), `Bash` (a command the sandbox
+        denied, to run in a box of its own with the workspace writable: agent/approvals.py) or
+        `mcp__SERVER__TOOL`."""
         tool = {"cell": "ipython", "command": "Bash"}.get(req.kind) or "mcp__" + (req.prefix or "").replace(".", "__", 1)
         verdict = await self("PermissionRequest", {
             "tool_name": tool, "tool_input": {"command": req.summary, "description": req.reason}}, target=tool)

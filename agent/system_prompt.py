@@ -1,6 +1,6 @@
 """A session's system prompt and what the model has been told of the harness since it was built.
 
-The prompt prefix only grows (ARCHITECTURE.md §3): the system prompt is built at the start, after a
+The prompt prefix only grows (docs/architecture.md §3): the system prompt is built at the start, after a
 compaction, or on request (`rebuild`); between those, harness changes reach the model as a notice
 ahead of the next prompt, carrying the changed entries, so every request starts with the previous
 one byte for byte and the provider's prompt cache keeps hitting. A person's own edits of the

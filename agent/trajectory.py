@@ -6,6 +6,8 @@ the file is fsynced at turn boundaries. A torn last line (a crash mid-write) is 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -383,6 +385,21 @@ def read_records(path: Path, damaged: list[str] | None = None) -> list[Record]:
                                   f"this one reads up to {SCHEMA})")
         out.append(record)
     return out
+
+
+def find_cell(path: Path, turn_id: str, cell_id: str) -> CellRecord | None:
+    """The record of cell `cell_id` of turn `turn_id` (the last, where a turn id came back after a
+    rewind); None where there is none. Only the lines that name the cell are parsed."""
+    needle = json.dumps(cell_id, ensure_ascii=False)
+    found = None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if '"kind":"cell"' in line and needle in line:
+                with contextlib.suppress(ValueError):
+                    record = _adapter.validate_json(line)
+                    if isinstance(record, CellRecord) and record.turn_id == turn_id and record.cell.id == cell_id:
+                        found = record
+    return found
 
 
 def finish_cut_turn(path: Path, turn_id: str, error: str) -> TurnFinishedRecord | None:

@@ -61,6 +61,15 @@ class ToolCall(BaseModel):
     arguments: Text
 
 
+class Blocks(BaseModel):
+    """An assistant reply in its provider's own shape (agent/providers): Anthropic's content blocks
+    (thinking with its signature, redacted_thinking, text, tool_use) or OpenAI Responses' output items
+    (reasoning with its encrypted_content, message, function_call), as the service sent them."""
+
+    provider: Literal["anthropic", "openai-responses"]
+    items: list[dict[str, Any]]
+
+
 class Message(BaseModel):
     role: Role
     content: Text = ""
@@ -75,6 +84,9 @@ class Message(BaseModel):
     """For assistant messages: the model's reasoning (a server's `reasoning_content` / `reasoning`
     field, or a leading `<think>` block), kept apart from `content`: recorded and shown, and sent
     back only where the provider requires it (`model.send_reasoning`)."""
+    blocks: Blocks | None = None
+    """For assistant messages from a native provider: the reply as it came, sent back to that
+    provider unchanged (other providers are sent `content`, `tool_calls` and `reasoning`)."""
 
 
 class Usage(BaseModel):
@@ -82,6 +94,9 @@ class Usage(BaseModel):
     completion_tokens: int = 0
     cached_tokens: int = 0
     """Of `prompt_tokens`, how many the provider read from its prompt cache (billed at the cached rate)."""
+    cache_write_tokens: int = 0
+    """Of `prompt_tokens`, how many the provider wrote to its prompt cache (Anthropic bills them above
+    the input rate)."""
     reasoning_tokens: int = 0
     """Of `completion_tokens`, how many the model spent reasoning."""
     cost: float = 0.0
@@ -97,13 +112,16 @@ class Usage(BaseModel):
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
             reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
             cost=self.cost + other.cost,
         )
 
     def describe(self) -> str:
-        """`1,200 in (800 cached) · 300 out (120 reasoning) · $0.0042`, for a person."""
-        text = f"{self.prompt_tokens:,} in" + (f" ({self.cached_tokens:,} cached)" if self.cached_tokens else "")
+        """`1,200 in (800 cached, 100 written) · 300 out (120 reasoning) · $0.0042`, for a person."""
+        cache = [f"{self.cached_tokens:,} cached"] * bool(self.cached_tokens) + \
+            [f"{self.cache_write_tokens:,} written"] * bool(self.cache_write_tokens)
+        text = f"{self.prompt_tokens:,} in" + (f" ({', '.join(cache)})" if cache else "")
         text += f" · {self.completion_tokens:,} out" + (
             f" ({self.reasoning_tokens:,} reasoning)" if self.reasoning_tokens else "")
         return text + (f" · ${self.cost:.4f}" if self.cost else "")
@@ -304,16 +322,22 @@ class Budget(BaseModel):
     """Code cells executed in one turn."""
     max_tokens: int | None = None
     """Prompt plus completion tokens spent in one turn."""
-    max_seconds: float | None = None
-    """Wall-clock seconds for one turn."""
+    max_seconds: float | None = 1800.0
+    """Wall-clock seconds for one turn: half an hour, so that no turn nobody watches (a `send`, a
+    schedule, a session left running) goes on for good; a person goes on with another prompt."""
+    max_repeats: int | None = Field(3, ge=2)
+    """Cells in a row with the same code and the same result (the model going round in circles)
+    after which the turn ends."""
 
     def left(self, turn: Turn | None) -> Budget:
-        """What `turn` has not used of this budget (all of it when no turn runs)."""
+        """What `turn` has not used of this budget (all of it when no turn runs); `max_repeats`, a limit on
+        no quantity used, as it is."""
         if turn is None:
             return self
         used = {"max_steps": turn.steps, "max_cells": turn.cells, "max_tokens": turn.usage.total_tokens,
                 "max_seconds": time.monotonic() - turn.started}
-        return Budget(**{k: None if (limit := getattr(self, k)) is None else max(0, limit - used[k]) for k in used})
+        return self.model_copy(update={k: None if (limit := getattr(self, k)) is None else max(0, limit - used[k])
+                                       for k in used})
 
     def within(self, limit: Budget) -> Budget:
         """Each limit the lower of this one's and `limit`'s (None, no limit, is never the lower)."""
@@ -338,6 +362,8 @@ class Turn:
     """Set from outside the loop (`final(answer)` from the kernel, an interrupt): what ends the
     turn at the loop's next check. The first one set wins."""
 
+    same_cells: tuple[int, tuple[str, ...]] = (0, ())
+    """How many cells in a row so far ran the same code with the same result, and that code and result."""
     final: bool = False
     """Code called `final(answer)` (rather than the model answering without a cell)."""
     goal_id: str | None = None

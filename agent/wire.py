@@ -10,6 +10,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any, Literal
 
+from agent.actions import FENCE
 from agent.types import Completion, Message, ToolCall, Usage
 
 
@@ -136,8 +137,10 @@ class ServerReply:
       (DeepSeek), `completion_tokens_details.reasoning_tokens`, and a `cost` (OpenRouter).
     """
 
-    def __init__(self, text: Shown, reasoning: Shown):
-        self.show_text, self.show_reasoning = text, reasoning
+    def __init__(self, text: Shown, reasoning: Shown, watch: Callable[[str], None] = lambda piece: None):
+        """`watch` sees every piece of text the model wrote (answer, reasoning, tool-call arguments) as it
+        comes, and may raise to stop the reply there (agent.repetition)."""
+        self.show_text, self.show_reasoning, self.watch = text, reasoning, watch
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.think = Think()
@@ -148,6 +151,8 @@ class ServerReply:
         self.finish: str | None = None
         self.model = ""
         self.prompt_ids: list[int] | None = None
+        self.fence = False
+        """The last piece of the answer had a backtick in it: it may have closed a cell."""
 
     def add_chunk(self, chunk: Any) -> None:
         if not isinstance(chunk, dict):
@@ -159,6 +164,8 @@ class ServerReply:
             delta = choice.get("delta") or {}
             self._reasoning(delta)
             if isinstance(delta.get("content"), str):
+                self.watch(delta["content"])
+                self.fence = "`" in delta["content"]
                 for is_reasoning, piece in self.think.feed(delta["content"]):
                     (self.reasoning if is_reasoning else self.text).append(piece)
                     (self.show_reasoning if is_reasoning else self.show_text)(piece)
@@ -177,10 +184,13 @@ class ServerReply:
         message = choice.get("message") or {}
         self._reasoning(message, show=False)
         if isinstance(message.get("content"), str):
+            self.watch(message["content"])
             self.text.append(message["content"])
         for i, tc in enumerate(message.get("tool_calls") or []):
+            arguments = _arguments((tc.get("function") or {}).get("arguments"))
+            self.watch(arguments)
             self.calls.append({"id": tc.get("id") or "", "name": (tc.get("function") or {}).get("name") or "",
-                               "arguments": [_arguments((tc.get("function") or {}).get("arguments"))]})
+                               "arguments": [arguments]})
         self._logprobs(choice)
         self.finish = choice.get("finish_reason")
 
@@ -195,6 +205,7 @@ class ServerReply:
     def _reasoning(self, obj: dict[str, Any], show: bool = True) -> None:
         piece = obj.get("reasoning_content") or obj.get("reasoning")  # vLLM sends both, the same text
         if isinstance(piece, str) and piece:
+            self.watch(piece)
             self.reasoning.append(piece)
             if show:
                 self.show_reasoning(piece)
@@ -212,11 +223,24 @@ class ServerReply:
         slot["name"] = fn.get("name") or slot["name"]
         if fn.get("arguments") is not None:
             slot["arguments"].append(_arguments(fn["arguments"]))
+            self.watch(slot["arguments"][-1])
 
     def _logprobs(self, choice: dict[str, Any]) -> None:
         content = (choice.get("logprobs") or {}).get("content") or []
         self.logprobs.extend(t["logprob"] for t in content if isinstance(t, dict) and "logprob" in t)
         self.token_ids.extend(choice.get("token_ids") or [])
+
+    def stop_after_cell(self) -> bool:
+        """Whether the answer streamed so far holds a whole ```python cell, from a server that streams
+        each token's id: if so the reply ends here, as a stop string would end it (finish_reason
+        "stop"), its usage counted from the ids (none is cached). What a model writes after its cell
+        is written before the cell ran: an output it imagines, or the cell again. Without the ids the
+        usage could not be counted, and the reply is read to its end."""
+        if not (self.fence and self.token_ids) or self.finish is not None or not FENCE.search("".join(self.text)):
+            return False
+        self.finish = "stop"
+        self.usage = Usage(prompt_tokens=len(self.prompt_ids or []), completion_tokens=len(self.token_ids))
+        return True
 
     def completion(self) -> Completion:
         for is_reasoning, piece in self.think.flush():

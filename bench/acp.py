@@ -113,7 +113,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
             rt = await status_round_trip(client, 200)
             editor = Editor()
             # auto-refine off on both sides: its review call every 25 turns is not what is measured
-            argv = (PRIME_AGENT, "acp", "--model", "fake", "--base-url", server.base_url, "-c", "refine.auto_every=0")
+            argv = (PRIME_AGENT, "acp", "--model", "fake", "--base-url", server.base_url, "--set", "refine.auto_every=0")
             async with acp.spawn_agent_process(editor, *argv, env=dict(os.environ)) as (conn, process):
                 await conn.initialize(protocol_version=acp.PROTOCOL_VERSION, client_capabilities=s.ClientCapabilities(),
                                       client_info=s.Implementation(name="bench", version="1"))

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent.config_models import Config  # noqa: E402
-from agent.model import OpenAIModel  # noqa: E402
+from agent.providers import open_model  # noqa: E402
 from agent.testing.openai_server import OpenAIServer, Reply  # noqa: E402
 from agent.trajectory import ModelCall, read_records  # noqa: E402
 from bench.report import load_average, save  # noqa: E402
@@ -45,7 +45,7 @@ def answers(n: int):
 async def measure(n: int, concurrency: int, work: Path) -> dict[str, float]:
     with OpenAIServer(answers(n)) as server:
         config = Config.model_validate({"model": {"name": "bench", "base_url": server.base_url}, "refine": {"auto_every": 0}})
-        model = OpenAIModel(config.model)
+        model = open_model(config.model)
         run = work / f"c{concurrency}"
         t = time.perf_counter()
         results = await evaluate(EvalSpec("kernel_tasks", n, 1, concurrency, 0, 120), config, model, run)

@@ -48,10 +48,11 @@ import acp
 from acp import schema as s
 
 from agent import events as ev
-from agent.config import ConfigError, load_config, merge, parse_override
+from agent.config import ConfigError, load_config, merge
 from agent.kernel.sandbox import unavailable
 from agent.types import FilesChanged
 from cli import version
+from cli.overrides import add_set, read_overrides
 from daemon.client import Client, DaemonError, connect
 from daemon.schemas import ModelKey
 
@@ -81,16 +82,13 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
     p.add_argument("--sandbox", choices=[*MODES, PLAN[0]],
                    help="the mode new sessions start in (default: the configuration's); plan: plan mode")
-    p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field for new sessions, e.g. -c model.temperature=0.2 (repeatable)")
+    add_set(p, " for new sessions", deprecated_c=True)
 
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="prime-agent acp: %(message)s")
     try:
-        overrides: dict[str, Any] = {}
-        for item in args.config:
-            merge(overrides, parse_override(item))
+        overrides = read_overrides(args, "acp")
     except ConfigError as e:
         print(f"prime-agent acp: {e}", file=sys.stderr)
         return 2

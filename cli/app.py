@@ -1,9 +1,10 @@
 """`prime-agent [PROMPT] [--resume [ID] | -c] [--model NAME] [--base-url URL] [--set KEY=VALUE]...`:
 the app in this directory.
 
-Starts (or reaches) the daemon, then opens a new session here, the one named, or with `-c` the
-latest one here, and sends PROMPT when one is given. On exit the session goes on in the daemon;
-the command prints how to come back.
+Starts (or reaches) the daemon, then opens a new session here, the one named, or with `-c` the one
+last used here (prompted, or a turn begun or ended), and sends PROMPT when one is given. On exit the
+session goes on in the daemon (one it made and nobody prompted is not kept); the command prints how
+to come back.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import sys
 from pathlib import Path
 
-from agent.config import ConfigError, home, load_config, merge, parse_override, shorten
+from agent.config import ConfigError, home, load_config, merge, shorten
+from cli import invocation
+from cli.overrides import add_set, looks_like_override, read_overrides
 from daemon.client import DaemonError, connect
 from daemon.schemas import ModelKey
 
@@ -29,14 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cwd", help="project directory (default: the current directory)")
     p.add_argument("--sandbox", choices=["read-only", "workspace-write", "full-access"],
                    help="how the OS confines a new session's code (sandbox.mode); full-access: none, shown loudly")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override a config field for a new session, e.g. --set model.action_format=text "
-                        "(repeatable; the syntax of `run -c`)")
+    add_set(p, " for a new session")
     return p
-
-
-NO_MODEL_HINT = "For a model without tool calling, add: --set model.action_format=text"
-"""The app's last line under `run`'s NO_MODEL: in the app, -c is --continue."""
 
 
 def model_source(args: argparse.Namespace, sets: dict) -> str:
@@ -60,11 +58,14 @@ def model_source(args: argparse.Namespace, sets: dict) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.cont and looks_like_override(args.prompt) and "--" not in argv:
+        print(f"prime-agent: in the app -c is --continue (the latest session here), and {args.prompt!r} would be "
+              f"sent to the model as a message. To override a config field: --set {args.prompt}; to send it "
+              f"anyway: prime-agent -c -- {shlex.quote(args.prompt)}", file=sys.stderr)
+        return 2
     cwd = Path(args.cwd or ".").resolve()
-    sets: dict = {}
     try:
-        for text in args.overrides:
-            merge(sets, parse_override(text))
+        sets = read_overrides(args, "")
         if "daemon" in sets:
             raise ConfigError("--set daemon.*: the daemon reads [daemon] from config.toml when it starts, "
                               "not per session")
@@ -79,9 +80,9 @@ def main(argv: list[str]) -> int:
         return 2
     new_session = args.resume is None and not args.cont
     if new_session and not config.model.configured:
-        from cli.run import NO_MODEL
+        from cli.run import no_model
 
-        print(NO_MODEL.rsplit("\n", 1)[0] + "\n" + NO_MODEL_HINT, file=sys.stderr)
+        print(no_model(config.model), file=sys.stderr)
         return 2
     try:
         session_id = asyncio.run(_run(config, cwd, args, sets))
@@ -89,7 +90,7 @@ def main(argv: list[str]) -> int:
         print(f"prime-agent: {e.message}", file=sys.stderr)
         return 1
     if session_id:
-        print(f"[detached: session {session_id} goes on in the daemon; prime-agent --resume {session_id}]",
+        print(f"[detached: session {session_id} goes on in the daemon; {invocation()} --resume {session_id}]",
               file=sys.stderr)
     return 0
 
@@ -109,14 +110,14 @@ async def _run(config, cwd: Path, args: argparse.Namespace, sets: dict) -> str |
                 raise DaemonError(404, "not_found", f"--resume {session_id}: no such session "
                                   "(prime-agent sessions lists them; --resume alone lets you choose)") from None
         if args.cont:
-            here = [s for s in await client.sessions() if Path(s.cwd) == cwd]
+            here = [s for s in await client.sessions() if Path(s.cwd) == cwd and s.elsewhere is None]
             if not here:
                 raise DaemonError(404, "not_found", f"no session in {cwd} to continue; run prime-agent to start one")
-            session_id = max(here, key=lambda s: s.updated).id
+            session_id = max(here, key=lambda s: s.updated).id  # the one last prompted here
         app = PrimeApp(client, cwd, session_id=session_id, choose=args.resume == "", prompt=args.prompt,
                        new=NewSession(config.model.name, config.model.base_url, config.budget.model_dump(),
                                       args.sandbox, config=sets or None, model_source=model_source(args, sets)))
         await app.run_async()
-        return app.session_id
+        return await app.leave()  # a session it made and nobody prompted is not kept
     finally:
         await client.close()

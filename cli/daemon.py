@@ -1,4 +1,5 @@
-"""`prime-agent daemon start [--foreground] [--tcp HOST:PORT [--allow-remote-unsandboxed]] | stop | status [--json]`."""
+"""`prime-agent daemon start [--foreground] [--tcp HOST:PORT [--allow-remote-unsandboxed]] | stop |
+status [--json | --socket]`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 
 from agent.config import home
 from daemon.client import Client, DaemonUnavailable, daemon_pid
-from daemon.paths import run_dir
+from daemon.paths import run_dir, socket_file
 from daemon.schemas import Status
 
 
@@ -24,13 +25,16 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     start.add_argument("--tcp", metavar="HOST:PORT", help="also listen on TCP; requests need the bearer token")
     start.add_argument("--allow-remote-unsandboxed", action="store_true",
                        help="with --tcp: clients there may create sessions less confined than the configuration "
-                       "says (full-access, network on, other MCP servers) and approve commands to run outside the "
-                       "sandbox; without it only clients of the Unix socket may")
+                       "says (full-access, network on, other MCP servers) and approve commands the sandbox "
+                       "refused; without it only clients of the Unix socket may")
     start.add_argument("--no-schedules", action="store_true",
                        help="pause every schedule before the daemon starts (prime-agent schedule resume ID)")
     actions.add_parser("stop", help="stop it: running turns are interrupted and recorded first")
     status = actions.add_parser("status", help="pid, socket, version, uptime, sessions")
     status.add_argument("--json", action="store_true")
+    status.add_argument("--socket", action="store_true",
+                        help="print only the API's socket, running or not (curl --unix-socket \"$(prime-agent "
+                             "daemon status --socket)\" ...)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -38,7 +42,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from daemon.server import AlreadyRunning, parse_tcp, serve
+    from daemon.listeners import parse_tcp
+    from daemon.server import AlreadyRunning, serve
 
     try:
         if args.tcp:
@@ -105,6 +110,10 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    if args.socket:  # where it listens, or will: $PRIME_AGENT_HOME/run/daemon.sock, or a short path for a long one
+        print(socket_file())
+        return 0
+
     async def get() -> Status:
         async with Client() as client:
             return await client.status()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import platform
 import re
@@ -14,7 +15,8 @@ from pathlib import Path
 
 from agent.config import ConfigError, load_config
 from cli import version
-from cli.run import NO_MODEL
+from cli.overrides import add_set, read_overrides
+from cli.run import no_model
 
 EXIT_CONFIG = 2
 
@@ -27,7 +29,10 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
     p.add_argument("-n", type=int, help="how many tasks (default: the set's own size)")
     p.add_argument("-r", "--rollouts", type=int, default=1, help="rollouts per task")
-    p.add_argument("-c", "--concurrency", type=int, default=4, help="rollouts at once")
+    p.add_argument("-j", "--concurrency", type=int, default=4, help="rollouts at once")
+    p.add_argument("-c", type=int, dest="deprecated_concurrency", metavar="N",
+                   help="deprecated: -j N (-c goes in the next release: elsewhere it is --set, in the app --continue)")
+    add_set(p, " for the rollouts' sessions (a resumed run keeps its own unless given)")
     p.add_argument("--seed", type=int, default=0, help="task selection seed")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per rollout")
     p.add_argument("--out", help="run directory (default: outputs/evals/<taskset>--<model>/<run id>)")
@@ -51,6 +56,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"{report['tasks']} tasks in both: {report['gained']} gained, {report['lost']} lost; "
               f"exact McNemar p = {report['p_value']:.3f} ({verdict})")
         return 0
+    if args.deprecated_concurrency is not None:
+        print("prime-agent eval: -c N is deprecated and goes in the next release; use "
+              f"-j {args.deprecated_concurrency}", file=sys.stderr)
+        args.concurrency = args.deprecated_concurrency
     for flag, value in (("-n", args.n), ("--rollouts", args.rollouts), ("--concurrency", args.concurrency)):
         if value is not None and value < 1:
             return _fail(f"{flag} must be at least 1")
@@ -62,8 +71,8 @@ def main(args: argparse.Namespace) -> int:
         if not (run_dir / "metadata.json").is_file():
             return _fail(f"{run_dir}: not an eval run to resume (no metadata.json)")
         meta = json.loads((run_dir / "metadata.json").read_text())
-    try:
-        overrides: dict = {}  # a resumed run keeps its model unless told otherwise
+    try:  # a resumed run keeps its model and overrides unless told otherwise
+        overrides: dict = read_overrides(args, "eval") if args.overrides else meta.get("overrides", {})
         for key, flag, saved in (("name", args.model, meta.get("model")), ("base_url", args.base_url, meta.get("base_url"))):
             if flag or saved:
                 overrides.setdefault("model", {})[key] = flag or saved
@@ -71,7 +80,7 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(str(e))
     if not config.model.configured:
-        print(NO_MODEL, file=sys.stderr)
+        print(no_model(config.model), file=sys.stderr)
         return EXIT_CONFIG
     if args.resume:
         spec = EvalSpec(**meta["spec"])
@@ -83,27 +92,30 @@ def main(args: argparse.Namespace) -> int:
         if run_dir.is_dir() and any(run_dir.iterdir()):
             return _fail(f"{run_dir} is not empty; pass --resume {run_dir} to finish that run, or another --out")
     try:
-        return asyncio.run(_run(spec, config, run_dir))
+        return asyncio.run(_run(spec, config, run_dir, overrides))
     except ValueError as e:
         return _fail(str(e))
 
 
-async def _run(spec, config, run_dir: Path) -> int:
+async def _run(spec, config, run_dir: Path, overrides: dict) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from agent.model import OpenAIModel
+    from agent.providers import open_model
     from evals.runner import evaluate, read_results, summarize
     from evals.tasksets import load_taskset
 
     tasks = load_taskset(spec.taskset).tasks(spec.n, seed=spec.seed)
+    kept = copy.deepcopy(overrides)  # for --resume; never a key
+    kept.get("model", {}).pop("api_key", None)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metadata.json").write_text(json.dumps({
         "spec": asdict(spec), "model": config.model.name, "base_url": config.model.base_url,
         "task_ids": [t.id for t in tasks], "python": platform.python_version(), "prime_agent": version(),
         "config": config.model_dump(mode="json", exclude={"model": {"api_key"}}),
+        "overrides": kept,
     }, indent=1))
-    model = OpenAIModel(config.model)
+    model = open_model(config.model)
     console = Console(stderr=True)
     done_before = sum(r.outcome in ("passed", "failed", "timed_out") for r in read_results(run_dir / "results.jsonl"))
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -51,8 +51,11 @@ COMMANDS = {  # in the order --help lists them
                      "trust (the project's)"),
     "trust": Command("cli.trust", "the project's files the host acts on (.prime-agent/config.toml, .mcp.json, "
                      "AGENTS.md...): review and trust them, --list, --revoke"),
+    "web": Command("cli.web", "the web page on the daemon: watch and steer sessions from a browser, a phone too"),
     "acp": Command("cli.acp", "the agent over the Agent Client Protocol on stdio, for editors (Zed...), Harbor and "
                    "verifiers; its sessions are the daemon's"),
+    "doctor": Command("cli.doctor", "check what a first day trips on: the command on PATH, bubblewrap, the home, "
+                      "the daemon, the model server"),
 }
 
 APP_FLAGS = ("--resume", "-c", "--continue", "--model", "--base-url", "--cwd", "--sandbox", "--set", "--")

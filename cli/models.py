@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rl.pull import KNOWN, ModelError, installed, models_dir, pull
+from rl.pull import KNOWN, ModelError, ModelNotFound, installed, models_dir, pull
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
@@ -16,12 +16,13 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Exit codes: 0 done, 1 a pull that failed, 2 a name it does not know (a usage error, as argparse's)."""
     if args.action == "pull":
         try:
             path = pull(args.name, progress=lambda line: print(line, file=sys.stderr, flush=True))
         except ModelError as e:
             print(f"prime-agent models pull: {e}", file=sys.stderr)
-            return 1
+            return 2 if isinstance(e, ModelNotFound) else 1
         print(path)
         return 0
     return _list()

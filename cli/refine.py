@@ -101,7 +101,7 @@ async def _here(path: Path, records: list, meta: SessionRecord, args: argparse.N
     from agent.context import Context, Sinks
     from agent.harness import SessionHarness, scope_roots
     from agent.layout import SessionLayout
-    from agent.model import OpenAIModel
+    from agent.providers import open_model
     from agent.refine import SessionRefiner
     from agent.trajectory import TrajectoryWriter, contexts
     from evals.gate import gate_for
@@ -111,7 +111,7 @@ async def _here(path: Path, records: list, meta: SessionRecord, args: argparse.N
     layout = SessionLayout(path.parent)
     harness = SessionHarness(scope_roots(home(), project_root(cwd), layout.dir), meta.session_id,
                              config.harness.limits())
-    model = OpenAIModel(config.model) if config.model.configured else None
+    model = open_model(config.model) if config.model.configured else None
     writer = TrajectoryWriter(path)
     said: list[ev.Event] = []
     spent: list[Usage] = []

@@ -10,13 +10,14 @@ import json
 import sys
 import time
 
+from cli.sessions import session_id
 from daemon.client import DaemonError, connect
 
 PARTS = ("code", "conversation", "harness", "kernel")
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
-    p.add_argument("session")
+    p.add_argument("session", help="a session id ('last': the one last used here, as for refine and rate)")
     p.add_argument("turn", type=int, nargs="?", help="go back to before this turn began (1-based, as `sessions` "
                    "counts them; the turn after the last is the state the last one left)")
     p.add_argument("--code", action="store_true", help="the workspace's files")
@@ -43,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
 
 async def _list(args: argparse.Namespace) -> int:
     async with await connect() as client:
-        rows = await client.checkpoints(args.session)
+        rows = await client.checkpoints(await session_id(client, args.session))
     if args.json:
         print(json.dumps([r.model_dump() for r in rows], indent=2))
         return 0
@@ -61,6 +62,7 @@ async def _list(args: argparse.Namespace) -> int:
 async def _rewind(args: argparse.Namespace) -> int:
     parts = [p for p in PARTS if getattr(args, p)] or None
     async with await connect() as client:
+        args.session = await session_id(client, args.session)
         r = await client.rewind(args.session, args.turn, parts=parts, after=args.after, force=args.force,
                                 dry_run=args.dry_run)
     if args.json:

@@ -31,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     what.add_argument("--checkpoint", help="a byte-policy checkpoint directory (default: fresh weights)")
     what.add_argument("--model", metavar="NAME|DIR",
                       help="a Hugging Face causal LM: a name `prime-agent models list` shows, or a model directory")
-    serve.add_argument("--served-model-name", metavar="ID", help="the id /v1/models lists (default: the model's name)")
+    serve.add_argument("--served-model-name", metavar="ID",
+                       help="the id /v1/models lists, and the only model name requests to --model may give "
+                            "(default: the model's name)")
     serve.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                        help="weights and activations of --model (float32: greedy decoding as plain transformers)")
     serve.add_argument("--prefix-cache-mb", type=int, metavar="MB",

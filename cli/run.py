@@ -16,12 +16,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from agent.approvals import Decision, NoTerminal, Request
-from agent.config import Config, ConfigError, load_config, merge, parse_override
+from agent.config import Config, ConfigError, load_config
+from agent.config_models import ModelConfig
+from cli import invocation
+from cli.overrides import add_set, read_overrides
 from cli.follow import EXIT_CODES, PrintAnswer, follow, on_ctrl_c, report, say
 from cli.show import Printer, print_json
 from daemon.meta import title_of
 
 EXIT_CONFIG = 2
+PERMISSION_MODES = {"default": None, "acceptEdits": "workspace-write", "plan": None, "bypassPermissions": "full-access"}
+"""`--permission-mode` (Claude Code's names) -> the sandbox mode it sets (None: the configuration's)."""
 
 NO_MODEL = """\
 prime-agent: no model configured.
@@ -32,14 +37,30 @@ Point it at any OpenAI-compatible server:
   llama.cpp   export OPENAI_BASE_URL=http://localhost:8080/v1 PRIME_AGENT_MODEL=local
   OpenRouter  export OPENAI_BASE_URL=https://openrouter.ai/api/v1 OPENAI_API_KEY=... PRIME_AGENT_MODEL=<vendor/model>
 or pass --model and --base-url, or set [model] in $PRIME_AGENT_HOME/config.toml (default ~/.prime-agent).
-For a model without tool calling, add: -c model.action_format='"text"'"""
+No model at hand? Pull a small one and serve it offline (docs/models.md):
+  prime-agent models pull smollm2-135m-instruct
+  prime-agent rl serve --model smollm2-135m-instruct --port 8000 &
+  export OPENAI_BASE_URL=http://127.0.0.1:8000/v1 PRIME_AGENT_MODEL=smollm2-135m-instruct
+For a model without tool calling, add: --set model.action_format=text"""
+
+
+def no_model(model: ModelConfig) -> str:
+    """NO_MODEL, its first line saying what of the model's settings is missing."""
+    if model.name and not model.base_url:
+        missing = (f"the model {model.name!r} has no server to go to: no endpoint (--base-url, OPENAI_BASE_URL) "
+                   "and no API key for OpenAI's own API (OPENAI_API_KEY)")
+    elif model.base_url and not model.name:
+        missing = f"a server ({model.base_url}) but no model name to ask it for (--model, PRIME_AGENT_MODEL)"
+    else:
+        return NO_MODEL
+    return NO_MODEL.replace("no model configured.", f"no model configured: {missing}.", 1)
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("task", nargs="?", help="the task; '-' reads it from standard input")
     p.add_argument("--cwd", help="project directory (default: the current directory)")
     p.add_argument("--model", help="model name (PRIME_AGENT_MODEL)")
-    p.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
+    p.add_argument("--base-url", help="the model API's endpoint (OPENAI_BASE_URL; model.provider says which API)")
     p.add_argument("--max-turns", type=int, metavar="N", help="model calls allowed in the turn (budget.max_steps)")
     p.add_argument("--session-dir", help="where to keep the session (default: $PRIME_AGENT_HOME/sessions/<id>)")
     p.add_argument("--json", action="store_true", help="print one JSON event per line instead of text")
@@ -56,10 +77,13 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--sandbox", choices=["read-only", "workspace-write", "full-access"],
                    help="how the OS confines the agent's code (sandbox.mode; default workspace-write); "
                         "full-access runs it with your rights")
-    p.add_argument("--permission-mode", choices=["default", "plan"], default="default",
-                   help="plan: the workspace stays read-only while the agent investigates and proposes a plan, "
-                        "which is printed (exit 0); with --approve-plan it is approved and carried out in the same "
-                        "session (sandbox.plan)")
+    p.add_argument("--permission-mode", choices=list(PERMISSION_MODES), default="default",
+                   help="Claude Code's modes on this sandbox: default, the configuration's (workspace-write unless "
+                        "it says otherwise); acceptEdits, workspace-write: the agent's code writes the workspace "
+                        "unasked and asks before anything beyond it; bypassPermissions, full-access; plan: "
+                        "the workspace stays read-only while the agent investigates and proposes a plan, which is "
+                        "printed (exit 0); with --approve-plan it is approved and carried out in the same session "
+                        "(sandbox.plan). See docs/hooks.md#plan-mode-and-permission-modes")
     p.add_argument("--approve-plan", action="store_true", help="with --permission-mode plan: approve the plan and go on")
     p.add_argument("--approval", choices=["on-request", "never"],
                    help="when the agent asks to run a command with more room than its sandbox (or calls an MCP "
@@ -74,8 +98,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     goal.add_argument("--max-seconds", type=float, metavar="S", help="wall-clock seconds for the whole goal")
     goal.add_argument("--max-tokens", type=int, metavar="T", help="tokens for the whole goal")
     goal.add_argument("--check-timeout", type=float, metavar="S", help="seconds the check may run (default 300)")
-    p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. -c model.temperature=0.2 (repeatable)")
+    add_set(p, deprecated_c=True)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -96,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"prime-agent: {e}", file=sys.stderr)
         return EXIT_CONFIG
     if not config.model.configured:
-        print(NO_MODEL, file=sys.stderr)
+        print(no_model(config.model), file=sys.stderr)
         return EXIT_CONFIG
     if not cwd.is_dir():
         print(f"prime-agent: --cwd {cwd} is not a directory", file=sys.stderr)
@@ -106,13 +129,14 @@ def main(args: argparse.Namespace) -> int:
     if args.output_format != "text":
         from cli.stream_json import StreamJson
 
-        show = StreamJson(config.model.name or "", config.sandbox.mode, only_result=args.output_format == "json").show
+        show = StreamJson(config.model.name or "", config.sandbox.mode, config.sandbox.plan,
+                          only_result=args.output_format == "json").show
     quiet = args.json or args.output_format != "text"
     print_answer: PrintAnswer = (lambda answer: False) if quiet else printer.unseen
     if args.daemon:
-        if args.session_dir or any(not o.startswith("budget.") for o in args.config):
+        if args.session_dir or any(not o.startswith("budget.") for o in [*args.deprecated, *args.overrides]):
             print("prime-agent: with --daemon, the daemon keeps the session and reads config.toml itself; "
-                  "only --model, --base-url, --max-turns and -c budget.* pass through", file=sys.stderr)
+                  "only --model, --base-url, --max-turns and --set budget.* pass through", file=sys.stderr)
             return EXIT_CONFIG
         from daemon.client import DaemonError
 
@@ -127,8 +151,9 @@ def main(args: argparse.Namespace) -> int:
         from cli.stream_json import stdin_prompts
 
         task = stdin_prompts()
+    ask = ask_at_terminal if args.approval or sys.stdin.isatty() else None  # without a terminal, nobody to ask
     return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=print_answer, goal=goal,
-                            approve_plan=args.approve_plan, overrides=overrides))
+                            approve_plan=args.approve_plan, overrides=overrides, ask=ask))
 
 
 def stream_json_usage(args: argparse.Namespace) -> str | None:
@@ -138,6 +163,8 @@ def stream_json_usage(args: argparse.Namespace) -> str | None:
         return "give a task, or --input-format stream-json (prompts on standard input), not both"
     if args.json and args.output_format != "text":
         return "--json (our events) and --output-format (Claude Code's messages) exclude each other"
+    if args.sandbox and (sets := PERMISSION_MODES[args.permission_mode]):
+        return f"--permission-mode {args.permission_mode} sets the sandbox ({sets}): give it or --sandbox, not both"
     if args.approve_plan and (args.permission_mode != "plan" or args.daemon):
         return "--approve-plan goes with --permission-mode plan, in this process (not with --daemon)"
     if args.keep and not args.daemon:
@@ -193,22 +220,20 @@ def goal_spec(args: argparse.Namespace, task: str):
 
 
 def _config(args: argparse.Namespace, cwd: Path) -> tuple[Config, dict]:
-    """The run's config, and the overrides (flags and -c) it was loaded with."""
-    overrides: dict = {}
-    for text in args.config:
-        merge(overrides, parse_override(text))
+    """The run's config, and the overrides (flags and --set) it was loaded with."""
+    overrides = read_overrides(args, "run")
     flags = {"name": args.model, "base_url": args.base_url}
     for key, value in flags.items():
         if value:
             overrides.setdefault("model", {})[key] = value
     if args.max_turns is not None:
         overrides.setdefault("budget", {})["max_steps"] = args.max_turns
-    if args.sandbox:
-        overrides.setdefault("sandbox", {})["mode"] = args.sandbox
+    if mode := args.sandbox or PERMISSION_MODES[args.permission_mode]:
+        overrides.setdefault("sandbox", {})["mode"] = mode
     if args.permission_mode == "plan":
         overrides.setdefault("sandbox", {})["plan"] = True
-    if args.approval or not sys.stdin.isatty():  # without a terminal, nobody to ask
-        overrides.setdefault("sandbox", {})["approval"] = args.approval or "never"
+    if args.approval:  # without it or a terminal, nobody is asked: `_run` is given no way to ask
+        overrides.setdefault("sandbox", {})["approval"] = args.approval
     return load_config(cwd, overrides), overrides
 
 
@@ -234,12 +259,12 @@ async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answe
         if not keep:
             try:
                 await client.close_session(s.id, if_idle=True)
-                print(f"[session {s.id} closed; prime-agent send {s.id} \"...\" opens it again]", file=sys.stderr)
+                print(f"[session {s.id} closed; {invocation()} send {s.id} \"...\" opens it again]", file=sys.stderr)
                 return code
             except DaemonError as e:
                 if e.status != 409:  # busy: detached from a turn that goes on
                     raise
-        print(f"[session {s.id} stays in the daemon: prime-agent send {s.id} \"...\" | attach {s.id} | "
+        print(f"[session {s.id} stays in the daemon: {invocation()} send {s.id} \"...\" | attach {s.id} | "
               f"sessions close {s.id}]", file=sys.stderr)
         return code
 
@@ -280,19 +305,20 @@ async def ask_at_terminal(req: Request) -> Decision:
 
 
 async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], session_dir: Path | None, show,
-               print_answer: PrintAnswer, goal=None, approve_plan: bool = False, overrides: dict | None = None) -> int:
+               print_answer: PrintAnswer, goal=None, approve_plan: bool = False, overrides: dict | None = None,
+               ask=ask_at_terminal) -> int:
     """One session: the task (or each prompt of a stream, a turn each), or a goal. In plan mode the
     plan is the answer; `approve_plan` approves it and carries it out in the same session. The session
     is in the registry as the daemon's are (daemon/registry.py): listed while it runs, closed after."""
-    from agent.model import OpenAIModel
+    from agent.providers import open_model
     from agent.session import Session
     from daemon.registry import Hosted, InUse
 
-    model = OpenAIModel(config.model)
+    model = open_model(config.model)
     gate = None
     if config.refine.gate_taskset:  # evals (and what it imports) only when a gate is asked for
         from evals.gate import gate_for as gate
-    session = Session(config, model, cwd=cwd, session_dir=session_dir, on_event=show, ask=ask_at_terminal, gate=gate)
+    session = Session(config, model, cwd=cwd, session_dir=session_dir, on_event=show, ask=ask, gate=gate)
     title = title_of(goal.text if goal is not None else task) if isinstance(task, str) else None
     try:
         hosted = Hosted.register(session.id, session.layout, cwd, config, overrides or {}, title)

@@ -7,6 +7,7 @@ import stat
 import sys
 
 from agent import events as ev
+from agent.actions import fenced_cells
 from agent.events import Event
 from agent.types import FilesChanged, visible
 
@@ -99,7 +100,8 @@ class Printer:
                     c.print(Text(f"project: {line}", style="bold yellow"))
             case ev.CellStarted():
                 self.lines = 0
-                c.print(Syntax(e.code, "python", theme="ansi_dark", line_numbers=False, background_color="default"))
+                if not any(code == e.code for code in fenced_cells(self.said)):  # text mode streamed it already
+                    c.print(Syntax(e.code, "python", theme="ansi_dark", line_numbers=False, background_color="default"))
             case ev.CellOutput():
                 self._output(e.text, "red" if e.stream == "stderr" else "cyan")
             case ev.CellFinished(result=r):
@@ -116,6 +118,9 @@ class Printer:
                     self._files(e.files)
             case ev.Note():
                 c.print(Text("note: " + e.text, style="bold"))
+            case ev.SteerReturned():
+                c.print(Text(f"not sent (the turn was interrupted first), yours to send again: {e.text}",
+                             style="yellow"))
             case ev.HookRan():
                 c.print(Text(e.run.line(), style="yellow" if e.run.error or e.run.blocks else "dim"))
             case ev.ModelRetry():

@@ -7,7 +7,7 @@ content blocks are the model's `text` (and `thinking`) and a `tool_use` (name `i
 `{"code"}`) for each cell; a `user` message with the cell's `tool_result`; and, for each turn, a
 `result` with the answer, `is_error`, durations, turns, cost and usage. `json` prints only the
 results. Token counts are Anthropic's: `input_tokens` excludes what the cache served
-(`cache_read_input_tokens`).
+(`cache_read_input_tokens`) and what it stored (`cache_creation_input_tokens`).
 
 With `--input-format stream-json`, prompts come on stdin, one a line, as Claude Code reads them:
 `{"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": "..."}]}}`
@@ -31,17 +31,33 @@ SUBTYPES = {"completed": "success", "budget_exhausted": "error_max_turns", "inte
 """A turn's outcome as the result's subtype (Claude Code's names)."""
 
 
+def permission_mode(sandbox: str, planning: bool) -> str:
+    """The sandbox in force (as a session's events say it) as Claude Code's permission mode: plan mode is
+    `plan`; read-only, where every write is a request to a person, `default`; workspace-write, where the
+    agent's code writes the workspace unasked and asks for anything beyond it, `acceptEdits`; full-access
+    (or no sandbox at all), `bypassPermissions`."""
+    if planning:
+        return "plan"
+    if sandbox.startswith("read-only"):
+        return "default"
+    if sandbox.startswith("workspace-write"):
+        return "acceptEdits"
+    return "bypassPermissions"
+
+
 def anthropic_usage(u: Usage) -> dict[str, int]:
-    """Our usage in Anthropic's terms: input_tokens are the prompt tokens the cache did not serve."""
-    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": u.cached_tokens, "output_tokens": u.completion_tokens}
+    """Our usage in Anthropic's terms: input_tokens are the prompt tokens the cache neither served nor stored."""
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens - u.cache_write_tokens,
+            "cache_creation_input_tokens": u.cache_write_tokens, "cache_read_input_tokens": u.cached_tokens,
+            "output_tokens": u.completion_tokens}
 
 
 class StreamJson:
     """Renders a session's events as stream-json lines on `out` (with `only_result`: the `json` format)."""
 
-    def __init__(self, model: str, permission_mode: str, only_result: bool = False, out: TextIO | None = None):
-        self.model, self.permission_mode, self.only_result = model, permission_mode, only_result
+    def __init__(self, model: str, sandbox: str, planning: bool = False, only_result: bool = False,
+                 out: TextIO | None = None):
+        self.model, self.sandbox, self.planning, self.only_result = model, sandbox, planning, only_result
         self.out = out or sys.stdout
         self.session_id: str | None = None
         self.message_id = ""
@@ -56,7 +72,7 @@ class StreamJson:
             cwd = e.cwd if isinstance(e, ev.SessionStarted) else ""
             self.emit({"type": "system", "subtype": "init", "cwd": cwd, "session_id": e.session_id,
                        "tools": ["ipython"], "mcp_servers": [], "model": self.model,
-                       "permissionMode": getattr(e, "sandbox", "") or self.permission_mode,
+                       "permissionMode": permission_mode(getattr(e, "sandbox", None) or self.sandbox, self.planning),
                        "slash_commands": [], "apiKeySource": "none", "output_style": "default"})
         if isinstance(e, ev.TurnStarted):
             self.api_seconds = 0.0
@@ -96,10 +112,11 @@ class StreamJson:
             "duration_ms": round(e.duration * 1000), "duration_api_ms": round(self.api_seconds * 1000),
             "num_turns": e.steps, "result": e.answer or "", "stop_reason": "end_turn" if not failed else None,
             "session_id": self.session_id, "total_cost_usd": e.usage.cost, "usage": anthropic_usage(e.usage),
-            "modelUsage": {self.model: {"inputTokens": e.usage.prompt_tokens - e.usage.cached_tokens,
+            "modelUsage": {self.model: {"inputTokens": anthropic_usage(e.usage)["input_tokens"],
                                         "outputTokens": e.usage.completion_tokens,
                                         "cacheReadInputTokens": e.usage.cached_tokens,
-                                        "cacheCreationInputTokens": 0, "costUSD": e.usage.cost}},
+                                        "cacheCreationInputTokens": e.usage.cache_write_tokens,
+                                        "costUSD": e.usage.cost}},
             "permission_denials": [],
         }
         if failed:

@@ -7,7 +7,6 @@ only for what the daemon did. Events stream as Server-Sent Events whose `id` is 
 
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import Any
 
@@ -16,57 +15,59 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from agent.config import home
 from agent.events import EVENTS
-from daemon.errors import Refused
+from daemon.errors import Refused, error_response
+from daemon.listeners import TcpListener
 from daemon.manager import SessionManager
 from daemon.routes import approvals, events, goals, harness, refine, rewind, schedules, sessions, status, trajectory
-from daemon.routes.common import ERRORS, REMOTE, VERSION, Served
+from daemon.routes.common import ERRORS, VERSION, Served
+from daemon.web import router as web
 
 log = logging.getLogger(__name__)
-ROUTERS = (status, sessions, events, goals, schedules, trajectory, refine, rewind, approvals, harness)
+ROUTERS = (status, sessions, events, goals, schedules, trajectory, refine, rewind, approvals, harness, web)
 """The API's areas, in the order the OpenAPI spec lists them."""
 STATUS = {
     "bad_config": 400, "bad_cwd": 400, "no_model": 400, "bad_scope": 400, "harness": 400, "bad_project": 400,
     "bad_last_event_id": 400, "bad_request": 400, "not_found": 404, "busy": 409, "config_broken": 409,
     "cwd_missing": 409, "not_running": 409, "refinement_failed": 409, "turn_running": 409, "no_plan": 409, "bad_turn": 400,
-    "no_checkpoint": 409,
+    "no_checkpoint": 409, "server": 502,
     "rewind_conflict": 409, "bad_rewind": 400, "rewind_failed": 409, "too_many_sessions": 429, "stopping": 503,
     "write_failed": 503, "disk_full": 507,
     "goal_running": 409, "in_use": 409, "no_goal": 404, "too_many_goals": 429, "remote_loosening": 403,
+    "address_in_use": 409, "unix_only": 403, "bad_token": 403,
 }
 """The HTTP status of each reason the daemon refuses a request (daemon.errors.Refused)."""
 
 
-def create_app(manager: SessionManager, *, socket: str = "", tcp: str | None = None,
-               remote_unsandboxed: bool = False) -> FastAPI:
-    """The API over `manager`. Requests over TCP (marked by `TokenAuth`) may not loosen a sandbox,
-    nor approve a command or call outside it, unless `remote_unsandboxed` (the daemon's
-    --allow-remote-unsandboxed): whoever holds the token may be a kernel that read it."""
+def create_app(manager: SessionManager, tcp: TcpListener, *, socket: str = "") -> FastAPI:
+    """The API over `manager`, and the web page (daemon/web/). Bearer clients over TCP may not loosen
+    a sandbox, nor approve a command or call outside it, unless the daemon was started with
+    --allow-remote-unsandboxed: whoever holds the token may be a kernel that read it. The page
+    logged in by `prime-agent web` may: it is the person (daemon/listeners.py, docs/web.md)."""
     app = FastAPI(title="Prime Agent daemon", version=VERSION, responses=ERRORS,
                   description="Sessions that outlive their terminal: create, prompt, steer, interrupt, stream events.")
     app.state.manager = manager
-    app.state.served = Served(socket=socket, tcp=tcp, remote_unsandboxed=remote_unsandboxed)
+    app.state.served = Served(socket=socket, tcp=tcp)
 
     @app.exception_handler(Refused)
     async def refused(request: Request, e: Refused) -> JSONResponse:
-        return _error(STATUS[e.code], e.code, e.message)
+        return error_response(STATUS[e.code], e.code, e.message)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()[:5])
-        return _error(422, "invalid_request", problems or "invalid request")
+        return error_response(422, "invalid_request", problems or "invalid request")
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
         message = {404: f"no endpoint {request.url.path} (the API is described at /openapi.json)",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
-        return _error(e.status_code, _CODES.get(e.status_code, "http_error"), message)
+        return error_response(e.status_code, _CODES.get(e.status_code, "http_error"), message)
 
     @app.exception_handler(Exception)
     async def crashed(request: Request, e: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path)
-        return _error(500, "internal", f"{type(e).__name__}: {e}")
+        return error_response(500, "internal", f"{type(e).__name__}: {e}")
 
     for area in ROUTERS:
         app.include_router(area.router)
@@ -90,63 +91,4 @@ def _publish_events(app: FastAPI) -> None:
     app.openapi = openapi
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
-
-
 _CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 401: "unauthorized"}
-
-
-class TokenAuth:
-    """ASGI middleware for the TCP listener: every request needs `Authorization: Bearer TOKEN`, and is
-    marked as remote (`REMOTE`): such a client may not loosen a sandbox (create_app)."""
-
-    def __init__(self, app, token: str):
-        self.app, self.token = app, token.encode()
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            header = dict(scope["headers"]).get(b"authorization", b"")
-            scheme, _, given = header.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.token):
-                response = _error(401, "unauthorized", "this listener needs `Authorization: Bearer <token>`; "
-                                  f"the token is in {home() / 'run' / 'token'}")
-                response.headers["WWW-Authenticate"] = "Bearer"
-                return await response(scope, receive, send)
-        await self.app({**scope, REMOTE: True}, receive, send)
-
-
-class BodyLimit:
-    """ASGI middleware: a request body past `limit` bytes gets 413 before the app sees any of it."""
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            return await self._refuse(scope, receive, send)
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.limit:
-                return await self._refuse(scope, receive, send)
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
-
-    async def _refuse(self, scope, receive, send) -> None:
-        await _error(413, "too_large", f"request bodies are limited to {self.limit} bytes")(scope, receive, send)

@@ -37,6 +37,7 @@ from agent.checkpoints import TurnRow
 from agent.goals import GoalState
 from agent.mcp import ServerInfo
 from agent.subagents import ChildInfo
+from agent.types import Attachment, FilesChanged
 from daemon.paths import lock_file, log_file, pid_file, socket_file
 from daemon.schedules import Schedule
 from daemon.schemas import (
@@ -50,12 +51,14 @@ from daemon.schemas import (
     ModelKey,
     Notice,
     PlanDecision,
+    Pruned,
     RefinementDecision,
     RewindResult,
     RolledBack,
     SessionInfo,
     Status,
     Transcript,
+    WebAccess,
 )
 
 _T = TypeVar("_T")
@@ -146,8 +149,10 @@ class Client:
         return await self._typed(SessionInfo, "POST", "/v1/sessions",
                                  json={k: v for k, v in body.items() if v is not None})
 
-    async def sessions(self) -> list[SessionInfo]:
-        return await self._typed(list[SessionInfo], "GET", "/v1/sessions")
+    async def sessions(self, cwd: str | Path | None = None) -> list[SessionInfo]:
+        """Every session, oldest first; `cwd`: those of that directory or one below it."""
+        params = _params(cwd=str(Path(cwd).resolve()) if cwd is not None else None)
+        return await self._typed(list[SessionInfo], "GET", "/v1/sessions", params=params)
 
     async def session(self, session_id: str) -> SessionInfo:
         return await self._typed(SessionInfo, "GET", f"/v1/sessions/{session_id}")
@@ -195,6 +200,15 @@ class Client:
             raise _error(r.status_code, r.content)
         return r.text
 
+    async def diff(self, session_id: str) -> FilesChanged | None:
+        """What changed in the session's workspace since its first checkpoint (None: nothing)."""
+        path = f"/v1/sessions/{session_id}/diff"
+        return await self._typed(FilesChanged | None, "GET", path)  # type: ignore[arg-type]
+
+    async def server_models(self, session_id: str) -> list[str]:
+        """The models the session's server lists."""
+        return await self._typed(list[str], "GET", f"/v1/sessions/{session_id}/models")
+
     async def sleep(self, session_id: str) -> SessionInfo:
         return await self._typed(SessionInfo, "POST", f"/v1/sessions/{session_id}/sleep")
 
@@ -202,8 +216,16 @@ class Client:
         """Close the session (it stays listed; a prompt opens it again); `if_idle`: only if nothing runs in it."""
         return await self._typed(SessionInfo, "POST", f"/v1/sessions/{session_id}/close", json={"if_idle": if_idle})
 
-    async def delete(self, session_id: str) -> None:
-        await self._call("DELETE", f"/v1/sessions/{session_id}")
+    async def delete(self, session_id: str, files: bool = False) -> None:
+        """Out of the registry; `files`: its files removed too."""
+        await self._call("DELETE", f"/v1/sessions/{session_id}", params={"files": "true"} if files else None)
+
+    async def prune(self, older_than_days: float | None = None, cwd: str | Path | None = None,
+                    dry_run: bool = False) -> Pruned:
+        body = {"older_than_days": older_than_days, "cwd": str(Path(cwd).resolve()) if cwd is not None else None,
+                "dry_run": dry_run}
+        return await self._typed(Pruned, "POST", "/v1/sessions/prune",
+                                 json={k: v for k, v in body.items() if v is not None})
 
     async def send(self, session_id: str, text: str, mode: str = "prompt") -> MessageAccepted:
         body = {"text": text, "mode": mode, **({"key": self.key.wire()} if self.key else {})}
@@ -254,6 +276,11 @@ class Client:
     async def subagents(self, session_id: str) -> list[ChildInfo]:
         return await self._typed(list[ChildInfo], "GET", f"/v1/sessions/{session_id}/subagents")
 
+    async def cell_outputs(self, session_id: str, turn_id: str, cell_id: str) -> list[Attachment]:
+        """A cell's display outputs (`cell.finished` names their types), each with its data in base64."""
+        path = f"/v1/sessions/{session_id}/turns/{turn_id}/cells/{cell_id}/outputs"
+        return await self._typed(list[Attachment], "GET", path)
+
     async def kernel(self, session_id: str) -> KernelInfo:
         return await self._typed(KernelInfo, "GET", f"/v1/sessions/{session_id}/kernel")
 
@@ -285,6 +312,19 @@ class Client:
                        project: str | None = None) -> RolledBack:
         body = {"ref": ref, "scope": scope, "to": to, "session": session, "project": project}
         return await self._typed(RolledBack, "POST", "/v1/harness/rollback", json=_params(**body))
+
+    async def web(self, address: str, cwd: str) -> AsyncGenerator[WebAccess, None]:
+        """Serve the web page on `address` (POST /v1/web; `cwd`: the page's default folder for a new
+        session): yields where it is and its login token once, and returns when the daemon stops. The
+        login is valid until then, or until the caller stops iterating."""
+        async with self._http.stream("POST", "/v1/web", json={"address": address, "cwd": cwd},
+                                     timeout=httpx2.Timeout(10.0, read=None)) as r:
+            if r.status_code >= 400:
+                raise _error(r.status_code, await r.aread())
+            lines = r.aiter_lines()
+            yield WebAccess.model_validate_json(await anext(lines))
+            async for _ in lines:  # empty lines keep it open
+                pass
 
     # --- events --------------------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fastapi.responses import JSONResponse
+
 
 class Refused(Exception):
     """A request the daemon refuses: `code` names why (see daemon.app.STATUS), `message` says it."""
@@ -9,3 +11,8 @@ class Refused(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code, self.message = code, message
+
+
+def error_response(status: int, code: str, message: str) -> JSONResponse:
+    """The API's error body, `{"error": {"code", "message"}}`."""
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)

@@ -34,6 +34,7 @@ from agent.kernel.sandbox import unavailable
 from agent.layout import SessionLayout
 from agent.mcp import McpServers, ServerInfo
 from agent.model import ModelError, OpenAIModel
+from agent.providers import open_model
 from agent.refine import GateFactory
 from agent.session import Session
 from agent.subagents import ChildInfo, read_registry
@@ -373,7 +374,7 @@ class ManagedSession:
                     "a key exported in your shell since reaches the session with the next prompt sent from there")
         else:
             hint = NO_KEY
-        return OpenAIModel(config.model, key_hint=hint)
+        return open_model(config.model, key_hint=hint)
 
     def _use_model(self, config: Config) -> None:
         """Switch the live session to a model built from `config` (the old one is closed with the session:
@@ -499,7 +500,8 @@ class ManagedSession:
 
     def recover(self) -> None:
         """After a crash: finish a rewind it cut, close the turn it cut (as interrupted) and the turns it
-        left queued."""
+        left queued. None of it is a use of the session: when it was last used stays as it was."""
+        used = self.meta.updated
         if self.layout.rewind_intent.is_file():
             self._finish_rewind()
         ended = RESTARTED if self.meta.host == "daemon" else RUN_ENDED
@@ -522,6 +524,7 @@ class ManagedSession:
         for queued in self.meta.queued:
             self.queue.never_ran(queued.turn_id, f"{RESTARTED} before this turn began")
         self.meta.queued = []
+        self.meta.updated = used
         self.save()
 
     def _finish_rewind(self) -> None:

@@ -32,12 +32,23 @@ from agent.refine import GateFactory
 from agent.kernel.sandbox import Launch
 from agent.session import Session, new_session_id
 from daemon import meta as meta_file
+from daemon import prune
 from daemon.errors import Refused
 from daemon.managed import ManagedSession
 from daemon.meta import SCHEMA, SessionMeta
 from daemon.registry import InUse, adopt, held_by
 from daemon.schedules import Scheduler
-from daemon.schemas import CreateSession, MessageAccepted, ModelKey, Rollback, RolledBack, SessionInfo
+from daemon.schemas import (
+    CreateSession,
+    MessageAccepted,
+    ModelKey,
+    Pruned,
+    PrunedSession,
+    PruneSessions,
+    Rollback,
+    RolledBack,
+    SessionInfo,
+)
 from harness_store.entries import HarnessError
 from harness_store.store import HarnessStore
 
@@ -145,11 +156,13 @@ class SessionManager:
         info = _elsewhere(layout, pid) if pid is not None else None
         return info or self.get(session_id).info()  # it ended meanwhile
 
-    def listing(self) -> list[SessionInfo]:
-        """Every session of the registry, oldest first: this daemon's, and those other processes made
-        (`prime-agent run`), taken up once they have ended, listed as they are while they run."""
+    def listing(self, cwd: str | None = None) -> list[SessionInfo]:
+        """Every session of the registry (with `cwd`: of that directory or one below it), oldest first:
+        this daemon's, and those other processes made (`prime-agent run`), taken up once they have
+        ended, listed as they are while they run."""
         elsewhere = self.scan()  # first: what it takes up is listed with the rest
-        return sorted([s.info() for s in self.sessions.values()] + elsewhere, key=lambda i: i.created)
+        rows = [s.info() for s in self.sessions.values() if under(s.meta.cwd, cwd)]
+        return sorted(rows + [i for i in elsewhere if under(i.cwd, cwd)], key=lambda i: i.created)
 
     def scan(self) -> list[SessionInfo]:
         """Take up the sessions on disk this daemon does not host yet (closing the turns a crash cut);
@@ -225,13 +238,56 @@ class SessionManager:
             raise
         return managed
 
-    async def delete(self, session_id: str) -> None:
+    async def delete(self, session_id: str, files: bool = False) -> None:
+        """Out of the registry (its turns and kernel stop); `files`: its files removed too (daemon/prune.py)."""
         managed = self.get(session_id)
         del self.sessions[session_id]
         self._gone.add(session_id)
         managed.meta.deleted = True
         managed.save()
         await managed.close()
+        if files:
+            await asyncio.to_thread(prune.remove, managed.layout, managed.meta.cwd, self.config.checkpoints,
+                                    self._works_in(managed.meta.cwd))
+
+    def _works_in(self, cwd: str) -> bool:
+        """Whether a session of the registry (not deleted) works in `cwd`: its checkpoint store is in use."""
+        return any(s.meta.cwd == cwd for s in self.sessions.values())
+
+    async def prune(self, req: PruneSessions) -> Pruned:
+        """Remove, with their files: sessions deleted whose files stayed, sessions never prompted, and with
+        `older_than_days` those not used for that long. Live sessions (a kernel up: someone may be at
+        it), busy ones and those another process hosts stay."""
+        self.scan()
+        cutoff = time.time() - req.older_than_days * 86400 if req.older_than_days else None
+        found: list[tuple[PrunedSession, SessionLayout]] = []
+        for managed in list(self.sessions.values()):
+            m = managed.meta
+            if not under(m.cwd, req.cwd) or managed.session is not None or managed.busy():
+                continue
+            why = "empty" if m.turns == 0 else "unused" if cutoff and (m.updated or m.created) < cutoff else None
+            if why:
+                found.append((PrunedSession(id=m.id, cwd=m.cwd, title=m.title, turns=m.turns, why=why, bytes=0),
+                              managed.layout))
+        for layout in session_layouts(self.root, having="meta"):
+            meta = prune.left_behind(layout) if layout.dir.name not in self.sessions else None
+            if meta and under(meta["cwd"], req.cwd) and held_by(layout) is None:
+                found.append((PrunedSession(id=layout.dir.name, cwd=meta["cwd"], title=meta.get("title"),
+                                            turns=meta.get("turns", 0), why="deleted", bytes=0), layout))
+        for row, layout in found:
+            row.bytes = await asyncio.to_thread(prune.bytes_of, layout, row.cwd, self.config.checkpoints)
+        done = []
+        for row, layout in found:
+            if req.dry_run:
+                pass
+            elif row.why == "deleted":
+                await asyncio.to_thread(prune.remove, layout, row.cwd, self.config.checkpoints, self._works_in(row.cwd))
+            elif (managed := self.sessions.get(row.id)) is None or managed.session is not None or managed.busy():
+                continue  # prompted (or gone) since it was found
+            else:
+                await self.delete(row.id, files=True)
+            done.append(row)
+        return Pruned(sessions=done, bytes=sum(row.bytes for row in done))
 
     def send(self, session_id: str, text: str, mode: str, key: ModelKey | None = None) -> MessageAccepted:
         """Queue a prompt in a session (or steer its running turn), unless the daemon is stopping."""
@@ -332,6 +388,11 @@ def harness_scope(harness: SessionHarness, scope: str) -> HarnessStore:
 
 _BAD_PATH = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR}
 """Errors of a path's shape, not of the disk: a request naming such a path gets a 400."""
+
+
+def under(cwd: str, root: str | None) -> bool:
+    """Whether a session working in `cwd` is one of directory `root` (or one below it); any, without one."""
+    return root is None or Path(cwd).is_relative_to(Path(root).resolve())
 
 
 def _elsewhere(layout: SessionLayout, pid: int) -> SessionInfo | None:

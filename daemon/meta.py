@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -59,7 +58,8 @@ class SessionMeta(BaseModel):
     goal: GoalState | None = None
     """The session's goal, running or the last one to end (a restart resumes one its budget has room for)."""
     updated: float = 0.0
-    """When the session was last prompted or finished a turn."""
+    """When the session was last prompted or began or finished a turn (0: never; its `created` stands in).
+    Nothing else moves it, saving the file included: a daemon taking the session up is no use of it."""
     host: Literal["daemon", "run"] = "daemon"
     """What hosts the session now, or did last: the daemon, or the `prime-agent run` that made it."""
     closed: bool = False
@@ -67,12 +67,13 @@ class SessionMeta(BaseModel):
     kernel, nothing running; it stays listed, and a prompt opens it again."""
 
     def save(self, layout: SessionLayout) -> None:
-        self.updated = time.time()
         write_atomically(layout.meta, self.model_dump_json(indent=1))
 
     def account(self, event: ev.Event) -> bool:
         """Keep what this file says of the session's events (turns, usage, the running turn, a title
         from the first prompt), whichever process hosts it; True at a turn's end, when it is to be saved."""
+        if isinstance(event, ev.TurnStarted | ev.TurnFinished):
+            self.updated = max(self.updated, event.ts)
         if isinstance(event, ev.TurnStarted):
             self.turns += 1
             self.assigned = max(self.assigned, self.turns)  # the daemon's next turn id follows a run's turns

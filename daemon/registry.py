@@ -94,7 +94,7 @@ class Hosted:
                  overrides: dict[str, Any], title: str | None) -> Hosted:
         """Hold the new session and write its `session.json` (FileExistsError where there is one, InUse
         where another process holds the directory). `overrides` are the config overrides it
-        runs with (flags, `-c`), kept so that the daemon resumes it as it ran; never a key (see `kept`)."""
+        runs with (flags, `--set`), kept so that the daemon resumes it as it ran; never a key (see `kept`)."""
         layout.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         hold = Hold(layout)
         if layout.meta.exists():  # `run --session-dir` naming another session's directory

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints
 
 from agent.config_models import ModelConfig
 from agent.subagents import ChildInfo
@@ -16,6 +16,10 @@ SessionState = Literal["idle", "queued", "running", "dormant", "closed"]
 """dormant: known from disk, no kernel yet (after a daemon restart, or put to sleep when idle); it wakes on the
 next prompt. closed: closed by a person (`sessions close`) or ended with the `prime-agent run` that made it; a
 prompt opens it again."""
+
+
+Directory = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
+"""A directory's path as a request names it: no NUL (no file system has one; Python refuses it)."""
 
 
 class _Body(BaseModel):
@@ -50,7 +54,7 @@ KEY_FIELD = Field(None, description="The model API key for this session, from th
 
 
 class CreateSession(_Body):
-    cwd: str = Field(min_length=1, description="The project directory the session works in (absolute).")
+    cwd: Directory = Field(description="The project directory the session works in (absolute).")
     model: str | None = Field(None, min_length=1, description="Model name; default: the daemon's configuration.")
     base_url: str | None = Field(None, min_length=1, description="OpenAI-compatible endpoint for this session.")
     title: str | None = Field(None, max_length=200)
@@ -95,6 +99,31 @@ class SessionInfo(BaseModel):
     elsewhere: int | None = Field(None, description="The pid of the process that hosts the session outside the "
                                   "daemon now (`prime-agent run`): listed, not to be prompted, rewound or closed "
                                   "until that process ends.")
+
+
+class PruneSessions(_Body):
+    older_than_days: float | None = Field(None, gt=0, description="Also sessions not used (prompted, a turn begun "
+                                          "or ended) for this many days.")
+    cwd: Directory | None = Field(None, description="Only sessions of this directory or one below it.")
+    dry_run: bool = Field(False, description="Say what would go; remove nothing.")
+
+
+class PrunedSession(BaseModel):
+    id: str
+    cwd: str
+    title: str | None
+    turns: int
+    why: Literal["deleted", "empty", "unused"] = Field(description="deleted: deleted, its files left on disk; "
+                                                       "empty: never prompted; unused: not used for older_than_days.")
+    bytes: int = Field(description="Its files on disk.")
+
+
+class Pruned(BaseModel):
+    """Sessions removed with their files (none with `dry_run`); live, busy ones and those another process
+    hosts are left alone."""
+
+    sessions: list[PrunedSession]
+    bytes: int
 
 
 class Transcript(BaseModel):
@@ -301,3 +330,23 @@ class ErrorDetail(BaseModel):
 class ErrorBody(BaseModel):
     error: ErrorDetail
 
+
+class OpenWeb(_Body):
+    address: str = Field(min_length=3, max_length=300, description="HOST:PORT the page is served on (port 0: any free one).")
+    cwd: Directory = Field(description="Where the page's New session opens by default.")
+
+
+class WebAccess(BaseModel):
+    """The first line of POST /v1/web: where the page is and the token that logs a browser in."""
+
+    address: str = Field(description="HOST:PORT the daemon listens on.")
+    token: str = Field(description="The login token: valid while the request that got it stays open.")
+
+
+class WebLogin(_Body):
+    token: str = Field(min_length=1, max_length=200)
+
+
+class LoggedIn(BaseModel):
+    xsrf: str = Field(description="Send it as `X-Prime-Agent-Xsrf` with every request, beside the cookie.")
+    cwd: str = Field(description="The folder `prime-agent web` runs in: New session's default.")

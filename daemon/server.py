@@ -1,5 +1,5 @@
 """The daemon process: one asyncio loop hosting every session, served over a Unix socket and,
-optionally, TCP with a bearer token.
+optionally, TCP (daemon/listeners.py: a bearer token, or the web page's login).
 
     await serve()                      # what `prime-agent daemon start --foreground` runs
 
@@ -22,12 +22,11 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-import uvicorn
-
 from agent.config import home, load_config
 from agent.config_models import Config
-from daemon.app import BodyLimit, TokenAuth, create_app
+from daemon.app import create_app
 from agent.refine import GateFactory
+from daemon.listeners import BodyLimit, TcpListener, start_server
 from daemon.manager import SessionManager
 from daemon.paths import lock_file, pid_file, socket_file, token
 
@@ -39,21 +38,6 @@ WATCH_EVERY = 1.0
 
 class AlreadyRunning(RuntimeError):
     pass
-
-
-class _Server(uvicorn.Server):
-    """uvicorn, minus its signal handlers: the daemon decides the order of shutdown."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
-
-
-def parse_tcp(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"--tcp wants HOST:PORT (e.g. 127.0.0.1:7433), not {text!r}")
-    return host.strip("[]"), int(port)
 
 
 async def serve(tcp: str | None = None, config: Config | None = None, stop: asyncio.Event | None = None,
@@ -71,31 +55,18 @@ async def serve(tcp: str | None = None, config: Config | None = None, stop: asyn
     config = config or load_config(home())
     stop = stop or asyncio.Event()
     manager = SessionManager(config, home(), gate_factory)
-    sockets: list[socket.socket] = []
+    unix: socket.socket | None = None
+    tcp_listener = TcpListener(token(), config.daemon.max_body_bytes, remote_unsandboxed)
     watchdog: asyncio.Task | None = None
     try:
         await manager.start()
         path = socket_file()
         unix = _unix_socket(str(path))
-        sockets.append(unix)
         ours[path] = _identity(os.stat(path))
-        tcp_address = None
+        app = create_app(manager, tcp_listener, socket=str(path))
+        server, task = await start_server(BodyLimit(app, config.daemon.max_body_bytes), unix)
         if tcp:
-            host, port = parse_tcp(tcp)
-            tcp_sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
-            sockets.append(tcp_sock)
-            tcp_address = f"{host}:{tcp_sock.getsockname()[1]}"
-        app = create_app(manager, socket=str(path), tcp=tcp_address, remote_unsandboxed=remote_unsandboxed)
-        limit = config.daemon.max_body_bytes
-        servers = [_server(BodyLimit(app, limit))]
-        if tcp:
-            servers.append(_server(TokenAuth(BodyLimit(app, limit), token())))
-        tasks = [asyncio.create_task(s.serve(sockets=[sock])) for s, sock in zip(servers, sockets)]
-        while not all(s.started for s in servers):
-            if any(t.done() for t in tasks):
-                await asyncio.gather(*tasks)
-                raise RuntimeError("the daemon's listener did not start")
-            await asyncio.sleep(0.01)
+            await tcp_listener.open(app, tcp, keep=True)
         loop = asyncio.get_running_loop()
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -104,19 +75,18 @@ async def serve(tcp: str | None = None, config: Config | None = None, stop: asyn
         pid_path.write_text(str(os.getpid()))  # written last: its presence means the daemon is up
         ours[pid_path] = _identity(os.stat(pid_path))
         watchdog = asyncio.create_task(_watch({p: ours[p] for p in (lock_path, path)}, stop))
-        ready = {"pid": os.getpid(), "socket": str(path), "tcp": tcp_address,
+        ready = {"pid": os.getpid(), "socket": str(path), "tcp": tcp_listener.address,
                  "remote_unsandboxed": bool(tcp) and remote_unsandboxed}
         log.info("daemon ready: %s", ready)
         if on_ready:
             on_ready(ready)
         stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([stopped, task], return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
         log.info("daemon stopping: interrupting turns, closing sessions")
         await manager.stop(config.daemon.drain_timeout)  # ends every event stream too
-        for s in servers:
-            s.should_exit = True
-        await asyncio.gather(*tasks, return_exceptions=True)
+        server.should_exit = True
+        await asyncio.gather(task, tcp_listener.close(), return_exceptions=True)
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
@@ -125,17 +95,13 @@ async def serve(tcp: str | None = None, config: Config | None = None, stop: asyn
             watchdog.cancel()
         if not manager.stopping:
             await manager.stop(0)
-        for sock in sockets:
-            sock.close()
+        await tcp_listener.close()
+        if unix is not None:
+            unix.close()
         for file, identity in ours.items():
             if file != lock_path:
                 _unlink_if(file, identity)
         os.close(lock)
-
-
-def _server(app) -> _Server:
-    return _Server(uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
-                                  timeout_graceful_shutdown=5))
 
 
 def _unix_socket(path: str) -> socket.socket:

@@ -76,6 +76,7 @@ class TurnQueue:
             session.steer(text)
             return MessageAccepted(turn_id=session.turn.id, mode=mode, queued=False)
         meta.assigned += 1
+        meta.updated = time.time()  # prompted: the session last used is this one
         turn_id = f"t{meta.assigned}"
         queued = self.running is not None or bool(meta.queued) or h.turn_slots.locked()
         goal_id, continuation = goal or (None, None)
@@ -141,8 +142,8 @@ class TurnQueue:
                     result = await session.prompt(q.text, q.turn_id, goal=goal)
                     self._resolve(result)
                 if late := "\n\n".join(session.take_steering()):  # steering that came too late for its turn
-                    if result.outcome == "interrupted":  # the user stopped the turn: do not start another
-                        h.emit(ev.Note(turn_id=q.turn_id, text=f"not delivered (the turn was interrupted): {late}"))
+                    if result.outcome == "interrupted":  # the user stopped the turn: handed back, not sent
+                        h.emit(ev.SteerReturned(turn_id=q.turn_id, text=late))
                     else:
                         self.send(late, "prompt")
             except asyncio.CancelledError:

@@ -1,8 +1,9 @@
 """The refiner: turns evidence from a session into small, validated, reversible harness edits.
 
-It imports nothing of the agent: the caller hands it a `complete(messages) -> text` callable for
-the model, and optionally a `gate(plan) -> Verdict` for a regression check and a
-`check_skill(id, body, files) -> reason | None` that runs a skill in a scratch kernel.
+It imports nothing of the agent: the caller hands it a `complete(messages, schema) -> text` callable
+for the model (`schema`: the reply's JSON schema, which a client of a server that can enforce one
+sends along; the reply is validated here either way), and optionally a `gate(plan) -> Verdict` for a
+regression check and a `check_skill(id, body, files) -> reason | None` that runs a skill in a scratch kernel.
 
     plan = await refiner.plan(evidence, view, trigger="explicit")   # in the background
     outcome = await refiner.apply(plan, session=...)                 # at a turn boundary
@@ -18,14 +19,20 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness_store.entries import HarnessError, Kind, Source, check_id, safe_relative
 from harness_store.store import Change, Edit, HarnessStore, Scope
 
-Complete = Callable[[list[dict[str, str]]], Awaitable[str]]
+
+class Complete(Protocol):
+    """The model, for planning: the reply's text to `messages`, asked to match the JSON `schema`."""
+
+    def __call__(self, messages: list[dict[str, str]], schema: dict[str, Any] | None = None) -> Awaitable[str]: ...
+
+
 SkillCheck = Callable[[str, str, dict[str, str]], Awaitable["str | None"]]
 
 
@@ -192,7 +199,7 @@ class Refiner:
     async def review(self, evidence: str) -> Review:
         """The cheap call before an auto-refine: is there a lesson here at all?"""
         reply = await self.complete([{"role": "system", "content": _prompt("review.md")},
-                                     {"role": "user", "content": evidence}])
+                                     {"role": "user", "content": evidence}], schema=Review.model_json_schema())
         return parse_json_reply(reply, Review)
 
     async def plan(self, evidence: str, view: str, *, trigger: str, instructions: str | None = None,
@@ -204,7 +211,7 @@ class Refiner:
         if instructions:
             parts.append(f"# Focus\n{instructions}")
         reply = await self.complete([{"role": "system", "content": _prompt("plan.md")},
-                                     {"role": "user", "content": "\n\n".join(parts)}])
+                                     {"role": "user", "content": "\n\n".join(parts)}], schema=Proposal.model_json_schema())
         proposal = parse_json_reply(reply, Proposal)
         rid = f"r-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         return Plan(rid, trigger, proposal, versions, generation, evidence=_evidence_line(proposal))

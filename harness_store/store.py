@@ -548,6 +548,8 @@ class HarnessStore:
                 except safefs.UnsafePath as e:
                     raise Conflict(f"{rel}: {e}") from e
                 if current != (after[rel].data if rel in after else None):
+                    if all(self._read(r) == (before[r].data if r in before else None) for r in touched):
+                        raise InvalidEntry(f"{ref} is rolled back already: its entries are as they were before it")
                     raise Conflict(f"{rel} changed again after {ref}; roll back the later change first, "
                                    "or restore a whole earlier state with --to")
                 writes[rel] = before.get(rel)

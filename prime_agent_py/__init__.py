@@ -48,7 +48,7 @@ class PrimeAgentPyConfig(HarnessConfig):
     sandbox: Literal["read-only", "workspace-write", "full-access"] | None = None
     """The kernel's sandbox mode (None: the agent's configuration's, `workspace-write` by default)."""
     overrides: list[str] = Field(default_factory=list)
-    """Configuration overrides, as `prime-agent acp -c KEY=VALUE` takes them, e.g.
+    """Configuration overrides, as `prime-agent acp --set KEY=VALUE` takes them, e.g.
     `model.action_format="text"` for a model without tool calling."""
 
 
@@ -68,7 +68,7 @@ class PrimeAgentPyHarness(ACPHarness[PrimeAgentPyConfig]):
         if self.config.sandbox:
             command += ["--sandbox", self.config.sandbox]
         for override in self.config.overrides:
-            command += ["-c", override]
+            command += ["--set", override]
         # The secret is the key the agent gives its daemon for this endpoint (never the daemon's own).
         return ACPConfig(env={**self.config.resolved_env, "OPENAI_API_KEY": secret}, command=command,
                          prompt=prompt, system_prompt=system)

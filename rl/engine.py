@@ -23,7 +23,9 @@ key/value cache written in place, and a prefix cache of shared prompt heads.
 Each row samples with its own temperature and top-p, and a seeded request with its own
 generator: what it samples does not depend on what else is in the batch. Logprobs are of each
 sampled token under the temperature-scaled distribution (the trainer computes the same); at
-temperature 0 (greedy), under the model's own.
+temperature 0 (greedy), under the model's own. A row under a grammar (structured output,
+rl/grammar.py) has its own matcher, and its logits masked before all of that: its logprobs are of
+the masked, renormalised distribution it sampled from.
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from rl.decoder import Decoder, Slots, supports
+from rl.grammar import Grammars, advance, mask_logits, start
 from rl.hf import HFPolicy, HFTokenizer, load_hf, merged
 from rl.policy.checkpoint import latest_checkpoint
 from rl.policy.sampler import Job, Sampled
@@ -186,6 +190,8 @@ class _Row:
     prompt: list[int]
     limit: int
     generator: torch.Generator | None
+    matcher: Any = None
+    """Its grammar's state (rl/grammar.py), when its job is constrained."""
     last: int = 0
     """The token sampled last, not yet in the cache: the next step's input."""
     out: Sampled = field(default_factory=lambda: Sampled([], [], "length"))
@@ -221,6 +227,8 @@ class HFEngine:
         eos = policy.inner.generation_config.eos_token_id if policy.inner.generation_config else None
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.eos = set(eos) | ({self.tok.tok.eos_token_id} if self.tok.tok.eos_token_id is not None else set())
+        self.grammars = Grammars(self.tok, self.vocab_size, self.eos)
+        """Structured output (rl/grammar.py): a constrained row's logits are masked before it samples."""
         heads = config.num_key_value_heads or config.num_attention_heads
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self._layout = (config.num_hidden_layers, heads, dim)
@@ -394,7 +402,8 @@ class HFEngine:
             job.version, job.cached, job.result = self.version, [0] * len(job.prompts), [None] * len(job.prompts)
             gen = torch.Generator().manual_seed(job.seed) if job.seed is not None else None
             for i, prompt in enumerate(job.prompts):
-                row = _Row(job, i, prompt, max(0, min(job.max_tokens, self.context - len(prompt))), gen)
+                row = _Row(job, i, prompt, max(0, min(job.max_tokens, self.context - len(prompt))), gen,
+                           start(job.grammar) if job.grammar is not None else None)
                 if row.limit == 0:
                     job.result[i] = row.out
                 else:
@@ -493,7 +502,10 @@ class HFEngine:
     def _emit(self, rows: list[_Row], logits: torch.Tensor) -> None:
         """Sample each row's next token from its logits [len(rows), vocab]; finish the rows that end.
         Rows that share a generator (a seeded job's own, or the engine's) sample in one call, in the
-        job's row order."""
+        job's row order. A constrained row's logits are masked first: its logprobs are of what it sampled from."""
+        matchers = [r.matcher for r in rows]
+        if any(m is not None for m in matchers):
+            mask_logits(logits, matchers, self.grammars.executor())
         temps = torch.tensor([r.job.temperature if r.job.temperature > 0 else 1.0 for r in rows])
         logp = F.log_softmax(logits / temps[:, None], dim=-1)
         tokens = logits.argmax(-1).tolist()
@@ -515,6 +527,8 @@ class HFEngine:
         lps = logp.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
         ended = []
         for r, token, lp in zip(rows, tokens, lps):
+            if r.matcher is not None:
+                advance(r.matcher, token)
             r.out.tokens.append(token)
             r.out.logprobs.append(lp)
             r.last = token

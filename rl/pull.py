@@ -118,9 +118,10 @@ def resolve(spec: str | Path) -> Path:
 
 def pull(name: str, progress: Callable[[str], None] = lambda line: None) -> Path:
     """Install a known model into models/<name>/ and return that directory; already there, just return it.
-    `progress` gets a line per stage. Raises ModelError, leaving nothing of this pull behind."""
+    `progress` gets a line per stage. Raises ModelNotFound for a name it does not know, ModelError for a
+    pull that failed, leaving nothing of it behind."""
     if name not in KNOWN:
-        raise ModelError(f"no known model {name!r} (known: {', '.join(KNOWN)})")
+        raise ModelNotFound(f"no known model {name!r} (known: {', '.join(KNOWN)})")
     model, target = KNOWN[name], models_dir() / name
     with _locked(models_dir(), progress):
         for stale in models_dir().glob(f"{PARTIAL}*"):  # their pulls died: a live one would hold the lock

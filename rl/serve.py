@@ -34,6 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from rl.grammar import Constraint, GrammarError, Grammars, constraint, start, tool_calls
 from rl.policy.checkpoint import latest_checkpoint, load_policy
 from rl.policy.policy import Policy, PolicyConfig
 from rl.policy.sampler import Job, generate
@@ -57,6 +58,8 @@ class Engine:
         self.sampling: dict[str, float] = {}
         self.context = model.config.max_seq
         self.vocab_size = ByteTokenizer.vocab_size
+        self.grammars = Grammars(self.tok, self.vocab_size, (ByteTokenizer.END, ByteTokenizer.EOS))
+        """Structured output (rl/grammar.py)."""
         self._jobs: queue.Queue[Job] = queue.Queue()
         self._pending: tuple[dict, int] | None = None
         self._lock = threading.Lock()
@@ -122,10 +125,14 @@ class Engine:
             return bool(stop)
 
         try:
+            matchers = [start(j.grammar) if j.grammar is not None else None for j, _ in rows]
+            constrained = any(m is not None for m in matchers)
             out = generate(self.model, [j.prompts[i] for j, i in rows], max_tokens=max(j.max_tokens for j in jobs),
                            temperature=first.temperature, top_p=first.top_p, generator=gen, on_token=on_token,
                            row_max_tokens=[j.max_tokens for j, _ in rows],
-                           stop_ids=() if first.ignore_eos else (ByteTokenizer.END, ByteTokenizer.EOS))
+                           stop_ids=() if first.ignore_eos else (ByteTokenizer.END, ByteTokenizer.EOS),
+                           matchers=matchers if constrained else None,
+                           executor=self.grammars.executor() if constrained else None)
         except BaseException as e:  # a failed batch fails its requests, not the server
             for j in jobs:
                 j.error = e
@@ -159,11 +166,18 @@ class _Request(BaseModel):
     """As in vLLM: keep only the last N prompt tokens."""
     ignore_eos: bool = False
     """As in vLLM: sample past the end-of-text tokens."""
+    response_format: dict[str, Any] | None = None
+    """OpenAI's: `{"type": "json_schema", "json_schema": {"name", "schema"}}` or `{"type": "json_object"}`
+    constrains the reply (rl/grammar.py)."""
 
 
 class ChatRequest(_Request):
     messages: list[dict[str, Any]]
     logprobs: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    """`required` or a named function: the reply is a tool call, its arguments valid under the tool's
+    parameters (rl/grammar.py); `auto` and `none`: text."""
 
 
 class CompletionRequest(_Request):
@@ -172,10 +186,21 @@ class CompletionRequest(_Request):
     echo: bool = False
 
 
-def create_app(engine) -> FastAPI:
-    """The HTTP API over a sampler: `Engine` (byte policies) or rl.engine.HFEngine."""
+def create_app(engine, strict_name: bool = False) -> FastAPI:
+    """The HTTP API over a sampler: `Engine` (byte policies) or rl.engine.HFEngine. `strict_name`: a
+    request naming another model than `engine.name` is refused (404 `model_not_found`, as OpenAI and
+    vLLM answer), so a misspelt name fails here as it would on any other server; without it (the
+    trainer's own servers, a byte policy) any name is served."""
     app = FastAPI(title="Prime Agent policy server")
     tok = engine.tok
+
+    def unknown(req: _Request) -> JSONResponse | None:
+        if not strict_name or req.model in (None, engine.name):
+            return None
+        return JSONResponse({"error": {"message": f"The model `{req.model}` does not exist: this server serves "
+                                                  f"`{engine.name}` (GET /v1/models lists it)",
+                                       "type": "invalid_request_error", "param": "model", "code": "model_not_found"}},
+                            404)
 
     # Errors in OpenAI's shape, so clients show the message.
     @app.exception_handler(HTTPException)
@@ -190,13 +215,14 @@ def create_app(engine) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict:
         # What a client needs to fit the model (agent.model.OpenAIModel.describe): its context, whether its
-        # template renders tools, and its own sampling defaults (a request that names no temperature is
-        # still sampled at 1.0 here: the client sends them)
+        # template renders tools, its own sampling defaults (a request that names no temperature is
+        # still sampled at 1.0 here: the client sends them), that it honours response_format and forced tool calls
         # and, from the built-in engine, its memory in bytes (weights, kv_cache, prefix_cache, other, pss)
         memory = {"memory": engine.memory()} if hasattr(engine, "memory") else {}
         return {"object": "list", "data": [{"id": engine.name, "object": "model", "owned_by": "prime-agent",
                                             "max_model_len": engine.context, "policy_version": engine.version,
-                                            "tools": engine.tools, "sampling_defaults": engine.sampling, **memory}]}
+                                            "tools": engine.tools, "sampling_defaults": engine.sampling,
+                                            "structured_outputs": True, **memory}]}
 
     @app.post("/v1/reload")
     async def reload(body: dict) -> dict:
@@ -207,22 +233,29 @@ def create_app(engine) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
+        if (refused := unknown(req)) is not None:
+            return refused
         for m in req.messages:
             if not isinstance(m.get("content", ""), (str, type(None))):
                 m["content"] = "".join(p.get("text", "") for p in m["content"] if isinstance(p, dict))
-        tools = (req.model_extra or {}).get("tools")
-        if tools and not engine.tools:  # as vLLM and Ollama refuse them: a 400 naming why, never dropped silently
+        tools = req.tools
+        c = _constraint(req.response_format, tools, req.tool_choice)
+        if tools and not engine.tools and not (c and c.tool_call):
+            # as vLLM and Ollama refuse them: a 400 naming why, never dropped silently (a forced call is
+            # served on any model, as vLLM serves one: its arguments are held to the tool's schema)
             raise HTTPException(400, f"{engine.name} does not support tools: its chat template renders none "
                                      "(ask for ```python cells in text: the agent's model.action_format = \"text\")")
         try:
             messages = [{"role": m.get("role", "user"), "content": m.get("content") or ""} for m in req.messages]
-            prompt = tok.chat(messages, tools=tools) if tools else tok.chat(messages)
+            prompt = tok.chat(messages, tools=tools) if tools and engine.tools else tok.chat(messages)
         except Exception as e:  # the model's own chat template refused the messages (jinja raise_exception)
             raise HTTPException(400, f"the chat template refused the messages: {e}") from None
-        return await _respond(engine, req, [prompt], True, request)
+        return await _respond(engine, req, [prompt], True, request, c)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
+        if (refused := unknown(req)) is not None:
+            return refused
         p = req.prompt
         if isinstance(p, str):
             prompts = [tok.encode(p)]
@@ -234,13 +267,34 @@ def create_app(engine) -> FastAPI:
             raise HTTPException(400, "prompt must not be empty")
         if any(t < 0 or t >= engine.vocab_size for x in prompts for t in x):
             raise HTTPException(400, f"token ids must be in [0, {engine.vocab_size})")
-        return await _respond(engine, req, prompts, False, request)
+        return await _respond(engine, req, prompts, False, request, _constraint(req.response_format, None, None))
 
     return app
 
 
-async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool, request: Request):
+def _constraint(response_format, tools, tool_choice) -> Constraint | None:
+    try:
+        return constraint(response_format, tools, tool_choice)
+    except GrammarError as e:
+        raise HTTPException(400, str(e)) from None
+
+
+async def _grammar(engine, req: _Request, c: Constraint | None):
+    """The compiled grammar of a request's constraint (None: it has none); a 400 for what cannot be enforced."""
+    if c is None:
+        return None
+    if req.ignore_eos:
+        raise HTTPException(400, "ignore_eos cannot be combined with response_format or a forced tool call")
+    try:
+        return await asyncio.to_thread(engine.grammars.compile, c.grammar)
+    except GrammarError as e:
+        raise HTTPException(400, str(e)) from None
+
+
+async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool, request: Request,
+                   constraint: Constraint | None = None):
     tok = engine.tok
+    grammar = await _grammar(engine, req, constraint)
     limit = engine.context
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     max_tokens = next((m for m in (req.max_completion_tokens, req.max_tokens) if m is not None), 256 if chat else 16)
@@ -251,7 +305,7 @@ async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool, 
         raise HTTPException(400, f"this model's maximum context length is {limit} tokens and the prompt has "
                                  f"{max(map(len, prompts))}: pass truncate_prompt_tokens ([env] prompt_tokens in RL) or "
                                  "start the server with --truncate to keep its last tokens, or send a shorter prompt "
-                                 "(the agent: -c model.base_prompt='\"short\"')")
+                                 "(the agent: --set model.base_prompt=short)")
     expanded = [p for p in prompts for _ in range(req.n)]
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
     created = int(time.time())
@@ -274,10 +328,11 @@ async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool, 
         return hit is not None
 
     job = engine.submit(Job(expanded, max_tokens, req.temperature, req.top_p, req.seed, stops, on_token,
-                            ignore_eos=req.ignore_eos))
+                            ignore_eos=req.ignore_eos, grammar=grammar))
     waiter = asyncio.ensure_future(asyncio.to_thread(job.done.wait))
     if stream_q is not None:
-        reply = _Reply(engine, req, job, waiter, stream_q, rid, created, chat, prompts, expanded, streams, texts, sent)
+        reply = _Reply(engine, req, job, waiter, stream_q, rid, created, chat, prompts, expanded, streams, texts, sent,
+                       constraint if constraint is not None and constraint.tool_call else None)
         return StreamingResponse(_stream(reply), media_type="text/event-stream")
     while not waiter.done():  # a client that hangs up stops its rows (the sampler drops them)
         await asyncio.wait([waiter], timeout=0.5)
@@ -294,6 +349,10 @@ async def _respond(engine, req: _Request, prompts: list[list[int]], chat: bool, 
         choice: dict[str, Any] = {"index": i, "finish_reason": finish, "token_ids": tokens}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
+            if constraint is not None and constraint.tool_call:  # the output is the call: no content
+                calls = tool_calls(constraint, text, _call_id)
+                choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+                choice["finish_reason"] = "tool_calls" if finish == "stop" else finish
             choice["logprobs"] = {"content": [_lp_entry(tok, t, lp) for t, lp in zip(tokens, lps)]} if req.logprobs else None
         else:
             choice["text"] = text
@@ -336,6 +395,8 @@ class _Reply:
     streams: list
     texts: list[str]
     sent: list[int]
+    calls: Constraint | None = None
+    """A forced tool call's: its text is sent as `tool_calls` once a row ends, not as content."""
 
 
 async def _stream(reply: _Reply):
@@ -376,7 +437,7 @@ async def _chunks(r: _Reply):
             stopped.add(i)
         entry = _lp_entry(tok, token, logprob)
         if chat:
-            c = {"index": i, "delta": {"content": piece}, "finish_reason": None, "token_ids": [token],
+            c = {"index": i, "delta": {} if r.calls else {"content": piece}, "finish_reason": None, "token_ids": [token],
                  "logprobs": {"content": [entry]} if req.logprobs else None}
         else:
             c = {"index": i, "text": piece, "finish_reason": None, "token_ids": [token],
@@ -390,6 +451,12 @@ async def _chunks(r: _Reply):
         texts[i] += stream.flush()
     for i, s in enumerate(job.result):
         finish = "stop" if i in stopped else s.finish_reason
+        if r.calls:  # the whole call at once (clients accumulate a call's deltas: one is a valid sequence)
+            calls = tool_calls(r.calls, texts[i][: sent[i]] if i in stopped else texts[i], _call_id)
+            yield chunk({"index": i, "delta": {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]},
+                         "finish_reason": None})
+            yield chunk({"index": i, "delta": {}, "finish_reason": "tool_calls" if finish == "stop" else finish})
+            continue
         rest = "" if i in stopped else texts[i][sent[i]:]  # text held back for a stop string that never came
         yield chunk({"index": i, "delta": {"content": rest} if rest else {}, "finish_reason": finish} if chat
                     else {"index": i, "text": rest, "finish_reason": finish})
@@ -397,6 +464,10 @@ async def _chunks(r: _Reply):
         yield "data: " + json.dumps({**base, "choices": [], "policy_version": job.version,
                                      "usage": _usage(rows, job, sum(counts))}) + "\n\n"
     yield "data: [DONE]\n\n"
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:16]}"
 
 
 def keep_tail(ids: list[int], keep: int, bos: int | None = ByteTokenizer.BOS) -> list[int]:
@@ -437,7 +508,7 @@ def _lp_entry(tok, token: int, logprob: float) -> dict[str, Any]:
 class BackgroundServer:
     """uvicorn in a thread, for the trainer and for tests: `with BackgroundServer(engine) as url:` (or an app)."""
 
-    def __init__(self, engine: Engine | FastAPI, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, engine: Engine | FastAPI, host: str = "127.0.0.1", port: int = 0, strict_name: bool = False):
         import socket
 
         import uvicorn
@@ -445,7 +516,7 @@ class BackgroundServer:
         self.sock = socket.socket()
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
-        app = engine if isinstance(engine, FastAPI) else create_app(engine)
+        app = engine if isinstance(engine, FastAPI) else create_app(engine, strict_name)
         config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=3)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
@@ -509,7 +580,8 @@ def main(args) -> int:
     _announce(f"{engine.name} ({engine.parameters:,} parameters, {args.dtype}, context {engine.context})",
               engine, args)
     signal.signal(signal.SIGTERM, lambda *_: _stop())
-    with BackgroundServer(engine, args.host, args.port):  # HTTP in a thread; sampling here (HFEngine.run)
+    # HTTP in a thread, answering to the served name only; sampling here (HFEngine.run)
+    with BackgroundServer(engine, args.host, args.port, strict_name=True):
         try:
             engine.run()
         except KeyboardInterrupt:

@@ -31,8 +31,8 @@ INTRO = """\
 
 A session reads, later wins: the defaults below < `$PRIME_AGENT_HOME/config.toml` < the project's
 `.mcp.json` (its MCP servers, Claude Code's format) < `<project>/.prime-agent/config.toml` < the
-environment (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `PRIME_AGENT_MODEL`) < `-c section.field=value`
-and flags (values are TOML, else strings: `-c model.temperature=0.2`, `-c model.action_format='"text"'`).
+environment (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `PRIME_AGENT_MODEL`) < `--set section.field=value`
+and flags (values are TOML, else strings: `--set model.temperature=0.2`, `--set model.action_format=text`).
 A daemon session may carry its own, nested as in `config.toml`: `"config": {"model": {...}}`.
 Unknown fields, and numbers that are not finite, are refused with the source and field named.
 

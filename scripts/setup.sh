@@ -7,6 +7,11 @@ if ! command -v bwrap > /dev/null && command -v apt-get > /dev/null; then
     sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
     $sudo apt-get install -y -qq bubblewrap > /dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq bubblewrap; }
 fi
+# The web page's tests (tests/web) drive Debian's headless chromium through its chromium-driver.
+if [ "${1:-}" = "test" ] && ! { command -v chromium && command -v chromedriver; } > /dev/null && command -v apt-get > /dev/null; then
+    sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get install -y -qq chromium chromium-driver > /dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq chromium chromium-driver; }
+fi
 command -v bwrap > /dev/null || echo "setup: bubblewrap is not installed: kernels will run unsandboxed (see docs/sandbox.md)" >&2
 [ -x .venv/bin/python ] || python3 -m venv .venv
 extra=""
@@ -30,3 +35,5 @@ if [ "${1:-}" = "test" ]; then
 fi
 # PYTHONDONTWRITEBYTECODE may be set: compile our own packages once so starts stay fast.
 .venv/bin/python -m compileall -q agent tui cli harness_store daemon evals rl prime_agent_py
+# The command is in .venv/bin; nothing here changes your PATH.
+echo "setup: done. prime-agent is .venv/bin/prime-agent: 'source .venv/bin/activate' (or export PATH=\"$PWD/.venv/bin:\$PATH\") puts it on your PATH; 'prime-agent doctor' checks the rest" >&2

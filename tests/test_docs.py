@@ -72,6 +72,17 @@ def test_every_docs_page_is_linked_from_the_readme() -> None:
     assert [p.name for p in PAGES[1:] if p not in linked] == []
 
 
+def test_no_page_or_comment_points_outside_a_clone() -> None:
+    """Issue 52: README and docs named the design page by a path in a `shared` folder beside the
+    checkout, which a clone does not have (the design and the house style are docs/architecture.md and
+    docs/style.md)."""
+    files = [*PAGES, *(p for package in ("agent", "daemon", "tui", "cli", "evals", "rl", "harness_store", "tests")
+                       for p in (ROOT / package).rglob("*.py"))]
+    outside = re.compile(r"\.\./" + "shared/")  # split: this file names no such path either
+    assert [str(p.relative_to(ROOT)) for p in files if outside.search(p.read_text())] == []
+    assert (ROOT / "docs" / "architecture.md").is_file() and (ROOT / "docs" / "style.md").is_file()
+
+
 def test_a_broken_link_or_anchor_is_found(tmp_path: Path) -> None:
     """What the check stops: a page moved or renamed, a heading reworded, a link out of the repository;
     links in code blocks and to headings GitHub spells with punctuation, duplicates and links pass."""

@@ -1,4 +1,4 @@
-"""The product's imports point down the layers of ARCHITECTURE.md §1, and no module imports one that
+"""The product's imports point down the layers of docs/architecture.md §1, and no module imports one that
 imports it back. Every import counts: module-level, function-level, under TYPE_CHECKING, and the
 command modules cli.main reaches through importlib."""
 

@@ -31,12 +31,12 @@ from agent import events as ev
 from agent.config import home
 from agent.events import Event
 from daemon.client import Client, DaemonError
-from tui.commands import COMMANDS, KEYS, GoalLine, parse_goal
-from tui.screens.harness import HarnessScreen
+from tui.commands import COMMANDS, GoalLine
 from tui.screens.history_search import HistorySearch
-from tui.screens.rewind import RewindScreen
 from tui.screens.sessions import SessionsScreen
 from tui.screens.transcript import TranscriptScreen
+from tui.shell import Shell
+from tui.slash import SlashCommands
 from tui.widgets.approval_card import ApprovalCard
 from tui.widgets.plan_card import PlanCard
 from tui.widgets.cell_view import SubagentRow
@@ -78,7 +78,6 @@ class PrimeApp(App):
         Binding("escape", "interrupt", "interrupt", show=False),
         Binding("ctrl+o", "sessions", "sessions", show=False),
         Binding("ctrl+d", "quit_app", "quit", priority=True, show=False),
-        Binding("enter", "take_completion", priority=True, show=False),
         Binding("ctrl+r", "history_search", "search history", priority=True, show=False),
         Binding("up", "menu('up')", priority=True, show=False),
         Binding("down", "menu('down')", priority=True, show=False),
@@ -100,23 +99,33 @@ class PrimeApp(App):
         self.running_turn: str | None = None
         self.last_ctrl_c = 0.0
         self.events_seen = 0
+        self.live_after = 0
+        """The session's last event when the app attached: later ones are live, earlier ones history."""
         self.goal: GoalLine | None = None
         """The session's goal as its events tell it (for the status bar); None without one."""
+        self.workspace = cwd
+        """The directory of the session shown (its own: a resumed one may work elsewhere)."""
+        self.slash = SlashCommands(self)
+        self.shell = Shell(self.say)
 
     def compose(self) -> ComposeResult:
         # held, not queried: the event worker may still be applying a batch while the app tears its screen down
         self.conversation, self.status_bar = Conversation(id="conversation"), StatusBar(id="status")
+        self.command_menu = CommandMenu({name: c.help for name, c in COMMANDS.items()}, id="menu")
+        self.file_menu = FileMenu(self.cwd, id="files")
+        self.prompt_input = PromptInput(id="prompt", history_file=home() / "prompt-history.jsonl",
+                                        complete=self._complete)
         yield self.conversation
         with Vertical(id="bottom"):
-            yield CommandMenu({name: c.help for name, c in COMMANDS.items()}, id="menu")
-            yield FileMenu(self.cwd, id="files")
-            yield PromptInput(id="prompt", history_file=home() / "prompt-history.jsonl")
+            yield self.command_menu
+            yield self.file_menu
+            yield self.prompt_input
             yield self.status_bar
 
     async def on_mount(self) -> None:
-        self.query_one(CommandMenu).display = False
-        self.query_one(FileMenu).display = False
-        self.query_one(PromptInput).focus()
+        self.command_menu.display = False
+        self.file_menu.display = False
+        self.prompt_input.focus()
         if self.start_with:
             await self.attach(self.start_with)
         elif self.choose:
@@ -127,6 +136,7 @@ class PrimeApp(App):
     # --- sessions ------------------------------------------------------------------------------
 
     async def new_session(self, mode: str | None = None) -> None:
+        await self.leave()
         try:
             s = await self.client.create_session(self.cwd, model=self.new.model, base_url=self.new.base_url,
                                                  budget=self.new.budget, sandbox=self.new.sandbox, mode=mode,
@@ -143,6 +153,8 @@ class PrimeApp(App):
         except DaemonError as e:
             await self.say(e.message, "error")
             return
+        if self.session_id != session_id:
+            await self.leave()
         self.session_id = session_id
         status = self.status_bar
         status.session_id, status.model, status.state = session_id, info.model, info.state
@@ -154,6 +166,7 @@ class PrimeApp(App):
         self.goal = None  # the replay tells it again
         self.state = info.state
         self.sub_title = info.title or info.cwd
+        self.workspace = Path(info.cwd)
         await self.conversation.clear()
         resumed = None
         if session_id != self.created:
@@ -163,11 +176,27 @@ class PrimeApp(App):
         source = self.new.model_source if session_id == self.created else "the resumed session"
         await self.conversation.mount(Welcome(model=info.model, source=source, base_url=info.base_url,
                                               sandbox=info.sandbox, cwd=info.cwd, resumed=resumed))
-        self.events_seen = 0
+        self.events_seen, self.live_after = 0, info.last_seq
         self.follow(session_id)
         if self.initial_prompt:
             prompt, self.initial_prompt = self.initial_prompt, None
-            self.query_one(PromptInput).send(prompt)
+            self.prompt_input.send(prompt)
+
+    async def leave(self) -> str | None:
+        """Done with the session shown (the app switches, or exits): one this app made that was never
+        prompted is not kept (deleted, with its files). The session that goes on, if any."""
+        left = self.session_id
+        if left is None or left != self.created:
+            return left
+        try:
+            info = await self.client.session(left)
+            if info.turns or info.queued or info.state in ("running", "queued") or info.goal:
+                return left
+            await self.client.delete(left, files=True)
+        except DaemonError:
+            return left  # the daemon went away, or so did the session: nothing to tidy
+        self.created = self.session_id = None
+        return None
 
     @work(exclusive=True, group="events")
     async def follow(self, session_id: str) -> None:
@@ -236,6 +265,10 @@ class PrimeApp(App):
             case ev.SessionStarted() | ev.SessionResumed():
                 status.sandbox = e.sandbox or status.sandbox
                 status.context_window = e.context_window or status.context_window
+            case ev.SteerReturned() if e.seq > self.live_after:  # handed back now, not in the history
+                prompt = self.prompt_input
+                prompt.load_text("\n".join(t for t in (e.text, prompt.text) if t.strip()))
+                prompt.move_cursor(prompt.document.end)
             case ev.ApprovalRequested():
                 self.call_after_refresh(self._focus_approval, e.request_id)
             case ev.PlanProposed():
@@ -266,13 +299,31 @@ class PrimeApp(App):
 
     @on(PromptInput.Edited)
     def follow_menu(self, event: PromptInput.Edited) -> None:
-        self.query_one(CommandMenu).filter(event.text)
+        self._filter_menus(event.text)
+
+    def _filter_menus(self, text: str) -> None:
+        self.command_menu.filter(text)
         mention = self._mention()
-        self.query_one(FileMenu).filter(mention[1] if mention else None)
+        self.file_menu.filter(mention[1] if mention else None)
+
+    def _complete(self, prompt: PromptInput) -> bool:
+        """Enter in the prompt: with the file menu open, the highlighted path goes in; with the command
+        menu open, the highlighted command is sent, not the letters typed so far (True: done). The
+        menus follow the text as the prompt has it at this key, not as the app last heard of it."""
+        self._filter_menus(prompt.text)
+        menu = self._open_menu()
+        if isinstance(menu, FileMenu):
+            self._take_file()
+            return True
+        if isinstance(menu, CommandMenu) and prompt.text.strip() not in COMMANDS:
+            chosen, menu.display = menu.chosen(), False
+            prompt.send(chosen)
+            return True
+        return False
 
     def _mention(self) -> tuple[tuple[int, int], str] | None:
         """The `@word` just before the cursor: where it starts, and the word without its @."""
-        prompt = self.query_one(PromptInput)
+        prompt = self.prompt_input
         row, col = prompt.cursor_location
         before = prompt.document.get_line(row)[:col]
         word = before.rsplit(None, 1)[-1] if before and not before[-1].isspace() else ""
@@ -280,7 +331,7 @@ class PrimeApp(App):
 
     def _take_file(self) -> None:
         """The highlighted file in place of the `@word` at the cursor (as `@path `)."""
-        prompt, menu = self.query_one(PromptInput), self.query_one(FileMenu)
+        prompt, menu = self.prompt_input, self.file_menu
         mention, path = self._mention(), menu.chosen()
         menu.filter(None)
         if mention and path:
@@ -290,11 +341,11 @@ class PrimeApp(App):
     def on_key(self, event) -> None:
         if self.screen is not self.screen_stack[0]:
             return
-        menu, prompt = self.query_one(CommandMenu), self.query_one(PromptInput)
-        if prompt.has_focus and self.query_one(FileMenu).display and event.key in ("tab", "escape"):
+        menu, prompt = self.command_menu, self.prompt_input
+        if prompt.has_focus and self.file_menu.display and event.key in ("tab", "escape"):
             event.stop()
             event.prevent_default()
-            self._take_file() if event.key == "tab" else self.query_one(FileMenu).filter(None)
+            self._take_file() if event.key == "tab" else self.file_menu.filter(None)
             return
         if prompt.has_focus and event.key == "tab" and prompt.text.strip() and not menu.filter(prompt.text):
             event.stop()  # Tab with text typed and nothing to complete keeps the focus: Enter sends that text
@@ -323,8 +374,8 @@ class PrimeApp(App):
 
     @on(PromptInput.Submitted)
     async def submit(self, event: PromptInput.Submitted) -> None:
-        self.query_one(CommandMenu).display = False
-        self.query_one(FileMenu).filter(None)
+        self.command_menu.display = False
+        self.file_menu.filter(None)
         text = event.text
         word = text.split(maxsplit=1)[0]
         if word in COMMANDS:
@@ -336,22 +387,31 @@ class PrimeApp(App):
                            + " /help lists them. Nothing was sent (to send text that starts with /, begin it "
                            "with //)", "error")
             return
+        if text.startswith("!"):  # a command of yours, not the model's
+            self.run_worker(self.shell.run(text[1:].strip(), self.workspace), group="shell")
+            return
         if text.startswith("//"):
             text = text[1:]
-        if self.session_id is None:
-            await self.say("no session: /new starts one, /resume attaches", "error")
+        if self.session_id is None:  # none chosen (Esc in the chooser): the text starts a new session here
+            self.initial_prompt = text
+            await self.new_session()
+            if self.session_id is None:  # it could not start (said why): the text goes back in the prompt
+                self.initial_prompt = None
+                self.prompt_input.load_text(text)
             return
+        await self.send(attach(text, self.cwd))
+
+    async def send(self, text: str) -> None:
+        """A message to the session: a prompt, or while a turn runs a steer (steer.queued shows it);
+        what your `!` commands printed since the last one goes first."""
         mode = "steer" if self.state == "running" else "prompt"
-        conversation = self.conversation
-        conversation.scroll_end(animate=False)  # what you send, and its answer, are what you want to see
+        self.conversation.scroll_end(animate=False)  # what you send, and its answer, are what you want to see
         try:
-            accepted = await self.client.send(self.session_id, attach(text, self.cwd), mode)
+            await self.client.send(self.session_id or "", self.shell.told() + text, mode)
         except DaemonError as e:
             await self.say(f"not sent: {e.message}", "error")
             return
-        if accepted.mode == "steer":  # it reaches the model at its next call (the events say when)
-            await conversation.mount(UserMessage(text, label="you (steering)"))
-            conversation.scroll_end(animate=False)
+        self.shell.sent()
 
     async def command(self, text: str) -> None:
         name, _, arg = text.partition(" ")
@@ -360,127 +420,18 @@ class PrimeApp(App):
             await self.say(f"{name} needs a session: /new starts one", "error")
             return
         try:
-            await getattr(self, command.method)(arg.strip())
+            await getattr(self.slash, command.method)(arg.strip())
         except DaemonError as e:
             await self.say(f"{name}: {e.message}", "error")
 
-    # --- slash commands: one method each, `arg` the text after the name; COMMANDS names them ---
-
-    async def new_command(self, arg: str) -> None:
-        await self.new_session()
-
-    async def plan_command(self, arg: str) -> None:
-        """Plan mode for this session from its next turn (between turns; its kernel restarts), or a new
-        session in plan mode if there is none; `arg`, if given, is the next prompt."""
-        if self.session_id is None:
-            await self.new_session(mode="plan")
-        elif (await self.client.session(self.session_id)).planning:
-            await self.say("this session is in plan mode already")
-        else:
-            await self.client.update(self.session_id, plan=True)  # the daemon's note says so
-        if arg and self.session_id:
-            await self.client.send(self.session_id, arg)
-
-    async def resume_command(self, arg: str) -> None:
-        if arg:
-            await self.attach(arg)
-        else:
-            self.action_sessions()
-
-    async def sessions_command(self, arg: str) -> None:
-        self.action_sessions()
-
-    async def model_command(self, arg: str) -> None:
-        if arg and self.session_id:
-            info = await self.client.update(self.session_id, model=arg)
-            self.status_bar.model = info.model
-            await self.say(f"model: {info.model} (from the next turn)")
-        else:
-            await self.say(f"model: {self.status_bar.model}; /model NAME switches")
-
-    async def refine_command(self, arg: str) -> None:
-        r = await self.client.refine(self.session_id, instructions=arg or None)
-        await self.say(r.message)
-
-    async def harness_command(self, arg: str) -> None:
-        self.push_screen(HarnessScreen(self.client, self.session_id))
-
-    async def rollback_command(self, arg: str) -> None:
-        await self.rollback(arg or None)
-
-    async def rewind_command(self, arg: str) -> None:
-        if self.state in ("running", "queued"):
-            await self.say("/rewind: a turn is running; interrupt it (Esc) or wait", "error")
-            return
-        self.push_screen(RewindScreen(self.client, self.session_id))
-
-    async def compact_command(self, arg: str) -> None:
-        await self.say((await self.client.compact(self.session_id)).message)
-
-    async def reprompt_command(self, arg: str) -> None:
-        await self.say((await self.client.rebuild_prompt(self.session_id)).message)
-
-    async def interrupt_command(self, arg: str) -> None:
-        await self.action_interrupt()
-
-    async def goal_command(self, arg: str) -> None:
-        await self.start_goal(arg, autonomous=False)
-
-    async def autonomous_command(self, arg: str) -> None:
-        await self.start_goal(arg, autonomous=True)
-
-    async def start_goal(self, arg: str, autonomous: bool) -> None:
-        name = "/autonomous" if autonomous else "/goal"
-        try:
-            text, check, budget = parse_goal(arg, autonomous)
-        except ValueError as e:
-            await self.say(f"{name}: {e}", "error")
-            return
-        g = await self.client.start_goal(self.session_id, text, check=check, budget=budget)
-        await self.say(f"{name} {g.id} started: Esc stops it; the status bar shows its progress")
-
     def goal_running(self) -> bool:
         return self.goal is not None and self.goal.state == "running"
-
-    async def mcp_command(self, arg: str) -> None:
-        servers = await self.client.mcp(self.session_id, start=True)
-        if not servers:
-            await self.say("no MCP servers configured (prime-agent mcp add NAME -- COMMAND ARGS..., "
-                           "or the project's .mcp.json)")
-            return
-        await self.say("\n".join(line for s in servers for line in s.lines()))
-
-    async def exit_command(self, arg: str) -> None:
-        self.exit(self.session_id)
-
-    async def clear_command(self, arg: str) -> None:
-        """Empties the view; the session, its context and its kernel go on."""
-        await self.conversation.clear()
-        await self.say("cleared the view; the session goes on, with its context (/new starts afresh)")
-
-    async def help_command(self, arg: str) -> None:
-        await self.say("\n".join([*KEYS, *(f"{name:<11} {c.help}" for name, c in COMMANDS.items())]))
-
-    async def rollback(self, refinement_id: str | None, card: RefinementCard | None = None) -> None:
-        cards = self.conversation.cards
-        if card is None:
-            applied = [c for c in cards.values() if c.status == "applied"]
-            card = cards.get(refinement_id) if refinement_id else (applied[-1] if applied else None)
-        if card is None:
-            await self.say(f"no applied refinement {refinement_id or ''}".rstrip() + " in this session to roll back",
-                           "error")
-            return
-        for scope in card.scopes or ["project"]:
-            r = await self.client.rollback(card.refinement_id, scope=scope, session=self.session_id)
-            await self.say(f"rolled back {card.refinement_id} in the {scope} scope ({r.refinement_id}); "
-                           "in force from the next turn")
-        card.set_status("rolled back")
 
     @on(RefinementCard.Decided)
     async def decided(self, event: RefinementCard.Decided) -> None:
         try:
             if event.action == "rollback":
-                await self.rollback(None, event.card)
+                await self.slash.rollback(None, event.card)
             else:
                 r = await self.client.decide(self.session_id, event.card.refinement_id, event.action == "approve")
                 event.card.set_status(r.status)
@@ -508,11 +459,11 @@ class PrimeApp(App):
         except DaemonError as e:
             await self.say(f"approval {event.card.request_id}: {e.message}", "error")
             return
-        self.query_one(PromptInput).focus()
+        self.prompt_input.focus()
 
     @on(PlanCard.Decided)
     async def plan_decided(self, event: PlanCard.Decided) -> None:
-        prompt = self.query_one(PromptInput)
+        prompt = self.prompt_input
         note = prompt.text.strip() or None
         try:
             await self.client.decide_plan(self.session_id, event.approve, note=note)
@@ -535,7 +486,10 @@ class PrimeApp(App):
     # --- keys ----------------------------------------------------------------------------------
 
     async def action_interrupt(self) -> None:
-        """Esc: stop the running turn; a goal stops with it (the daemon ends a goal its interrupt cut)."""
+        """Esc: stop your `!` command if one runs, else the running turn; a goal stops with it (the
+        daemon ends a goal its interrupt cut)."""
+        if self.shell.stop():
+            return
         if self.session_id and (self.state in ("running", "queued") or self.goal_running()):
             try:
                 await self.client.interrupt(self.session_id)
@@ -548,7 +502,7 @@ class PrimeApp(App):
         if self.state in ("running", "queued"):
             await self.action_interrupt()
             return
-        prompt = self.query_one(PromptInput)
+        prompt = self.prompt_input
         if self.screen is self.screen_stack[0] and prompt.text.strip():  # first, what you were typing
             prompt.remember(prompt.text.strip())
             prompt.clear()
@@ -566,8 +520,8 @@ class PrimeApp(App):
         if action == "scroll":  # PgUp/PgDn scroll the conversation; on other screens their widgets have them
             return main
         if action == "quit_app":  # on a prompt with text, Ctrl-D deletes forward as editors do
-            return main and not self.query_one(PromptInput).text
-        if action in ("take_completion", "menu"):  # only while a menu offers something for the prompt's text
+            return main and not self.prompt_input.text
+        if action == "menu":  # only while a menu offers something for the prompt's text
             return main and self._open_menu() is not None
         if action == "history_search":
             return main
@@ -575,9 +529,9 @@ class PrimeApp(App):
 
     def _open_menu(self) -> CommandMenu | FileMenu | None:
         """The menu the keys go to: files while an @ mention is typed, else slash commands."""
-        if not self.query_one(PromptInput).has_focus:
+        if not self.prompt_input.has_focus:
             return None
-        for menu in (self.query_one(FileMenu), self.query_one(CommandMenu)):
+        for menu in (self.file_menu, self.command_menu):
             if menu.display and menu.chosen() is not None:
                 return menu
         return None
@@ -586,24 +540,13 @@ class PrimeApp(App):
         """Ctrl-D on an empty prompt: leave the app; the session goes on in the daemon."""
         self.exit(self.session_id)
 
-    def action_take_completion(self) -> None:
-        """Enter with the menu open sends the highlighted command, not the letters typed so far; with
-        the file menu open, it puts the highlighted path in."""
-        if isinstance(self._open_menu(), FileMenu):
-            self._take_file()
-            return
-        menu, prompt = self.query_one(CommandMenu), self.query_one(PromptInput)
-        chosen = menu.chosen()
-        menu.display = False
-        prompt.send(chosen if chosen and prompt.text.strip() not in COMMANDS else None)
-
     def action_menu(self, direction: str) -> None:
         if menu := self._open_menu():
             menu.action_cursor_up() if direction == "up" else menu.action_cursor_down()
 
     def action_history_search(self) -> None:
         """Ctrl-R: find something you sent before; it comes back into the prompt to edit or send."""
-        prompt = self.query_one(PromptInput)
+        prompt = self.prompt_input
 
         def chosen(text: str | None) -> None:
             if text is not None:
@@ -624,7 +567,7 @@ class PrimeApp(App):
             elif session_id:
                 self.run_worker(self.attach(session_id))
             elif self.session_id is None:  # left the picker with nothing attached: say what now
-                self.run_worker(self.say("no session yet: /new starts one here, /resume chooses one, "
-                                         "Ctrl-D or /exit leaves"))
+                self.run_worker(self.say("no session yet: what you type starts a new one here; /resume chooses "
+                                         "one, Ctrl-D or /exit leaves"))
 
         self.push_screen(SessionsScreen(self.client, self.cwd, self.session_id), chosen)

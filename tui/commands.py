@@ -1,5 +1,5 @@
 """The app's slash commands (each one's method and help, in one place), what /help says about keys,
-and the goal commands' parsing and status line. The methods themselves are the app's (tui/app.py)."""
+and the goal commands' parsing and status line. The methods themselves are in tui/slash.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ KEYS = [
     "detaches. Ctrl-D on an empty prompt (or /exit, /quit) leaves. Either way the session goes on "
     "(prime-agent --resume ID).",
     "/ opens the command menu: Enter runs the highlighted command, Tab completes it. @ offers the project's "
-    "files: Tab or Enter puts the highlighted path in.",
+    "files: Tab or Enter puts the highlighted path in. !COMMAND runs a command of yours in the workspace (Esc "
+    "stops it); the model hears its output with your next message.",
     "Tab on an empty prompt moves the focus to cells, diffs and cards, Shift+Tab to the newest first (typing "
     "always goes back to the prompt): Enter on a cell shows all its output, on a diff expands it; on a "
     "refinement card r rolls back, a/x approve/reject. Ctrl+O: sessions. PgUp/PgDn scroll.",
@@ -25,7 +26,7 @@ KEYS = [
 @dataclass(frozen=True)
 class SlashCommand:
     method: str
-    """The app's method that runs it (`PrimeApp.<method>(arg)`), given the text after the name."""
+    """The method that runs it (`SlashCommands.<method>(arg)`, tui/slash.py), given the text after the name."""
     help: str
     """Its line in the menu and in /help."""
     needs_session: bool = False
@@ -38,7 +39,15 @@ COMMANDS = {  # the menu and /help list them in this order
                           "until you approve its plan (y on the card; n rejects, with the prompt's text as your note)"),
     "/resume": SlashCommand("resume_command", "[ID] attach to a session (without ID: choose one)"),
     "/sessions": SlashCommand("sessions_command", "sessions in this project: attach, delete"),
-    "/model": SlashCommand("model_command", "[NAME] show or switch the model (from the next turn)"),
+    "/model": SlashCommand("model_command", "[NAME] show the model and those the server offers, or switch (from "
+                           "the next turn)"),
+    "/status": SlashCommand("status_command", "the session, model and server, sandbox, context, harness, daemon",
+                            needs_session=True),
+    "/cost": SlashCommand("cost_command", "what this session has spent: tokens and dollars", needs_session=True),
+    "/diff": SlashCommand("diff_command", "what changed in the workspace since this session began",
+                          needs_session=True),
+    "/init": SlashCommand("init_command", "[NOTES] have the agent write AGENTS.md for this project (trust it "
+                          "after reading it)", needs_session=True),
     "/refine": SlashCommand("refine_command", "[instructions] refine the harness from this session",
                             needs_session=True),
     "/harness": SlashCommand("harness_command", "browse the harness: notes, memories, skills, subagents",

@@ -72,6 +72,12 @@ def _diff(c: Change, sizes: dict[str, int], contents: dict[str, bytes]) -> FileD
     return out
 
 
+def since_first(store: WorkspaceStore, first: str) -> FilesChanged | None:
+    """What changed in the workspace from tree `first` (the session's first checkpoint) to now: a
+    snapshot taken now, compared (`/diff` in the app). None: nothing."""
+    return files_changed(store, first, store.snapshot().tree)
+
+
 def counts_only(files: FilesChanged) -> FilesChanged:
     """A turn's summary: each file's change and line counts, not its diff."""
     return FilesChanged(files=[FileDiff(path=f.path, change=f.change, added=f.added, removed=f.removed, note=f.note)

@@ -15,7 +15,7 @@ from typing import Any
 
 from agent import events as ev
 from harness_store import safefs
-from agent.checkpoints.diffs import counts_only, files_changed
+from agent.checkpoints.diffs import counts_only, files_changed, since_first
 from agent.checkpoints.rewind import (Part, Plan, apply, changes_since, file_changes, harness_heads, rewind_record,
                                      through_links, write_json)
 from agent.checkpoints.store import WorkspaceStore
@@ -113,6 +113,18 @@ class Checkpoints:
             log.warning("the files a turn changed could not be read: %s", e)
             return None
         return counts_only(files) if files is not None else None
+
+    async def since_start(self) -> FilesChanged | None:
+        """What changed in the workspace since the session's first checkpoint, to now (None: nothing).
+        ValueError when there is nothing to compare with (checkpoints off, no turn yet)."""
+        first = next((r.tree for r in read_records(self.layout.trajectory, []) if isinstance(r, CheckpointRecord)
+                      and r.tree is not None), None) if self.layout.trajectory.is_file() else None
+        if self.store is None or first is None:
+            raise ValueError("checkpoints are off in this session" if self.store is None else
+                             "no checkpoint yet: the first is taken when the first turn begins")
+        store = self.store
+        async with self.lock:
+            return await asyncio.to_thread(since_first, store, first)
 
     def after_turn(self, turn_id: str) -> None:
         """Once the turn ended: snapshot the namespace, then checkpoint, in the background."""

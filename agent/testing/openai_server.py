@@ -36,6 +36,8 @@ class Reply:
     """Never answer (until the server stops)."""
     drop: bool = False
     """Streaming: send part of the reply, then cut the connection."""
+    pause: threading.Event | None = None
+    """Streaming: send the first half of the content, then the rest once this is set (at most 60 s)."""
     garbage: bool = False
     """Answer 200 with a body that is not JSON."""
     prompt_tokens: int | None = None
@@ -82,8 +84,8 @@ OLLAMA_NO_TOOLS = "registry.ollama.ai/library/gemma:2b does not support tools"
 class OpenAIServer:
     def __init__(self, script: Script, host: str = "127.0.0.1", models: list[dict[str, Any]] | None = None,
                  props: dict[str, Any] | None = None, refuse_tools: str | None = None,
-                 listing_status: int = 200, api_key: str | None = None):
-        """`models`: the entries `GET /v1/models` lists (None: no such route, a 404, as before);
+                 listing_status: int = 200, api_key: str | None = None, port: int = 0):
+        """`port`: where to listen (0: a free one); `models`: the entries `GET /v1/models` lists (None: no such route, a 404, as before);
         `props`: what llama.cpp's `GET /props` answers (None: a 404); `refuse_tools`: answer every
         request that has `tools` with a 400 with this message (`VLLM_NO_TOOL_PARSER`, `OLLAMA_NO_TOOLS`),
         without taking a reply from the script; `listing_status`: answer `GET /v1/models` with this error
@@ -98,7 +100,7 @@ class OpenAIServer:
         self._lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
         self.stopping = threading.Event()
-        self._httpd = ThreadingHTTPServer((host, 0), _Handler)
+        self._httpd = ThreadingHTTPServer((host, port), _Handler)
         self._httpd.daemon_threads = True
         self._httpd.owner = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
@@ -235,6 +237,9 @@ class _Handler(BaseHTTPRequestHandler):
             if ids is not None and not msg.get("tool_calls"):
                 extra["token_ids"] = [ids[i]]
             chunk({"role": "assistant", "content": piece} if i == 0 else {"content": piece}, extra=extra)
+            if reply.pause is not None and i == len(pieces) // 2 - 1:
+                self.wfile.flush()
+                reply.pause.wait(60)
             if reply.drop and i >= len(pieces) // 2:
                 self.wfile.flush()
                 self.close_connection = True

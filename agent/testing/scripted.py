@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from agent.config_models import ModelConfig
 from agent.model import DeltaCallback, FallbackCallback, ModelError, RetryCallback, ServerModel
@@ -54,7 +54,7 @@ class ScriptedModel:
         messages: list[Message],
         *,
         tools: bool = True,
-        json_mode: bool = False,
+        json_mode: bool | dict[str, Any] = False,
         on_delta: DeltaCallback | None = None,
         on_reasoning: DeltaCallback | None = None,
         on_retry: RetryCallback | None = None,

@@ -12,6 +12,7 @@ from fastapi import Depends, Request
 
 from agent.config import ENV_VARS
 from daemon.errors import Refused
+from daemon.listeners import REMOTE, WEB, TcpListener
 from daemon.manager import SessionManager
 from daemon.schemas import ErrorBody, ModelKey
 
@@ -19,22 +20,18 @@ VERSION = "0.1.0"
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 403, 404, 409, 413, 422, 429, 503)
 }
-REMOTE = "prime_agent.tcp"
-"""Set in the ASGI scope of a request that came over TCP (by `daemon.app.TokenAuth`)."""
 
 
 def _model_env() -> dict[str, str]:
-    return {var: "set" if var == "OPENAI_API_KEY" else os.environ[var] for var in ENV_VARS if os.environ.get(var)}
+    return {var: "set" if var.endswith("_API_KEY") else os.environ[var] for var in ENV_VARS if os.environ.get(var)}
 
 
 @dataclass(frozen=True)
 class Served:
     """Where the app listens and what its TCP clients may do (`app.state.served`)."""
 
+    tcp: TcpListener
     socket: str = ""
-    tcp: str | None = None
-    remote_unsandboxed: bool = False
-    """--allow-remote-unsandboxed: clients over TCP may loosen a sandbox and act outside one."""
     started: float = field(default_factory=time.monotonic)
     started_at: float = field(default_factory=time.time)
     model_env: dict[str, str] = field(default_factory=_model_env)
@@ -55,10 +52,11 @@ Server = Annotated[Served, Depends(_served)]
 
 
 def confined(request: Request) -> bool:
-    """Whether this client is held to the sandbox the configuration says: it came over TCP and the
-    daemon was not started with --allow-remote-unsandboxed (whoever holds the token may be a kernel
-    that read it)."""
-    return bool(request.scope.get(REMOTE)) and not request.app.state.served.remote_unsandboxed
+    """Whether this client is held to the sandbox the configuration says: it came over TCP with the
+    bearer token (whoever holds it may be a kernel that read it), not as the web page `prime-agent
+    web` logged in, and the daemon was not started with --allow-remote-unsandboxed."""
+    return (bool(request.scope.get(REMOTE)) and request.scope.get(WEB) is None
+            and not request.app.state.served.tcp.remote_unsandboxed)
 
 
 def unix_only(key: ModelKey | None, request: Request) -> None:

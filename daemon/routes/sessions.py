@@ -5,21 +5,27 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import Response
 
+from agent.config import ConfigError
 from agent.mcp import ServerInfo
+from agent.server_models import ListingError, listed_models
+from agent.types import FilesChanged
 from daemon.errors import Refused
 from daemon.routes.common import Manager, confined, unix_only
 from daemon.schemas import (
     CloseSession,
     CreateSession,
     DecidePlan,
+    Directory,
     Interrupt,
     Interrupted,
     KernelInfo,
     MessageAccepted,
     PlanDecision,
+    Pruned,
+    PruneSessions,
     SendMessage,
     SessionInfo,
     UpdateSession,
@@ -37,9 +43,17 @@ async def create_session(req: CreateSession, request: Request, manager: Manager)
 
 
 @router.get("/v1/sessions")
-async def list_sessions(manager: Manager) -> list[SessionInfo]:
-    """Every session of the registry, whichever front made it (`prime-agent run` too), oldest first."""
-    return manager.listing()
+async def list_sessions(manager: Manager, cwd: Annotated[Directory | None, Query()] = None) -> list[SessionInfo]:
+    """Every session of the registry, whichever front made it (`prime-agent run` too), oldest first;
+    `cwd`: only those of that directory or one below it."""
+    return manager.listing(cwd)
+
+
+@router.post("/v1/sessions/prune")
+async def prune_sessions(req: PruneSessions, manager: Manager) -> Pruned:
+    """Remove sessions with their files: those deleted whose files stayed, those never prompted, and
+    with `older_than_days` those not used for that long (live, busy and elsewhere-hosted ones stay)."""
+    return await manager.prune(req)
 
 
 @router.get("/v1/sessions/{session_id}")
@@ -69,8 +83,10 @@ async def close_session(session_id: str, manager: Manager, req: CloseSession | N
 
 
 @router.delete("/v1/sessions/{session_id}", status_code=204)
-async def delete_session(session_id: str, manager: Manager) -> Response:
-    await manager.delete(session_id)
+async def delete_session(session_id: str, manager: Manager, files: bool = False) -> Response:
+    """Out of the registry: its goal, turns and kernel stop; `files=true`: its files are removed too
+    (else they stay on disk, and `POST /v1/sessions/prune` removes them later)."""
+    await manager.delete(session_id, files)
     return Response(status_code=204)
 
 
@@ -111,6 +127,29 @@ async def kernel(session_id: str, manager: Manager) -> KernelInfo:
     """The live kernel's connection file (`jupyter console --existing FILE`); wakes a dormant session."""
     session = await manager.get(session_id).wake()
     return KernelInfo(connection_file=str(session.kernel.connection_file), state=session.kernel.state.value)
+
+
+@router.get("/v1/sessions/{session_id}/diff")
+async def diff(session_id: str, manager: Manager) -> FilesChanged | None:
+    """What changed in the workspace since the session's first checkpoint (a snapshot taken now;
+    null: nothing); each file with its bounded diff. Wakes a dormant session."""
+    session = await manager.get(session_id).wake()
+    try:
+        return await session.checkpoints.since_start()
+    except ValueError as e:
+        raise Refused("no_checkpoint", str(e)) from None
+
+
+@router.get("/v1/sessions/{session_id}/models")
+async def server_models(session_id: str, manager: Manager) -> list[str]:
+    """The models the session's server lists (`GET {base_url}/models`, with the session's key)."""
+    try:
+        model = manager.get(session_id).config().model
+        return await listed_models(model.base_url, model.api_key)
+    except ConfigError as e:
+        raise Refused("config_broken", str(e)) from None
+    except ListingError as e:
+        raise Refused("server", f"the server did not list its models: {e}") from None
 
 
 @router.get("/v1/sessions/{session_id}/mcp")

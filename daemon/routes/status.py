@@ -17,8 +17,8 @@ router = APIRouter()
 @router.get("/v1/status")
 async def status(manager: Manager, served: Server) -> Status:
     return Status(
-        pid=os.getpid(), version=VERSION, socket=served.socket, tcp=served.tcp,
-        remote_unsandboxed=bool(served.tcp) and served.remote_unsandboxed,
+        pid=os.getpid(), version=VERSION, socket=served.socket, tcp=served.tcp.address,
+        remote_unsandboxed=bool(served.tcp.address) and served.tcp.remote_unsandboxed,
         uptime=time.monotonic() - served.started, started=served.started_at, model_env=served.model_env,
         client_keys=sum(1 for s in manager.sessions.values() if s.key),
         sessions=len(manager.sessions), live_sessions=manager.live(),

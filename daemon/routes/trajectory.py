@@ -1,12 +1,17 @@
-"""What a session recorded: its transcript, its trajectory as ATIF, its subagents and theirs."""
+"""What a session recorded: its transcript, its trajectory as ATIF, a cell's display outputs, its
+subagents and theirs."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
 from agent.subagents import ChildInfo
+from agent.trajectory import find_cell
+from agent.types import Attachment
+from daemon.errors import Refused
 from daemon.routes.common import VERSION, Manager
 from daemon.schemas import ChildTranscript, Transcript
 
@@ -25,6 +30,17 @@ async def trajectory(session_id: str, manager: Manager,
                      = "atif") -> dict[str, Any]:
     """The session's trajectory as an ATIF v1.8 document (agent/atif.py), its subagents embedded."""
     return await manager.get(session_id).atif(VERSION)
+
+
+@router.get("/v1/sessions/{session_id}/turns/{turn_id}/cells/{cell_id}/outputs")
+async def cell_outputs(session_id: str, turn_id: str, cell_id: str, manager: Manager) -> list[Attachment]:
+    """A cell's display outputs (its images: `cell.finished` names their MIME types in `attachments`),
+    each `{"mime", "data"}` with the data in base64, in the order the cell showed them."""
+    path = manager.get(session_id).layout.trajectory
+    record = await asyncio.to_thread(find_cell, path, turn_id, cell_id) if path.is_file() else None
+    if record is None:
+        raise Refused("not_found", f"no cell {cell_id!r} in turn {turn_id!r} of session {session_id} (yet)")
+    return record.result.attachments
 
 
 @router.get("/v1/sessions/{session_id}/subagents")

@@ -17,8 +17,10 @@
 5. Evaluates the trained policy on the same tasks, then prints a before/after table with the spread
    over tasks and writes a reward-curve PNG.
 
-Everything lands in $PRIME_AGENT_HOME/demo/runs/<time>/ (results.json, metrics.jsonl, rollouts.jsonl,
-reward.png); the evaluation sessions stay in the daemon's session list.
+Everything lands in $PRIME_AGENT_HOME/demo/runs/<time>/ (results.json, metrics.jsonl, rollouts.jsonl: every
+session and its reward; reward.png). Of its sessions two stay in the daemon's list, the first evaluation
+task's before and after RL; the others are deleted with their files once judged (training ones once the
+run is over: the trainer reads their trajectories). A daemon the demo started is stopped at the end.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import contextlib
 import hashlib
 import json
 import math
+import os
+import signal
 import statistics
 import sys
 import time
@@ -44,7 +48,8 @@ from rich.table import Table  # noqa: E402
 
 from agent.config import home  # noqa: E402
 from agent.layout import SessionLayout  # noqa: E402
-from daemon.client import Client, DaemonError, DaemonUnavailable, connect  # noqa: E402
+from cli import invocation  # noqa: E402
+from daemon.client import Client, DaemonError, DaemonUnavailable, connect, daemon_pid  # noqa: E402
 from daemon.schemas import Status  # noqa: E402
 from evals.env import Environment, Task  # noqa: E402
 from evals.runner import Result, judge, lay_out, prompt_of, ran_past  # noqa: E402
@@ -66,16 +71,23 @@ EVAL_SEED = 424_242
 
 
 class DaemonOrchestrator(HarnessOrchestrator):
-    """Rollouts as daemon sessions: created with the RL agent settings, prompted with the task, and
-    followed to the end of the turn. Training sessions are deleted from the list once done (their
-    trajectories stay on disk); evaluation sessions are kept, asleep."""
+    """Rollouts as daemon sessions: created with the RL agent settings (no checkpoints: nobody rewinds
+    them), prompted with the task, and followed to the end of the turn. Training sessions are deleted
+    from the list once done (their files stay until the run is over: the trainer reads their
+    trajectories); evaluation sessions are deleted with their files once judged, but for the first
+    task's first rollout (`KEPT`), kept asleep to open in the app."""
+
+    KEPT = 0
+    """Which evaluation task's first rollout stays listed, before and after RL."""
 
     def __init__(self, base_url: str, env: Environment, cfg: RunConfig, run_dir: Path, concurrency: int,
                  label: str = "train", progress: Progress | None = None):
         super().__init__(base_url, env, cfg.train, cfg.env, run_dir)
         self.concurrency, self.label, self.progress = concurrency, label, progress
-        self.overrides = agent_overrides(base_url, cfg.train, cfg.env)
+        self.overrides = {**agent_overrides(base_url, cfg.train, cfg.env), "checkpoints": {"enabled": False}}
         self.log = run_dir / "rollouts.jsonl"
+        self.kept: str | None = None
+        """The evaluation session left listed."""
 
     async def rollouts(self, tasks: list[Task], group: int, step: int) -> list[tuple[Result, Path]]:
         progress = self.progress
@@ -85,7 +97,8 @@ class DaemonOrchestrator(HarnessOrchestrator):
 
             async def one(task: Task, r: int) -> tuple[Result, Path]:
                 async with slots:
-                    result, trajectory = await self._one(client, task, r, step)
+                    keep = task is tasks[self.KEPT] and r == 0
+                    result, trajectory = await self._one(client, task, r, step, keep)
                 if progress is not None and bar is not None:
                     progress.advance(bar)
                 return result, trajectory
@@ -96,7 +109,7 @@ class DaemonOrchestrator(HarnessOrchestrator):
                 if progress is not None and bar is not None:
                     progress.remove_task(bar)
 
-    async def _one(self, client: Client, task: Task, r: int, step: int) -> tuple[Result, Path]:
+    async def _one(self, client: Client, task: Task, r: int, step: int, keep: bool) -> tuple[Result, Path]:
         started = time.monotonic()
         result = Result(task.id, r, task_key(task, {"label": self.label, "step": step}), "error")
         work = self.run_dir / "work" / f"{self.label}-{step}-{task.id}-{r}"
@@ -112,9 +125,12 @@ class DaemonOrchestrator(HarnessOrchestrator):
             result.turns, result.cells, result.tokens = finished.steps, finished.cells, finished.usage.completion_tokens
             await judge(result, self.env, task, finished.outcome, finished.answer, finished.error, work)
             if self.label == "train":
-                await client.delete(session.id)
-            else:
+                await client.delete(session.id)  # its files go once the run is over (`prune`)
+            elif keep:
                 await client.sleep(session.id)
+                self.kept = session.id
+            else:
+                await client.delete(session.id, files=True)
         except TimeoutError:
             ran_past(result, self.env_config.timeout)
             with contextlib.suppress(DaemonError, DaemonUnavailable):  # its turn must not run on unseen
@@ -139,7 +155,8 @@ class RolloutsFailed(Exception):
 
 def evaluation(cfg: RunConfig, env: Environment, tasks: list[Task], args: argparse.Namespace, run_dir: Path,
                weights: Path, label: str, console: Console) -> dict:
-    """`tasks` x args.eval_rollouts daemon sessions against a policy server on `weights`; their summary."""
+    """`tasks` x args.eval_rollouts daemon sessions against a policy server on `weights`; their summary
+    (with `kept`: the session left listed)."""
     progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)
     engine = hf_engine(str(latest_checkpoint(weights) or weights)) if cfg.model.hf else \
@@ -149,7 +166,7 @@ def evaluation(cfg: RunConfig, env: Environment, tasks: list[Task], args: argpar
         results = [r for r, _ in asyncio.run(orchestrator.rollouts(tasks, args.eval_rollouts, 0))]
     if all(r.outcome == "error" for r in results):
         raise RolloutsFailed(f"every {label} rollout failed; the first: {results[0].error}")
-    s = summary(results)
+    s = {**summary(results), "kept": orchestrator.kept}
     _log(console, f"{label}: reward {s['reward']['mean']:.3f} over {len(tasks)} tasks x {args.eval_rollouts}, "
                   f"{s['ran_code']:.0%} answered by running code, {s['errors']} errored")
     return s
@@ -275,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         console.print(f"prime-agent demo: {e}", style="red", markup=False)
         return 2
+    started_daemon = daemon_pid() is None  # the first session starts it: stopped again at the end
     try:
-        return run(cfg, args, run_dir, console)
+        return run(cfg, args, run_dir, console, started_daemon)
     except DaemonUnavailable as e:
         console.print(f"prime-agent demo: the daemon is not running: {e}", style="red", markup=False)
         return 1
@@ -285,11 +303,36 @@ def main(argv: list[str] | None = None) -> int:
                       "the demo again)", style="red", markup=False)
         return 1
     except KeyboardInterrupt:
-        console.print(f"\ninterrupted: what ran is in {run_dir}; its sessions stay in the daemon", markup=False)
+        console.print(f"\ninterrupted: what ran is in {run_dir}", markup=False)
         return 130
+    finally:
+        tidy(run_dir, started_daemon, console)
 
 
-def run(cfg: RunConfig, args: argparse.Namespace, run_dir: Path, console: Console) -> int:
+def tidy(run_dir: Path, started_daemon: bool, console: Console) -> None:
+    """The run's deleted sessions' files removed (the training sessions'), and the daemon stopped if
+    the demo started it. Run folders stay: each is a record of its run."""
+    if daemon_pid() is None:
+        return
+
+    async def prune() -> int:
+        async with Client() as client:
+            return (await client.prune(cwd=run_dir)).bytes
+
+    try:
+        freed = asyncio.run(prune())
+        _log(console, f"removed the files of the run's deleted sessions: {freed / 1e6:.1f} MB")
+    except (DaemonError, DaemonUnavailable) as e:
+        _log(console, f"the run's deleted sessions could not be tidied: {e}")
+    if started_daemon and (pid := daemon_pid()) is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while daemon_pid() is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _log(console, f"stopped the daemon the demo started (pid {pid})")
+
+
+def run(cfg: RunConfig, args: argparse.Namespace, run_dir: Path, console: Console, started_daemon: bool) -> int:
     started = time.monotonic()
     run_dir.mkdir(parents=True)
     env = load_env(cfg.env.name, **cfg.env.options)
@@ -325,7 +368,10 @@ def run(cfg: RunConfig, args: argparse.Namespace, run_dir: Path, console: Consol
     console.print(f"After RL the reward {verdict} the warm start's: {change['mean']:+.3f} "
                   f"(95% CI over tasks [{change['low']:+.3f}, {change['high']:+.3f}]). {minutes:.1f} minutes.")
     console.print(f"\nRun folder: {run_dir} (results.json, metrics.jsonl, rollouts.jsonl, [bold]reward.png[/])")
-    console.print(_NEXT, markup=False, highlight=False, soft_wrap=True)
+    console.print(NEXT.format(pa=invocation(), before=before["kept"], after=after["kept"],
+                              stopped="\nThe daemon the demo started stops now; these commands start it again."
+                              if started_daemon else ""),
+                  markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -341,18 +387,20 @@ async def _daemon_status() -> Status:
         await client.close()
 
 
-_NEXT = """
-The evaluation sessions stay in the daemon:
-  prime-agent sessions                       list them (titled "demo before ..." / "demo after ...")
-  prime-agent --resume ID                    open one in the app (cells, outputs, the answer)
-  prime-agent                                the app itself, on a new session in this directory
+NEXT = """
+Two sessions stay, the first evaluation task before and after RL; the others went with their files
+(rollouts.jsonl keeps each one's outcome and reward).{stopped}
+  {pa} --resume {before}      open the one before RL in the app (cells, outputs, the answer)
+  {pa} --resume {after}      and the one after
+  {pa} sessions delete {before} {after}     when you are done with them
+  {pa}                                the app itself, on a new session in this directory
 
 The same loop with a real model (any OpenAI-compatible server that returns logprobs, e.g. vLLM):
   vllm serve MODEL --port 8000               or Ollama, llama.cpp, OpenRouter, ...
-  OPENAI_BASE_URL=http://localhost:8000/v1 PRIME_AGENT_MODEL=MODEL prime-agent     (with [model] record_logprobs = true
+  OPENAI_BASE_URL=http://localhost:8000/v1 PRIME_AGENT_MODEL=MODEL {pa}     (with [model] record_logprobs = true
                                              in $PRIME_AGENT_HOME/config.toml: every session records logprobs)
-  prime-agent rate last 1                    rate a session (or write a rubric)
-  prime-agent rl ingest --all -o samples.jsonl   token-level samples: sampled tokens trainable, the rest masked
+  {pa} rate last 1                    rate a session (or write a rubric)
+  {pa} rl ingest --all -o samples.jsonl   token-level samples: sampled tokens trainable, the rest masked
 """
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agent.config_models import Config
 from agent.layout import SessionLayout
-from agent.model import OpenAIModel
+from agent.providers import open_model
 from agent.trajectory import MessageRecord, Record, read_records
 from evals.env import Environment, Task
 from evals.runner import WORKSPACE_PREFIX, EvalSpec, Result, prompt_of, rollout, rollout_layout, rollout_session
@@ -41,17 +41,19 @@ def agent_config(base_url: str | None, train: TrainConfig, env: EnvConfig) -> Co
 
 
 def agent_overrides(base_url: str | None, train: TrainConfig, env: EnvConfig) -> dict:
-    """agent_config's settings as config overrides (what a daemon session is created with)."""
+    """agent_config's settings as config overrides (what a daemon session is created with). The guards
+    against a model that loops are off: a policy's loops are samples to learn from, kept whole (its
+    completions are bounded by `train.max_tokens`, its turns by `env.max_steps` and `env.timeout`)."""
     return {
         "model": {"name": "prime-policy", "base_url": base_url, "action_format": "text", "base_prompt": env.base_prompt,
-                  "stream": False,
+                  "stream": False, "repetition_limit": 0,
                   "record_logprobs": True, "temperature": train.temperature, "max_completion_tokens": train.max_tokens,
                   "max_retries": 1, "timeout": train.request_timeout,
                   # top_p pinned: the trainer scores tokens over the whole distribution, whatever sampling
                   # defaults the server advertises for the model (agent.model.fitted)
                   "extra_body": {"top_p": 1.0,
                                  **({"truncate_prompt_tokens": env.prompt_tokens} if env.prompt_tokens else {})}},
-        "budget": {"max_steps": env.max_steps, "max_seconds": env.timeout},
+        "budget": {"max_steps": env.max_steps, "max_seconds": env.timeout, "max_repeats": None},
         "kernel": {"interrupt_grace": 1.0, "cell_timeout": min(30.0, env.timeout)},
         "compaction": {"enabled": False},
         "refine": {"auto_every": 0},
@@ -88,7 +90,7 @@ def warm_start_system_prompt(train: TrainConfig, env: EnvConfig, run_dir: Path) 
 
     async def start() -> None:
         with tempfile.TemporaryDirectory(prefix=WORKSPACE_PREFIX) as work:
-            async with rollout_session(config, OpenAIModel(config.model), Path(work), layout.dir):
+            async with rollout_session(config, open_model(config.model), Path(work), layout.dir):
                 pass
 
     shutil.rmtree(layout.dir, ignore_errors=True)  # a session id is one session's
@@ -114,7 +116,7 @@ class HarnessOrchestrator:
         """`group` rollouts of each task, in order: each one's result and its trajectory file."""
         spec = EvalSpec(taskset=self.env.name, n=len(tasks), rollouts=group, concurrency=self.train.threads or os.cpu_count() or 1,
                         seed=step, timeout=self.env_config.timeout)
-        model = OpenAIModel(self.config.model)
+        model = open_model(self.config.model)
         step_dir = self.run_dir / "rollouts" / f"step-{step}"
         slots = asyncio.Semaphore(spec.concurrency)
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from rl.grammar import advance, mask_logits
 from rl.policy.policy import Policy
 from rl.policy.tokenizer import ByteTokenizer
 
@@ -44,6 +46,8 @@ class Job:
     error: BaseException | None = None
     cancelled: bool = False
     """Its client hung up: a sampler that can (rl.engine.HFEngine) drops its rows."""
+    grammar: Any = None
+    """A compiled grammar (rl.grammar.Grammars.compile): each row samples under a copy of its own."""
 
 
 @torch.no_grad()
@@ -58,10 +62,13 @@ def generate(
     generator: torch.Generator | None = None,
     on_token=None,
     row_max_tokens: list[int] | None = None,
+    matchers: list | None = None,
+    executor=None,
 ) -> list[Sampled]:
     """Sample a batch with a KV cache. Prompts are left-padded, so every row decodes in step.
     Logprobs are of each sampled token under the temperature-scaled distribution (the trainer
-    computes the same). `on_token(row, token, logprob)` streams; returning True stops that row."""
+    computes the same). `on_token(row, token, logprob)` streams; returning True stops that row.
+    `matchers` (rl/grammar.py; None for a free row) mask each row's logits before it samples."""
     model.eval()
     B, longest = len(prompts), max(len(p) for p in prompts)
     room = [model.config.max_seq - len(p) for p in prompts]  # each row's own context limit
@@ -82,7 +89,10 @@ def generate(
     done = torch.tensor([lim == 0 for lim in limits], dtype=torch.bool)
     next_pos = positions[:, -1] + 1
     for _ in range(max_tokens):
-        logp = F.log_softmax(logits.float() / max(temperature, 1e-6), dim=-1)
+        logits = logits.float()
+        if matchers:
+            mask_logits(logits, [None if done[i] else m for i, m in enumerate(matchers)], executor)
+        logp = F.log_softmax(logits / max(temperature, 1e-6), dim=-1)
         if temperature <= 0:
             tok = logp.argmax(-1)
         else:
@@ -97,6 +107,8 @@ def generate(
             if done[i]:
                 continue
             t = int(tok[i])
+            if matchers and matchers[i] is not None:
+                advance(matchers[i], t)
             if t in stop_ids:  # kept (with its logprob): the policy chose to stop, and learns from it
                 out[i].tokens.append(t)
                 out[i].logprobs.append(float(lp[i]))

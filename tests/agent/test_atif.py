@@ -120,13 +120,14 @@ def test_another_agents_document_becomes_context_and_tool_results():
              "tool_calls": [{"tool_call_id": "c1", "function_name": "bash", "arguments": {"cmd": "ls"}}],
              "observation": {"results": [{"source_call_id": "c1", "content": "a.txt"}]},
              "metrics": {"prompt_token_ids": [1, 2, 3], "completion_token_ids": [7, 8], "logprobs": [-0.1, -0.2]}},
-            {"step_id": 4, "source": "agent", "message": "a.txt",
+            {"step_id": 4, "source": "agent", "message": "a.txt", "extra": {"provider_blocks": {"provider": "gemini"}},
              "metrics": {"prompt_token_ids": [1, 2, 3, 7, 8, 9], "completion_token_ids": [10], "logprobs": [-0.3]}},
         ]})
     records = from_atif(doc)
     messages = [r.message for r in records if isinstance(r, MessageRecord)]
     assert [(m.role, m.content) for m in messages] == [("system", "You are a shell agent."), ("user", "list the files"),
                                                        ("assistant", ""), ("tool", "a.txt"), ("assistant", "a.txt")]
+    assert messages[4].blocks is None  # blocks not ours to send back are left out; the text stands
     assert messages[2].tool_calls[0].name == "bash" and json.loads(messages[2].tool_calls[0].arguments) == {"cmd": "ls"}
     (sample,) = list(samples(records, vocab_size=None))  # the second prompt extends the first: one sample
     assert sample.ids == [1, 2, 3, 7, 8, 9, 10]

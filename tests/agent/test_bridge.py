@@ -75,7 +75,8 @@ def _status(field: str) -> int:
 async def test_a_request_past_the_cap_is_refused_unread_and_the_bridge_goes_on(tmp_path: Path):
     """E10: a 60 MB line from a kernel was buffered whole by the host (its reader's limit was 64 MiB),
     parsed, then kept. Now the host reads it through in small chunks, drops it, and says why; the
-    same connection serves the next call. Sent six times, the host's peak memory barely moves."""
+    same connection serves the next call. Sent six times, the host's peak memory never grows by one
+    such request (the allocator's own slack, up to ~30 MB on a loaded machine, is not a held request)."""
     kept: list[int] = []
 
     async def note(text: str) -> None:
@@ -106,7 +107,7 @@ async def test_a_request_past_the_cap_is_refused_unread_and_the_bridge_goes_on(t
     finally:
         await server.close()
     assert kept == [2]
-    assert growth < 3 * REQUEST_BYTES, f"the host's peak memory grew {growth:,} bytes"  # 60 MB each, sent 6 times
+    assert growth < 60 * len(chunk), f"the host's peak memory grew {growth:,} bytes"  # 60 MB each, sent 6 times
 
 
 async def test_connections_and_bytes_held_at_once_are_bounded(tmp_path: Path):

@@ -98,7 +98,7 @@ async def test_model_failure_ends_the_turn_and_the_session_goes_on(project: Path
 
 
 async def test_step_cell_and_time_budgets(project: Path):
-    loop_forever = lambda messages: cells("1")  # noqa: E731
+    loop_forever = lambda messages: cells(str(len(messages)))  # noqa: E731 (a new cell each time: no repeat)
     async with session(project, [loop_forever] * 10, budget={"max_steps": 3}) as s:
         r = await s.prompt("spin")
     assert (r.outcome, r.steps) == ("budget_exhausted", 3) and "max_steps" in r.error
@@ -111,6 +111,30 @@ async def test_step_cell_and_time_budgets(project: Path):
     async with session(project, [cells("import time; time.sleep(30)")], budget={"max_seconds": 1.5}) as s:
         r = await s.prompt("sleep")
     assert r.outcome == "budget_exhausted" and r.duration < 10
+
+
+@pytest.mark.parametrize("action_format", ["tools", "text"])
+async def test_the_same_cell_with_the_same_result_three_times_in_a_row_ends_the_turn(project: Path, action_format):
+    # SmolLM2 at temperature 0 writes the same cell again and again, each time told the same error: without
+    # a guard it went on to budget.max_steps (200 calls, ten minutes on two cores)
+    stuck = lambda messages: cells("print(mul(2, 3))")  # noqa: E731
+    async with session(project, [stuck] * 10, action_format=action_format) as s:
+        r = await s.prompt("Add a function mul(a, b) to calc.py and a test")
+    assert (r.outcome, r.steps, r.cells) == ("budget_exhausted", 3, 3)
+    assert r.error == ("the model ran the same cell with the same result 3 times in a row, going round in circles, "
+                       "so the turn stops (budget.max_repeats)")
+    assert "NameError: name 'mul' is not defined" in s.messages[-1].content  # the last cell's result is told
+    (finished,) = [rec for rec in read_records(s.layout.trajectory) if isinstance(rec, TurnFinishedRecord)]
+    assert (finished.outcome, finished.error) == ("budget_exhausted", r.error)
+
+
+async def test_a_cell_run_again_that_gets_somewhere_is_not_a_repeat(project: Path):
+    # the same code, a new result each time (polling a file that grows), and the same cell between others
+    script = [cells("n = globals().get('n', 0) + 1; print(n)")] * 4 + [cells("1"), cells("1"), cells("2"), cells("1"),
+                                                                       "done"]
+    async with session(project, script, budget={"max_repeats": 3}) as s:
+        r = await s.prompt("poll")
+    assert (r.outcome, r.cells) == ("completed", 8)
 
 
 async def test_steering_reaches_the_next_model_call(project: Path):
@@ -205,7 +229,7 @@ async def test_note_reaches_the_user_and_everything_is_recorded(project: Path):
 
 
 async def test_a_long_single_turn_compacts_its_own_early_steps_and_ids_stay_unique(project: Path):
-    replies = iter([cells("print('z' * 2000)")] * 5 + ["done", "second turn done"])
+    replies = iter([cells(f"print('{c}' * 2000)") for c in "vwxyz"] + ["done", "second turn done"])
 
     def model(messages: list[Message]):
         return "SUMMARY of earlier steps" if messages[0].content.startswith("You compact") else next(replies)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import load_config, parse_override
+from agent.config import load_config, merge, parse_override
 from agent.config_models import ModelConfig
 from agent.actions import fenced_cells
-from agent.model import ModelError, ModelTimeout, OpenAIModel, ServerModel, ToolsRefused, fitted
+from agent.model import ModelError, ModelTimeout, OpenAIModel, Repeating, ServerModel, ToolsRefused, fitted
 from agent.testing.openai_server import OLLAMA_NO_TOOLS, VLLM_NO_TOOL_PARSER, OpenAIServer, Reply
 from agent.types import Message, ToolCall
 
@@ -167,6 +167,36 @@ def test_a_setting_the_user_made_wins_over_the_server_even_at_the_default_value(
     assert getattr(model, setting) == value and model.model_fields_set == {setting}
 
 
+@pytest.mark.parametrize("overrides, server, cap", [
+    ([], SAYS, 1638),  # SmolLM2 on our server: a fifth of its 8,192 tokens
+    ([], ServerModel(context_window=1_000_000), 32_768),  # never more than 32,768
+    (["model.context_window=32768"], ServerModel(), 6553),  # a window the user states fits it too
+    ([], ServerModel(), None),  # no window known (OpenAI's API, Ollama): the server's own limit
+    (["model.max_completion_tokens=4000"], SAYS, 4000),  # the user's, whatever the window
+])
+def test_the_completion_cap_is_fitted_to_a_known_window(overrides: list[str], server: ServerModel, cap):
+    user = load_config(Path("/nonexistent"), merged(*overrides)).model
+    assert fitted(user, server).max_completion_tokens == cap
+
+
+def merged(*overrides: str) -> dict:
+    out: dict = {}
+    for o in overrides:
+        merge(out, parse_override(o))
+    return out
+
+
+async def test_the_fitted_cap_is_sent_as_max_tokens_and_as_max_completion_tokens_to_openai():
+    with OpenAIServer([Reply(content="a")]) as server:
+        model = model_for(server)
+        model.reconfigure(fitted(model.config, SAYS))
+        await model.complete(USER)
+    assert server.requests[0]["max_tokens"] == 1638
+    openai_itself = OpenAIModel(fitted(ModelConfig(name="gpt-4.1", api_key="sk-none", context_window=400_000),
+                                       ServerModel()))
+    assert openai_itself._request(USER, True, False)["max_completion_tokens"] == 32_768
+
+
 async def test_the_advertised_sampling_defaults_are_sent_where_the_user_set_none():
     with OpenAIServer([Reply(content="a"), Reply(content="b")]) as server:
         model = model_for(server)
@@ -186,3 +216,61 @@ async def test_a_servers_refusal_of_tools_is_told_apart_and_not_retried(refusal:
         with pytest.raises(ToolsRefused, match="refused tool calling"):
             await model_for(server).complete(USER)
     assert len(server.requests) == 1
+
+
+# --- a completion that repeats itself ------------------------------------------------------------------
+
+
+LOOP = "print(mul(2, 3))\n" * 2000
+"""34,000 characters of one line: SmolLM2-135M's way of running away, written to the token limit."""
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("reply", [Reply(content="Here it is:\n```python\n" + LOOP, finish_reason="length"),
+                                   Reply(raw_arguments=['{"code": "' + json.dumps(LOOP)[1:-1]], finish_reason="length"),
+                                   Reply(reasoning="Let me think. " * 3000, content="ok")],
+                         ids=["answer", "tool-call", "reasoning"])
+async def test_a_completion_that_repeats_itself_is_stopped_there_and_not_retried(stream: bool, reply: Reply):
+    with OpenAIServer([reply, Reply(content="never asked")]) as server:
+        shown: list[str] = []
+        with pytest.raises(Repeating, match=r"the model fell into a loop, writing '.+' \d+ times in a row: its completion "
+                                            r"was stopped after [\d,]+ characters \(model.repetition_limit = 500\)"):
+            await model_for(server, stream=stream).complete(USER, on_delta=shown.append, on_reasoning=shown.append)
+        assert len(server.requests) == 1
+    if stream:  # stopped as the loop showed, not after the 34,000 characters the server had to send
+        assert len("".join(shown)) < 2_000
+
+
+async def test_text_that_repeats_a_little_or_not_at_all_is_no_loop():
+    table = "| a | b |\n|---|---|\n" + "".join(f"| {i} | {i * i} |\n" for i in range(400))  # 5,000 characters
+    replies = [Reply(content=table), Reply(content="=" * 80 + "\nx = 0\n" * 4 + "done"), Reply(content=LOOP)]
+    with OpenAIServer(replies) as server:
+        model = model_for(server)
+        assert (await model.complete(USER)).message.content == table
+        assert (await model.complete(USER)).message.content.endswith("done")
+        unguarded = model_for(server, repetition_limit=0)
+        assert (await unguarded.complete(USER)).message.content == LOOP  # switched off: the whole of it
+
+
+# --- text mode: a streamed reply ends with its first whole cell ------------------------------------------
+
+
+AFTER = ("Here it is:\n```python\nprint(sum(int(x) for x in open('numbers.txt')))\n```\nThis prints `279`. "
+         + " ".join(f"{i}," for i in range(2000)))
+"""SmolLM2 after its cell: the output it imagines, on and on (1,638 tokens, four minutes on two loaded cores)."""
+
+
+async def test_a_text_mode_reply_ends_with_its_first_cell_where_the_server_streams_token_ids():
+    ids = {"return_token_ids": True}  # ours and vLLM send each token's id as it streams
+    with OpenAIServer([Reply(content=AFTER), Reply(content=AFTER), Reply(content=AFTER)]) as server:
+        shown: list[str] = []
+        text = model_for(server, action_format="text", extra_body=ids)
+        c = await text.complete(USER, on_delta=shown.append)
+        whole_without_ids = (await model_for(server, action_format="text").complete(USER)).message.content
+        plain_call = (await text.complete(USER, tools=False)).message.content  # a summary, llm(): read whole
+    # up to the chunk that closed the cell (this server's chunks are words; ours and vLLM's are tokens)
+    assert c.message.content == "Here it is:\n```python\nprint(sum(int(x) for x in open('numbers.txt')))\n```\nThis"
+    assert fenced_cells(c.message.content) == ["print(sum(int(x) for x in open('numbers.txt')))\n"]
+    assert c.finish_reason == "stop" and "".join(shown) == c.message.content
+    assert c.usage.completion_tokens == len(c.message.token_ids) == 7 and c.usage.prompt_tokens == 0
+    assert whole_without_ids == plain_call == AFTER  # no ids to count the usage by, or no cell wanted

@@ -4,6 +4,7 @@ to `model.fallback`, and streams cut mid-way, against the test server through th
 from __future__ import annotations
 
 import email.utils
+import socket
 import time
 from pathlib import Path
 
@@ -153,3 +154,35 @@ async def test_a_model_listing_that_fails_or_hangs_neither_breaks_nor_holds_up_t
     assert result.answer == "done" and s.config.model.context_window == 128_000
     assert gets == ["/v1/models"] and not [e for e in events if isinstance(e, ev.Note)]
     assert took < 30  # the hanging listing costs its 1 s timeout, not the server's 120 s
+
+
+async def test_a_session_started_before_its_server_is_fitted_to_it_once_the_server_answers(project: Path):
+    # Issue 52: a session made while the model server was down kept a 128,000-token context and the full
+    # base prompt once it came up (an 8k model then got 1,294-token prompts, and compaction misjudged).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    models = [{"id": "fake", "max_model_len": 8192, "tools": False}]
+    config = make_config(model={"name": "fake", "base_url": f"http://127.0.0.1:{port}/v1", "max_retries": 0})
+    events: list[ev.Event] = []
+    async with Session(config, OpenAIModel(config.model), cwd=project, on_event=events.append) as down:
+        assert down.config.model.context_window == 128_000
+        failed = await down.prompt("hello")  # nothing listens yet
+        with OpenAIServer([Reply(content="fine")], models=models, port=port) as server:
+            result = await down.prompt("go")
+            late = list(server.requests)
+        with OpenAIServer([Reply(content="fine")], models=models) as server:  # the same server, up from the start
+            up_config = make_config(model={"name": "fake", "base_url": server.base_url})
+            async with Session(up_config, OpenAIModel(up_config.model), cwd=project) as up:
+                await up.prompt("go")
+            early = list(server.requests)
+    assert failed.outcome == "error" and "connection failed" in failed.error and result.answer == "fine"
+    assert (down.config.model.context_window, down.config.model.action_format) == (8192, "text")
+    (request,), (expected,) = late, early
+    assert request["max_tokens"] == expected["max_tokens"] == 8192 // 5 and "tools" not in request
+    assert request["messages"][0] == expected["messages"][0]  # the short base prompt, as if it had been up
+    notes = [e.text for e in events if isinstance(e, ev.Note)]
+    assert notes[0].startswith(f"the server at http://127.0.0.1:{port}/v1 could not be asked about fake")
+    assert notes[1] == (f"the server at http://127.0.0.1:{port}/v1 answered: fake has a context of 8,192 tokens, "
+                        "completions of up to 1,638 tokens")
+    assert "text mode" in notes[2] and "short base prompt" in notes[3]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -398,6 +399,7 @@ async def test_no_kernel_reads_the_homes_keys_checkpoints_or_another_homes_daemo
     yet reads its harness scopes and writes its namespace snapshots."""
     from daemon import paths
 
+    key, private = f"sk-in-config-{secrets.token_hex(8)}", f"PRIVATE KEY COPY {secrets.token_hex(8)}"  # this run's own
     home_a = tmp_path / "home-a"
     monkeypatch.setenv("PRIME_AGENT_HOME", str(home_a))
     token_a = paths.token()  # what a daemon does at its start: run/ made, the home registered
@@ -407,9 +409,9 @@ async def test_no_kernel_reads_the_homes_keys_checkpoints_or_another_homes_daemo
     monkeypatch.setenv("PRIME_AGENT_HOME", str(prime_home))
     for home in (home_a, prime_home):
         home.mkdir(exist_ok=True)
-        (home / "config.toml").write_text('[model]\napi_key = "sk-in-config"\n')
+        (home / "config.toml").write_text(f'[model]\napi_key = "{key}"\n')
         (home / "checkpoints" / "ws-1").mkdir(parents=True)
-        (home / "checkpoints" / "ws-1" / "id_rsa").write_text("PRIVATE KEY COPY")
+        (home / "checkpoints" / "ws-1" / "id_rsa").write_text(private)
     project = tmp_path / "project"
     project.mkdir()
     user_skill = prime_home / "harness" / "skill" / "s1"
@@ -431,7 +433,7 @@ async def test_no_kernel_reads_the_homes_keys_checkpoints_or_another_homes_daemo
             skill = await run(s, f"print(open({str(user_skill / 'SKILL.md')!r}).read().split()[-1])")
             snap = await run(s, f"open(os.path.join({str(s.layout.kernel_snapshots)!r}, 'probe'), 'w').write('x')")
             whole = await run(s, "import subprocess\nprint(subprocess.run(['grep', '-rl', "
-                              f"'-e', 'sk-in-config', '-e', 'PRIVATE KEY COPY', '-e', {token_a!r}, "
+                              f"'-e', {key!r}, '-e', {private!r}, '-e', {token_a!r}, "
                               f"{str(tmp_path)!r}, '/tmp'], capture_output=True, text=True).stdout)")
     finally:
         server.close()

@@ -111,7 +111,8 @@ async def test_a_child_never_gets_more_budget_than_its_parent_has_left(project: 
     def child(name: str, step: int):
         return cells(f"print({step})")  # never an answer: only a budget ends it
 
-    config = make_config(budget={"max_cells": 3, "max_steps": 50, "max_tokens": 10**9, "max_seconds": 3600})
+    config = make_config(budget={"max_cells": 3, "max_steps": 50, "max_tokens": 10**9, "max_seconds": 3600,
+                                 "max_repeats": None})  # a limit on no quantity used: the child's is the parent's
     async with Session(config, router([cells(BEYOND), "done"], child), cwd=project) as s:
         await s.prompt("spawn")
         budgets = {s.subagents.children[i].name: c.config.budget for i, c in s.subagents.sessions.items()}
@@ -120,6 +121,7 @@ async def test_a_child_never_gets_more_budget_than_its_parent_has_left(project: 
     assert f"('unbounded', {exhausted}" in printed and f"('bigger', {exhausted}" in printed, printed
     for b in budgets.values():
         assert b.max_cells == 2 and b.max_steps <= 49 and b.max_tokens <= 10**9 and b.max_seconds <= 3600, b
+        assert b.max_repeats is None, b
 
 
 FAILURES = """

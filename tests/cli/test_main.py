@@ -40,8 +40,8 @@ def test_each_command_builds_its_parser_and_its_help(name, capsys):
 
 
 def test_a_flag_is_parsed_by_the_module_that_declares_it():
-    args = build_parser("run").parse_args(["run", "hi", "--max-turns", "3", "-c", "a=1", "-c", "b=2"])
-    assert (args.command, args.task, args.max_turns, args.config) == ("run", "hi", 3, ["a=1", "b=2"])
+    args = build_parser("run").parse_args(["run", "hi", "--max-turns", "3", "--set", "a=1", "--set", "b=2"])
+    assert (args.command, args.task, args.max_turns, args.overrides) == ("run", "hi", 3, ["a=1", "b=2"])
     args = build_parser("rate").parse_args(["rate", "last", "0.5", "--note", "ok"])
     assert (args.command, args.session, args.score, args.note) == ("rate", "last", 0.5, "ok")
     args = build_parser("rl").parse_args(["rl", "train", "c.toml", "--train.lr", "1e-3"])

@@ -41,6 +41,16 @@ async def test_a_session_runs_a_turn_and_streams_its_events(daemon: Client, proj
     assert kinds[kinds.index("turn_finished") + 1:] in ([], ["checkpoint"])  # the turn's end checkpoint may follow
     assert [x.id for x in await daemon.sessions()] == [s.id]
 
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    await daemon.send(s.id, f"run: import base64\nfrom IPython.display import Image\ndisplay(Image(base64.b64decode('{png}')))")
+    cell = next(e for e in await collect(daemon, s.id, "t2", events[-1].seq) if e.type == "cell.finished")
+    assert cell.attachments == ["image/png"]
+    shown = await daemon.cell_outputs(s.id, "t2", cell.cell_id)  # the image itself, by the cell's id
+    assert [(o.mime, "".join(o.data.split())) for o in shown] == [("image/png", png)]
+    with pytest.raises(DaemonError) as e:
+        await daemon.cell_outputs(s.id, "t1", cell.cell_id)
+    assert e.value.status == 404
+
 
 async def test_prompts_queue_behind_a_running_turn_and_steering_reaches_it(daemon: Client, project: Path, model_server):
     s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
@@ -57,6 +67,32 @@ async def test_prompts_queue_behind_a_running_turn_and_steering_reaches_it(daemo
     assert finished[1].answer == "echo: second"
     assert any(e.type == "turn.queued" and e.turn_id == "t2" for e in events)
     assert any(e.type == "steer.delivered" for e in events)
+
+
+async def test_steering_an_interrupt_cut_off_is_handed_back_not_dropped(daemon: Client, project: Path, model_server):
+    """Issue 52: steering not delivered because of an interrupt was dropped (a note said so)."""
+    s = await daemon.create_session(project, model="fake", base_url=model_server.base_url)
+    await daemon.send(s.id, "run: import time; print('sleeping', flush=True); time.sleep(60)")
+    async for e in daemon.events(s.id):
+        if e.type == "cell.output":
+            break
+    await daemon.send(s.id, "also check the logs", mode="steer")
+    await daemon.send(s.id, "and the config", mode="steer")
+    await daemon.interrupt(s.id)
+    events = []
+
+    async def until_handed_back() -> None:  # once the turn has ended
+        async for e in daemon.events(s.id, 0):
+            events.append(e)
+            if e.type == "steer.returned":
+                return
+
+    await asyncio.wait_for(until_handed_back(), 60)
+    assert [e.text for e in events if e.type == "steer.queued"] == ["also check the logs", "and the config"]
+    (returned,) = [e for e in events if e.type == "steer.returned"]
+    assert (returned.turn_id, returned.text) == ("t1", "also check the logs\n\nand the config")
+    assert not any(e.type == "steer.delivered" for e in events)
+    assert (await daemon.send(s.id, "print('next')")).turn_id == "t2"  # handed back: no turn of its own began
 
 
 async def test_interrupt_stops_the_running_cell_and_can_drop_the_queue(daemon: Client, project: Path, model_server):

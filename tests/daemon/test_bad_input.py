@@ -172,3 +172,33 @@ def test_the_round_trip_alone_stops_a_config_that_would_not_load_back(project: P
     cwd, overrides, config = validate(req)
     assert as_saved(overrides) == overrides
     assert overrides["model"]["name"] == "fake" and config.model.name == "fake"
+
+
+async def test_a_base_url_that_is_no_http_url_is_refused_at_create_not_retried_at_every_prompt(
+        daemon: Client, project: Path, model_server, prime_home: Path):
+    # issue 52: {"base_url": "not a url"} was a 201, then five retries of the same permanent error per prompt
+    async with http() as h:
+        for body in ({"base_url": "not a url"}, {"base_url": "localhost:8000/v1"},
+                     {"base_url": None, "config": {"model": {"base_url": "file:///etc/passwd"}}}):
+            r = await h.post("/v1/sessions", json={"cwd": str(project), "model": "fake", **body})
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["code"] == "bad_config" and "field model.base_url:" in error["message"], error
+            assert "is not an http(s) URL of a server, e.g. http://localhost:8000/v1" in error["message"]
+    assert await daemon.sessions() == []
+    assert not any((prime_home / "sessions").glob("*"))
+
+
+async def test_a_directory_with_a_nul_is_a_4xx_naming_the_field_not_a_500(daemon: Client, project: Path,
+                                                                         model_server, prime_home: Path):
+    """The fuzzer's find: `GET /v1/sessions?cwd=%00` was a 500 ("embedded null byte") from the listing."""
+    before = tree(prime_home)
+    async with http() as h:
+        listed = await h.get("/v1/sessions", params={"cwd": "/tmp/\x00x"})
+        created = await h.post("/v1/sessions", content=create_body(project, model_server,
+                                                                  cwd=json.dumps(f"{project}\x00")),
+                               headers={"content-type": "application/json"})
+        pruned = await h.post("/v1/sessions/prune", json={"cwd": "\x00", "dry_run": True})
+    for r in (listed, created, pruned):
+        assert r.status_code == 422 and "cwd" in r.text, r.text
+    assert tree(prime_home) == before

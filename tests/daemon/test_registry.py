@@ -12,6 +12,8 @@ from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
 from daemon.client import Client, DaemonError
 from daemon.meta import TITLE_LENGTH
+from daemon.meta import load as load_meta
+from daemon.registry import Hosted
 from tests.conftest import make_config
 from tests.daemon.conftest import collect, running_daemon
 
@@ -79,3 +81,28 @@ async def test_a_session_an_older_run_left_is_listed_and_rewound(project: Path):
         done = await client.rewind(session.id, 1, parts=["code"])
         assert [(f["change"], f["path"]) for f in done.files] == [("deleted", "a.txt")]
         assert not (project / "a.txt").exists()
+
+
+async def test_taking_up_a_closed_run_session_keeps_when_it_was_last_used(project: Path, model_server):
+    """Issue 52: `prime-agent -c` (the session last used here) opened an older closed `run` session,
+    because the daemon that took it up rewrote its `updated`."""
+    config = make_config(model={"name": "scripted"})
+    session = Session(config, ScriptedModel(["done"]), cwd=project)  # as `prime-agent run` hosts it
+    hosted = Hosted.register(session.id, session.layout, project, config, {}, "an older task")
+    session.listeners.insert(0, hosted.on_event)
+    await session.start()
+    await session.prompt("an older task")
+    await session.close()
+    hosted.close()
+    ran = load_meta(session.layout).updated
+    assert ran > 0
+    async with running_daemon() as client:
+        newer = await client.create_session(project, model="fake", base_url=model_server.base_url)
+        await collect(client, newer.id, (await client.send(newer.id, "a newer prompt")).turn_id)
+        listed = {s.id: s for s in await client.sessions()}  # the run's session taken up, if not at start
+        assert listed[session.id].updated == ran
+        assert max(listed.values(), key=lambda s: s.updated).id == newer.id
+    async with running_daemon() as client:  # a restart takes every session up again
+        listed = {s.id: s for s in await client.sessions()}
+        assert listed[session.id].updated == ran
+        assert max(listed.values(), key=lambda s: s.updated).id == newer.id

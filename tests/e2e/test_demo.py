@@ -4,6 +4,7 @@ agent sessions with real kernels, IPO steps on their trajectories, and the befor
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,15 +25,19 @@ MINIATURE = [  # one task kind, a tiny policy: the warm start learns its one cel
 
 
 def demo(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """As the README's first command runs it: `.venv/bin/prime-agent demo`, the venv not on PATH."""
+    bin_dir = str(Path(PRIME_AGENT).parent)
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != bin_dir)
     return subprocess.run([PRIME_AGENT, "demo", *args, *MINIATURE], cwd=cwd, text=True, capture_output=True,
-                          timeout=300)
+                          timeout=300, env={**os.environ, "PATH": path})
 
 
 def test_the_demo_trains_the_policy_on_its_own_daemon_sessions(tmp_path: Path, prime_home: Path):
     try:
         first = demo("--steps", "3", cwd=tmp_path)
         assert first.returncode == 0, first.stdout + first.stderr
-        assert "before and after RL" in first.stdout and "prime-agent --resume" in first.stdout
+        assert "before and after RL" in first.stdout
+        assert f"{PRIME_AGENT} --resume" in first.stdout  # named as it was run: setup puts nothing on PATH
         (run,) = (prime_home / "demo" / "runs").iterdir()
         results = json.loads((run / "results.json").read_text())
         assert [h["step"] for h in results["history"]] == [0, 1, 2]
@@ -47,15 +52,19 @@ def test_the_demo_trains_the_policy_on_its_own_daemon_sessions(tmp_path: Path, p
         # the trainer learned from the sessions' own tokens: every reply came with its logprobs
         assert sum(h["samples"] for h in results["history"]) > 0
         assert all(h["replies_without_logprobs"] == 0 for h in results["history"])
-        trained = next(r for r in rollouts if r["label"] == "train")
-        (sample,) = samples(read_records(prime_home / "sessions" / trained["session"] / "trajectory.jsonl"))
-        assert 0 < sum(sample.mask) == trained["completion_tokens"]
-
-        # the evaluation sessions stay listed (asleep); the training ones were taken off the list
+        # issue 52: the demo left its daemon running and every session (587 MB of home for the full run).
+        # Now two stay, the first task before and after RL; the rest went with their files, and so did
+        # the daemon the demo started.
+        assert "stopped the daemon the demo started" in first.stdout
+        kept = [results["before"]["kept"], results["after"]["kept"]]
+        assert sorted(d.name for d in (prime_home / "sessions").iterdir()) == sorted(kept)
+        assert not (prime_home / "checkpoints").exists()  # nobody rewinds a rollout: none were taken
+        after = next(r for r in rollouts if r["session"] == kept[1])
+        (sample,) = samples(read_records(prime_home / "sessions" / kept[1] / "trajectory.jsonl"))
+        assert 0 < sum(sample.mask) == after["completion_tokens"]  # a session's own tokens, with their logprobs
         listed = subprocess.run([PRIME_AGENT, "sessions", "--json"], text=True, capture_output=True, timeout=60)
         sessions = json.loads(listed.stdout)
-        kept = {r["session"] for r in rollouts if r["label"] != "train"}
-        assert {s["id"] for s in sessions} == kept and {s["state"] for s in sessions} == {"dormant"}
+        assert {s["id"] for s in sessions} == set(kept) and {s["state"] for s in sessions} == {"dormant"}
 
         again = demo("--steps", "1", cwd=tmp_path)  # a second run reuses the warm start
         assert again.returncode == 0, again.stdout + again.stderr

@@ -72,7 +72,7 @@ def run_turn(url: str, model: str, project: Path, *config: str, pinned: bool = T
     fit = ['model.action_format="text"', 'model.base_prompt="short"'] if pinned else []
     settings = [*fit, "model.temperature=0", "model.max_completion_tokens=48", *config]
     run = subprocess.run([str(VENV_BIN / "prime-agent"), "run", "--json", "--max-turns", "2",
-                          *[a for c in settings for a in ("-c", c)], QUESTION],
+                          *[a for c in settings for a in ("--set", c)], QUESTION],
                          cwd=project, env=env, capture_output=True, text=True, timeout=600)
     return [json.loads(line) for line in run.stdout.splitlines()], run
 

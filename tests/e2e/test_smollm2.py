@@ -48,26 +48,31 @@ def test_the_served_model_is_listed_with_its_context_no_tools_and_its_cards_samp
 
 
 ACCEPTANCE = "How many lines does data.txt have? Answer by running Python code."
+RUNAWAY = "Add a function mul(a, b) to calc.py and a test"
+"""Issue 52: SmolLM2 wrote for ten minutes on it, until Ctrl-C."""
 
 
-@pytest.mark.timeout(1200)  # five runs of up to three model calls on a 135M model, on two cores other workers share
-def test_prime_agent_run_with_no_settings_fits_the_model_and_runs_a_cell_in_four_of_five_runs(
-        served: str, tmp_path: Path):
-    """Issue 35's acceptance: no -c flags at all. The session reads the server: 8,192 tokens of context
+@pytest.mark.timeout(1200)  # six runs of a 135M model at once, on two cores other workers share
+def test_prime_agent_run_with_no_settings_fits_the_model_runs_a_cell_and_ends_by_itself(served: str, tmp_path: Path):
+    """No -c flags at all (issue 35's acceptance). The session reads the server: 8,192 tokens of context
     (so the short base prompt), no tools (so text mode), the card's sampling (temperature 0.2, top_p 0.9).
-    `--max-turns 3` bounds a run: at temperature 0.2 the model may repeat its cell until the budget ends."""
+    Five users ask the acceptance question, `--max-turns 3` each; a sixth, greedy, gives issue 52's task
+    with no budget but the defaults: its turn ends by itself, done, or stopped by a guard saying which.
+    The server batches the six runs' requests: the sixth costs the suite little time."""
     env = {**os.environ, "OPENAI_BASE_URL": served, "PRIME_AGENT_MODEL": "smollm2"}
-    runs = []  # five users at once: the server batches their requests
-    for i in range(5):
+    runs = []
+    for i in range(6):
         project = tmp_path / f"project-{i}"
         (project / ".git").mkdir(parents=True)
         (project / "data.txt").write_text("a\nb\nc\nd\ne\nf\ng\n")
-        runs.append(subprocess.Popen([str(Path(sys.executable).parent / "prime-agent"), "run", "--json", "--max-turns",
-                                      "3", ACCEPTANCE], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env={**env, "PRIME_AGENT_HOME": str(tmp_path / f"home-{i}")}))
+        (project / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+        args = ["--json", "--max-turns", "3", ACCEPTANCE] if i < 5 else ["--json", "-c", "model.temperature=0", RUNAWAY]
+        runs.append(subprocess.Popen([str(Path(sys.executable).parent / "prime-agent"), "run", *args], cwd=project,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**env, "PRIME_AGENT_HOME": str(tmp_path / f"home-{i}")}))
     ran = []
     try:
-        for run in runs:
+        for i, run in enumerate(runs):
             stdout, stderr = run.communicate(timeout=1100)
             events = [json.loads(line) for line in stdout.splitlines()]
             assert events and events[-1]["type"] == "turn.finished", stderr[-3000:]
@@ -76,6 +81,7 @@ def test_prime_agent_run_with_no_settings_fits_the_model_and_runs_a_cell_in_four
             assert started["context_window"] == 8192 and len(notes) == 2
             assert "text mode" in notes[0] and "short base prompt" in notes[1]
             ran.append(any(e["type"] == "cell.finished" for e in events))
+        runaway, finished = runs[-1], events[-1]
     finally:  # a run the test gave up on leaves nothing running (SIGINT: run stops its kernel)
         for run in runs:
             if run.poll() is None:
@@ -84,7 +90,15 @@ def test_prime_agent_run_with_no_settings_fits_the_model_and_runs_a_cell_in_four
                     run.wait(30)
                 except subprocess.TimeoutExpired:
                     run.kill()
-    assert sum(ran) >= 4, ran
+    assert sum(ran[:5]) >= 4, ran
+    if finished["outcome"] == "completed":
+        assert runaway.returncode == 0, stderr[-3000:]
+    else:
+        assert (finished["outcome"], runaway.returncode) == ("budget_exhausted", 4), stderr[-3000:]
+        assert any(setting in finished["error"] for setting in ("budget.max_repeats", "model.repetition_limit",
+                                                                  "budget.max_seconds")), finished["error"]
+        assert f"prime-agent: turn budget_exhausted: {finished['error']}" in stderr
+    assert finished["steps"] < 20
 
 
 def test_greedy_replies_equal_plain_transformers_token_for_token(smollm2: Path, served: str):
@@ -113,9 +127,9 @@ def test_prime_agent_run_on_the_served_model_runs_a_cell_and_records_its_tokens(
     (project / "numbers.txt").write_text("12\n-40\n7\n300\n")
     env = {**os.environ, "OPENAI_BASE_URL": served, "PRIME_AGENT_MODEL": "smollm2"}
     run = subprocess.run([str(Path(sys.executable).parent / "prime-agent"), "run", "--json",
-                          "-c", 'model.action_format="text"', "-c", "model.record_logprobs=true",
-                          "-c", 'model.base_prompt="short"', "-c", "model.temperature=0",
-                          "-c", "model.max_completion_tokens=200", "--max-turns", "2",
+                          "--set", 'model.action_format="text"', "--set", "model.record_logprobs=true",
+                          "--set", 'model.base_prompt="short"', "--set", "model.temperature=0",
+                          "--set", "model.max_completion_tokens=200", "--max-turns", "2",
                           "Using the files in your working directory: Add up the numbers in numbers.txt: what is their sum?"],
                          cwd=project, env=env, capture_output=True, text=True, timeout=600)
     events = [json.loads(line) for line in run.stdout.splitlines()]

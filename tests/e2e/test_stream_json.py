@@ -53,6 +53,10 @@ CLAUDE_CODE = [
 ]
 
 
+CLAUDE_MODES = {"default", "acceptEdits", "bypassPermissions", "plan"}
+"""Claude Code's permission modes (the Agent SDK's `PermissionMode`): `permissionMode` is one of them."""
+
+
 def kind(m: dict) -> str:
     content = m.get("message", {}).get("content") or [{}]
     return m["type"] + ("/" + m["subtype"] if "subtype" in m and m["type"] == "system" else "") + (
@@ -101,7 +105,7 @@ def test_stream_json_has_claude_codes_messages_for_a_turn_with_cells(project: Pa
         "user/tool_result", "assistant/text", "result"]
     init, said, first, out1, second, out2, answer, result = messages
     assert (init["cwd"], init["tools"], init["model"], init["permissionMode"]) == (
-        str(project), ["ipython"], "fake-model", "workspace-write")
+        str(project), ["ipython"], "fake-model", "acceptEdits")  # workspace-write, in Claude Code's words
     assert said["message"]["content"] == [{"type": "text", "text": "Let me count."}]
     assert first["message"]["content"][0]["input"] == {"code": "print(sum(range(5)))"}
     assert first["message"]["content"][0]["name"] == "ipython"
@@ -151,3 +155,22 @@ def test_a_task_and_stream_json_input_exclude_each_other(project: Path):
     p = prime_agent("run", "hi", "--input-format", "stream-json", cwd=project)
     out, err = p.communicate(timeout=60)
     assert (p.returncode, out) == (2, "") and "not both" in err
+
+
+@pytest.mark.parametrize(("flags", "mode"), [(["--permission-mode", "acceptEdits"], "acceptEdits"),  # none: above
+                                             (["--permission-mode", "plan"], "plan"),
+                                             (["--sandbox", "read-only"], "default"),
+                                             (["--permission-mode", "bypassPermissions"], "bypassPermissions")])
+def test_the_permission_mode_is_one_of_claude_codes(project: Path, flags: list[str], mode: str):
+    """Issue 52: `permissionMode` read "workspace-write", which no Claude Code script knows."""
+    with OpenAIServer([Reply(content="done")]) as server:
+        p = prime_agent("run", "hi", "--output-format", "stream-json", *flags, cwd=project, server=server)
+        out, err = p.communicate(timeout=90)
+    assert p.returncode == 0, err
+    assert lines(out)[0]["permissionMode"] == mode and mode in CLAUDE_MODES
+
+
+def test_permission_modes_that_set_the_sandbox_and_sandbox_exclude_each_other(project: Path):
+    p = prime_agent("run", "hi", "--permission-mode", "bypassPermissions", "--sandbox", "read-only", cwd=project)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "give it or --sandbox, not both" in err

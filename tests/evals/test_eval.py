@@ -84,7 +84,7 @@ def test_a_killed_eval_resumes_with_only_what_is_owed(project: Path, tmp_path: P
     run = tmp_path / "run"
     with OpenAIServer(scripted) as server:
         env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "PRIME_AGENT_MODEL": "fake"}
-        args = [PRIME_AGENT, "eval", "repo_fix", "-n", "6", "--seed", "3", "-c", "1", "--timeout", "15", "--out", str(run)]
+        args = [PRIME_AGENT, "eval", "repo_fix", "-n", "6", "--seed", "3", "-j", "1", "--timeout", "15", "--out", str(run)]
         p = subprocess.Popen(args, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              start_new_session=True)
         deadline = time.monotonic() + 60
@@ -155,7 +155,7 @@ def test_bad_input_is_refused_clearly(project: Path, tmp_path: Path):
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([PRIME_AGENT, "eval", *args], cwd=project, env=env, capture_output=True, text=True, timeout=60)
 
-    assert "must be at least 1" in cli("repo_fix", "-c", "0").stderr
+    assert "must be at least 1" in cli("repo_fix", "-j", "0").stderr
     assert "not an eval run to resume" in cli("repo_fix", "--resume", str(tmp_path / "nope")).stderr
     assert "not an eval run (no results.jsonl)" in cli("compare", str(tmp_path), str(tmp_path)).stderr
     (tmp_path / "busy").mkdir()

@@ -52,7 +52,7 @@ def answering(request: dict) -> Reply:
 
 def eval_run(project: Path, server: OpenAIServer, taskset: str, out: Path, *args: str) -> list:
     env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "PRIME_AGENT_MODEL": "fake"}
-    done = subprocess.run([PRIME_AGENT, "eval", taskset, "--out", str(out), "-c", "2", "--timeout", "60", *args],
+    done = subprocess.run([PRIME_AGENT, "eval", taskset, "--out", str(out), "-j", "2", "--timeout", "60", *args],
                           cwd=project, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     return read_results(out / "results.jsonl")

@@ -112,7 +112,7 @@ def test_a_verifiers_taskset_through_eval_scored_by_its_own_rewards(installed: P
 
     with OpenAIServer(answering) as server:
         env["OPENAI_BASE_URL"] = server.base_url
-        printed = cli(spec, "-n", "10", "--seed", "4", "-c", "2", "--timeout", "120", "--out", str(run)).stdout
+        printed = cli(spec, "-n", "10", "--seed", "4", "-j", "2", "--timeout", "120", "--out", str(run)).stdout
         assert "mean reply_chars" in printed  # the summary averages the taskset's metrics
         results = read_results(run / "results.jsonl")
         chosen = verifiers_selection(10, 4, count=10)  # verifiers' own selection, the same order

@@ -150,6 +150,16 @@ def test_rollback_refuses_when_a_later_change_touched_the_same_entry(store: Harn
     assert store.get("a").body == "a3\n"
 
 
+def test_a_second_rollback_of_a_change_says_it_is_rolled_back_already(store: HarnessStore):
+    """Issue 52: the second rollback said the entry "changed again after" the change, which nobody did."""
+    create(store, "a", body="a1")
+    change = store.apply([Edit("update", "a", body="a2")], summary="one", trigger="test", source="agent")
+    store.rollback(change.refinement_id)
+    with pytest.raises(InvalidEntry, match=f"{change.refinement_id} is rolled back already: its entries are as"):
+        store.rollback(change.refinement_id)
+    assert store.get("a").body == "a1\n"
+
+
 def test_rollback_to_restores_a_whole_earlier_state(store: HarnessStore):
     base = create(store, "a", body="a1")
     create(store, "b", kind="skill", description="d", files={"pkg/__init__.py": "X = 1\n"})

@@ -91,7 +91,7 @@ def test_the_openai_client_works_against_the_server(policy: Policy, tmp_path: Pa
 def test_prime_agent_run_works_against_prime_agent_rl_serve(project: Path):
     with policy_server("--truncate") as url:
         env = {**os.environ, "OPENAI_BASE_URL": url, "PRIME_AGENT_MODEL": "prime-policy"}
-        run = subprocess.run([str(Path(sys.executable).parent / "prime-agent"), "run", "--json", "-c",
+        run = subprocess.run([str(Path(sys.executable).parent / "prime-agent"), "run", "--json", "--set",
                               "model.max_completion_tokens=16", "say something"], cwd=project, env=env,
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr

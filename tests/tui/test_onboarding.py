@@ -181,6 +181,7 @@ async def test_d_on_the_sessions_screen_asks_before_it_deletes(daemon: Client, p
         await pilot.press("y")
         await until(pilot, lambda: isinstance(app.screen, SessionsScreen) and table.row_count == 1)
         assert other.id not in [s.id for s in await daemon.sessions()]
+        assert not Path(other.dir).exists()  # its files went with it
 
 
 async def test_a_collapsed_traceback_shows_its_exception(daemon: Client, project: Path, model_server):
@@ -345,7 +346,8 @@ async def test_leaving_the_picker_with_no_session_says_what_to_do(daemon: Client
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, SessionsScreen))
         await pilot.press("escape")
-        await until(pilot, lambda: any(n.startswith("no session yet: /new starts one") for n in notices(app)))
+        await until(pilot, lambda: any(n.startswith("no session yet: what you type starts a new one here")
+                                       for n in notices(app)))
         await type_and_send(pilot, "/exit")
         await until(pilot, lambda: not app.is_running)
     assert app.return_value is None

@@ -1,4 +1,5 @@
-"""The sessions of this project (running, idle, saved): Enter attaches, d deletes (after y/n), n starts a new one."""
+"""The sessions of this project (running, idle, saved): Enter attaches, d deletes one with its files (after
+y/n), n starts a new one."""
 
 from __future__ import annotations
 
@@ -43,11 +44,10 @@ class SessionsScreen(Screen[str | None]):
         table = self.query_one(DataTable)
         table.clear()
         try:
-            sessions = await self.client.sessions()
+            here = await self.client.sessions(self.project)  # this project's, and its folders'
         except DaemonError as e:
             self.notify(e.message, severity="error")
             return
-        here = [s for s in sessions if Path(s.cwd).is_relative_to(self.project)]
         for s in sorted(here, key=lambda s: -s.created):
             mark = "▶ " if s.id == self.current else "  "
             table.add_row(mark + s.id, s.state, str(s.turns), f"{s.usage.total_tokens:,}", s.model,
@@ -70,7 +70,7 @@ class SessionsScreen(Screen[str | None]):
         self.dismiss("new")
 
     def action_delete(self) -> None:
-        """d asks first (y/n); the session's files stay on disk either way."""
+        """d asks first (y/n); yes deletes the session and its files."""
         chosen = self._selected()
         if chosen is None:
             return
@@ -82,14 +82,13 @@ class SessionsScreen(Screen[str | None]):
             if yes:
                 await self.delete(chosen)
 
-        self.app.push_screen(ConfirmScreen(f"Delete session {chosen}? Its kernel stops; its files stay on disk."),
-                             answered)
+        self.app.push_screen(ConfirmScreen(f"Delete session {chosen} and its files? Its kernel stops."), answered)
 
     async def delete(self, session_id: str) -> None:
         try:
-            await self.client.delete(session_id)
+            await self.client.delete(session_id, files=True)
         except DaemonError as e:
             self.notify(e.message, severity="error")
         else:
-            self.notify(f"deleted {session_id} (its files stay on disk)")
+            self.notify(f"deleted {session_id} and its files")
         await self.refresh_rows()

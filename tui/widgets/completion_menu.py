@@ -7,15 +7,18 @@ from textual.widgets.option_list import Option
 
 
 class CompletionMenu(OptionList):
-    """A menu of completions under the prompt: `show` fills it (hidden when there is none), the first
-    highlighted; `chosen` is the highlighted one's id while it is shown."""
+    """A menu of completions under the prompt: `show` fills it (hidden when there is none), the one
+    highlighted before still highlighted if it is offered again, else the first; `chosen` is the
+    highlighted one's id while it is shown."""
 
     def show(self, options: list[Option]) -> bool:
+        before = self.chosen()
         self.clear_options()
         self.add_options(options)
         self.display = bool(options)
         if options:
-            self.highlighted = 0
+            ids = [o.id for o in options]
+            self.highlighted = ids.index(before) if before in ids else 0
         return bool(options)
 
     def chosen(self) -> str | None:

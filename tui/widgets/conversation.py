@@ -36,6 +36,8 @@ class Conversation(VerticalScroll):
 
     def reset(self) -> None:
         self.prompts: dict[str, UserMessage] = {}
+        self.steering: dict[str | None, list[UserMessage]] = {}
+        """Each turn's steering waiting for its next model call, oldest first."""
         self.cells: dict[str, CellView] = {}
         self.last_cell: dict[str | None, CellView] = {}
         self.turn_cells: dict[str | None, list[CellView]] = {}
@@ -88,6 +90,17 @@ class Conversation(VerticalScroll):
                     return None
                 self.prompts[turn] = UserMessage(e.prompt)
                 return self.prompts[turn]
+            case ev.SteerQueued():
+                message = UserMessage(e.text, label="you (steering)", queued=True)
+                self.steering.setdefault(turn, []).append(message)
+                return message
+            case ev.SteerDelivered() if self.steering.get(turn):
+                self.steering[turn].pop(0).started()
+                return None
+            case ev.SteerReturned():
+                for message in self.steering.pop(turn, []):
+                    message.returned()
+                return Notice("not sent (you interrupted the turn): your steering is back in the prompt", "warning")
             case ev.ModelDelta():
                 message = self.speaking.get(turn)
                 fresh = message is None

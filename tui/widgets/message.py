@@ -9,7 +9,8 @@ from textual.widgets import Static
 
 
 class UserMessage(Static):
-    """A prompt (or a steer) as the user sent it; `queued` until its turn begins."""
+    """A prompt (or a steer) as the user sent it; `queued` until its turn begins (a steer: until a
+    model call takes it), or `returned()`: never sent, handed back."""
 
     DEFAULT_CLASSES = "user"
 
@@ -17,14 +18,17 @@ class UserMessage(Static):
         super().__init__()
         self.text, self.label = text, label
         self.set_class(queued, "queued")
-        self._show(queued)
+        self._show(" (queued)" if queued else "")
 
     def started(self) -> None:
         self.remove_class("queued")
-        self._show(False)
+        self._show("")
 
-    def _show(self, queued: bool) -> None:
-        head = Text(f"{self.label}{' (queued)' if queued else ''} ", style="bold")
+    def returned(self) -> None:
+        self._show(" (not sent: back in your prompt)")
+
+    def _show(self, state: str) -> None:
+        head = Text(f"{self.label}{state} ", style="bold")
         self.update(head + Text(self.text))
 
 

@@ -1,10 +1,12 @@
-"""The multi-line prompt editor: Enter sends, Ctrl+J (or Shift+Enter) starts a new line, Up and
-Down on the first or last line walk through what was sent before (kept across runs, one JSON
-string per line in `history_file`); a draft comes back when you walk past the newest."""
+"""The multi-line prompt editor: Enter sends (or takes a menu's completion: `complete`), Ctrl+J (or
+Shift+Enter) starts a new line, Up and Down on the first or last line walk through what was sent
+before (kept across runs, one JSON string per line in `history_file`); a draft comes back when you
+walk past the newest."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +28,12 @@ class PromptInput(TextArea):
 
     KEPT = 500
 
-    def __init__(self, history_file: Path | None = None, **kw):
+    def __init__(self, history_file: Path | None = None, complete: Callable[[PromptInput], bool] | None = None, **kw):
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kw)
         self.history_file = history_file
+        self.complete = complete
+        """Asked on Enter, with the text as it is at that key (keys typed before it are all in, whatever
+        the app has seen of them): True when it completed the text (a menu's choice) instead of sending."""
         self.sent: list[str] = _load(history_file)[-self.KEPT:] if history_file else []
         self._browsing: int | None = None
         self._draft = ""
@@ -37,7 +42,8 @@ class PromptInput(TextArea):
         if event.key == "enter":
             event.stop()
             event.prevent_default()
-            self.send()
+            if self.complete is None or not self.complete(self):
+                self.send()
             return
         if event.key in ("ctrl+j", "shift+enter"):
             event.stop()

@@ -1,0 +1,79 @@
+"""A completion that repeats itself: the way a small model runs away.
+
+Greedy or low-temperature decoding can fall into a loop (the same line, the same paragraph, the
+same few tokens) and stay in it until the token limit: SmolLM2-135M wrote one such completion for
+ten minutes. `Repetition` watches the text of a completion as it streams (answer, reasoning and
+tool-call arguments alike) and says when its tail is one piece of text repeated back to back, so
+the client can stop the stream there instead of paying for the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIN_REPEATS = 5
+"""Back-to-back copies of a piece of text before it counts as a loop (with at least `chars` of them)."""
+WINDOW = 4096
+"""Characters of the tail looked at: a loop's piece may be up to WINDOW / MIN_REPEATS characters long."""
+STRIDE = 128
+"""New characters between two looks (each costs O(WINDOW))."""
+
+
+@dataclass
+class Loop:
+    piece: str
+    """The text repeated."""
+    times: int
+    """Back-to-back copies of it at the end of the completion."""
+
+    def describe(self) -> str:
+        shown = self.piece if len(self.piece) <= 60 else self.piece[:57] + "..."
+        return f"{shown!r} {self.times} times in a row"
+
+
+class Repetition:
+    """Fed a completion's text piece by piece; `feed` returns the `Loop` its tail has fallen into,
+    once `chars` characters or more are copies of one piece repeated `MIN_REPEATS` times or more."""
+
+    def __init__(self, chars: int):
+        self.chars = chars
+        self.tail = ""
+        self.unseen = 0
+
+    def feed(self, piece: str) -> Loop | None:
+        self.tail = (self.tail + piece)[-WINDOW:]
+        self.unseen += len(piece)
+        if self.unseen < STRIDE:
+            return None
+        self.unseen = 0
+        return repeated_tail(self.tail, self.chars)
+
+
+def repeated_tail(text: str, chars: int) -> Loop | None:
+    """The shortest piece whose copies, back to back, make up the last `chars` characters (or more) of
+    `text`, `MIN_REPEATS` times or more; None if there is none.
+
+    With `z[p]` the length of the longest common prefix of the reversed text and itself shifted by
+    `p` (the Z-function), the text ends in a run of period `p` that is `z[p] + p` characters long."""
+    r = text[::-1]
+    n = len(r)
+    if n < chars:
+        return None
+    z = [0] * n
+    left = right = 0
+    for i in range(1, n):
+        if i < right:
+            z[i] = min(right - i, z[i - left])
+        while i + z[i] < n and r[z[i]] == r[i + z[i]]:
+            z[i] += 1
+        if i + z[i] > right:
+            left, right = i, i + z[i]
+    for p in range(1, n // MIN_REPEATS + 1):
+        run = z[p] + p
+        if run >= chars and run >= MIN_REPEATS * p:
+            piece = text[n - p:]
+            if "\n" in piece[:-1]:  # shown from a line's start
+                k = piece.index("\n") + 1
+                piece = piece[k:] + piece[:k]
+            return Loop(piece=piece, times=run // p)
+    return None

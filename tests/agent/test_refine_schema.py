@@ -1,0 +1,42 @@
+"""The refiner asks for its reply's JSON schema where the server says it enforces one (`refine.structured`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.model import OpenAIModel
+from agent.refine import model_caller
+from agent.testing.openai_server import OpenAIServer, Reply
+from harness_store.refiner import Proposal, Refiner, Review
+from harness_store.store import HarnessStore
+from tests.conftest import make_config
+
+PLAN = json.dumps({"summary": "nothing to learn", "edits": []})
+
+
+@pytest.mark.parametrize("advertised, structured, sent", [
+    (True, "auto", "json_schema"),    # `rl serve` says `structured_outputs: true`
+    (None, "auto", "json_object"),    # a server that says nothing (vLLM, OpenAI): JSON mode, as before
+    (None, True, "json_schema"),      # the user knows better
+    (True, False, "json_object"),
+])
+async def test_the_plan_request_carries_the_proposal_schema_where_the_server_enforces_one(
+        tmp_path: Path, advertised, structured, sent):
+    listing = [{"id": "m", "object": "model", **({"structured_outputs": advertised} if advertised else {})}]
+    with OpenAIServer([Reply(content='{"should_refine": true}'), Reply(content=PLAN)], models=listing) as server:
+        config = make_config(model={"name": "m", "base_url": server.base_url, "stream": False},
+                             refine={"structured": structured})
+        model = OpenAIModel(config.model)
+        refiner = Refiner({"project": HarnessStore(tmp_path / "harness", "project")}, model_caller(model, config))
+        assert (await refiner.review("evidence")).should_refine
+        plan = await refiner.plan("evidence", "", trigger="explicit")
+        await model.close()
+    assert plan.proposal.summary == "nothing to learn"
+    review, planning = (r["response_format"] for r in server.requests)
+    assert planning["type"] == review["type"] == sent
+    if sent == "json_schema":
+        assert review["json_schema"] == {"name": "Review", "schema": Review.model_json_schema()}
+        assert planning["json_schema"] == {"name": "Proposal", "schema": Proposal.model_json_schema()}
