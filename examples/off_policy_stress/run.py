@@ -94,7 +94,8 @@ def run_one(base: Path, out: Path, warm: Path, loss: str, lag: int, seed: int, s
         mismatch_kl=statistics.fmean(h.get("mismatch_kl", 0.0) for h in trained) if trained else math.nan,
         grad_norm_max=max((h["grad_norm"] for h in trained), default=math.nan),
         off_policy_max=max((h["off_policy_max"] for h in history), default=0),
-        stale_fraction=sum(h.get("stale", 0) for h in history) / max(sum(h.get("stale", 0) + h["samples"] for h in history), 1),
+        stale_fraction=sum(h.get("stale", 0) for h in history)
+        / max(sum(h.get("stale", 0) + h["samples"] for h in history), 1),
     )
     return row
 
@@ -125,7 +126,8 @@ def table(rows: list[dict]) -> str:
             f"| {held_out(rs)} "
             f"| {statistics.fmean(r['masked_fraction'] for r in rs):.3f} | {statistics.fmean(r['mismatch_kl'] for r in rs):.2e} "
             f"| {max(r['grad_norm_max'] for r in rs):.2f} "
-            f"| {statistics.fmean(r.get('stale_fraction', 0.0) for r in rs):.3f} | {sum(r['nonfinite'] for r in rs)}/{len(rs)} |")
+            f"| {statistics.fmean(r.get('stale_fraction', 0.0) for r in rs):.3f} "
+            f"| {sum(r['nonfinite'] for r in rs)}/{len(rs)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -174,7 +176,7 @@ def main() -> int:
     p.add_argument("--losses", help="comma-separated: these losses of the grid only")
     p.add_argument("--steps", type=int, help="RL steps per run (default: the grid's)")
     p.add_argument("--setting", choices=["stress", "prime-rl"], default="stress",
-                   help="stress: the lag alone at 3x the config's learning rate; prime-rl: its defaults and learning rate")
+                   help="stress: the lag alone at 3x the config's learning rate; prime-rl: its defaults and rate")
     p.add_argument("--lr", type=float, help="default: the setting's")
     p.add_argument("--batch-size", type=int, help="tasks per step (default: the base config's)")
     p.add_argument("--group-size", type=int, help="rollouts per task (default: the base config's)")
