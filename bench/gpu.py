@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bench.report import load_average, save
 from rl.config import RunConfig
 from rl.hf import HFPolicy
-from rl.model import token_logprobs
+from rl.policy.policy import token_logprobs
 from rl.sample import Batch, Sample
 from rl.packing import micro_batches
 from rl.train import train_step

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.report import load_average, save
 from rl.logprobs import chunked_logprobs, plain_logprobs
-from rl.model import Policy, PolicyConfig, token_logprobs
+from rl.policy.policy import Policy, PolicyConfig, token_logprobs
 
 VOCAB = 32_000
 CASES = {

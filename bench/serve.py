@@ -58,7 +58,7 @@ from bench.kernel import descendants, pss_kb  # noqa: E402
 from bench.report import load_average, save  # noqa: E402
 from evals.runner import prompt_of  # noqa: E402
 from evals.tasksets.kernel_tasks import KernelTasks  # noqa: E402
-from rl.models import ModelError, resolve  # noqa: E402
+from rl.pull import ModelError, resolve  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 VLLM_VENV = ROOT / ".venv-vllm"  # where bench/vllm_venv.sh builds it by default (gitignored)
@@ -91,7 +91,7 @@ def free_port() -> int:
 
 
 def resolve_model(model: str) -> Path | None:
-    """The directory a model spec names (a directory, or an installed name: rl.models.resolve); None if neither."""
+    """The directory a model spec names (a directory, or an installed name: rl.pull.resolve); None if neither."""
     try:
         return resolve(model).resolve()
     except ModelError:

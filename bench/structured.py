@@ -50,8 +50,8 @@ from harness_store.store import HarnessStore  # noqa: E402
 from rl.engine import HFEngine  # noqa: E402
 from rl.grammar import Grammars, advance, constraint, mask_logits, start  # noqa: E402
 from rl.hf import load_hf  # noqa: E402
-from rl.model import Job  # noqa: E402
-from rl.models import pull  # noqa: E402
+from rl.policy.sampler import Job  # noqa: E402
+from rl.pull import pull  # noqa: E402
 from rl.serve import BackgroundServer  # noqa: E402
 
 EVIDENCE = """user: run the tests and tell me if they pass

@@ -1,11 +1,11 @@
-"""`prime-agent models pull|list`: the models under $PRIME_AGENT_HOME/models (rl/models.py)."""
+"""`prime-agent models pull|list`: the models under $PRIME_AGENT_HOME/models (rl/pull.py)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from rl.models import KNOWN, ModelError, ModelNotFound, installed, models_dir, pull
+from rl.pull import KNOWN, ModelError, ModelNotFound, installed, models_dir, pull
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:

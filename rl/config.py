@@ -10,8 +10,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.config import describe, merge, parse_override
-from rl.model import PolicyConfig
-from rl.models import ModelNotFound, resolve
+from rl.losses import IPOConfig, LossConfig
+from rl.policy.policy import PolicyConfig
+from rl.pull import ModelNotFound, resolve
 
 
 class _Section(BaseModel):
@@ -50,30 +51,6 @@ class SFTConfig(_Section):
     noise: float = 0.0
     """Fraction of demonstrations replaced by the environment's plausible wrong answer: the warm start
     then knows the skill but does not always choose it, which is what RL is for."""
-
-
-class LossConfig(_Section):
-    name: Literal["ipo", "dppo", "icepop", "ppo", "cispo"] = "ipo"
-    """The loss (rl/losses.py); each field below applies to the losses it names, unset: their defaults."""
-    eps: float | None = Field(None, gt=0)
-    """ipo: keep a token iff |p - q| <= eps (default 0.3)."""
-    delta_low: float | None = None
-    """dppo (default 0.2)."""
-    delta_high: float | None = None
-    """dppo (default 0.2)."""
-    ratio_low: float | None = None
-    """icepop 0.2, ppo 0.8, cispo off."""
-    ratio_high: float | None = None
-    """icepop 5.0, ppo 1.2, cispo 5.0."""
-    max_ratio: float | None = None
-    """Cap on the ratio's value and gradient (1e4)."""
-    kl_tau: float | None = None
-    """Weight of tau * (log r)^2 on loss tokens (0)."""
-
-    def overrides(self) -> dict[str, float]:
-        from rl.losses import DEFAULTS
-
-        return {k: v for k, v in self.model_dump(exclude={"name"}).items() if v is not None and k in DEFAULTS[self.name]}
 
 
 class DifficultyConfig(_Section):
@@ -136,15 +113,21 @@ class TrainConfig(_Section):
     async_level: int = Field(0, ge=0)
     """Batches sampling may run ahead of training (0: sample, then train)."""
     max_off_policy_steps: int = Field(1, ge=0)
-    """Rollouts sampled by a policy older than this many steps are dropped (and counted)."""
+    """Rollouts sampled by a policy older than this many steps are dropped (and counted as `stale`), however
+    they came to be old: async_level, policy_lag, a server behind on its reloads (prime-rl's default: 8)."""
     policy_lag: int = Field(0, ge=0)
     """Force off-policy sampling: the sampler gets each step's weights this many steps late (the
-    off-policy stress study). Lag grows from 0 to this over the first steps, then stays."""
+    off-policy stress study). Lag grows from 0 to this over the first steps, then stays. max_off_policy_steps
+    applies: it must be at least this lag, or every rollout past the first steps would be dropped."""
     seed: int = 0
     """Seeds the initial weights, the warm start's noise, and each step's tasks and sampling."""
     sampler_dtype: Literal["float32", "bfloat16"] = "float32"
     """The built-in server's weights, for a Hugging Face model: bfloat16 samples at half the width, and its
     probabilities then differ from the fp32 trainer's (mismatch_kl per step; what IPO masks)."""
+    shard_frozen: bool = False
+    """With N processes: shard a LoRA run's frozen base across the ranks as the trained weights are (for a base
+    too big for one device), all-gathered for each forward and backward. Off: every rank holds the whole base
+    and only the adapter's weights and gradients cross between ranks (rl/dist.py)."""
     threads: int | None = Field(None, ge=1)
     """torch threads for training and sampling; None: torch's own count (the machine's cores, or
     OMP_NUM_THREADS). Under load one thread can be the fastest: two threads spun on two busy cores
@@ -177,6 +160,14 @@ class TrainConfig(_Section):
     version its server held."""
     reload_urls: list[str] = Field(default_factory=list)
     """With rollout_urls: each one's reload_url, in the same order (default: each URL + "/reload")."""
+
+    @model_validator(mode="after")
+    def _a_lagged_sampler_trains(self) -> TrainConfig:
+        if self.policy_lag > self.max_off_policy_steps:
+            raise ValueError(f"policy_lag = {self.policy_lag} samples with weights {self.policy_lag} steps old, and "
+                             f"max_off_policy_steps = {self.max_off_policy_steps} drops every rollout that old: "
+                             f"set max_off_policy_steps to at least {self.policy_lag}, or lag less")
+        return self
 
     @model_validator(mode="after")
     def _one_way_to_name_servers(self) -> TrainConfig:
@@ -222,7 +213,7 @@ class RunConfig(_Section):
     env: EnvConfig = Field(default_factory=EnvConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
-    loss: LossConfig = Field(default_factory=LossConfig)
+    loss: LossConfig = Field(default_factory=IPOConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
 
     @field_validator("model")

@@ -15,7 +15,7 @@ logprobs are never guessed: they stay in the history as masked text and are coun
 A request's tokens are the server's own when it said what they were (`ModelCall.prompt_token_ids`,
 recorded with `model.record_logprobs`; `prime-agent rl serve` says): exactly what the sampled
 tokens were conditioned on, truncation included. Otherwise they are rendered with the byte-level
-policy's chat template (`rl.model.ByteTokenizer.chat`).
+policy's chat template (`rl.policy.tokenizer.ByteTokenizer.chat`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from agent.trajectory import (
     read_records,
 )
 from agent.types import Message
-from rl.model import ByteTokenizer
+from rl.policy.tokenizer import ByteTokenizer
 from rl.sample import TokenSample
 
 Rubric = Callable[[list[Record]], float]

@@ -31,7 +31,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from rl.model import MARKER, save_checkpoint
+from rl.policy.checkpoint import MARKER, save_checkpoint
 from rl.sample import Batch, Sample
 from rl.packing import MicroBatch
 
@@ -75,10 +75,12 @@ def on_main(fn: Callable[[], T]) -> T:
 # --- the model -------------------------------------------------------------------------------------
 
 
-def shard(model: torch.nn.Module) -> torch.nn.Module:
+def shard(model: torch.nn.Module, shard_frozen: bool = False) -> torch.nn.Module:
     """FSDP2: each block (`model.blocks`), then the root (embeddings, final norm), sharded across the
     ranks; on GPU the forward and backward run on bf16 copies of the fp32 weights, gradients reduced in
-    fp32. Gradients are summed, not averaged: the loss is already normalised by the whole batch's tokens."""
+    fp32. Gradients are summed, not averaged: the loss is already normalised by the whole batch's tokens.
+    Frozen weights (a LoRA run's base) stay whole on every rank, never all-gathered, unless `shard_frozen`
+    (train.shard_frozen): then FSDP2 gathers them for each forward and again for the backward."""
     if world() == 1:
         return model
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -87,9 +89,10 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
     if torch.cuda.is_available():
         model.to(torch.device("cuda", torch.cuda.current_device()))
         precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    frozen = set() if shard_frozen else {p for p in model.parameters() if not p.requires_grad}
     for block in model.blocks:
-        fully_shard(block, mp_policy=precision)
-    fully_shard(model, mp_policy=precision)
+        fully_shard(block, mp_policy=precision, ignored_params=frozen)
+    fully_shard(model, mp_policy=precision, ignored_params=frozen)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
@@ -178,16 +181,16 @@ def scatter(batches: Iterable[Batch] | None, start: int, stop: int) -> Iterator[
 def reduce_metrics(m: dict[str, float]) -> dict[str, float]:
     """One rank's train_step metrics made the whole step's: the loss and tokens summed, rates averaged
     weighted by each rank's loss tokens, the largest ratio. Ranks with nothing to train pass
-    {"loss": 0.0, "tokens": 0}, as they all do on the same steps."""
+    {"loss": 0.0, "tokens": 0, "trained_tokens": 0}, as they all do on the same steps."""
     if world() == 1:
         return m
     means = [k for k in ("entropy", "masked_fraction", "clipped_fraction", "mismatch_kl") if k in m]
     n = m["tokens"]
-    sums = _tensor([m["loss"], float(n)] + [m[k] * n if n else 0.0 for k in means])
+    sums = _tensor([m["loss"], float(n), float(m["trained_tokens"])] + [m[k] * n if n else 0.0 for k in means])
     dist.all_reduce(sums)
     total = max(sums[1].item(), 1.0)
-    out = {**m, "loss": sums[0].item(), "tokens": int(sums[1].item()),
-           **{k: sums[2 + i].item() / total for i, k in enumerate(means)}}
+    out = {**m, "loss": sums[0].item(), "tokens": int(sums[1].item()), "trained_tokens": int(sums[2].item()),
+           **{k: sums[3 + i].item() / total for i, k in enumerate(means)}}
     if "max_ratio" in m:
         top = _tensor([m["max_ratio"]])
         dist.all_reduce(top, op=dist.ReduceOp.MAX)

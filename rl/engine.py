@@ -48,7 +48,8 @@ import torch.nn.functional as F
 from rl.decoder import Decoder, Slots, supports
 from rl.grammar import Grammars, advance, mask_logits, start
 from rl.hf import HFPolicy, HFTokenizer, load_hf, merged
-from rl.model import Job, Sampled, latest_checkpoint
+from rl.policy.checkpoint import latest_checkpoint
+from rl.policy.sampler import Job, Sampled
 
 BLOCK = 16
 """Tokens per prefix-cache block: a prompt's head is reused in whole blocks."""

@@ -213,7 +213,7 @@ def advance(matcher, token: int) -> None:
 
 def _lltokenizer(tok, vocab_size: int, eos: list[int]):
     """llguidance's view of a sampler's tokenizer: a Hugging Face fast tokenizer (rl.hf.HFTokenizer), or
-    the byte policy's (rl.model.ByteTokenizer)."""
+    the byte policy's (rl.policy.tokenizer.ByteTokenizer)."""
     from llguidance import LLTokenizer, TokenizerWrapper
 
     inner = getattr(tok, "tok", None)

@@ -1,7 +1,7 @@
 """Hugging Face causal LMs as the policy (transformers).
 
     [model]
-    hf = "smollm2-135m-instruct" # a model pulled with `prime-agent models pull` (rl/models.py)
+    hf = "smollm2-135m-instruct" # a model pulled with `prime-agent models pull` (rl/pull.py)
     hf = "path/to/model-dir"     # weights, tokenizer and its chat template, from a local directory
     hf = "path/to/config.json"   # that architecture with random weights (benchmarks, no download)
     lora = { r = 16, alpha = 32 }  # train a LoRA adapter (peft) instead of every weight
@@ -28,7 +28,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from rl.models import resolve
+from rl.pull import resolve
 from rl.textstream import TextStream
 
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
@@ -95,7 +95,7 @@ class HFPolicy(nn.Module):
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 hidden: bool = False) -> torch.Tensor:
         """Logits [B, T, V], or with `hidden` the final hidden states [B, T, D]. `mask` is a bool
-        [B, 1, T, T] (True: attend), as rl.model.block_causal_mask makes; without it attention is
+        [B, 1, T, T] (True: attend), as rl.policy.policy.block_causal_mask makes; without it attention is
         causal (and a packed row's samples are told apart by the resets of `positions`)."""
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=ids.is_cuda):
             out = self.inner.base_model(input_ids=ids, position_ids=positions, attention_mask=self._mask(mask),

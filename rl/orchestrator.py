@@ -22,7 +22,7 @@ from evals.env import RLEnvironment, Task
 from rl.advantages import Excluded, group_advantages
 from rl.config import TrainConfig
 from rl.fleet import Fleet, NoServerLeft, reload  # noqa: F401  (reload: rl.orchestrator.reload, as before)
-from rl.model import ByteTokenizer
+from rl.policy.tokenizer import ByteTokenizer
 from rl.sample import Batch, Sample
 
 
@@ -186,8 +186,19 @@ class Orchestrator:
     # --- running ahead ---------------------------------------------------------------------------
 
     def batches(self, start: int, stop: int):
-        """Batches for steps start..stop-1. With async_level > 0 a sampler thread runs that many
-        batches ahead of training; rollouts older than max_off_policy_steps are dropped."""
+        """Batches for steps start..stop-1, each without its rollouts sampled by weights more than
+        max_off_policy_steps steps older than the step's (dropped and counted as `stale`), however they came to
+        be old: sampling ahead (async_level), a lagged sampler (policy_lag), a server behind on its reloads."""
+        c = self.config
+        for step, batch in zip(range(start, stop), self._sampled(start, stop)):
+            fresh = [s for s in batch.samples if step - s.version <= c.max_off_policy_steps]
+            batch.counts["stale"] = len(batch.samples) - len(fresh)
+            batch.samples, batch.step = fresh, step
+            yield batch
+
+    def _sampled(self, start: int, stop: int):
+        """The batches as sampled. With async_level > 0 a sampler thread runs that many batches ahead of
+        training."""
         c = self.config
         if c.async_level <= 0:
             for step in range(start, stop):
@@ -207,12 +218,9 @@ class Orchestrator:
                 q.put(e)
 
         threading.Thread(target=run, daemon=True, name="rollouts").start()
-        for step in range(start, stop):
+        for _ in range(start, stop):
             item = q.get()
             if isinstance(item, BaseException):
                 raise item
-            fresh = [s for s in item.samples if step - s.version <= c.max_off_policy_steps]
-            item.counts["stale"] = len(item.samples) - len(fresh)
-            item.samples, item.step = fresh, step
             yield item
             ahead.release()  # the trainer asked for the next batch: this step is trained

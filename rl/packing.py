@@ -1,4 +1,4 @@
-"""A training step's samples as micro-batches of token rows, and the step's loss over them.
+"""A training step's samples as micro-batches of token rows (rl.train.backward runs the loss over them).
 
 Padded (the default): one micro-batch, a row per sample, right-padded to the longest.
 Packed (`train.pack_length = L`): samples placed whole into rows of exactly L tokens (first fit,
@@ -17,9 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rl import losses
-from rl.config import LossConfig
-from rl.model import token_logprobs
 from rl.sample import Sample
 
 PAD = 0
@@ -109,34 +106,3 @@ def _place(m: MicroBatch, row: int, offset: int, s: Sample) -> int:
     m.inference[row, a:b] = torch.tensor(s.inference_logprobs)
     m.advantages[row, a:b] = s.advantage
     return n
-
-
-def backward(model: torch.nn.Module, micro: list[MicroBatch], temperature: float, loss: LossConfig,
-             loss_tokens: int | None = None) -> dict[str, float]:
-    """Forward and backward of each micro-batch in turn, the gradients adding up to those of the whole
-    step: each micro-batch's summed token loss is divided by the loss-mask tokens of the whole step
-    (`loss_tokens` where the step spans data-parallel ranks). Returns the step's loss, token count,
-    entropy and loss metrics, as if computed in one piece."""
-    tokens = sum(int(m.loss_mask.sum()) for m in micro)
-    divisor = max(loss_tokens or tokens, 1)
-    device = next(model.parameters()).device
-    total, kept = 0.0, []
-    for m in micro:
-        m = m.to(device)
-        mask = m.loss_mask  # log-probs of the loss tokens alone, flat
-        trainer, entropy = token_logprobs(model, m.ids, temperature, entropy=True, positions=m.positions,
-                                          segments=m.segments, where=mask)
-        inference, advantages = m.inference[mask], m.advantages[mask]
-        out = losses.compute(loss.name, trainer, inference, advantages, _every(trainer), **loss.overrides())
-        part = out.per_token.sum() / divisor
-        part.backward()
-        total += part.item()
-        kept.append((trainer.detach(), inference, advantages, entropy))
-    trainer, inference, advantages, entropy = (torch.cat(t) for t in zip(*kept))
-    # the metrics over every loss token of the step at once (they are means and maxima over it)
-    metrics = losses.compute(loss.name, trainer, inference, advantages, _every(trainer), **loss.overrides()).metrics
-    return {"loss": total, "tokens": tokens, "entropy": float(entropy.mean()) if tokens else 0.0, **metrics}
-
-
-def _every(t: torch.Tensor) -> torch.Tensor:
-    return torch.ones_like(t, dtype=torch.bool)

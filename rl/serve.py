@@ -35,7 +35,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from rl.grammar import Constraint, GrammarError, Grammars, constraint, start, tool_calls
-from rl.model import ByteTokenizer, Job, Policy, PolicyConfig, generate, latest_checkpoint, load_policy
+from rl.policy.checkpoint import latest_checkpoint, load_policy
+from rl.policy.policy import Policy, PolicyConfig
+from rl.policy.sampler import Job, generate
+from rl.policy.tokenizer import ByteTokenizer
 
 MAX_BATCH_ROWS = 256
 
@@ -549,7 +552,7 @@ def hf_engine(model: str, name: str | None = None, dtype: str = "float32", trunc
     name)."""
     from rl.engine import HFEngine
     from rl.hf import load_hf
-    from rl.models import resolve
+    from rl.pull import resolve
 
     path = resolve(model)
     version = int((path / "COMPLETE").read_text()) if (path / "COMPLETE").is_file() else 0

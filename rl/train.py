@@ -35,13 +35,13 @@ from rl import dist
 from rl.config import RunConfig
 from rl.envs import load as load_env
 from rl.envs.harness import HarnessOrchestrator, policy_view, warm_start_system_prompt
-from rl.model import (
-    MARKER, ByteTokenizer, Policy, build_policy, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint,
-    token_logprobs,
-)
 from rl.fleet import Fleet
 from rl.orchestrator import Orchestrator, rollout_seed
-from rl.packing import backward, micro_batches
+from rl.losses import LossConfig, LossInputs, compute
+from rl.packing import MicroBatch, micro_batches
+from rl.policy.checkpoint import MARKER, latest_checkpoint, load_policy, load_trainer_state, save_checkpoint
+from rl.policy.policy import Policy, build_policy, token_logprobs
+from rl.policy.tokenizer import ByteTokenizer
 from rl.sample import Batch
 from rl.serve import BackgroundServer, Engine
 
@@ -154,7 +154,40 @@ def train_step(model: Policy, opt: torch.optim.Optimizer, batch: Batch, cfg: Run
     m = backward(model, micro, cfg.train.temperature, cfg.loss, loss_tokens)
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), cfg.train.max_grad_norm)
     opt.step()
-    return {**m, "grad_norm": float(grad_norm)}
+    return {**m, "trained_tokens": trained_tokens(batch), "grad_norm": float(grad_norm)}
+
+
+def trained_tokens(batch: Batch) -> int:
+    """Every token the step's forward and backward ran over, prompt and completion (what the step's time
+    buys), beside `tokens`, the loss-mask tokens alone (what the loss divides by)."""
+    return sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples)
+
+
+def backward(model: torch.nn.Module, micro: list[MicroBatch], temperature: float, loss: LossConfig,
+             loss_tokens: int | None = None) -> dict[str, float]:
+    """Forward and backward of each micro-batch in turn, the gradients adding up to those of the whole
+    step: each micro-batch's summed token loss is divided by the loss-mask tokens of the whole step
+    (`loss_tokens` where the step spans data-parallel ranks). Returns the step's loss, token count,
+    entropy and loss metrics, as if computed in one piece."""
+    tokens = sum(int(m.loss_mask.sum()) for m in micro)
+    divisor = max(loss_tokens or tokens, 1)
+    device = next(model.parameters()).device
+    total, kept = 0.0, []
+    for m in micro:
+        m = m.to(device)
+        mask = m.loss_mask  # log-probs of the loss tokens alone, flat
+        trainer, entropy = token_logprobs(model, m.ids, temperature, entropy=True, positions=m.positions,
+                                          segments=m.segments, where=mask)
+        inference, advantages = m.inference[mask], m.advantages[mask]
+        out = compute(LossInputs(trainer, inference, advantages, torch.ones_like(trainer, dtype=torch.bool)), loss)
+        part = out.per_token.sum() / divisor
+        part.backward()
+        total += part.item()
+        kept.append((trainer.detach(), inference, advantages, entropy))
+    trainer, inference, advantages, entropy = (torch.cat(t) for t in zip(*kept))
+    # the metrics over every loss token of the step at once (they are means and maxima over it)
+    metrics = compute(LossInputs(trainer, inference, advantages, torch.ones_like(trainer, dtype=torch.bool)), loss).metrics
+    return {"loss": total, "tokens": tokens, "entropy": float(entropy.mean()) if tokens else 0.0, **metrics}
 
 
 # --- the run -------------------------------------------------------------------------------------------
@@ -197,7 +230,7 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
     external = cfg.train.rollout_servers()
     engine = sampler_engine(model, start, cfg) if main and not external else None
     vocab_size = int(model.output_weight.shape[0])  # the ids this policy can train on
-    model = dist.shard(model)
+    model = dist.shard(model, cfg.train.shard_frozen)
     # fused: one kernel per weight, not a dozen (TRL's default too)
     opt = torch.optim.AdamW(trainable(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, fused=True)
     if state is not None:
@@ -244,7 +277,8 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
         for batch, share, loss_tokens in dist.scatter(batches, start, cfg.train.steps):
             step = batch.step
             t = time.time()
-            m = train_step(model, opt, share, cfg, loss_tokens) if share.samples else {"loss": 0.0, "tokens": 0}
+            m = train_step(model, opt, share, cfg, loss_tokens) if share.samples else \
+                {"loss": 0.0, "tokens": 0, "trained_tokens": 0}
             m = dist.reduce_metrics(m)
             state = dist.gathered(model)  # the whole model on rank 0, for the sampler and checkpoints
             if main:
@@ -257,7 +291,7 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
                 m.update(step=step, reward_mean=_mean(batch.rewards), off_policy_max=max(
                     (step - s.version for s in batch.samples), default=0), samples=len(batch.samples), **batch.counts,
                     seconds=time.time() - t, sampling_seconds=t - waited)
-                m["tokens_per_s"] = m["tokens"] / max(m["seconds"], 1e-9)
+                m["tokens_per_s"] = m["trained_tokens"] / max(m["seconds"], 1e-9)
                 m["sampled_share"] = sampled_share(batch.counts)
                 if external:  # servers that left the rotation while this step sampled, or on its reload
                     m["servers_live"], m["servers_lost"] = len(servers.live), servers.take_failures()
@@ -372,7 +406,8 @@ def sampled_share(counts: dict[str, int]) -> float | None:
 
 
 def console_line(m: dict) -> str:
-    """A step's line: the reward, the loss, and what trained (a step that trained nothing says so, not 0 tok/s)."""
+    """A step's line: the reward, the loss, and what trained: every token of its samples a second (a step that
+    trained nothing says so, not 0 tok/s)."""
     share = m.get("sampled_share")
     trained = f"{m['tokens_per_s']:,.0f} tok/s" if m["tokens"] else "nothing trained"
     line = (f"step {m['step']:4d}  reward {m['reward_mean']:.3f}  loss {m['loss']:+.4f}  "

@@ -53,12 +53,16 @@ An RL run's TOML file (`examples/reverse_text/config.toml`), with dotted overrid
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring: the string literal under its annotated assignment in the class body."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
-    return {a.target.id: " ".join(inspect.cleandoc(b.value.value).split())
-            for a, b in zip(body, body[1:])
-            if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)
-            and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)}
+    """Each field's docstring: the string literal under its annotated assignment in the class body (or in the
+    body of the config class it inherits the field from)."""
+    docs: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if issubclass(k, BaseModel) and k is not BaseModel]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body  # type: ignore[attr-defined]
+        docs |= {a.target.id: " ".join(inspect.cleandoc(b.value.value).split())
+                 for a, b in zip(body, body[1:])
+                 if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)
+                 and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)}
+    return docs
 
 
 def models_in(annotation: object) -> list[type[BaseModel]]:
@@ -81,10 +85,11 @@ def field_line(name: str, f: FieldInfo, docs: dict[str, str]) -> str:
     return f"- `{name}` ({type_name(f.annotation)}, {value}){': ' + docs[name] if name in docs else ''}"
 
 
-def section(cls: type[BaseModel], key: str, prefix: str) -> list[str]:
-    """A `[key]` heading, the model's own docstring, a line per field, then its nested tables."""
+def section(cls: type[BaseModel], key: str, prefix: str, variant: str = "") -> list[str]:
+    """A `[key]` heading (with `variant`: which of the table's kinds), the model's own docstring, a line per
+    field, then its nested tables."""
     doc = cls.__dict__.get("__doc__")
-    lines = [f"### {prefix}`[{key}]`", ""] + ([" ".join(inspect.cleandoc(doc).split()), ""] if doc else [])
+    lines = [f"### {prefix}`[{key}]`{variant}", ""] + ([" ".join(inspect.cleandoc(doc).split()), ""] if doc else [])
     docs, nested = field_docs(cls), []
     for name, f in cls.model_fields.items():
         lines.append(field_line(name, f, docs))
@@ -103,8 +108,14 @@ def sections(root: type[BaseModel], prefix: str) -> list[str]:
         lines += [f"### {prefix}Top level", ""]
         lines += [field_line(n, f, docs) for n, f in plain.items()] + [""]
     for name, f in root.model_fields.items():
-        if name not in plain:
-            lines += section(models_in(f.annotation)[0], name, prefix) + [""]
+        if name in plain:
+            continue
+        kinds = models_in(f.annotation)
+        if len(kinds) == 1:
+            lines += section(kinds[0], name, prefix) + [""]
+        else:  # a table of one of several kinds, told apart by its `name`
+            for kind in kinds:
+                lines += section(kind, name, prefix, f' `name = "{kind.model_fields["name"].default}"`') + [""]
     return lines
 
 

@@ -51,7 +51,7 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     `prime-agent models pull` does, into a home of its own: `smollm2.parents[1]` is that $PRIME_AGENT_HOME.
     Read it, never write it: every test that asks shares it, in every xdist worker (the pull's own lock
     lets the first worker convert it while the others wait)."""
-    from rl.models import pull
+    from rl.pull import pull
 
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's base is under the run's own

@@ -57,8 +57,8 @@ from evals.tasksets import task_key  # noqa: E402
 from rl.config import RunConfig, load  # noqa: E402
 from rl.envs import load as load_env  # noqa: E402
 from rl.envs.harness import HarnessOrchestrator, agent_overrides  # noqa: E402
-from rl.model import latest_checkpoint  # noqa: E402
-from rl.models import KNOWN, ModelError, pull  # noqa: E402
+from rl.policy.checkpoint import latest_checkpoint  # noqa: E402
+from rl.pull import KNOWN, ModelError, pull  # noqa: E402
 from rl.serve import BackgroundServer, engine_from, hf_engine  # noqa: E402
 from rl.train import sft, train  # noqa: E402
 

@@ -1,9 +1,16 @@
 """The off-policy stress study: reverse-text with the sampler forced k steps behind the trainer
-(`train.policy_lag`), for each loss, at a learning rate high enough that the policy moves.
+(`train.policy_lag`), for each loss, in one of two settings (--setting):
+
+- stress (the default): the lag alone, nothing dropped (max_off_policy_steps = k), sampling then training,
+  at a learning rate 3x the base config's, high enough that the policy moves;
+- prime-rl: prime-rl's defaults: sampling one step ahead (async_level 1), rollouts older than 8 steps
+  dropped (max_off_policy_steps 8: a lag past it never trains, so it is not run), and prime-rl's learning
+  rate for a LoRA adapter (1e-4, its reverse-text LoRA example; the byte policy keeps its config's own).
 
     .venv/bin/python examples/off_policy_stress/run.py                 # reduced grid (~5 min here)
     .venv/bin/python examples/off_policy_stress/run.py --grid full     # 4 lags x 5 losses x 3 seeds
     .venv/bin/python examples/off_policy_stress/run.py --model smollm2 # SmolLM2-135M, LoRA: 4 lags x 3 losses
+    .venv/bin/python examples/off_policy_stress/run.py --model smollm2 --setting prime-rl
 
 Every run starts from one shared SFT warm start (examples/reverse_text/config.toml's, or smollm2.toml's
 with --model smollm2, cached in the output folder). Per run: the reward curve, the fraction of loss tokens
@@ -47,6 +54,17 @@ MODELS = {  # the base config, and a learning rate 3x its own: high enough that 
     "byte": (ROOT / "examples" / "reverse_text" / "config.toml", 3e-3),
     "smollm2": (ROOT / "examples" / "reverse_text" / "smollm2.toml", 6e-4),
 }
+PRIME_RL = {"async_level": 1, "max_off_policy_steps": 8, "lr": {"byte": 1e-3, "smollm2": 1e-4}}
+"""prime-rl's defaults (orchestrator max_async_level 1, max_off_policy_steps 8) and learning rate for LoRA
+(examples/reverse_text/rl_lora.toml: 1e-4); the byte policy, which has no prime-rl counterpart, keeps its own."""
+
+
+def setting_overrides(setting: str, lag: int) -> list[str]:
+    """How a run samples in `setting`: the stress setting drops nothing, prime-rl's drops what it drops."""
+    if setting == "stress":
+        return ["--train.max_off_policy_steps", str(lag)]
+    return ["--train.async_level", str(PRIME_RL["async_level"]),
+            "--train.max_off_policy_steps", str(PRIME_RL["max_off_policy_steps"])]
 
 
 def run_one(base: Path, out: Path, warm: Path, loss: str, lag: int, seed: int, steps: int, lr: float,
@@ -76,6 +94,8 @@ def run_one(base: Path, out: Path, warm: Path, loss: str, lag: int, seed: int, s
         mismatch_kl=statistics.fmean(h.get("mismatch_kl", 0.0) for h in trained) if trained else math.nan,
         grad_norm_max=max((h["grad_norm"] for h in trained), default=math.nan),
         off_policy_max=max((h["off_policy_max"] for h in history), default=0),
+        stale_fraction=sum(h.get("stale", 0) for h in history)
+        / max(sum(h.get("stale", 0) + h["samples"] for h in history), 1),
     )
     return row
 
@@ -96,8 +116,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         groups.setdefault((r["lag"], r["loss"]), []).append(r)
     lines = ["| lag k | loss | reward start | reward end (±sd over seeds) | final policy, held out | masked fraction "
-             "| mismatch KL | max grad norm | non-finite |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| mismatch KL | max grad norm | dropped stale | non-finite |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for (lag, loss), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], list(LOSSES).index(kv[0][1]))):
         ends = [r["reward_end"] for r in rs]
         spread = f" ± {statistics.stdev(ends):.3f}" if len(ends) > 1 else ""
@@ -105,7 +125,9 @@ def table(rows: list[dict]) -> str:
             f"| {lag} | {loss} | {statistics.fmean(r['reward_start'] for r in rs):.3f} | {statistics.fmean(ends):.3f}{spread} "
             f"| {held_out(rs)} "
             f"| {statistics.fmean(r['masked_fraction'] for r in rs):.3f} | {statistics.fmean(r['mismatch_kl'] for r in rs):.2e} "
-            f"| {max(r['grad_norm_max'] for r in rs):.2f} | {sum(r['nonfinite'] for r in rs)}/{len(rs)} |")
+            f"| {max(r['grad_norm_max'] for r in rs):.2f} "
+            f"| {statistics.fmean(r.get('stale_fraction', 0.0) for r in rs):.3f} "
+            f"| {sum(r['nonfinite'] for r in rs)}/{len(rs)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -151,8 +173,11 @@ def main() -> int:
     p.add_argument("--model", choices=list(MODELS), default="byte")
     p.add_argument("--grid", choices=list(GRIDS), help="default: smollm2's for that model, else reduced")
     p.add_argument("--lags", help="comma-separated: these lags of the grid only")
+    p.add_argument("--losses", help="comma-separated: these losses of the grid only")
     p.add_argument("--steps", type=int, help="RL steps per run (default: the grid's)")
-    p.add_argument("--lr", type=float, help="default: 3x the base config's, high enough that the policy moves")
+    p.add_argument("--setting", choices=["stress", "prime-rl"], default="stress",
+                   help="stress: the lag alone at 3x the config's learning rate; prime-rl: its defaults and rate")
+    p.add_argument("--lr", type=float, help="default: the setting's")
     p.add_argument("--batch-size", type=int, help="tasks per step (default: the base config's)")
     p.add_argument("--group-size", type=int, help="rollouts per task (default: the base config's)")
     p.add_argument("--part", default="1/1", help="I/N: the I-th of N shares of the grid's runs, for N invocations at once")
@@ -163,22 +188,29 @@ def main() -> int:
     part, parts = map(int, args.part.split("/"))
     grid = GRIDS[args.grid or ("smollm2" if args.model == "smollm2" else "reduced")]
     base, lr = MODELS[args.model]
-    lr, out, steps = args.lr or lr, Path(args.out), args.steps or grid["steps"]
+    lr = args.lr or (lr if args.setting == "stress" else PRIME_RL["lr"][args.model])
+    out, steps = Path(args.out), args.steps or grid["steps"]
     lags = [int(k) for k in args.lags.split(",")] if args.lags else grid["lags"]
+    if args.setting == "prime-rl":  # a lag past max_off_policy_steps trains nothing (the config refuses it)
+        for k in [k for k in lags if k > PRIME_RL["max_off_policy_steps"]]:
+            print(f"k={k}: not run: prime-rl drops rollouts more than {PRIME_RL['max_off_policy_steps']} steps old, "
+                  "so this lag never trains", flush=True)
+        lags = [k for k in lags if k <= PRIME_RL["max_off_policy_steps"]]
     extra = [*(["--train.batch_size", str(args.batch_size)] if args.batch_size else []),
              *(["--train.group_size", str(args.group_size)] if args.group_size else [])]
     out.mkdir(parents=True, exist_ok=True)
     print("warm start (SFT once, reused by every run and by later invocations)", flush=True)
     warm = sft(load(str(base), ["--train.out", f'"{out}"']), log=lambda *_: None)
+    losses = args.losses.split(",") if args.losses else grid["losses"]
     grid_runs = [(lag, loss, seed) for lag in lags
-                 for loss in (grid["losses"][:1] if lag == 0 and grid.get("once_at_0") else grid["losses"])
+                 for loss in (losses[:1] if lag == 0 and grid.get("once_at_0") else losses)
                  for seed in grid["seeds"]]
     for lag, loss, seed in grid_runs[part - 1::parts]:
         run_dir = out / "runs" / f"k{lag}-{loss}-s{seed}"
         if (run_dir / "row.json").is_file():
             print(f"k={lag:<3} {loss:<8} seed {seed}: done before, kept", flush=True)
             continue
-        row = run_one(base, run_dir, warm, loss, lag, seed, steps, lr, extra)
+        row = run_one(base, run_dir, warm, loss, lag, seed, steps, lr, [*extra, *setting_overrides(args.setting, lag)])
         (run_dir / "row.json").write_text(json.dumps(row))
         print(f"k={lag:<3} {loss:<8} seed {seed}: reward {row['reward_start']:.3f} -> {row['reward_end']:.3f}  "
               f"masked {row['masked_fraction']:.3f}  mismatch_kl {row['mismatch_kl']:.2e}  "

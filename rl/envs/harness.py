@@ -28,8 +28,8 @@ from evals.tasksets import task_key
 from rl.advantages import Excluded, group_advantages
 from rl.config import EnvConfig, RunConfig, TrainConfig
 from rl.data import IngestCounts, samples
-from rl.model import ByteTokenizer
 from rl.orchestrator import rollout_seed
+from rl.policy.tokenizer import ByteTokenizer
 from rl.sample import Batch
 from rl.serve import keep_tail
 

@@ -147,7 +147,7 @@ def test_an_adapter_hot_reloaded_into_the_served_base_samples_as_base_and_adapte
     """On the real model the big projections are packed for oneDNN (rl.engine.HFEngine._pack): the adapter
     is merged into the weights the server started with all the same."""
     from rl.hf import LoraSpec, load_hf
-    from rl.model import Job
+    from rl.policy.sampler import Job
     from rl.serve import hf_engine
 
     torch.manual_seed(0)  # the same adapter every run: peft draws A at random too

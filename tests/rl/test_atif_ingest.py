@@ -9,7 +9,7 @@ from pathlib import Path
 import atif
 
 from cli.main import main
-from rl.model import PolicyConfig
+from rl.policy.policy import PolicyConfig
 from rl.serve import BackgroundServer, engine_from
 from tests.conftest import trust
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from evals.env import Check, Task
 from rl.config import RunConfig
-from rl.model import ByteTokenizer
+from rl.policy.tokenizer import ByteTokenizer
 from rl.train import train
 from tests.rl.servers import Recording
 

@@ -17,7 +17,8 @@ from agent.trajectory import (
 )
 from agent.types import Message, Usage
 from rl.data import IngestCounts, ingest, load_rubric, rate, samples
-from rl.model import ByteTokenizer, PolicyConfig
+from rl.policy.policy import PolicyConfig
+from rl.policy.tokenizer import ByteTokenizer
 from rl.serve import BackgroundServer, engine_from
 from tests.conftest import trust
 
@@ -148,7 +149,7 @@ def test_an_ingested_sample_trains_only_on_its_sampled_tokens():
     import torch
 
     from rl.config import RunConfig
-    from rl.model import Policy
+    from rl.policy.policy import Policy
     from rl.sample import Batch
     from rl.train import train_step
 
@@ -172,7 +173,7 @@ async def test_samples_of_a_truncating_server_reproduce_its_logprobs(project: Pa
     the sampled tokens the logprobs the server reported."""
     import torch
 
-    from rl.model import token_logprobs
+    from rl.policy.policy import token_logprobs
     from tests.daemon.conftest import collect, running_daemon
 
     (project / ".prime-agent").mkdir()

@@ -17,7 +17,7 @@ from evals.env import Check, Task
 from evals.runner import Result
 from rl.config import RunConfig, load
 from rl.envs.harness import HarnessOrchestrator
-from rl.model import ByteTokenizer
+from rl.policy.tokenizer import ByteTokenizer
 from rl.serve import BackgroundServer, hf_engine
 from rl.train import SAMPLED_SHARE_WARNING, sft, train
 from tests.rl.conftest import WIDE_VOCAB
@@ -142,6 +142,9 @@ def test_a_step_reports_the_share_of_rollouts_with_signal_that_trained_and_warns
     assert signal > 0, row  # the warm start's groups differ
     assert row["sampled_share"] == (signal - lost) / signal and row["samples"] == len(batch.samples)
     assert row["tokens"] == sum(sum(s.completion_mask) for s in batch.samples)
+    # tok/s counts every token the step trained over, the prompts' too, not the loss tokens alone
+    assert row["trained_tokens"] == sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples)
+    assert row["tokens_per_s"] == pytest.approx(row["trained_tokens"] / row["seconds"])
     console = capsys.readouterr().out
     assert f"samples {row['samples']} ({row['sampled_share']:.0%} of rollouts with signal)" in console
     if row["tokens"]:

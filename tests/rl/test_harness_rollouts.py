@@ -11,7 +11,7 @@ import torch
 from evals.env import Check, Task
 from rl.config import EnvConfig, RunConfig, TrainConfig
 from rl.envs.harness import HarnessOrchestrator
-from rl.model import PolicyConfig, token_logprobs
+from rl.policy.policy import PolicyConfig, token_logprobs
 from rl.serve import BackgroundServer, engine_from
 from rl.train import train, train_step
 

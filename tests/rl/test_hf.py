@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl import losses
-from rl.config import LossConfig
 from rl.hf import HFPolicy, load_hf
-from rl.model import PolicyConfig, build_policy, token_logprobs
-from rl.packing import backward, micro_batches
+from rl.losses import CISPOConfig, IPOConfig, LossInputs, compute
+from rl.packing import micro_batches
+from rl.policy.policy import PolicyConfig, build_policy, token_logprobs
+from rl.train import backward
 
 from .test_packing import samples
 
@@ -66,15 +66,15 @@ def test_a_packed_step_equals_the_padded_step_for_hf_models(tmp_path: Path, name
     out = []
     for pack_length in (None, 40):
         model.zero_grad()
-        out.append((backward(model, micro_batches(batch, pack_length), 1.0, LossConfig()), grads(model)))
+        out.append((backward(model, micro_batches(batch, pack_length), 1.0, IPOConfig()), grads(model)))
     (plain, plain_grads), (pack, pack_grads) = out
     assert pack["loss"] == pytest.approx(plain["loss"], rel=1e-5) and pack["tokens"] == plain["tokens"]
     for n, g in plain_grads.items():
         assert torch.allclose(pack_grads[n], g, rtol=1e-4, atol=1e-6), n
 
 
-@pytest.mark.parametrize("loss", ["ipo", "cispo"])
-def test_a_step_is_the_textbook_step_on_the_model_transformers_builds(loss: str):
+@pytest.mark.parametrize("loss", [IPOConfig(), CISPOConfig()], ids=lambda c: c.name)
+def test_a_step_is_the_textbook_step_on_the_model_transformers_builds(loss):
     """The trainer's step (log-probs of the loss tokens alone,
     GPT-2's gelu_new run as torch's fused kernel) has the loss of the textbook step to 1e-6, and its gradients,
     entropy and metrics: full logits at every position of the model as transformers builds it, the loss over
@@ -89,10 +89,10 @@ def test_a_step_is_the_textbook_step_on_the_model_transformers_builds(loss: str)
     assert any(isinstance(m, NewGELUActivation) for m in reference.modules())
     assert not any(isinstance(m, NewGELUActivation) for m in policy.modules())
     (m,) = micro_batches(samples(8, seed=4), None)
-    metrics = backward(policy, [m], 0.9, LossConfig(name=loss))
+    metrics = backward(policy, [m], 0.9, loss)
 
     logp = torch.log_softmax(reference(m.ids[:, :-1]).logits / 0.9, -1)
-    out = losses.compute(loss, logp.gather(2, m.ids[:, 1:, None])[..., 0], m.inference, m.advantages, m.loss_mask)
+    out = compute(LossInputs(logp.gather(2, m.ids[:, 1:, None])[..., 0], m.inference, m.advantages, m.loss_mask), loss)
     textbook = out.per_token.sum() / m.loss_mask.sum()
     textbook.backward()
     assert abs(metrics["loss"] - textbook.item()) < 1e-6 and abs(textbook.item()) > 1e-3

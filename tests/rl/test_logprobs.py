@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rl.logprobs import chunked_logprobs, plain_logprobs
-from rl.model import Policy, PolicyConfig, token_logprobs
+from rl.policy.policy import Policy, PolicyConfig, token_logprobs
 
 
 @pytest.mark.parametrize("chunk", [3, None])  # 7 tokens in chunks of 3, or one block

@@ -8,11 +8,12 @@ import random
 import pytest
 import torch
 
-from rl.config import LossConfig, RunConfig
-from rl.model import Policy, PolicyConfig
+from rl.config import RunConfig
+from rl.losses import CISPOConfig, IPOConfig
+from rl.policy.policy import Policy, PolicyConfig
 from rl.sample import Batch, Sample
-from rl.packing import backward, micro_batches, packed
-from rl.train import train_step
+from rl.packing import micro_batches, packed
+from rl.train import backward, train_step
 
 
 def samples(n: int, seed: int = 0) -> list[Sample]:
@@ -49,15 +50,15 @@ def test_samples_pack_whole_into_fixed_length_rows_with_their_own_positions():
         packed(batch, 8)
 
 
-@pytest.mark.parametrize("loss", ["ipo", "cispo"])
-def test_a_packed_step_has_the_loss_gradients_and_metrics_of_the_padded_step(loss: str):
+@pytest.mark.parametrize("loss", [IPOConfig(), CISPOConfig()], ids=lambda c: c.name)
+def test_a_packed_step_has_the_loss_gradients_and_metrics_of_the_padded_step(loss):
     torch.manual_seed(0)
     model = Policy(PolicyConfig(d_model=32, n_layer=2, n_head=2, max_seq=32))
     batch = samples(10, seed=1)
 
     def run(pack_length):
         model.zero_grad()
-        m = backward(model, micro_batches(batch, pack_length), 0.9, LossConfig(name=loss))
+        m = backward(model, micro_batches(batch, pack_length), 0.9, loss)
         return m, {n: p.grad.clone() for n, p in model.named_parameters()}
 
     (plain, plain_grads), (pack, pack_grads) = run(None), run(40)

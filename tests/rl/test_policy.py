@@ -13,16 +13,10 @@ import openai
 import pytest
 import torch
 
-from rl.model import (
-    ByteTokenizer,
-    Policy,
-    PolicyConfig,
-    generate,
-    latest_checkpoint,
-    load_policy,
-    save_checkpoint,
-    token_logprobs,
-)
+from rl.policy.checkpoint import latest_checkpoint, load_policy, save_checkpoint
+from rl.policy.policy import Policy, PolicyConfig, token_logprobs
+from rl.policy.sampler import generate
+from rl.policy.tokenizer import ByteTokenizer
 from rl.serve import BackgroundServer, Engine
 from tests.rl.servers import policy_server
 

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from evals.tasksets.reverse_text import ReverseText
 from rl.config import RunConfig
-from rl.model import load_policy, save_checkpoint
+from rl.policy.checkpoint import load_policy, save_checkpoint
 from rl.orchestrator import Orchestrator, reload
 from rl.serve import BackgroundServer, Engine, create_app
 from rl.train import sft, train
@@ -77,8 +77,12 @@ def test_without_versions_from_the_server_rollouts_carry_the_last_reload_and_sta
         assert all(s.version == 5 for s in orchestrator.collect(step=5).samples)
 
         # No new weights come: step 5's rollouts are fresh, those of steps 6 and 7 one and two steps
-        # old, more than max_off_policy_steps = 0 allows; they are dropped and counted.
-        batches = list(orchestrator.batches(5, 8))
-        assert batches[0].samples and batches[0].counts["stale"] == 0
-        for b in batches[1:]:
-            assert b.samples == [] and b.counts["stale"] > 0
+        # old, more than max_off_policy_steps = 0 allows; they are dropped and counted, whether sampled
+        # ahead of training or not (a server behind on its reloads)
+        in_step = Orchestrator(url, ReverseText(min_len=5, max_len=5), cfg.train.model_copy(update={"async_level": 0}),
+                               version=5)
+        for sampler in (orchestrator, in_step):
+            batches = list(sampler.batches(5, 8))
+            assert batches[0].samples and batches[0].counts["stale"] == 0
+            for b in batches[1:]:
+                assert b.samples == [] and b.counts["stale"] > 0

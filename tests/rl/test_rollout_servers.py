@@ -14,7 +14,8 @@ import pytest
 from evals.tasksets.reverse_text import ReverseText
 from rl.config import RunConfig
 from rl.fleet import Fleet
-from rl.model import build_policy, save_checkpoint
+from rl.policy.checkpoint import save_checkpoint
+from rl.policy.policy import build_policy
 from rl.train import train
 from tests.rl.servers import Recording, policy_server_process
 

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 
 from rl.engine import BLOCK, HFEngine, _Threads
 from rl.hf import load_hf
-from rl.model import Job
+from rl.policy.sampler import Job
 from rl.serve import BackgroundServer
 from tests.rl.conftest import CHATML
 from tests.rl.servers import alone_and_together

@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rl.engine import HFEngine
 from rl.hf import load_hf
-from rl.model import ByteTokenizer, Job, Policy, PolicyConfig
+from rl.policy.policy import Policy, PolicyConfig
+from rl.policy.sampler import Job
+from rl.policy.tokenizer import ByteTokenizer
 from rl.serve import BackgroundServer, Engine
 
 

@@ -17,7 +17,8 @@ from transformers import AutoModelForCausalLM
 from rl.config import load
 from rl.engine import HFEngine
 from rl.hf import load_hf
-from rl.model import Job, token_logprobs
+from rl.policy.policy import token_logprobs
+from rl.policy.sampler import Job
 from rl.serve import BackgroundServer, hf_engine
 from rl.train import kept, sft, train, trainable
 

