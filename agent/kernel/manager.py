@@ -104,7 +104,7 @@ class _Manager(AsyncKernelManager):
 
     @property
     def kernel_spec(self) -> KernelSpec:
-        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", *KERNEL_ARGS]
+        argv = [sys.executable, "-m", "agent.kernel.runtime.launch", "-f", "{connection_file}", *KERNEL_ARGS]
         # An interrupt is a message: the kernel signals itself from inside its sandbox (a signal to
         # the launcher outside would stop bubblewrap, not the cell).
         return KernelSpec(argv=argv, display_name="Prime Agent", language="python", interrupt_mode="message")
