@@ -163,7 +163,7 @@ def _kernels_of(home: Path) -> list[int]:
     for proc in Path("/proc").iterdir():
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
-            if argv and b"agent.kernel.runtime.launch" in argv and Path(argv[0].decode()).name.startswith("python") \
+            if len(argv) > 2 and b"IPKernelApp" in argv[2] and Path(argv[0].decode()).name.startswith("python") \
                     and f"PRIME_AGENT_HOME={home}".encode() in (proc / "environ").read_bytes().split(b"\0") \
                     and "\nState:\tZ" not in (proc / "status").read_text():
                 found.append(int(proc.name))
