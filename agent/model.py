@@ -34,7 +34,7 @@ from agent.actions import IPYTHON_TOOL
 from agent.config_models import ModelConfig
 from agent.repetition import Repetition
 from agent.types import Completion, Message
-from agent.wire import MalformedReply, ServerReply, Shown, brief, to_wire
+from agent.wire import MalformedReply, Reader, ServerReply, Shown, brief, to_wire
 
 DeltaCallback = Callable[[str], None]
 RetryCallback = Callable[[int, float, str], None]
@@ -204,6 +204,9 @@ def _number(value: Any) -> bool:
 
 
 class OpenAIModel:
+    path = "/chat/completions"
+    """Where a request is posted, under the base URL."""
+
     def __init__(self, config: ModelConfig, key_hint: str = ""):
         """`key_hint`: what to do when the server refuses the key (HTTP 401), where the key comes from;
         by default, to set OPENAI_API_KEY or model.api_key."""
@@ -426,10 +429,12 @@ class OpenAIModel:
         # every call: O(context) Python work per step (20 ms a step at 100 cells). Our body is
         # plain JSON already, so post it through the same client as is, and read the reply as plain
         # JSON too: servers differ from OpenAI's types in ways their models would hide (see agent.wire.ServerReply).
-        from openai import AsyncStream
+        return await self._client.post(self.path, body=request, cast_to=object, stream=bool(request.get("stream")),
+                                       stream_cls=self._openai.AsyncStream[object])
 
-        return await self._client.post("/chat/completions", body=request, cast_to=object,
-                                       stream=bool(request.get("stream")), stream_cls=AsyncStream[object])
+    def reader(self, text: Shown, reasoning: Shown) -> Reader:
+        """What reads one reply (a native provider's subclass reads its own API's)."""
+        return ServerReply(text, reasoning, self._watch())
 
     def _watch(self) -> Callable[[str], None]:
         """What watches a completion's text for a loop: raises `Repeating` once it fell into one."""
@@ -451,14 +456,14 @@ class OpenAIModel:
         """`first_cell`: a text-mode step, whose streamed reply ends with its first whole cell where it can
         (`ServerReply.stop_after_cell`)."""
         try:
-            reply = ServerReply(text, reasoning, self._watch())
+            reply = self.reader(text, reasoning)
             if request.get("stream"):
                 stream = await self._post(request)
                 try:
                     await self._refuse_html(stream.response)
                     async for chunk in stream:
-                        reply.add_chunk(chunk)
-                        if first_cell and reply.stop_after_cell():
+                        reply.add_event(chunk)
+                        if first_cell and isinstance(reply, ServerReply) and reply.stop_after_cell():
                             break
                 finally:  # also when the reply is stopped early: the server stops sampling it
                     await stream.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from agent.actions import FENCE
 from agent.types import Completion, Message, ToolCall, Usage
@@ -123,6 +123,19 @@ def split_reasoning(content: str) -> tuple[str | None, str]:
     return None, content
 
 
+class Reader(Protocol):
+    """One reply, read as plain JSON: a stream's events, or the whole reply (`ServerReply`: chat
+    completions'; agent/providers/: the native APIs')."""
+
+    def add_event(self, event: Any) -> None: ...
+
+    def add_message(self, body: Any) -> None: ...
+
+    def completion(self) -> Completion:
+        """The reply as ours; raises `MalformedReply` for one cut short (retried)."""
+        ...
+
+
 class ServerReply:
     """One reply assembled from a server's JSON, as OpenAI-compatible servers really send it (each
     quirk below is tested against a recording in tests/agent/test_quirks.py):
@@ -154,7 +167,7 @@ class ServerReply:
         self.fence = False
         """The last piece of the answer had a backtick in it: it may have closed a cell."""
 
-    def add_chunk(self, chunk: Any) -> None:
+    def add_event(self, chunk: Any) -> None:
         if not isinstance(chunk, dict):
             raise MalformedReply(f"malformed reply from the server: a stream chunk that is not an object: {brief(repr(chunk))}")
         self._common(chunk)

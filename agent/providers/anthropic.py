@@ -88,14 +88,14 @@ class AnthropicModel(NativeModel):
         mark_cache(req)
         return req
 
-    def _mid_stream(self, e: Exception) -> Exception | None:
+    def _classify(self, e: Exception) -> Exception:
         """The SDK raises an `error` event (`overloaded_error`, `api_error`) as a status error with the
-        stream's status, 200."""
+        stream's status, 200: a passing fault."""
         if isinstance(e, self._openai.APIStatusError) and e.status_code == 200:
             error = e.body.get("error") if isinstance(e.body, dict) else None
             said = error.get("message") if isinstance(error, dict) else None
             return _Retryable(f"the server reported an error mid-stream: {brief(str(said or e))}")
-        return None
+        return super()._classify(e)
 
 
 def to_messages(messages: list[Message]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
