@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Generic, TypeVar
@@ -22,7 +23,7 @@ def sign(text: str) -> str:
     return hmac.new(SECRET, text.encode(), hashlib.sha256).hexdigest()
 
 
-class ScriptedServer(Generic[R]):
+class ScriptedServer(ABC, Generic[R]):
     path = ""
     """The one route POSTs go to (`/v1/messages`, `/v1/responses`)."""
 
@@ -55,8 +56,9 @@ class ScriptedServer(Generic[R]):
                 return self._script(request)
             return self._script.pop(0) if self._script else None
 
+    @abstractmethod
     def answer(self, http: _Handler, request: dict[str, Any], headers: dict[str, str]) -> None:
-        raise NotImplementedError
+        """Answer one request as the service would (a subclass per API)."""
 
 
 class _Handler(BaseHTTPRequestHandler):
