@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
                             "default: one full context's, --max-model-len tokens)")
     serve.add_argument("--max-num-seqs", type=int, default=64, metavar="N",
                        help="rows of --model decoding at once (more requests wait)")
+    serve.add_argument("--max-num-batched-tokens", type=int, default=2048, metavar="TOKENS",
+                       help="new prompt tokens of --model per prefill pass (longer prompts are prefilled in chunks): "
+                            "bounds the memory a wave of requests takes")
     serve.add_argument("--max-model-len", type=int, metavar="TOKENS",
                        help="the context of --model (default: its config's max_position_embeddings)")
     serve.add_argument("--host", default="127.0.0.1")

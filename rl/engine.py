@@ -200,13 +200,15 @@ class _Row:
 class HFEngine:
     """A Hugging Face causal LM and a worker thread that samples the queued jobs (see the module doc).
 
-    `max_rows` rows decode at once (requests beyond wait); `context` is the longest sequence
+    `max_rows` rows decode at once (requests beyond wait); a prefill pass computes at most
+    `max_batched_tokens` new tokens; `context` is the longest sequence
     (`--max-model-len`, default the model's); `prefix_cache_mb` caps the prefix cache (default: the
     keys and values of one full context)."""
 
     def __init__(self, policy: HFPolicy, name: str = "prime-policy", version: int = 0, truncate: bool = False,
                  dtype: torch.dtype = torch.float32, prefix_cache_mb: int | None = None, max_rows: int = 64,
-                 context: int | None = None, thread: bool = True, base: dict[str, torch.Tensor] | None = None):
+                 context: int | None = None, thread: bool = True, base: dict[str, torch.Tensor] | None = None,
+                 max_batched_tokens: int = 2048):
         if policy.tokenizer is None:
             raise ValueError("the model has no tokenizer: serve a model directory with its tokenizer files")
         config = policy.inner.config
@@ -220,6 +222,8 @@ class HFEngine:
         self.context = context or policy.context
         self.vocab_size = int(config.vocab_size)
         self.max_rows = max_rows
+        self.max_batched_tokens = max(BLOCK, max_batched_tokens)
+        """New tokens per prefill pass, at most (`--max-num-batched-tokens`): bounds the activations."""
         self.sampling = sampling_defaults(policy.inner.generation_config)
         """The model's own sampling defaults, advertised in /v1/models (`sampling_defaults`)."""
         self.tools = self.tok.renders_tools
@@ -427,25 +431,39 @@ class HFEngine:
 
     def _prefill(self, prompts: list[list[int]]) -> list[tuple]:
         """Per prompt: its keys and values (per layer [kv_heads, length, head_dim]), its last position's
-        logits, and how many of its tokens were computed (the head comes from the prefix cache).
+        logits, and how many of its tokens were computed (the rest came from the prefix cache).
 
-        Prompts whose uncached tails are of about the same length share a forward pass: each is
-        left-padded to end at the same column, and the pass covers the longest tail (a shorter one
-        recomputes a few cached tokens before its own)."""
+        A pass covers at most `max_batched_tokens` new tokens, as vLLM's chunked prefill does, so the
+        activations are bounded whatever arrives at once. Prompts are taken shortest uncached tail first,
+        and the cache is looked up again before each pass: of a wave of prompts that share a head (an RL
+        group's system prompt), the first computes the head and the others start after it. Prompts whose
+        tails are of about the same length share a pass: each is left-padded to end at the same column, and
+        the pass covers the longest tail (a shorter one recomputes a few cached tokens before its own). A
+        tail longer than the budget is computed a chunk at a time, each chunk kept in the prefix cache for
+        the next."""
         torch.set_num_threads(self._threads.best)  # as fast steps are (one thread was 2.7x as fast at load 6 here)
-        tails = []
-        for p in prompts:
-            blocks = self.prefix.lookup(p, ((len(p) - 1) // BLOCK) * BLOCK)  # >= 1 token computed: its logits
-            tails.append((p, blocks, len(p) - len(blocks) * BLOCK))
-        out: dict[int, tuple] = {}
-        order = sorted(range(len(prompts)), key=lambda i: tails[i][2])
-        while order:
-            first = tails[order[0]][2]
-            batch = [order.pop(0)]
-            while order and tails[order[0]][2] <= 2 * first + BLOCK and (len(batch) + 1) * tails[order[0]][2] <= 8192:
-                batch.append(order.pop(0))
-            for i, result in zip(batch, self._prefill_batch([tails[i] for i in batch])):
-                out[i] = result
+        budget, out = self.max_batched_tokens, {}
+        computed = [0] * len(prompts)
+        todo = list(range(len(prompts)))
+        while todo:
+            tails = {}
+            for i in todo:
+                p = prompts[i]
+                blocks = self.prefix.lookup(p, ((len(p) - 1) // BLOCK) * BLOCK)  # >= 1 token computed: its logits
+                tails[i] = (p, blocks, len(p) - len(blocks) * BLOCK)
+            todo.sort(key=lambda i: tails[i][2])
+            first = todo[0]
+            p, blocks, tail = tails[first]
+            end = len(blocks) * BLOCK + budget // BLOCK * BLOCK
+            if tail > budget and end < len(p) and self.prefix.max_bytes >= end * self.token_bytes:
+                self._prefill_batch([(p[:end], blocks, end - len(blocks) * BLOCK)])  # a chunk, into the cache
+                computed[first] += end - len(blocks) * BLOCK
+                continue
+            batch = [todo.pop(0)]
+            while todo and tails[todo[0]][2] <= 2 * tail + BLOCK and (len(batch) + 1) * tails[todo[0]][2] <= budget:
+                batch.append(todo.pop(0))
+            for i, (keys, values, logits, n) in zip(batch, self._prefill_batch([tails[i] for i in batch])):
+                out[i] = (keys, values, logits, computed[i] + n)
         return [out[i] for i in range(len(prompts))]
 
     def _prefill_batch(self, tails: list[tuple[list[int], list[torch.Tensor], int]]) -> list[tuple]:

@@ -576,7 +576,7 @@ def main(args) -> int:
     heap_maps_large_blocks()  # a process that only serves
     engine = hf_engine(args.model, args.served_model_name, args.dtype, args.truncate, thread=False,
                        prefix_cache_mb=args.prefix_cache_mb, context=args.max_model_len,
-                       max_rows=args.max_num_seqs)
+                       max_rows=args.max_num_seqs, max_batched_tokens=args.max_num_batched_tokens)
     _announce(f"{engine.name} ({engine.parameters:,} parameters, {args.dtype}, context {engine.context})",
               engine, args)
     signal.signal(signal.SIGTERM, lambda *_: _stop())

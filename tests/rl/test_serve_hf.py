@@ -109,6 +109,21 @@ def test_a_shared_prompt_head_is_computed_once_and_changes_nothing(tiny: Path, e
     assert sample(uncached, [second])[0].cached == [0]
 
 
+def test_a_wave_sharing_a_head_computes_it_once_and_long_prompts_prefill_in_chunks(tiny: Path):
+    chunked = HFEngine(load_hf(tiny), max_batched_tokens=2 * BLOCK)  # every prompt is longer than one pass
+    head = "You are a careful agent. Answer in one cell. " * 6
+    wave = [chat(chunked, head + f"Task {i}: say {i}.") for i in range(4)]
+    shared = min(next(i for i, (x, y) in enumerate(zip(wave[0], w)) if x != y) for w in wave[1:])
+    assert all(len(p) > 4 * BLOCK for p in wave)
+    job = chunked.submit(Job(wave, 12, 0.0, 1.0, None, []))  # arriving together, as an RL group's rollouts do
+    assert job.done.wait(60) and job.error is None
+    one_pass = HFEngine(load_hf(tiny), prefix_cache_mb=0, max_batched_tokens=8192)
+    alone = [sample(one_pass, [p], 12)[0] for p in wave]
+    assert [s.tokens for s in job.result] == [a.result[0].tokens for a in alone]  # chunks change nothing
+    assert job.cached[0] == 0  # the first computed every chunk of its prompt, the head included
+    assert all(c >= shared // BLOCK * BLOCK - BLOCK for c in job.cached[1:])  # the others found the head
+
+
 def test_n_rows_of_one_prompt_are_prefilled_once_and_sample_apart(engine: HFEngine):
     prompt = chat(engine, "Tell me something.")
     job = engine.submit(Job([prompt] * 4, 16, 1.0, 1.0, 7, []))
