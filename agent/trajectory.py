@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
+from agent.config_models import Config
 from agent.hooks import HookRun
 from agent.types import ApprovalKind, Cell, CellResult, McpCall, Message, TurnBegun, TurnOutcome, Usage
 
@@ -505,3 +506,12 @@ def export_openai_chat(records: list[Record]) -> Iterator[dict[str, Any]]:
         if tools:
             example["tools"] = tools
         yield example
+
+
+def recorded(config: Config) -> dict:
+    """The configuration a session's record keeps: no API key, nor any MCP server's env or header values."""
+    data = config.model_dump(mode="json", exclude={"model": {"api_key"}})
+    for server in data.get("mcp", {}).get("servers", {}).values():
+        for secret in ("env", "headers"):
+            server[secret] = {k: "<not recorded>" for k in server.get(secret, {})}
+    return data

@@ -19,10 +19,9 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from agent import events as ev
-from agent.atif import to_atif
 from agent.checkpoints import PARTS, Plan, RewindError, TurnRow, WorkspaceStore, turn_list
 from agent.checkpoints import recover as finish_rewind
 from agent.checkpoints import rewound
@@ -40,7 +39,6 @@ from agent.session import Session
 from agent.subagents import ChildInfo, read_registry
 from agent.trajectory import (
     PlanRecord,
-    Record,
     SessionRecord,
     TrajectoryError,
     append_record,
@@ -55,7 +53,7 @@ from daemon.fanout import Fanout, Subscriber
 from daemon.goals import DaemonGoal
 from daemon.journal import EventJournal
 from daemon.meta import SessionMeta, title_of
-from daemon.schemas import ChildTranscript, Interrupted, MessageAccepted, ModelKey, PlanDecision, SessionInfo, Transcript
+from daemon.schemas import Interrupted, MessageAccepted, ModelKey, PlanDecision, SessionInfo
 from daemon.schemas import ApprovalDecision, DecideApproval, RewindRequest, RewindResult
 from daemon.turns import TurnQueue
 from harness_store.refiner import RefinementError
@@ -274,30 +272,8 @@ class ManagedSession:
         return ApprovalDecision(request_id=request_id, decision=req.decision, prefix=decided.prefix,
                                 full_env=decided.full_env)
 
-    async def transcript(self) -> Transcript:
-        """Its whole trajectory: every record, in order (see agent/trajectory.py)."""
-        return Transcript(session=self.info(), records=await _records(self.layout))
-
-    async def atif(self, version: str) -> dict[str, Any]:
-        """Its trajectory as an ATIF v1.8 document (agent/atif.py), its subagents embedded; `version`: ours."""
-        path = self.layout.trajectory
-        if not path.is_file():
-            raise Refused("not_found", f"session {self.id} has no trajectory yet")
-        try:
-            doc = await asyncio.to_thread(to_atif, path, version)
-        except TrajectoryError as e:
-            raise Refused("bad_request", str(e)) from None
-        return doc.to_json_dict()
-
     def subagents(self) -> list[ChildInfo]:
         return list(self.session.children() if self.session else read_registry(self.layout).values())
-
-    async def child_transcript(self, child_id: str) -> ChildTranscript:
-        """A child's registry entry and whole trajectory."""
-        child = read_registry(self.layout).get(child_id)
-        if child is None:
-            raise Refused("not_found", f"no subagent {child_id!r} in session {self.id}")
-        return ChildTranscript(child=child, records=await _records(SessionLayout(Path(child.dir))))
 
     async def decide_refinement(self, refinement_id: str, approve: bool) -> str:
         """Approve or reject a refinement that waits for review; its outcome's status."""
@@ -640,13 +616,6 @@ class ManagedSession:
             self.emit(ev.Note(text=("plan mode on: the workspace is read-only until you approve a plan"
                                     if want else "plan mode off" + (" (the plan that waited is dropped)"
                                                                     if pending else ""))))
-
-
-async def _records(layout: SessionLayout) -> list[Record]:
-    """A session's whole trajectory: every record, in order (see agent/trajectory.py); a damaged line
-    (a write a full disk cut short) is skipped."""
-    path = layout.trajectory
-    return await asyncio.to_thread(read_records, path, []) if path.is_file() else []
 
 
 async def _close(session: Session, models: list[OpenAIModel | None]) -> None:

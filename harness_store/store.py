@@ -75,7 +75,10 @@ class Change:
 
 
 class HarnessStore:
-    def __init__(self, root: Path, scope: Scope = "user", limits: SkillLimits | None = None):
+    def __init__(self, root: Path, scope: Scope = "user", limits: SkillLimits | None = None,
+                 edits_by: Callable[[], Source] = lambda: "user"):
+        """`edits_by()`: who made an edit found on disk (`external` while an unsandboxed kernel could
+        have: the session says)."""
         self.root = root
         self.scope = scope
         self.limits = limits or SkillLimits()
@@ -85,8 +88,7 @@ class HarnessStore:
         """The repository's `fingerprint` when `foreign()` last found nothing wrong with it."""
         self._depth = 0
         self._fd = -1
-        self.edits_by: Callable[[], Source] = lambda: "user"
-        """Who made an edit found on disk: `external` while an unsandboxed kernel could have (the session says)."""
+        self.edits_by = edits_by
 
     # --- repository ----------------------------------------------------------------------------
 
