@@ -53,6 +53,13 @@ class Sinks:
     turn_id: Callable[[], str | None]
     """The running turn, if any."""
 
+    def log(self, record: Record, event: Event) -> None:
+        """A fact written once: its trajectory record, then its event (built from the same payload,
+        e.g. `McpCall`, `HookCall`, `TurnBegun`). The record first: a fact that could not be
+        recorded is never shown as if it had been."""
+        self.record(record)
+        self.emit(event)
+
 
 class Context:
     """Every message appended is recorded in the trajectory as it happens."""

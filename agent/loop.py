@@ -71,7 +71,7 @@ class TurnLoop:
         `before_call(turn_id)`: fits the session to its model's server while it has not answered yet
         (agent/fit.py); `after_cell()`: the files the cell that just ran changed (the checkpoints')."""
         self.current, self.kernel, self.context, self.inbox = current, kernel, context, inbox
-        self.emit, self.record, self.charge = sinks.emit, sinks.record, sinks.charge
+        self.emit, self.record, self.log, self.charge = sinks.emit, sinks.record, sinks.log, sinks.charge
         self.system_prompt = system_prompt
         self.hooks, self.ask_cell, self.text_mode, self.after_cell = hooks, ask_cell, text_mode, after_cell
         self.before_call = before_call
@@ -253,9 +253,9 @@ class TurnLoop:
         self.charge(completion.usage, "compaction", turn.id)
         summary = completion.message.content.strip()
         compaction.fold(self.context, kept, summary, self.system_prompt())
-        self.record(CompactionRecord(turn_id=turn.id, summary=summary, messages=self.context.messages,
-                                     usage=completion.usage, turn_starts=self.context.turn_starts))
-        self.emit(ev.Compaction(turn_id=turn.id, folded_messages=len(folded), summary=summary))
+        self.log(CompactionRecord(turn_id=turn.id, summary=summary, messages=self.context.messages,
+                                  usage=completion.usage, turn_starts=self.context.turn_starts),
+                 ev.Compaction(turn_id=turn.id, folded_messages=len(folded), summary=summary))
         return True
 
     # --- cells ------------------------------------------------------------------------------------
@@ -340,9 +340,9 @@ class TurnLoop:
             result.hook_notes.insert(0, pre.context)
         if pre.stop:
             turn.stop = HookStopped(pre.stop)
-        self.record(CellRecord(turn_id=turn.id, cell=cell, result=result))
-        self.emit(ev.CellFinished(turn_id=turn.id, cell_id=cell.id, attachments=[a.mime for a in result.attachments],
-                                  result=result.model_copy(update={"attachments": []}), files=files))
+        self.log(CellRecord(turn_id=turn.id, cell=cell, result=result),
+                 ev.CellFinished(turn_id=turn.id, cell_id=cell.id, attachments=[a.mime for a in result.attachments],
+                                 result=result.model_copy(update={"attachments": []}), files=files))
         self.count_repeats(turn, cell, result)
         return result
 

@@ -52,8 +52,7 @@ class PlanMode:
             raise ValueError("the plan is empty")
         self.plan = plan
         turn_id = self._sinks.turn_id()
-        self._sinks.record(PlanRecord(turn_id=turn_id, step="proposed", plan=plan))
-        self._sinks.emit(ev.PlanProposed(turn_id=turn_id, plan=plan))
+        self._sinks.log(PlanRecord(turn_id=turn_id, step="proposed", plan=plan), ev.PlanProposed(turn_id=turn_id, plan=plan))
         await self._final(plan)
 
     async def decide(self, approve: bool, note: str | None = None, plan: str | None = None) -> str | None:

@@ -317,21 +317,18 @@ class SessionRefiner:
             self.layout.refinements.mkdir(exist_ok=True)
             self.layout.pending(plan.id).write_text(plan.to_json())
         refused = [ev.Refused(id=e.id, reason=r) for e, r in outcome.refused]
-        self.sinks.record(RefinementRecord(
-            turn_id=turn_id, refinement_id=plan.id, trigger=plan.trigger, status=outcome.status,
-            summary=plan.proposal.summary, rationale=plan.proposal.rationale,
-            edits=[e.model_dump() for e in outcome.applied], refused=[r.model_dump() for r in refused],
-            commit=outcome.change.commit if outcome.change else None, reason=outcome.reason or None,
-        ))
         kind = ev.DECIDED.get(outcome.status, ev.RefinementRejected)
-        self.sinks.emit(kind(turn_id=turn_id, id=plan.id, summary=plan.proposal.summary, diff=outcome.diff,
-                             reason=outcome.reason, scopes=sorted({scope for _, scope, _ in outcome.edits}),
-                             refused=refused))
+        self.sinks.log(
+            RefinementRecord(turn_id=turn_id, refinement_id=plan.id, trigger=plan.trigger, status=outcome.status,
+                             summary=plan.proposal.summary, rationale=plan.proposal.rationale,
+                             edits=[e.model_dump() for e in outcome.applied], refused=[r.model_dump() for r in refused],
+                             commit=outcome.change.commit if outcome.change else None, reason=outcome.reason or None),
+            kind(turn_id=turn_id, id=plan.id, summary=plan.proposal.summary, diff=outcome.diff, reason=outcome.reason,
+                 scopes=sorted({scope for _, scope, _ in outcome.edits}), refused=refused))
 
     def _failed(self, trigger: str, reason: str) -> None:
-        self.sinks.record(RefinementRecord(refinement_id="", trigger=trigger, status="failed", summary="",
-                                           reason=reason))
-        self.sinks.emit(ev.RefinementFailed(trigger=trigger, reason=reason))
+        self.sinks.log(RefinementRecord(refinement_id="", trigger=trigger, status="failed", summary="", reason=reason),
+                       ev.RefinementFailed(trigger=trigger, reason=reason))
 
     def _charge(self, completion: Completion) -> None:
         self.sinks.charge(completion.usage, "refine", self.cause)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import events as ev
-from agent.approvals import Approvals, Ask
+from agent.approvals import Approvals, Ask, Decision, Request
 from agent.kernel.bridge import Allowance, BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
 from agent.config import home, project_root
@@ -140,7 +140,7 @@ class Session:
         self._task: asyncio.Task | None = None
 
         # The parts, each handed the narrow interface it needs (none holds the session).
-        sinks = Sinks(emit=self.emit, record=self.record, charge=self.charge, turn_id=self._turn_id)
+        self.sinks = sinks = Sinks(emit=self.emit, record=self.record, charge=self.charge, turn_id=self._turn_id)
         self.context, self.inbox = Context(self.record), Inbox()
         project = project_root(self.cwd)
         self.harness = harness = SessionHarness(harness_roots or scope_roots(home(), project, self.dir), self.id,
@@ -465,9 +465,15 @@ class Session:
         """Plan a harness refinement in the background; it applies at the next turn boundary (now if idle)."""
         return self.refiner.request(instructions, trigger=trigger, mode=mode)
 
-    async def decide(self, refinement_id: str, approve: bool) -> RefinementOutcome:
+    async def decide_refinement(self, refinement_id: str, approve: bool) -> RefinementOutcome:
         """Approve or reject a refinement waiting for review (KeyError when none has that id)."""
         return await self.refiner.decide(refinement_id, approve)
+
+    def decide_approval(self, request_id: str, decision: Decision, prefix: str | None = None,
+                        full_env: bool = False) -> Request:
+        """A person's decision on a request that waits (`Approvals.decide`: KeyError when none has that
+        id, ValueError when the decision does not fit it)."""
+        return self.approvals.decide(request_id, decision, prefix, full_env)
 
     def use_model(self, model: Model, config: Config) -> None:
         """Switch the model (between turns): the loop, the refiner, its gate and new children use it
@@ -548,8 +554,7 @@ class Session:
         hooks added (`hook_context`; None: a hook refused the prompt, which stays out of it)."""
         prompt = turn.prompt
         begun = dict(TurnBegun(prompt=prompt, goal_id=turn.goal_id, continuation=turn.continuation))
-        self.record(TurnStartedRecord(turn_id=turn.id, **begun))
-        self.emit(ev.TurnStarted(turn_id=turn.id, **begun))
+        self.sinks.log(TurnStartedRecord(turn_id=turn.id, **begun), ev.TurnStarted(turn_id=turn.id, **begun))
         try:
             self.refiner.at_boundary()
             self.system_prompt.at_boundary(turn.id)

@@ -96,7 +96,7 @@ async def _daemon_hosting(session_id: str) -> Client | None:
 async def _through_daemon(client: Client, session_id: str, args: argparse.Namespace, deciding: bool) -> int:
     after = (await client.session(session_id)).last_seq
     if deciding:
-        decided = await client.decide(session_id, args.id, args.what == "approve")
+        decided = await client.decide_refinement(session_id, args.id, args.what == "approve")
         if decided.status == "ready":
             print(f"{args.id} approved: it applies at the session's next turn boundary")
             return 0

@@ -264,7 +264,7 @@ class ManagedSession:
                           "decide it over the daemon's Unix socket (the app, `prime-agent attach`), or start the "
                           "daemon with --allow-remote-unsandboxed")
         try:
-            decided = self.session.approvals.decide(request_id, req.decision, req.prefix, req.full_env)
+            decided = self.session.decide_approval(request_id, req.decision, req.prefix, req.full_env)
         except KeyError as e:
             raise Refused("not_found", str(e.args[0])) from None
         except ValueError as e:
@@ -279,7 +279,7 @@ class ManagedSession:
         """Approve or reject a refinement that waits for review; its outcome's status."""
         session = await self.wake()
         try:
-            outcome = await session.decide(refinement_id, approve)
+            outcome = await session.decide_refinement(refinement_id, approve)
         except KeyError as e:
             raise Refused("not_found", str(e.args[0])) from None
         except (RefinementError, ModelError) as e:  # the plan still waits for review
@@ -315,8 +315,7 @@ class ManagedSession:
         if isinstance(done, Plan):
             return RewindResult(rewind_id=None, dry_run=True, **done.summary())
         return RewindResult(rewind_id=done.rewind_id, dry_run=False, turn=done.turn, after=done.after,
-                            parts=done.parts, files=[f.model_dump() for f in done.files],
-                            not_restored=[s.model_dump() for s in done.not_restored], conflicts=done.forced,
+                            parts=done.parts, files=done.files, not_restored=done.not_restored, conflicts=done.forced,
                             harness=dict(done.harness), kernel=done.kernel, notice=done.notice)
 
     def _config_or_refuse(self) -> Config:

@@ -13,7 +13,6 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -353,7 +352,7 @@ class SessionManager:
         for other in self.live_sessions():
             if other is not live and any(s.root == root for s in other.harness.stores.values()):
                 other.harness_changed("a rollback")
-        return RolledBack(scope=req.scope, **asdict(change))
+        return RolledBack(scope=req.scope, **dict(change))
 
     async def stop(self, timeout: float) -> None:
         """Interrupt every turn and wait (up to `timeout`) for each to be recorded; then close all.
