@@ -328,11 +328,15 @@ class ManagedSession:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def config(self, overrides: dict | None = None) -> Config:
-        """The session's configuration (from `overrides`, default its own), with its client's key."""
-        config = load_config(Path(self.meta.cwd), self.meta.overrides if overrides is None else overrides)
-        if self.key is not None:
-            config.model.api_key = self.key.api_key.get_secret_value()
-        return config
+        """The session's configuration (from `overrides`, default its own): the live session's, loaded
+        once when it woke (or as the create request was validated); a dormant one's, read now."""
+        if overrides is None and self.session is not None:
+            return self.session.config
+        return load_config(Path(self.meta.cwd), self.meta.overrides if overrides is None else overrides)
+
+    def api_key(self, config: Config) -> str | None:
+        """The key the session's model is sent: its client's (`use_key`), else its configuration's."""
+        return self.key.api_key.get_secret_value() if self.key is not None else config.model.api_key
 
     def use_key(self, key: ModelKey | None) -> None:
         """Take a client's key, if it is meant for this session's endpoint (another's is ignored, so a
@@ -349,7 +353,7 @@ class ManagedSession:
                     "a key exported in your shell since reaches the session with the next prompt sent from there")
         else:
             hint = NO_KEY
-        return open_model(config.model, key_hint=hint)
+        return open_model(config.model, key_hint=hint, api_key=self.api_key(config))
 
     def _use_model(self, config: Config) -> None:
         """Switch the live session to a model built from `config` (the old one is closed with the session:
@@ -361,8 +365,9 @@ class ManagedSession:
         self.session.use_model(self.model, config)
         self._rekey = False
 
-    async def wake(self) -> Session:
-        """The live agent session: resumed from its trajectory, on a new kernel, if it was dormant."""
+    async def wake(self, config: Config | None = None) -> Session:
+        """The live agent session: resumed from its trajectory, on a new kernel, if it was dormant, with
+        `config` (a create's, validated) or its configuration as it is now."""
         async with self._waking:
             if self.session is not None:
                 if self._rekey and self.session.turn is None:
@@ -383,7 +388,7 @@ class ManagedSession:
             if not cwd.is_dir():
                 raise Refused("cwd_missing", f"the session's directory {cwd} no longer exists")
             try:
-                config = self.config()
+                config = config or self.config()
             except ConfigError as e:
                 raise Refused("config_broken", str(e)) from None
             damaged: list[str] = []
