@@ -372,7 +372,7 @@ class ManagedSession:
             if self.session is not None:
                 if self._rekey and self.session.turn is None:
                     try:
-                        self._use_model(self.config())
+                        self._use_model(self.config(self.meta.overrides))  # read afresh, as a wake reads it
                     except ConfigError as e:
                         raise Refused("config_broken", str(e)) from None
                 return self.session
