@@ -50,6 +50,7 @@ from daemon.schemas import (
     DecideApproval,
     DecidePlan,
     HarnessEntry,
+    Interrupt,
     Interrupted,
     KernelInfo,
     MessageAccepted,
