@@ -12,6 +12,7 @@ from pathlib import Path
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agent.kernel.sandbox import unconfined_running
 from agent.layout import SessionLayout
 from harness_store.entries import KINDS, Kind, SkillLimits, Source
 from harness_store.refiner import ProposedEdit
@@ -58,6 +59,12 @@ def changes(before: dict[str, tuple[str, str, str, str]], after: dict[str, tuple
         lines.append(block)
         used += len(block)
     return "\n".join(lines)
+
+
+def edits_by() -> Source:
+    """Who made an edit found on a harness scope's disk: a person, unless an unsandboxed kernel ran
+    (then anything could have: `external`)."""
+    return "external" if unconfined_running() else "user"
 
 
 def scope_roots(home: Path, project: Path, session_dir: Path | None) -> dict[Scope, Path]:

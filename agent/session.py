@@ -31,7 +31,7 @@ from agent.config_models import Config, ModelConfig
 from agent.context import Context, Current, Inbox, Sinks, capped
 from agent.fit import ModelFit
 from agent.goals import CheckResult, GoalState, pursue, run_check
-from agent.harness import HarnessApi, SessionHarness, scope_roots
+from agent.harness import HarnessApi, SessionHarness, edits_by, scope_roots
 from agent.kernel import Kernel, KernelPool, KernelState
 from agent.layout import SessionLayout
 from agent.hooks import Hooks
@@ -45,7 +45,7 @@ from agent.prompt import system_prompt
 from agent.refine import KERNEL, GateFactory, SessionRefiner
 from agent.session_hooks import SessionHooks
 from agent.kernel.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
-from agent.kernel.sandbox import SandboxError, describe, unavailable, unconfined_running
+from agent.kernel.sandbox import SandboxError, describe, unavailable
 from agent.kernel.view import View
 from agent.subagents import ChildInfo, Subagents
 from agent.system_prompt import SystemPrompt
@@ -65,7 +65,6 @@ from agent.trajectory import (
 )
 from agent.types import Budget, FilesChanged, Message, Outcome, Turn, TurnBegun, TurnOutcome, TurnResult, Usage
 from harness_store.refiner import Outcome as RefinementOutcome
-from harness_store.entries import Source
 from harness_store.store import Change
 
 Listener = Callable[[ev.Event], None]
@@ -144,7 +143,7 @@ class Session:
         self.context, self.inbox = Context(self.record), Inbox()
         project = project_root(self.cwd)
         self.harness = harness = SessionHarness(harness_roots or scope_roots(home(), project, self.dir), self.id,
-                                                config.harness.limits(), edits_by=_edits_by)
+                                                config.harness.limits(), edits_by=edits_by)
         view = View.of(config.sandbox, self.cwd, self.dir, [s.root for s in harness.stores.values()], project)
         self.kernel = kernel = Kernel(self.cwd, config.kernel, sandbox=config.sandbox, view=view)
         self.hooks = SessionHooks(Hooks.of(config.hooks, Host(home(), project, self.cwd)), sinks, self._hook_input)
@@ -642,8 +641,3 @@ class Session:
 
     async def _note(self, text: str) -> None:
         self.emit(ev.Note(turn_id=self._turn_id(), text=capped(text, self.config.kernel.output_limit, "a note")))
-
-
-def _edits_by() -> Source:
-    """Who made an edit found on a harness scope's disk: a person's only if no kernel could have."""
-    return "external" if unconfined_running() else "user"
