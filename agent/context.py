@@ -1,6 +1,7 @@
 """What a session hands its collaborators (the turn loop, compaction, the refiner, subagents) so
-none of them needs the session itself: the model's context (the messages as they will be sent),
-the inbox of messages waiting for it, and the sinks for what they report.
+none of them needs the session itself: the model and configuration in force, the model's context
+(the messages as they will be sent), the inbox of messages waiting for it, and the sinks for what
+they report.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agent.config_models import Config
 from agent.events import Event
+from agent.model import Model
 from agent.trajectory import MessageRecord, Record
 from agent.types import Message, Usage
 
@@ -26,6 +29,16 @@ def capped(text: str, limit: int, what: str) -> str:
     return text
 
 
+@dataclass
+class Current:
+    """The session's model and configuration in force. A switch (`Session.use_model`) or a fit to the
+    model's server (agent/fit.py) replaces them here; the turn loop, subagents and the refiner read
+    them on each call, so none keeps a copy that could go stale."""
+
+    model: Model
+    config: Config
+
+
 @dataclass(frozen=True)
 class Sinks:
     """Where a session's collaborators report."""
@@ -39,6 +52,13 @@ class Sinks:
     it (None: the running one, if any): the session's, and that turn's."""
     turn_id: Callable[[], str | None]
     """The running turn, if any."""
+
+    def log(self, record: Record, event: Event) -> None:
+        """A fact written once: its trajectory record, then its event (built from the same payload,
+        e.g. `McpCall`, `HookCall`, `TurnBegun`). The record first: a fact that could not be
+        recorded is never shown as if it had been."""
+        self.record(record)
+        self.emit(event)
 
 
 class Context:
@@ -65,6 +85,16 @@ class Context:
     def begin_turn(self, prompt: Message, turn_id: str) -> None:
         self.turn_starts.append(len(self.messages))
         self.append(prompt, turn_id)
+
+    def close_open_tool_calls(self) -> None:
+        """Answer tool calls an old process never answered (a resumed session's): a model API refuses a
+        context without."""
+        answered = {m.tool_call_id for m in self.messages if m.role == "tool"}
+        last = next((m for m in reversed(self.messages) if m.role == "assistant"), None)
+        for call in last.tool_calls if last else []:
+            if call.id not in answered:
+                self.append(Message(role="tool", tool_call_id=call.id,
+                                    content="[lost: the session's process stopped while this cell ran]"), None)
 
     def measured(self, tokens: int) -> None:
         """The server counted `tokens` for everything up to now."""

@@ -17,8 +17,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from agent.hooks import HookRun
-from agent.types import ApprovalKind, CellResult, FilesChanged, McpCall, Outcome, Text, ToolCall, TurnBegun, TurnOutcome, Usage
+from agent.hooks import HookCall
+from agent.types import (ApprovalKind, CellResult, FileChange, FilesChanged, McpCall, Outcome, Text, ToolCall, TurnBegun,
+                         TurnOutcome, Usage)
 
 
 class _Event(BaseModel):
@@ -87,8 +88,8 @@ class Rewound(_Event):
     turn: int
     after: bool = False
     parts: list[str]
-    files: list[dict[str, str]] = Field(default_factory=list)
-    """Each file the rewind changed: {"path", "change": restored | created | deleted}."""
+    files: list[FileChange] = Field(default_factory=list)
+    """Each file the rewind changed."""
     harness: dict[str, str] = Field(default_factory=dict)
     kernel: dict[str, Any] = Field(default_factory=dict)
     forced: list[str] = Field(default_factory=list)
@@ -408,12 +409,10 @@ class PlanDecided(_Event):
 # --- hooks (agent/hooks.py) ----------------------------------------------------------------------
 
 
-class HookRan(_Event):
+class HookRan(HookCall, _Event):
     """One of the person's hooks ran (`cell_id`: the cell it concerned, if one did)."""
 
     type: Literal["hook.ran"] = "hook.ran"
-    run: HookRun
-    cell_id: str | None = None
 
 
 # --- subagents -----------------------------------------------------------------------------------

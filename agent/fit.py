@@ -14,22 +14,32 @@ from collections.abc import Callable
 
 from agent import events as ev
 from agent.config_models import ModelConfig
+from agent.context import Current, Sinks
 from agent.model import Model, fitted
 
 
 class ModelFit:
-    def __init__(self, model: Callable[[], Model], settings: Callable[[], ModelConfig],
-                 prompt_text: Callable[[ModelConfig], str], use: Callable[[ModelConfig], None],
-                 replace_prompt: Callable[[str | None], None], emit: Callable[[ev.Event], None]):
-        """`model()` and `settings()`: the session's model and model settings as they are now;
-        `prompt_text(settings)`: the system prompt these settings would give; `use(settings)`: go on
-        with these; `replace_prompt(turn_id)`: build the system prompt in force afresh."""
-        self.model, self.settings, self.prompt_text, self.use = model, settings, prompt_text, use
-        self.replace_prompt, self.emit = replace_prompt, emit
+    def __init__(self, current: Current, prompt_text: Callable[[ModelConfig], str],
+                 replace_prompt: Callable[[str | None], None], sinks: Sinks):
+        """`current`: the session's model and settings in force, which the fit replaces;
+        `prompt_text(settings)`: the system prompt these settings would give; `replace_prompt(turn_id)`:
+        build the system prompt in force afresh."""
+        self.current, self.prompt_text, self.replace_prompt, self.sinks = current, prompt_text, replace_prompt, sinks
         self.pending = True
         """Not fitted yet: the server has not been asked, or could not be (it is not up), or the model changed."""
         self.unreached = False
         """The server could not be asked when last tried."""
+
+    def model(self) -> Model:
+        return self.current.model
+
+    def settings(self) -> ModelConfig:
+        return self.current.config.model
+
+    def use(self, settings: ModelConfig) -> None:
+        """Go on with these model settings: the model and everything that reads `current`."""
+        self.current.model.reconfigure(settings)
+        self.current.config = self.current.config.model_copy(update={"model": settings})
 
     async def fit(self) -> list[str]:
         """Fit the settings to what the server says, if it can be asked: the notices to show."""
@@ -74,16 +84,17 @@ class ModelFit:
             notes.insert(0, f"the server at {after.base_url} answered: {self.model().name} has a context of "
                             f"{after.context_window:,} tokens{limit}")
         for text in notes:
-            self.emit(ev.Note(turn_id=turn_id, text=text))
+            self.sinks.emit(ev.Note(turn_id=turn_id, text=text))
 
-    def text_mode(self, reason: str, turn_id: str | None) -> bool:
+    def text_mode(self, reason: str) -> bool:
         """The server refused tools (`ToolsRefused`): go on in text mode, with a fresh system prompt and
         a notice, unless the user pinned `model.action_format` (or it is text already). Whether it switched."""
         settings = self.settings()
         if settings.user_set("action_format") or self.model().action_format == "text":
             return False
+        turn_id = self.sinks.turn_id()
         self.use(settings.with_defaults(action_format="text"))
         self.replace_prompt(turn_id)
-        self.emit(ev.Note(turn_id=turn_id, text=f"{reason}; the session goes on in text mode (```python cells; "
+        self.sinks.emit(ev.Note(turn_id=turn_id, text=f"{reason}; the session goes on in text mode (```python cells; "
                                                 "model.action_format pins either)"))
         return True

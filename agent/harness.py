@@ -12,8 +12,9 @@ from pathlib import Path
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agent.kernel.sandbox import unconfined_running
 from agent.layout import SessionLayout
-from harness_store.entries import KINDS, Kind, SkillLimits
+from harness_store.entries import KINDS, Kind, SkillLimits, Source
 from harness_store.refiner import ProposedEdit
 from harness_store.store import Edit, HarnessStore, Scope
 from harness_store.view import HarnessView
@@ -60,6 +61,12 @@ def changes(before: dict[str, tuple[str, str, str, str]], after: dict[str, tuple
     return "\n".join(lines)
 
 
+def edits_by() -> Source:
+    """Who made an edit found on a harness scope's disk: a person, unless an unsandboxed kernel ran
+    (then anything could have: `external`)."""
+    return "external" if unconfined_running() else "user"
+
+
 def scope_roots(home: Path, project: Path, session_dir: Path | None) -> dict[Scope, Path]:
     roots: dict[Scope, Path] = {"user": home / "harness", "project": project / ".prime-agent" / "harness"}
     if session_dir is not None:
@@ -68,15 +75,15 @@ def scope_roots(home: Path, project: Path, session_dir: Path | None) -> dict[Sco
 
 
 class SessionHarness:
-    """The harness as one session sees it, and the handlers behind `harness.*` in its kernel."""
+    """The harness as one session sees it: its scopes' stores and their merged view."""
 
-    def __init__(self, roots: dict[Scope, Path], session_id: str | None = None, limits: SkillLimits | None = None):
-        self.stores: dict[Scope, HarnessStore] = {scope: HarnessStore(root, scope, limits)
+    def __init__(self, roots: dict[Scope, Path], session_id: str | None = None, limits: SkillLimits | None = None,
+                 edits_by: Callable[[], Source] = lambda: "user"):
+        """`edits_by()`: who made an edit found on disk (`HarnessStore`'s)."""
+        self.stores: dict[Scope, HarnessStore] = {scope: HarnessStore(root, scope, limits, edits_by)
                                                   for scope, root in roots.items()}
         self.view = HarnessView(list(self.stores.values()))
         self.session_id = session_id
-        self.propose: Propose | None = None
-        """Where a cell's edit of the user or project scope goes (the session's refiner, `SessionRefiner.propose`)."""
 
     def skill_dirs(self) -> list[str]:
         """Where skill packages live, narrowest scope first (so it wins an import)."""
@@ -87,25 +94,7 @@ class SessionHarness:
             raise ValueError(f"unknown scope {scope!r}; one of {', '.join(self.stores)}")
         return self.stores[scope]  # type: ignore[index]
 
-    def handlers(self) -> dict[str, Any]:
-        """Bridge methods for the kernel's `harness` object (git work runs off the event loop)."""
-
-        def threaded(fn):
-            async def call(**params: Any) -> Any:
-                return await asyncio.to_thread(fn, **params)
-
-            return call
-
-        return {
-            "harness.list": threaded(self.list),
-            "harness.show": threaded(self.show),
-            "harness.skill_path": threaded(self.skill_path),
-            "harness.create": self.create,
-            "harness.update": self.update,
-            "harness.delete": self.delete,
-        }
-
-    # --- the kernel API ------------------------------------------------------------------------
+    # --- reads (the kernel's `harness.list`, `show`, `skill_path`; the CLI's and the daemon's) -----------
 
     def list(self, kind: Kind | None = None) -> list[dict[str, Any]]:
         if kind is not None and kind not in KINDS:
@@ -125,6 +114,33 @@ class SessionHarness:
         if v.entry.kind != "skill":
             raise ValueError(f"{id!r} is a {v.entry.kind}, not a skill")
         return str(self.store(v.scope).root / "skill" / id)
+
+
+class HarnessApi:
+    """The handlers behind `harness.*` in a session's kernel: the harness's reads, and edits: of the
+    session's own scope at once, of a wider one through `propose` (the session's refiner,
+    `SessionRefiner.propose`: a person accepts it)."""
+
+    def __init__(self, harness: SessionHarness, propose: Propose):
+        self.harness, self.view, self.propose = harness, harness.view, propose
+
+    def handlers(self) -> dict[str, Any]:
+        """Bridge methods for the kernel's `harness` object (git work runs off the event loop)."""
+
+        def threaded(fn):
+            async def call(**params: Any) -> Any:
+                return await asyncio.to_thread(fn, **params)
+
+            return call
+
+        return {
+            "harness.list": threaded(self.harness.list),
+            "harness.show": threaded(self.harness.show),
+            "harness.skill_path": threaded(self.harness.skill_path),
+            "harness.create": self.create,
+            "harness.update": self.update,
+            "harness.delete": self.delete,
+        }
 
     async def create(self, kind: Kind, id: str, content: str, title: str | None = None,
                      description: str | None = None, scope: str = "session", metadata: dict | None = None,
@@ -147,13 +163,11 @@ class SessionHarness:
 
     async def _apply(self, scope: str, edit: ProposedEdit, summary: str) -> str:
         """The session's own scope takes the edit at once; a wider one only as a proposal a person accepts."""
-        store = self.store(scope)
+        store = self.harness.store(scope)
         if scope != "session":
-            if self.propose is None:
-                raise PermissionError(f"the agent writes only its session's harness scope, not the {scope} scope")
             return await self.propose(edit.model_copy(update={"scope": scope}), summary)
         e = Edit(edit.action, edit.id or "", kind=edit.kind, title=edit.title, description=edit.description,
                  body=edit.content, metadata=edit.metadata, files=edit.files)
         change = await asyncio.to_thread(store.apply, [e], summary=summary, trigger="agent", source="agent",
-                                         session=self.session_id)
+                                         session=self.harness.session_id)
         return f"{summary} ({scope} scope, change {change.refinement_id}); in the prompt from the next turn"

@@ -120,6 +120,13 @@ class HookRun(BaseModel):
                 f"{self.duration:.2f}s" + (f": {said}" if said else ""))
 
 
+class HookCall(BaseModel):
+    """A hook's run and the cell it concerned, if one did: what `HookRecord` and `HookRan` carry."""
+
+    cell_id: str | None = None
+    run: HookRun
+
+
 @dataclass
 class Verdict:
     """What the hooks of one event decided, together."""

@@ -17,7 +17,7 @@ from agent import compaction
 from agent import events as ev
 from agent.actions import fenced_cells, parse_tool_arguments
 from agent.config_models import Config
-from agent.context import Context, Inbox, Sinks
+from agent.context import Context, Current, Inbox, Sinks
 from agent.hooks import NO_HOOKS, Runner
 from agent.kernel import Kernel, KernelError
 from agent.model import ContextOverflow, Model, ModelError, ModelTimeout, Repeating, ToolsRefused
@@ -57,24 +57,33 @@ def out_of_seconds(seconds: float, waiting: str = "") -> str:
 
 
 class TurnLoop:
-    def __init__(self, config: Config, model: Model, kernel: Kernel, context: Context, inbox: Inbox, sinks: Sinks,
+    def __init__(self, current: Current, kernel: Kernel, context: Context, inbox: Inbox, sinks: Sinks,
                  system_prompt: Callable[[], str], hooks: Runner = NO_HOOKS,
                  ask_cell: Callable[[str, str], Awaitable[str | None]] | None = None,
                  text_mode: Callable[[str], bool] = lambda reason: False,
                  before_call: Callable[[str], Awaitable[None]] | None = None,
                  after_cell: Callable[[], Awaitable[FilesChanged | None]] | None = None):
-        """`system_prompt()` builds the system prompt afresh: a compaction starts the context over with it.
+        """`current`: the model and configuration in force (read at each step: a switch takes effect at
+        the next model call). `system_prompt()` builds the system prompt afresh: a compaction starts the context over with it.
         `hooks`: the person's (PreToolUse, PostToolUse, Stop, PreCompact); `ask_cell(code, reason)`: a
         person's say on a cell a hook asked about (None: approved, else why not); `text_mode(reason)`
         switches the session to text mode when the server refuses tools (False: it did not);
         `before_call(turn_id)`: fits the session to its model's server while it has not answered yet
         (agent/fit.py); `after_cell()`: the files the cell that just ran changed (the checkpoints')."""
-        self.config, self.model, self.kernel, self.context, self.inbox = config, model, kernel, context, inbox
-        self.emit, self.record, self.charge = sinks.emit, sinks.record, sinks.charge
+        self.current, self.kernel, self.context, self.inbox = current, kernel, context, inbox
+        self.emit, self.record, self.log, self.charge = sinks.emit, sinks.record, sinks.log, sinks.charge
         self.system_prompt = system_prompt
         self.hooks, self.ask_cell, self.text_mode, self.after_cell = hooks, ask_cell, text_mode, after_cell
         self.before_call = before_call
         self.said_no_logprobs = False
+
+    @property
+    def config(self) -> Config:
+        return self.current.config
+
+    @property
+    def model(self) -> Model:
+        return self.current.model
 
     async def run(self, turn: Turn) -> tuple[Outcome, str | None, str | None]:
         """Step until the turn ends: (outcome, answer, error). Never raises for model, kernel or
@@ -244,9 +253,9 @@ class TurnLoop:
         self.charge(completion.usage, "compaction", turn.id)
         summary = completion.message.content.strip()
         compaction.fold(self.context, kept, summary, self.system_prompt())
-        self.record(CompactionRecord(turn_id=turn.id, summary=summary, messages=self.context.messages,
-                                     usage=completion.usage, turn_starts=self.context.turn_starts))
-        self.emit(ev.Compaction(turn_id=turn.id, folded_messages=len(folded), summary=summary))
+        self.log(CompactionRecord(turn_id=turn.id, summary=summary, messages=self.context.messages,
+                                  usage=completion.usage, turn_starts=self.context.turn_starts),
+                 ev.Compaction(turn_id=turn.id, folded_messages=len(folded), summary=summary))
         return True
 
     # --- cells ------------------------------------------------------------------------------------
@@ -331,9 +340,9 @@ class TurnLoop:
             result.hook_notes.insert(0, pre.context)
         if pre.stop:
             turn.stop = HookStopped(pre.stop)
-        self.record(CellRecord(turn_id=turn.id, cell=cell, result=result))
-        self.emit(ev.CellFinished(turn_id=turn.id, cell_id=cell.id, attachments=[a.mime for a in result.attachments],
-                                  result=result.model_copy(update={"attachments": []}), files=files))
+        self.log(CellRecord(turn_id=turn.id, cell=cell, result=result),
+                 ev.CellFinished(turn_id=turn.id, cell_id=cell.id, attachments=[a.mime for a in result.attachments],
+                                 result=result.model_copy(update={"attachments": []}), files=files))
         self.count_repeats(turn, cell, result)
         return result
 

@@ -85,8 +85,7 @@ class McpCalls:
             kept, duration = summary(result), time.monotonic() - started
             call = dict(McpCall(cell_id=cell_id, server=server, tool=tool, arguments=arguments, outcome=outcome,
                                 result=kept, error=error, duration=duration))
-            self.sinks.record(McpCallRecord(turn_id=turn_id, **call))
-            self.sinks.emit(ev.McpCalled(turn_id=turn_id, **call))
+            self.sinks.log(McpCallRecord(turn_id=turn_id, **call), ev.McpCalled(turn_id=turn_id, **call))
 
 
 def _shown(arguments: dict) -> str:

@@ -207,13 +207,15 @@ class OpenAIModel:
     path = "/chat/completions"
     """Where a request is posted, under the base URL."""
 
-    def __init__(self, config: ModelConfig, key_hint: str = ""):
+    def __init__(self, config: ModelConfig, key_hint: str = "", api_key: str | None = None):
         """`key_hint`: what to do when the server refuses the key (HTTP 401), where the key comes from;
-        by default, to set OPENAI_API_KEY or model.api_key."""
+        by default, to set OPENAI_API_KEY or model.api_key. `api_key`: the key to send, where it is not
+        the configuration's (a daemon's client's, which no configuration holds)."""
         if not config.name:
             raise ModelError("no model name configured (set PRIME_AGENT_MODEL or --model)")
         self.config = config
-        self.key_hint = key_hint or ("check the API key (OPENAI_API_KEY, or model.api_key)" if config.api_key
+        self.api_key = api_key or config.api_key
+        self.key_hint = key_hint or ("check the API key (OPENAI_API_KEY, or model.api_key)" if self.api_key
                                      else "no API key was sent: set OPENAI_API_KEY (or model.api_key)")
         self.name = config.name
         """The model in use: `config.name`, or the `fallback` model it switched to."""
@@ -224,7 +226,7 @@ class OpenAIModel:
         """What each server said of each model, by (base URL, model name): asked once a session."""
 
     def variant(self, name: str) -> OpenAIModel:
-        other = type(self)(self.config.model_copy(update={"name": name}), self.key_hint)
+        other = type(self)(self.config.model_copy(update={"name": name}), self.key_hint, self.api_key)
         other._described = self._described
         return other
 
@@ -241,7 +243,7 @@ class OpenAIModel:
             self._openai = openai
             self._client = openai.AsyncOpenAI(
                 base_url=self.config.base_url,
-                api_key=self.config.api_key or "not-needed",
+                api_key=self.api_key or "not-needed",
                 max_retries=0,  # we retry ourselves, so dropped streams and bad replies are retried too
                 timeout=self.config.timeout,
                 http_client=openai.DefaultAsyncHttpxClient(timeout=self.config.timeout, verify=_tls_context()),

@@ -11,27 +11,26 @@ from typing import Any
 
 from agent import events as ev
 from agent.context import Sinks
+from agent.kernel import Kernel
 from agent.prompt import render
 from agent.trajectory import PlanRecord, Record, TurnStartedRecord, in_plan_mode, pending_plan
 
 
 class PlanMode:
-    """One session's plan mode: whether it is on, the plan that waits for a person, and the steps
-    that change them. The session hands it what those steps touch: `switch` (the sandbox of the
-    next kernel, and of subagents spawned from now on), `thaw` (the running kernel's workspace made
-    writable), `final` (the running turn ends with an answer), `sync` (the trajectory made durable;
-    OSError where it cannot be) and `tell` (a notice for the model's next turn)."""
+    """One session's plan mode, the one place it is kept: whether it is on, the plan that waits for
+    a person, and the steps that change them. The session hands it what those steps touch: its
+    `kernel` (frozen from the next start, thawed when a plan is approved), `final` (the running turn
+    ends with an answer), `sync` (the trajectory made durable; OSError where it cannot be) and `tell`
+    (a notice for the model's next turn). Subagents spawned while it is on are in plan mode too."""
 
-    def __init__(self, on: bool, sinks: Sinks, *, switch: Callable[[bool], None], thaw: Callable[[], Awaitable[None]],
-                 final: Callable[[str], Awaitable[None]], sync: Callable[[], None], tell: Callable[[str], None],
-                 turn_running: Callable[[], bool]):
+    def __init__(self, on: bool, sinks: Sinks, kernel: Kernel, *, final: Callable[[str], Awaitable[None]],
+                 sync: Callable[[], None], tell: Callable[[str], None]):
         self.on = on
         """The workspace is read-only until a person approves a plan."""
         self.plan: str | None = None
         """The plan the model proposed and nobody has decided yet."""
-        self._sinks = sinks
-        self._switch, self._thaw, self._final, self._sync, self._tell = switch, thaw, final, sync, tell
-        self._turn_running = turn_running
+        self._sinks, self._kernel = sinks, kernel
+        self._final, self._sync, self._tell = final, sync, tell
 
     def handlers(self) -> dict[str, Any]:
         return {"plan.propose": self.propose}
@@ -39,7 +38,7 @@ class PlanMode:
     def set(self, on: bool) -> None:
         """Plan mode on or off from the next kernel start (a running kernel is thawed by `decide`)."""
         self.on = on
-        self._switch(on)
+        self._kernel.freeze(on)
 
     def notes(self) -> list[str]:
         """What the model is told at the start of each turn in plan mode."""
@@ -53,8 +52,7 @@ class PlanMode:
             raise ValueError("the plan is empty")
         self.plan = plan
         turn_id = self._sinks.turn_id()
-        self._sinks.record(PlanRecord(turn_id=turn_id, step="proposed", plan=plan))
-        self._sinks.emit(ev.PlanProposed(turn_id=turn_id, plan=plan))
+        self._sinks.log(PlanRecord(turn_id=turn_id, step="proposed", plan=plan), ev.PlanProposed(turn_id=turn_id, plan=plan))
         await self._final(plan)
 
     async def decide(self, approve: bool, note: str | None = None, plan: str | None = None) -> str | None:
@@ -63,13 +61,13 @@ class PlanMode:
         caller sends it); rejected, the note reaches the model with the next prompt and plan mode goes on."""
         if self.plan is None:
             raise ValueError("no plan waits for a decision in this session")
-        if self._turn_running():
+        if self._sinks.turn_id() is not None:
             raise RuntimeError("a turn is running: decide the plan once it ends")
         proposed, self.plan = self.plan, None  # taken before any await: a second decision finds none
         plan = plan if plan and plan.strip() else proposed
         if approve:
             try:
-                await self._thaw()
+                await self._kernel.thaw()
             except BaseException:
                 self.plan = proposed
                 raise

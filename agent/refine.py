@@ -19,7 +19,7 @@ from typing import Any
 from agent import events as ev
 from agent.kernel.bridge import BridgeServer
 from agent.config_models import Config, KernelConfig, SandboxConfig
-from agent.context import Context, Sinks, transcript
+from agent.context import Context, Current, Sinks, transcript
 from agent.harness import SessionHarness
 from agent.kernel import Kernel
 from agent.layout import SessionLayout
@@ -110,36 +110,42 @@ KERNEL = "kernel"
 class SessionRefiner:
     """One session's refinements. Handed the session's harness, context and sinks, not the session."""
 
-    def __init__(self, config: Config, model: Model | None, harness: SessionHarness, context: Context,
-                 layout: SessionLayout, session_id: str, sinks: Sinks, turns: Callable[[], int],
-                 hold: Hold | None = None):
-        """Plans waiting for review are kept in the session's `layout`; `turns()` counts the session's
-        turns begun (auto-refine's cooldown); `hold`: where a plan the kernel caused waits for a person
-        (a child's goes to the top session's, `SessionRefiner.hold`, where a person reviews)."""
+    def __init__(self, current: Current, harness: SessionHarness, context: Context, layout: SessionLayout,
+                 session_id: str, sinks: Sinks, gate: GateFactory | None = None, hold: Hold | None = None):
+        """Plans are made, and judged by the regression `gate` (built for the model in use, `GateFactory`),
+        on the session's model as it is now (`current`); plans waiting for review are kept in the
+        session's `layout`; `hold`: where a plan the kernel caused waits for a person (a child's goes to
+        the top session's, `SessionRefiner.hold`, where a person reviews)."""
         self.hold: Hold = hold or self._hold
-        self.config = config.refine
-        self.harness, self.context, self.session_id, self.sinks, self.turns = harness, context, session_id, sinks, turns
+        self.current, self.gate = current, gate
+        self.config = current.config.refine
+        self.harness, self.context, self.session_id, self.sinks = harness, context, session_id, sinks
         self.refiner = Refiner(
-            harness.stores, model_caller(model, config, self._charge),
-            mode=self.config.mode, default_scope=self.config.default_scope, gate=None,
-            check_skill=functools.partial(check_skill, sandbox=config.sandbox),
+            harness.stores, self._complete,
+            mode=self.config.mode, default_scope=self.config.default_scope, gate=self._gate if gate else None,
+            check_skill=functools.partial(check_skill, sandbox=current.config.sandbox),
         )
         self.generation = 0
         """Bumped by interrupts, rollbacks and resets: plans from before are stale."""
         self.task: asyncio.Task | None = None
         self.ready: Outcome | None = None
         self.turns_since = 0
+        self.turns_ended = 0
         self.last_auto_turn = -10**9
         self.compactions_seen = 0
         self.layout = layout
         self.cause: str | None = None
         """The turn whose refinement is being planned (its spend is that turn's)."""
 
-    def use_model(self, model: Model, config: Config) -> None:
-        self.refiner.complete = model_caller(model, config, self._charge)
+    async def _complete(self, messages: list[dict[str, str]], schema: dict[str, Any] | None = None) -> str:
+        """The planner's model call, on the model in use now."""
+        return await model_caller(self.current.model, self.current.config, self._charge)(messages, schema)
 
-    def use_gate(self, gate: Gate | None) -> None:
-        self.refiner.gate = gate
+    async def _gate(self, plan: Plan) -> Verdict:
+        """The regression gate, replayed on the model in use now."""
+        assert self.gate is not None
+        gate = self.gate(self.current.config, self.current.model, self.harness)
+        return Verdict(True, "no gate is configured") if gate is None else await gate(plan)
 
     def planning(self) -> bool:
         return self.task is not None and not self.task.done()
@@ -171,10 +177,11 @@ class SessionRefiner:
         if self.config.auto_every <= 0:
             return
         self.turns_since += 1
+        self.turns_ended += 1
         due = self.turns_since >= self.config.auto_every or (compacted and self.config.after_compaction)
-        cooled = self.turns() - self.last_auto_turn >= self.config.cooldown_turns
+        cooled = self.turns_ended - self.last_auto_turn >= self.config.cooldown_turns
         if due and cooled and not self.planning():
-            self.turns_since, self.last_auto_turn, self.cause = 0, self.turns(), turn_id
+            self.turns_since, self.last_auto_turn, self.cause = 0, self.turns_ended, turn_id
             self.task = asyncio.create_task(self._plan(None, "auto", review=True))
 
     def invalidate(self, why: str) -> None:
@@ -265,7 +272,7 @@ class SessionRefiner:
         plan = Plan(new_refinement_id("a"), "agent", Proposal(summary=summary, edits=[edit]),
                     {f"{edit.scope}:{edit.id}": self.refiner.stores[edit.scope].version_of(edit.id)},
                     self.generation, source="agent")
-        await self._hold(plan)
+        await self.hold(plan)  # a child's waits in the top session, where a person reviews
         return (f"proposed {summary} ({edit.scope} scope) as {plan.id}: not in force until a person accepts it "
                 f"(`prime-agent harness review`, or the app's card)")
 
@@ -310,21 +317,18 @@ class SessionRefiner:
             self.layout.refinements.mkdir(exist_ok=True)
             self.layout.pending(plan.id).write_text(plan.to_json())
         refused = [ev.Refused(id=e.id, reason=r) for e, r in outcome.refused]
-        self.sinks.record(RefinementRecord(
-            turn_id=turn_id, refinement_id=plan.id, trigger=plan.trigger, status=outcome.status,
-            summary=plan.proposal.summary, rationale=plan.proposal.rationale,
-            edits=[e.model_dump() for e in outcome.applied], refused=[r.model_dump() for r in refused],
-            commit=outcome.change.commit if outcome.change else None, reason=outcome.reason or None,
-        ))
         kind = ev.DECIDED.get(outcome.status, ev.RefinementRejected)
-        self.sinks.emit(kind(turn_id=turn_id, id=plan.id, summary=plan.proposal.summary, diff=outcome.diff,
-                             reason=outcome.reason, scopes=sorted({scope for _, scope, _ in outcome.edits}),
-                             refused=refused))
+        self.sinks.log(
+            RefinementRecord(turn_id=turn_id, refinement_id=plan.id, trigger=plan.trigger, status=outcome.status,
+                             summary=plan.proposal.summary, rationale=plan.proposal.rationale,
+                             edits=[e.model_dump() for e in outcome.applied], refused=[r.model_dump() for r in refused],
+                             commit=outcome.change.commit if outcome.change else None, reason=outcome.reason or None),
+            kind(turn_id=turn_id, id=plan.id, summary=plan.proposal.summary, diff=outcome.diff, reason=outcome.reason,
+                 scopes=sorted({scope for _, scope, _ in outcome.edits}), refused=refused))
 
     def _failed(self, trigger: str, reason: str) -> None:
-        self.sinks.record(RefinementRecord(refinement_id="", trigger=trigger, status="failed", summary="",
-                                           reason=reason))
-        self.sinks.emit(ev.RefinementFailed(trigger=trigger, reason=reason))
+        self.sinks.log(RefinementRecord(refinement_id="", trigger=trigger, status="failed", summary="", reason=reason),
+                       ev.RefinementFailed(trigger=trigger, reason=reason))
 
     def _charge(self, completion: Completion) -> None:
         self.sinks.charge(completion.usage, "refine", self.cause)

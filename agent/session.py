@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import secrets
@@ -24,15 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from agent import events as ev
-from agent.approvals import Approvals, Ask
+from agent.approvals import Approvals, Ask, Decision, Request
 from agent.kernel.bridge import Allowance, BridgeServer
 from agent.checkpoints import PARTS, Checkpoints, Part, Plan, RewindError, rewound
 from agent.config import home, project_root
 from agent.config_models import Config, ModelConfig
-from agent.context import Context, Inbox, Sinks, capped
+from agent.context import Context, Current, Inbox, Sinks, capped
 from agent.fit import ModelFit
 from agent.goals import CheckResult, GoalState, pursue, run_check
-from agent.harness import SessionHarness, scope_roots
+from agent.harness import HarnessApi, SessionHarness, edits_by, scope_roots
 from agent.kernel import Kernel, KernelPool, KernelState
 from agent.layout import SessionLayout
 from agent.hooks import Hooks
@@ -46,7 +45,7 @@ from agent.prompt import system_prompt
 from agent.refine import KERNEL, GateFactory, SessionRefiner
 from agent.session_hooks import SessionHooks
 from agent.kernel.runtime import ENV_PATH, ENV_SESSION_DIR, ENV_SKILLS, ENV_TOKEN
-from agent.kernel.sandbox import SandboxError, describe, unavailable, unconfined_running
+from agent.kernel.sandbox import SandboxError, describe, unavailable
 from agent.kernel.view import View
 from agent.subagents import ChildInfo, Subagents
 from agent.system_prompt import SystemPrompt
@@ -60,10 +59,11 @@ from agent.trajectory import (
     TurnStartedRecord,
     WriteFailed,
     begun,
+    recorded,
     contexts,
     turn_starts,
 )
-from agent.types import FilesChanged, Message, Outcome, Turn, TurnBegun, TurnOutcome, TurnResult, Usage
+from agent.types import Budget, FilesChanged, Message, Outcome, Turn, TurnBegun, TurnOutcome, TurnResult, Usage
 from harness_store.refiner import Outcome as RefinementOutcome
 from harness_store.store import Change
 
@@ -102,105 +102,79 @@ class Session:
         `kernel_pool` supplies kernels started ahead of time (the daemon's, shared with subagents);
         events are numbered from `seq` (a daemon's journal's, which owns it and goes on across
         processes; without one the session owns its own); `ask` is a front end's own way of asking
-        a person (the terminal's) and `can_ask` says someone decides requests through the API (the daemon); `gate` builds the regression gate every
-        refinement must pass, for the session's model (again when it changes: `use_model`).
+        a person (the terminal's) and `can_ask` says someone decides requests through the API (the
+        daemon); `gate` builds the regression gate every refinement must pass, for the model in use.
 
-        The session composes its parts here and hands each the narrow interface it needs (its
-        context, inbox and `Sinks`); none of them holds the session."""
+        The parts: the kernel, the person's hooks (session_hooks.py, every run recorded and shown),
+        checkpoints (one at every turn boundary, for `rewind`, and the files each cell changed; a
+        subagent's files are in its parent's), the system prompt in force and the harness notices,
+        the model fit (fit.py), approvals (requests for a person's decision; a subagent's go up to the
+        session the person decides in), the turn loop, the refiner, subagents, MCP servers (started at
+        their first use), plan mode (plan.py) and the host bridge (the kernel's one way out)."""
         self.id = session_id or new_session_id()
         self.layout = SessionLayout(session_dir) if session_dir else SessionLayout.of(self.id)
-        self.dir = self.layout.dir
-        self.cwd = cwd.resolve()
-        self.config = config
-        self.model = model
+        self.dir, self.cwd, self.instructions = self.layout.dir, cwd.resolve(), instructions
+        self.current = current = Current(model, config)
+        """The model and configuration in force, which the loop, subagents, refiner and fit read on each call."""
         self.listeners: list[Listener] = [on_event] if on_event else []
-        self.usage = Usage()
-        self.turns = 0
-        """Turns begun so far (turn ids are t1, t2, ... and never repeat)."""
+        self.usage, self.turns = Usage(), 0
+        """Spend, and turns begun (turn ids are t1, t2, ... and never repeat)."""
         self.turn: Turn | None = None
+        self.last_result: TurnResult | None = None
         self.between_turns = asyncio.Event()
         """Set while no turn runs."""
         self.between_turns.set()
-        self.last_result: TurnResult | None = None
         self.depth = parent.depth + 1 if parent else 0
-        self.instructions = instructions
+        self._parent_id = parent.id if parent else None
         self.kernel_pool = kernel_pool if kernel_pool is not None else (parent.kernel_pool if parent else None)
         self.notices: list[str] = []
         """Told to the model at the start of the next turn (e.g. that its kernel is new)."""
         self._resumed: str | None = None
         """Why this session was resumed from its trajectory, when it was."""
-        self.seq = seq if seq is not None else ev.Sequence()
+        self.seq, self._own_seq = (seq, False) if seq is not None else (ev.Sequence(), True)
         """The event numbers: read here, taken here only where no host records the events (`_own_seq`)."""
-        self._own_seq = seq is None
         self._reporting = False
         """An event could not be recorded, and the error event saying so is being emitted."""
         self._trajectory: TrajectoryWriter | None = None
         self._task: asyncio.Task | None = None
 
-        sinks = Sinks(emit=self.emit, record=self.record, charge=self.charge, turn_id=self._turn_id)
-        self.context = Context(self.record)
-        self.inbox = Inbox()
-        """Messages from the user (steering) and from the parent or children: delivered at the next
-        model call, or by `agent_message.recv`."""
-        self.harness = SessionHarness(harness_roots or scope_roots(home(), project_root(self.cwd), self.dir), self.id,
-                                      config.harness.limits())
-        for store in self.harness.stores.values():  # an edit on disk is a person's only if no kernel could write it
-            store.edits_by = lambda: "external" if unconfined_running() else "user"
-        view = View.of(config.sandbox, self.cwd, self.dir, [s.root for s in self.harness.stores.values()],
-                       project_root(self.cwd))
-        self.kernel = Kernel(self.cwd, config.kernel, sandbox=config.sandbox, view=view)
-        self.hooks = SessionHooks(Hooks.of(config.hooks, Host(home(), project_root(self.cwd), self.cwd)), sinks,
-                                  self._hook_input)
-        """The person's hooks (agent/session_hooks.py), every run recorded and shown."""
-        self.checkpoints = Checkpoints(config.checkpoints, self.cwd, self.layout, self.id, self.kernel, self.harness,
+        # The parts, each handed the narrow interface it needs (none holds the session).
+        self.sinks = sinks = Sinks(emit=self.emit, record=self.record, charge=self.charge, turn_id=self._turn_id)
+        self.context, self.inbox = Context(self.record), Inbox()
+        project = project_root(self.cwd)
+        self.harness = harness = SessionHarness(harness_roots or scope_roots(home(), project, self.dir), self.id,
+                                                config.harness.limits(), edits_by=edits_by)
+        view = View.of(config.sandbox, self.cwd, self.dir, [s.root for s in harness.stores.values()], project)
+        self.kernel = kernel = Kernel(self.cwd, config.kernel, sandbox=config.sandbox, view=view)
+        self.hooks = SessionHooks(Hooks.of(config.hooks, Host(home(), project, self.cwd)), sinks, self._hook_input)
+        self.checkpoints = Checkpoints(config.checkpoints, self.cwd, self.layout, self.id, kernel, harness,
                                        self.context, sinks, enabled=parent is None)
-        """A checkpoint at every turn boundary (a subagent's files are in its parent's), for `rewind`,
-        and the files each cell changed."""
-        self.system_prompt = SystemPrompt(self.harness, self.context, sinks, lambda: self._prompt_text(self.config.model),
-                                          tell=lambda text: self.notices.append(text))
-        """The system prompt in force, and what the model has been told of the harness since."""
-        self.fit = ModelFit(lambda: self.model, lambda: self.config.model, self._prompt_text, self._use,
-                            self.system_prompt.replace, self.emit)
-        """The model settings fitted to what its server says (agent/fit.py): at the start, and once it answers."""
-        self.loop = TurnLoop(config, model, self.kernel, self.context, self.inbox, sinks, self.system_prompt.build,
-                             hooks=self.hooks, ask_cell=lambda code, reason: self.approvals.cell(code, reason),
-                             text_mode=lambda reason: self.fit.text_mode(reason, self._turn_id()),
-                             before_call=self.fit.before_call, after_cell=self.checkpoints.after_cell)
-        self.refiner = SessionRefiner(config, model, self.harness, self.context, self.layout, self.id, sinks,
-                                      turns=lambda: self.turns, hold=parent.refiner.hold if parent else None)
-        self._gate = gate
-        if gate is not None:
-            self.refiner.use_gate(gate(config, model, self.harness))
-        self.harness.propose = parent.harness.propose if parent else self.refiner.propose
-        """A cell's edit of the user or project scope waits for a person in the top session (a child's too)."""
-        slots = subagent_slots if subagent_slots is not None else (parent.subagents.process_slots if parent else {})
-        self.subagents = Subagents(
-            config, model, self.layout, self.id, self.depth, slots, sinks, self._child, self.inbox,
-            left=lambda: self.config.budget.left(self.turn), parent_inbox=parent.inbox if parent else None,
-            name=self.id.rsplit(".", 1)[-1] if parent else None,
-        )
-        self.mcp = McpServers(config.mcp, self.cwd, self.dir)
-        """The session's MCP servers (started at their first use)."""
-        self.plan_mode = PlanMode(config.sandbox.plan, sinks, switch=self._plan_mode, thaw=self.kernel.thaw,
-                                  final=self._final, sync=self._sync, tell=lambda text: self.notices.append(text),
-                                  turn_running=lambda: self.turn is not None)
-        """Plan mode (agent/plan.py): the workspace read-only until a person approves the model's plan."""
-        self.approvals = Approvals(config.sandbox, self.cwd, sinks, timeout=lambda: self.config.kernel.cell_timeout,
-                                   box=lambda: (self.kernel.launch, self.kernel.view),
-                                   cell_id=lambda: self.kernel.cell_id, hook=self.hooks.permission, ask=ask,
-                                   can_ask=can_ask,
+        self.system_prompt = SystemPrompt(harness, self.context, sinks, self._prompt_text, tell=self.notices.append)
+        self.fit = ModelFit(current, self._prompt_text, self.system_prompt.replace, sinks)
+        self.approvals = Approvals(config.sandbox, self.cwd, sinks, timeout=lambda: current.config.kernel.cell_timeout,
+                                   box=lambda: (kernel.launch, kernel.view), cell_id=lambda: kernel.cell_id,
+                                   hook=self.hooks.permission, ask=ask, can_ask=can_ask,
                                    parent=(parent.approvals, self.id.rsplit(".", 1)[-1]) if parent else None)
-        """Requests for the user's decision: commands to run in a sandbox with more room, MCP calls under
-        policy ask (a subagent's go up to the session the user decides in)."""
-        mcp_calls = McpCalls(self.mcp, sinks, cell_id=lambda: self.kernel.cell_id, ask=self.approvals.mcp)
+        self.loop = TurnLoop(current, kernel, self.context, self.inbox, sinks, self.system_prompt.build,
+                             hooks=self.hooks, ask_cell=self.approvals.cell, text_mode=self.fit.text_mode,
+                             before_call=self.fit.before_call, after_cell=self.checkpoints.after_cell)
+        self.refiner = SessionRefiner(current, harness, self.context, self.layout, self.id, sinks, gate=gate,
+                                      hold=parent.refiner.hold if parent else None)
+        slots = subagent_slots if subagent_slots is not None else (parent.subagents.process_slots if parent else {})
+        self.subagents = Subagents(current, self.layout, self.id, self.depth, slots, sinks, self._child, self.inbox,
+                                   left=self._budget_left, parent_inbox=parent.inbox if parent else None,
+                                   name=self.id.rsplit(".", 1)[-1] if parent else None)
+        self.mcp = McpServers(config.mcp, self.cwd, self.dir)
+        self.plan_mode = PlanMode(config.sandbox.plan, sinks, kernel, final=self._final, sync=self._sync,
+                                  tell=self.notices.append)
+        mcp_calls = McpCalls(self.mcp, sinks, cell_id=lambda: kernel.cell_id, ask=self.approvals.mcp)
         self.bridge = BridgeServer(
             self.dir,
             {"final": self._final, "note": self._note, "ping": self._ping, "refine.request": self._refine,
-             **self.plan_mode.handlers(), **mcp_calls.handlers(), **self.harness.handlers(),
+             **self.plan_mode.handlers(), **mcp_calls.handlers(), **HarnessApi(harness, self.refiner.propose).handlers(),
              **self.subagents.handlers(), **self.approvals.handlers()},
-            Allowance(config.kernel.output_spill, lambda: self.kernel.executions, transient=frozenset({"llm"})),
+            Allowance(config.kernel.output_spill, lambda: kernel.executions, transient=frozenset({"llm"})),
         )
-        self._parent_id = parent.id if parent else None
 
     def preload(self, code: str) -> None:
         """Run `code` in the kernel after the runtime's bootstrap, before any cell (a child's `context`)."""
@@ -214,6 +188,7 @@ class Session:
     def _child(self, config: Config, model: Model, name: str, layout: SessionLayout, instructions: str) -> Session:
         """A subagent: its own session in `layout`, on this session's user and project scopes."""
         roots = {scope: store.root for scope, store in self.harness.stores.items() if scope != "session"}
+        config = config.model_copy(update={"sandbox": config.sandbox.model_copy(update={"plan": self.planning})})
         return Session(config, model, cwd=self.cwd, session_dir=layout.dir, session_id=f"{self.id}.{name}",
                        parent=self, instructions=instructions, harness_roots={**roots, "session": layout.harness})
 
@@ -257,7 +232,7 @@ class Session:
             self._trajectory = TrajectoryWriter(self.layout.trajectory)
             if self._resumed is not None:
                 self.record(ResumedRecord(reason=self._resumed, harness_version=self.system_prompt.harness_version))
-                self._close_open_tool_calls()
+                self.context.close_open_tool_calls()
             else:
                 self._record_start()
             self.system_prompt.watch()
@@ -281,11 +256,6 @@ class Session:
         if started.context:
             self.notices.append(f"[Context from the user's SessionStart hook]\n{started.context}")
 
-    def _use(self, model: ModelConfig) -> None:
-        """Go on with these model settings (the fit's): the model, the loop, the refiner and new children."""
-        self.model.reconfigure(model)
-        self._switch_model(self.model, self.config.model_copy(update={"model": model}))
-
     async def _bridge_up(self, kernel_dir: Path) -> dict[str, str]:
         """The host bridge, in the kernel's own directory: the one way out of its sandbox."""
         await self.bridge.start(kernel_dir)
@@ -307,7 +277,7 @@ class Session:
                 action_format=self.model.action_format,
                 harness_version=self.harness.view.version(),
                 parent=self._parent_id,
-                config=_recorded(self.config),
+                config=recorded(self.config),
                 repositories=sorted(self.approvals.git_at_start),
             )
         )
@@ -340,15 +310,6 @@ class Session:
         self.plan_mode.resume(records, self.config.sandbox.plan)  # the trajectory decides, not session.json
         self.notices.append(f"[{reason}. This session goes on in a new kernel: every variable, import and "
                             "running subagent from before is gone; files on disk are as they were.]")
-
-    def _close_open_tool_calls(self) -> None:
-        """Answer tool calls the old process never answered: a model API refuses a context without."""
-        answered = {m.tool_call_id for m in self.messages if m.role == "tool"}
-        last = next((m for m in reversed(self.messages) if m.role == "assistant"), None)
-        for call in last.tool_calls if last else []:
-            if call.id not in answered:
-                self.context.append(Message(role="tool", tool_call_id=call.id,
-                                            content="[lost: the session's process stopped while this cell ran]"), None)
 
     async def close(self) -> None:
         await self.hooks.end(started=self._trajectory is not None)
@@ -443,7 +404,7 @@ class Session:
             self.system_prompt.harness_version = None  # the restored context's prompt is checked at the next turn
         if record.harness:
             self.harness_changed("a rewind")
-        self.notices = [n for n in self.notices if not n.startswith("[The user rewound")] + [record.notice]
+        self.notices[:] = [n for n in self.notices if not n.startswith("[The user rewound")] + [record.notice]
         self.emit(rewound(record))
         return record
 
@@ -461,14 +422,6 @@ class Session:
         """A person's decision on the proposed plan (`PlanMode.decide`): approved, the prompt that
         carries the plan out (the caller sends it); rejected, None."""
         return await self.plan_mode.decide(approve, note, plan)
-
-    def _plan_mode(self, on: bool) -> None:
-        """The sandbox of plan mode, on or off, for the next kernel start and the subagents spawned
-        from now on (agent/plan.py; a running kernel is thawed by `PlanMode.decide`)."""
-        self.config.sandbox.plan = on
-        self.subagents.session_config.sandbox.plan = on
-        self.kernel.view = dataclasses.replace(self.kernel.view,
-                                               frozen=on and self.config.sandbox.mode == "workspace-write")
 
     def steer(self, text: str) -> None:
         """Queue a message for the running turn; it reaches the model at its next call."""
@@ -511,23 +464,33 @@ class Session:
         """Plan a harness refinement in the background; it applies at the next turn boundary (now if idle)."""
         return self.refiner.request(instructions, trigger=trigger, mode=mode)
 
-    async def decide(self, refinement_id: str, approve: bool) -> RefinementOutcome:
+    async def decide_refinement(self, refinement_id: str, approve: bool) -> RefinementOutcome:
         """Approve or reject a refinement waiting for review (KeyError when none has that id)."""
         return await self.refiner.decide(refinement_id, approve)
 
+    def decide_approval(self, request_id: str, decision: Decision, prefix: str | None = None,
+                        full_env: bool = False) -> Request:
+        """A person's decision on a request that waits (`Approvals.decide`: KeyError when none has that
+        id, ValueError when the decision does not fit it)."""
+        return self.approvals.decide(request_id, decision, prefix, full_env)
+
     def use_model(self, model: Model, config: Config) -> None:
-        """Switch the model (between turns); the refiner and new children use the new one too. It is
-        fitted to its server before its first call."""
-        self._switch_model(model, config)
+        """Switch the model (between turns): the loop, the refiner, its gate and new children use it
+        from now on. It is fitted to its server before its first call."""
+        self.current.model, self.current.config = model, config
         self.fit.pending = True
 
-    def _switch_model(self, model: Model, config: Config) -> None:
-        self.model, self.config = model, config
-        self.loop.model, self.loop.config = model, config
-        self.subagents.model = model
-        self.refiner.use_model(model, config)
-        if self._gate is not None:  # a gate replays on the model it was built for: this one from now on
-            self.refiner.use_gate(self._gate(config, model, self.harness))
+    @property
+    def model(self) -> Model:
+        return self.current.model
+
+    @property
+    def config(self) -> Config:
+        return self.current.config
+
+    def _budget_left(self) -> Budget:
+        """What the running turn has left of its budget (a child gets no more)."""
+        return self.config.budget.left(self.turn)
 
     # --- record keeping (the sinks handed to the parts) ---------------------------------------
 
@@ -590,8 +553,7 @@ class Session:
         hooks added (`hook_context`; None: a hook refused the prompt, which stays out of it)."""
         prompt = turn.prompt
         begun = dict(TurnBegun(prompt=prompt, goal_id=turn.goal_id, continuation=turn.continuation))
-        self.record(TurnStartedRecord(turn_id=turn.id, **begun))
-        self.emit(ev.TurnStarted(turn_id=turn.id, **begun))
+        self.sinks.log(TurnStartedRecord(turn_id=turn.id, **begun), ev.TurnStarted(turn_id=turn.id, **begun))
         try:
             self.refiner.at_boundary()
             self.system_prompt.at_boundary(turn.id)
@@ -599,14 +561,13 @@ class Session:
             log.exception("harness reload failed")
             self.emit(ev.Error(turn_id=turn.id, message=f"the harness could not be reloaded ({type(e).__name__}: "
                                                         f"{e}); the previous system prompt stays in force"))
-        notes = self.notices
-        self.notices = []
-        notes += self.plan_mode.notes()
+        notes = [*self.notices, *self.plan_mode.notes()]
+        self.notices.clear()
         last = self.last_result
         if last is not None and last.outcome != "completed":
             notes.insert(0, f"[Your previous turn ended early ({last.outcome}): {last.error}]")
         if hook_context is None:
-            self.notices = notes  # told with the next prompt instead
+            self.notices[:] = notes  # told with the next prompt instead
             return
         extra = [f"[Context from the user's UserPromptSubmit hook]\n{hook_context}"] if hook_context else []
         self.context.begin_turn(Message(role="user", content="\n\n".join([*notes, prompt, *extra])), turn.id)
@@ -643,10 +604,11 @@ class Session:
 
     # --- the harness -------------------------------------------------------------------------
 
-    def _prompt_text(self, model: ModelConfig) -> str:
-        """The system prompt for these model settings, with the harness and MCP servers as they are now."""
+    def _prompt_text(self, model: ModelConfig | None = None) -> str:
+        """The system prompt for these model settings (default: those in force), with the harness and
+        MCP servers as they are now."""
         mcp = prompt_section(self.mcp.infos(), self.config.mcp.prompt_chars)
-        config = self.config.model_copy(update={"model": model})
+        config = self.config if model is None else self.config.model_copy(update={"model": model})
         return system_prompt(config, self.cwd, self.harness.view.render(), self.instructions, mcp)
 
     # --- host bridge handlers (called from code in the kernel) -------------------------------
@@ -679,12 +641,3 @@ class Session:
 
     async def _note(self, text: str) -> None:
         self.emit(ev.Note(turn_id=self._turn_id(), text=capped(text, self.config.kernel.output_limit, "a note")))
-
-
-def _recorded(config: Config) -> dict:
-    """The configuration a trajectory keeps: no API key, nor any MCP server's env or header values."""
-    data = config.model_dump(mode="json", exclude={"model": {"api_key"}})
-    for server in data.get("mcp", {}).get("servers", {}).values():
-        for secret in ("env", "headers"):
-            server[secret] = {k: "<not recorded>" for k in server.get(secret, {})}
-    return data

@@ -13,7 +13,7 @@ from typing import Any
 from agent import events as ev
 from agent.approvals import Decision, Request
 from agent.context import Sinks
-from agent.hooks import HookRun, Hooks, Runner
+from agent.hooks import HookCall, HookRun, Hooks, Runner
 from agent.trajectory import HookRecord
 
 
@@ -29,9 +29,8 @@ class SessionHooks(Runner):
         """The session is closing: no hook hears of what closing does (children stopped...)."""
 
     def _ran(self, run: HookRun, cell_id: str | None) -> None:
-        turn_id = self._sinks.turn_id()
-        self._sinks.record(HookRecord(turn_id=turn_id, cell_id=cell_id, run=run))
-        self._sinks.emit(ev.HookRan(turn_id=turn_id, cell_id=cell_id, run=run))
+        turn_id, call = self._sinks.turn_id(), dict(HookCall(cell_id=cell_id, run=run))
+        self._sinks.log(HookRecord(turn_id=turn_id, **call), ev.HookRan(turn_id=turn_id, **call))
 
     async def permission(self, req: Request) -> Decision | None:
         """PermissionRequest hooks decide a request before a person is asked: allow, deny, or not.

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from agent import events as ev
 from harness_store import safefs
 from agent.config_models import Config
-from agent.context import Inbox, Sinks, capped
+from agent.context import Current, Inbox, Sinks, capped
 from agent.layout import SessionLayout
 from agent.model import Model
 from agent.prompt import render
@@ -80,15 +80,15 @@ class ChildInfo:
 class Subagents:
     """The children of one session, and the handlers behind `rlm`, `llm` and `agent_message`."""
 
-    def __init__(self, config: Config, model: Model, layout: SessionLayout, session_id: str, depth: int,
+    def __init__(self, current: Current, layout: SessionLayout, session_id: str, depth: int,
                  process_slots: dict[int, asyncio.Semaphore], sinks: Sinks, new_child: ChildFactory, inbox: Inbox, *,
                  left: Callable[[], Budget], parent_inbox: Inbox | None = None, name: str | None = None):
-        """The session's `config`, `model`, `layout`, id, depth (0 for a person's session) and
+        """The session's model and configuration in force (`current`), `layout`, id, depth (0 for a person's session) and
         `inbox`; `left()`: what its running turn has left of its budget (a child gets no more);
         `parent_inbox` and `name` when the session is itself a child."""
-        self.session_config, self.model, self.layout, self.left = config, model, layout, left
+        self.current, self.layout, self.left = current, layout, left
         self.session_id, self.depth = session_id, depth
-        self.config = config.subagents
+        self.config = current.config.subagents
         self.sinks, self.new_child, self.inbox = sinks, new_child, inbox
         self.parent_inbox, self.name = parent_inbox, name
         self.process_slots = process_slots
@@ -135,7 +135,7 @@ class Subagents:
             if any(c.name == name for c in self.children.values()):
                 raise SubagentLimit(f"rlm refused: a child named {name!r} already exists; names must be unique")
             child_layout = self.layout.child(name)
-            child_model = self.model.variant(model) if model else self.model
+            child_model = self.current.model.variant(model) if model else self.current.model
             note = render("subagent", name=name)
             if context_about is not None:
                 capped(context_about, ABOUT_CHARS, "a context's description")
@@ -192,7 +192,7 @@ class Subagents:
                                 f"not {type(budget).__name__}")
         left = self.left()
         asked = Budget.model_validate({**left.model_dump(), **{k: v for k, v in (budget or {}).items() if v is not None}})
-        return self.session_config.model_copy(update={"budget": asked.within(left)})
+        return self.current.config.model_copy(update={"budget": asked.within(left)})
 
     async def _run(self, child_id: str, task: str) -> None:
         info, child = self.children[child_id], self.sessions[child_id]
@@ -277,7 +277,7 @@ class Subagents:
     # --- llm -----------------------------------------------------------------------------------
 
     async def llm(self, prompt: str, model: str | None = None, system: str | None = None) -> str:
-        m = self.model.variant(model) if model else self.model
+        m = self.current.model.variant(model) if model else self.current.model
         messages = ([Message(role="system", content=system)] if system else []) + [Message(role="user", content=prompt)]
         turn_id = self.sinks.turn_id()  # the cell that asked runs in this turn: the spend is its
         completion = await m.complete(messages, tools=False)
@@ -292,7 +292,7 @@ class Subagents:
     # --- agent_message -------------------------------------------------------------------------
 
     async def send(self, text: str, to: str = "parent") -> str:
-        capped(text, self.session_config.kernel.output_limit, "a message")
+        capped(text, self.current.config.kernel.output_limit, "a message")
         if to == "parent":
             if self.parent_inbox is None:
                 raise KeyError("this agent has no parent; it was started by a person")

@@ -16,8 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-from agent.hooks import HookRun
-from agent.types import ApprovalKind, Cell, CellResult, McpCall, Message, TurnBegun, TurnOutcome, Usage
+from agent.config_models import Config
+from agent.hooks import HookCall
+from agent.types import ApprovalKind, Cell, CellResult, FileChange, McpCall, Message, SkippedFile, TurnBegun, TurnOutcome, Usage
 
 SCHEMA = 1
 """The record format written here (in each trajectory's `session` record). A change to it appends
@@ -63,13 +64,11 @@ class PlanRecord(_Record):
     note: str | None = None
 
 
-class HookRecord(_Record):
-    """One of the person's hooks ran (the same payload `HookRan` carries)."""
+class HookRecord(HookCall, _Record):
+    """One of the person's hooks ran (the payload `HookRan` carries too)."""
 
     kind: Literal["hook"] = "hook"
     turn_id: str | None = None
-    cell_id: str | None = None
-    run: HookRun
 
 
 class GoalRecord(_Record):
@@ -210,14 +209,6 @@ class ResumedRecord(_Record):
     harness_version: str | None = None
 
 
-class SkippedFile(BaseModel):
-    """A workspace file a checkpoint did not copy."""
-
-    path: str
-    bytes: int = 0
-    reason: str
-
-
 class CheckpointRecord(_Record):
     """The state at a turn boundary (agent/checkpoints.py): `start` before turn `turn_id` is worked
     on, `end` once it ended, `rewind` just after a rewind restored the workspace. The conversation
@@ -236,11 +227,6 @@ class CheckpointRecord(_Record):
     stored_bytes: int = 0
     """Bytes of changed files this checkpoint copied into the store."""
     duration: float = 0.0
-
-
-class FileChange(BaseModel):
-    path: str
-    change: Literal["restored", "created", "deleted"]
 
 
 class RewindRecord(_Record):
@@ -505,3 +491,12 @@ def export_openai_chat(records: list[Record]) -> Iterator[dict[str, Any]]:
         if tools:
             example["tools"] = tools
         yield example
+
+
+def recorded(config: Config) -> dict:
+    """The configuration a session's record keeps: no API key, nor any MCP server's env or header values."""
+    data = config.model_dump(mode="json", exclude={"model": {"api_key"}})
+    for server in data.get("mcp", {}).get("servers", {}).values():
+        for secret in ("env", "headers"):
+            server[secret] = {k: "<not recorded>" for k in server.get(secret, {})}
+    return data

@@ -381,3 +381,18 @@ class TurnResult(TurnOutcome):
     turn_id: str
     final: bool = False
     """The turn ended with a call to `final()`."""
+
+
+class SkippedFile(BaseModel):
+    """A workspace file a checkpoint did not copy."""
+
+    path: str
+    bytes: int = 0
+    reason: str
+
+
+class FileChange(BaseModel):
+    """A workspace file a rewind changed (or, in a dry run, would)."""
+
+    path: str
+    change: Literal["restored", "created", "deleted"]

@@ -474,7 +474,7 @@ class Updates:
         except Exception:  # the client failed to answer: denied, as an unanswered request is
             log.exception("the client did not answer a permission request")
         with contextlib.suppress(DaemonError):
-            await self.agent.client.approve(self.session_id, e.request_id, decision)
+            await self.agent.client.decide_approval(self.session_id, e.request_id, decision)
 
     async def send(self, update: Any) -> None:
         await self.agent._send(self.session_id, update)

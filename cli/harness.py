@@ -12,7 +12,6 @@ from agent.config import ConfigError, home, load_config, project_root
 from agent.harness import SessionHarness, scope_roots
 from agent.layout import SessionLayout, session_layouts, sessions_dir
 from daemon.client import Client, DaemonError, daemon_pid
-from daemon.schemas import RolledBack
 from harness_store.entries import HarnessError, size_text
 from harness_store.refiner import Plan
 from harness_store.skills import SkillRow, export_skills, import_skills, skill_folders
@@ -246,14 +245,14 @@ def _row_json(r: SkillRow) -> dict:
             "warnings": r.warnings}
 
 
-def _report(change: Change | RolledBack, args: argparse.Namespace) -> int:
+def _report(change: Change, args: argparse.Namespace) -> int:
     if args.json:
         return _json(_change_json(change))
     print(f"{change.refinement_id}: {change.summary}" + (f" [{', '.join(change.entries)}]" if change.entries else ""))
     return 0
 
 
-def _change_json(c: Change | RolledBack) -> dict:
+def _change_json(c: Change) -> dict:  # a RolledBack is a Change too
     return {"commit": c.commit, "refinement_id": c.refinement_id, "trigger": c.trigger, "summary": c.summary,
             "date": c.date.isoformat(), "entries": c.entries, "trailers": c.trailers}
 

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import cast
 
 from agent import events as ev
 from agent.config import ConfigError, home, load_config, project_root
@@ -96,7 +97,7 @@ async def _daemon_hosting(session_id: str) -> Client | None:
 async def _through_daemon(client: Client, session_id: str, args: argparse.Namespace, deciding: bool) -> int:
     after = (await client.session(session_id)).last_seq
     if deciding:
-        decided = await client.decide(session_id, args.id, args.what == "approve")
+        decided = await client.decide_refinement(session_id, args.id, args.what == "approve")
         if decided.status == "ready":
             print(f"{args.id} approved: it applies at the session's next turn boundary")
             return 0
@@ -111,9 +112,10 @@ async def _through_daemon(client: Client, session_id: str, args: argparse.Namesp
 
 async def _here(path: Path, records: list, meta: SessionRecord, args: argparse.Namespace, deciding: bool) -> int:
     """Refine a session no process hosts, with its own refiner over its recorded context."""
-    from agent.context import Context, Sinks
+    from agent.context import Context, Current, Sinks
     from agent.harness import SessionHarness, scope_roots
     from agent.layout import SessionLayout
+    from agent.model import Model
     from agent.providers import open_model
     from agent.refine import SessionRefiner
     from agent.trajectory import TrajectoryWriter, contexts
@@ -132,8 +134,8 @@ async def _here(path: Path, records: list, meta: SessionRecord, args: argparse.N
     context.messages = (list(contexts(records)) or [[]])[-1]
     sinks = Sinks(emit=said.append, record=writer.append, charge=lambda usage, purpose, turn_id: spent.append(usage),
                   turn_id=lambda: None)
-    refiner = SessionRefiner(config, model, harness, context, layout, meta.session_id, sinks, turns=lambda: 0)
-    refiner.use_gate(gate_for(config, model, harness) if model else None)
+    current = Current(cast(Model, model), config)  # no model: planning says none is configured (model_caller)
+    refiner = SessionRefiner(current, harness, context, layout, meta.session_id, sinks, gate=gate_for if model else None)
     try:
         if deciding:
             await refiner.decide(args.id, args.what == "approve")

@@ -71,11 +71,11 @@ async def _rewind(args: argparse.Namespace) -> int:
     where = f"{'the end of' if r.after else 'before'} turn {r.turn}"
     print(f"{'would rewind' if r.dry_run else 'rewound'} {args.session} to {where} ({', '.join(r.parts)})")
     for f in r.files:
-        print(f"  {f['change']:<9} {f['path']}")
+        print(f"  {f.change:<9} {f.path}")
     if "code" in r.parts and not r.files:
         print("  (no file changes)")
     for s in r.not_restored:
-        print(f"  left as is {s['path']} ({s['reason']})")
+        print(f"  left as is {s.path} ({s.reason})")
     for scope, commit in r.harness.items():
         print(f"  harness   {scope} scope -> {(commit or 'its first commit')[:12]}")
     if isinstance(r.kernel, dict) and r.kernel:

@@ -8,6 +8,7 @@ import sys
 
 from agent import events as ev
 from agent.actions import fenced_cells
+from agent.event_text import describe, spent
 from agent.events import Event
 from agent.types import FilesChanged, visible
 
@@ -117,29 +118,26 @@ class Printer:
                 if e.files is not None:
                     self._files(e.files)
             case ev.Note():
-                c.print(Text("note: " + e.text, style="bold"))
+                c.print(Text(describe(e), style="bold"))
             case ev.SteerReturned():
                 c.print(Text(f"not sent (the turn was interrupted first), yours to send again: {e.text}",
                              style="yellow"))
             case ev.HookRan():
                 c.print(Text(e.run.line(), style="yellow" if e.run.error or e.run.blocks else "dim"))
             case ev.ModelRetry():
-                c.print(Text(f"model: {e.reason}; retry {e.attempt} in {e.delay:.1f}s", style="yellow"))
+                c.print(Text(describe(e), style="yellow"))
             case ev.ModelFallback():
-                c.print(Text(f"model: {e.from_model} keeps failing ({e.reason}); switched to {e.to_model}",
-                             style="bold yellow"))
+                c.print(Text(describe(e), style="bold yellow"))
             case ev.TurnFinished():
                 if e.files is not None:
                     c.print(Text(f"[{e.turn_id}: {e.files.summary()}: " + ", ".join(f.path for f in e.files.files)
                                  + (f" and {e.files.more} more" if e.files.more else "") + "]", style="bold"))
                 if e.usage.total_tokens or e.usage.cost:
-                    others = ", ".join(f"{p} {u.describe()}" for p, u in e.spend.items() if p != "turn")
-                    c.print(Text(f"[{e.turn_id}: {e.usage.describe()}" + (f"; of which {others}" if others else "")
-                                 + "]", style="dim"))
+                    c.print(Text(f"[{spent(e)}]", style="dim"))
             case ev.UsageCharged():
-                c.print(Text(f"[{e.purpose} for {e.turn_id or 'the session'}: {e.usage.describe()}]", style="dim"))
+                c.print(Text(f"[{describe(e)}]", style="dim"))
             case ev.Compaction():
-                c.print(Text(f"context compacted ({e.folded_messages} messages summarised)", style="dim"))
+                c.print(Text(describe(e), style="dim"))
             case ev.Error():
                 c.print(Text(e.message, style="red"))
             case ev.GoalCheck():
@@ -149,10 +147,9 @@ class Printer:
                     self.lines = 0
                     self._output(e.output[-2000:], "yellow")
             case ev.GoalContinued():
-                left = ", ".join(f"{v:g} {k}" for k, v in e.budget_left.items())
-                c.print(Text(f"goal: continuation {e.continuation}" + (f" ({left} left)" if left else ""), style="bold"))
+                c.print(Text(describe(e), style="bold"))
             case ev.GoalFinished():
-                c.print(Text(f"goal {e.state}: {e.reason}", style="bold green" if e.state == "achieved" else "bold red"))
+                c.print(Text(describe(e), style="bold green" if e.state == "achieved" else "bold red"))
 
 
 def _visible(value: object) -> object:

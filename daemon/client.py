@@ -26,40 +26,56 @@ import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx2
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from agent.config import ConfigError, load_config
 from agent.events import Event, TurnFinished, parse_event
 from agent.checkpoints import TurnRow
-from agent.goals import GoalState
+from agent.goals import GoalSpec, GoalState
 from agent.mcp import ServerInfo
 from agent.subagents import ChildInfo
-from agent.types import Attachment, FilesChanged
+from agent.types import Attachment, Budget, FilesChanged
+from harness_store.store import Change
 from daemon.paths import lock_file, log_file, pid_file, socket_file
-from daemon.schedules import Schedule
+from daemon.schedules import NewSchedule, Schedule
 from daemon.schemas import (
     ApprovalDecision,
     ChildTranscript,
-    HarnessChange,
+    CloseSession,
+    CreateSession,
+    Decide,
+    DecideApproval,
+    DecidePlan,
     HarnessEntry,
+    Interrupt,
     Interrupted,
     KernelInfo,
     MessageAccepted,
     ModelKey,
     Notice,
+    OpenWeb,
     PlanDecision,
+    PruneSessions,
     Pruned,
     RefinementDecision,
+    RefineRequest,
+    RewindRequest,
     RewindResult,
+    Rollback,
     RolledBack,
+    SendMessage,
     SessionInfo,
     Status,
     Transcript,
+    UpdateSession,
     WebAccess,
 )
+
+if TYPE_CHECKING:
+    import atif
 
 _T = TypeVar("_T")
 
@@ -137,17 +153,24 @@ class Client:
         """The route's reply read as `reply` (a model, or `list[Model]`: the wire's types, parsed once here)."""
         return TypeAdapter(reply).validate_python(await self._call(method, path, **kw))
 
+    def _body(self, request: BaseModel) -> dict[str, Any]:
+        """A request's body: the route's schema model as JSON, fields left at their defaults out (the
+        daemon validates it, once); a body that carries a model key gets this client's, in the clear."""
+        body = request.model_dump(mode="json", exclude_defaults=True, warnings=False)  # as given: the daemon judges
+        if "key" in type(request).model_fields and self.key is not None:
+            body["key"] = self.key.wire()
+        return body
+
     async def status(self) -> Status:
         return await self._typed(Status, "GET", "/v1/status")
 
     async def create_session(self, cwd: str | Path, model: str | None = None, base_url: str | None = None,
-                             title: str | None = None, budget: dict[str, Any] | None = None,
+                             title: str | None = None, budget: Budget | None = None,
                              config: dict[str, Any] | None = None, sandbox: str | None = None,
                              mode: str | None = None) -> SessionInfo:
-        body = {"cwd": str(Path(cwd).resolve()), "model": model, "base_url": base_url, "title": title, "budget": budget,
-                "config": config, "sandbox": sandbox, "mode": mode, "key": self.key.wire() if self.key else None}
-        return await self._typed(SessionInfo, "POST", "/v1/sessions",
-                                 json={k: v for k, v in body.items() if v is not None})
+        body = CreateSession.model_construct(cwd=str(Path(cwd).resolve()), model=model, base_url=base_url, title=title,
+                                             budget=budget, config=config, sandbox=sandbox, mode=mode)
+        return await self._typed(SessionInfo, "POST", "/v1/sessions", json=self._body(body))
 
     async def sessions(self, cwd: str | Path | None = None) -> list[SessionInfo]:
         """Every session, oldest first; `cwd`: those of that directory or one below it."""
@@ -159,9 +182,8 @@ class Client:
 
     async def update(self, session_id: str, title: str | None = None, model: str | None = None,
                      sandbox: str | None = None, plan: bool | None = None) -> SessionInfo:
-        body = {k: v for k, v in {"title": title, "model": model, "sandbox": sandbox, "plan": plan}.items()
-                if v is not None}
-        return await self._typed(SessionInfo, "PATCH", f"/v1/sessions/{session_id}", json=body)
+        body = UpdateSession.model_construct(title=title, model=model, sandbox=sandbox, plan=plan)
+        return await self._typed(SessionInfo, "PATCH", f"/v1/sessions/{session_id}", json=self._body(body))
 
     async def compact(self, session_id: str) -> Notice:
         return await self._typed(Notice, "POST", f"/v1/sessions/{session_id}/compact")
@@ -169,9 +191,10 @@ class Client:
     async def rebuild_prompt(self, session_id: str) -> Notice:
         return await self._typed(Notice, "POST", f"/v1/sessions/{session_id}/system-prompt")
 
-    async def decide(self, session_id: str, refinement_id: str, approve: bool) -> RefinementDecision:
+    async def decide_refinement(self, session_id: str, refinement_id: str, approve: bool) -> RefinementDecision:
+        """Approve or reject a refinement that waits for review."""
         return await self._typed(RefinementDecision, "POST", f"/v1/sessions/{session_id}/refinements/{refinement_id}",
-                                 json={"approve": approve})
+                                 json=self._body(Decide.model_construct(approve=approve)))
 
     async def mcp(self, session_id: str, start: bool = False) -> list[ServerInfo]:
         """The session's MCP servers, their state and tools (`start`: start those not started, to list them)."""
@@ -181,14 +204,14 @@ class Client:
     async def decide_plan(self, session_id: str, approve: bool, note: str | None = None,
                           plan: str | None = None) -> PlanDecision:
         """Approve the session's proposed plan (it goes on writable, the plan its next turn) or reject it."""
-        body = {"approve": approve, **({"note": note} if note else {}), **({"plan": plan} if plan else {})}
+        body = self._body(DecidePlan.model_construct(approve=approve, note=note or None, plan=plan or None))
         return await self._typed(PlanDecision, "POST", f"/v1/sessions/{session_id}/plan", json=body)
 
-    async def approve(self, session_id: str, request_id: str, decision: str, prefix: str | None = None,
-                      full_env: bool = False) -> ApprovalDecision:
+    async def decide_approval(self, session_id: str, request_id: str, decision: str, prefix: str | None = None,
+                              full_env: bool = False) -> ApprovalDecision:
         """Decide a waiting request (`approval.requested`: a command, or an MCP call): approve, always or
         deny; `full_env`: the command runs with the person's whole environment, secrets included."""
-        body = {"decision": decision, **({"prefix": prefix} if prefix else {}), **({"full_env": True} if full_env else {})}
+        body = self._body(DecideApproval.model_construct(decision=decision, prefix=prefix or None, full_env=full_env))
         return await self._typed(ApprovalDecision, "POST", f"/v1/sessions/{session_id}/approvals/{request_id}", json=body)
 
     async def child_transcript(self, session_id: str, child_id: str) -> ChildTranscript:
@@ -214,7 +237,8 @@ class Client:
 
     async def close_session(self, session_id: str, if_idle: bool = False) -> SessionInfo:
         """Close the session (it stays listed; a prompt opens it again); `if_idle`: only if nothing runs in it."""
-        return await self._typed(SessionInfo, "POST", f"/v1/sessions/{session_id}/close", json={"if_idle": if_idle})
+        return await self._typed(SessionInfo, "POST", f"/v1/sessions/{session_id}/close",
+                                 json=self._body(CloseSession.model_construct(if_idle=if_idle)))
 
     async def delete(self, session_id: str, files: bool = False) -> None:
         """Out of the registry; `files`: its files removed too."""
@@ -222,26 +246,24 @@ class Client:
 
     async def prune(self, older_than_days: float | None = None, cwd: str | Path | None = None,
                     dry_run: bool = False) -> Pruned:
-        body = {"older_than_days": older_than_days, "cwd": str(Path(cwd).resolve()) if cwd is not None else None,
-                "dry_run": dry_run}
-        return await self._typed(Pruned, "POST", "/v1/sessions/prune",
-                                 json={k: v for k, v in body.items() if v is not None})
+        body = PruneSessions.model_construct(older_than_days=older_than_days, dry_run=dry_run,
+                                             cwd=str(Path(cwd).resolve()) if cwd is not None else None)
+        return await self._typed(Pruned, "POST", "/v1/sessions/prune", json=self._body(body))
 
     async def send(self, session_id: str, text: str, mode: str = "prompt") -> MessageAccepted:
-        body = {"text": text, "mode": mode, **({"key": self.key.wire()} if self.key else {})}
+        body = self._body(SendMessage.model_construct(text=text, mode=mode))
         return await self._typed(MessageAccepted, "POST", f"/v1/sessions/{session_id}/messages", json=body)
 
     async def interrupt(self, session_id: str, drop_queued: bool = False, turn_id: str | None = None) -> Interrupted:
         """Stop the running turn; with `turn_id`, only that turn (dropped if it is still queued)."""
-        body = {"drop_queued": drop_queued, **({"turn_id": turn_id} if turn_id else {})}
+        body = self._body(Interrupt.model_construct(drop_queued=drop_queued, turn_id=turn_id or None))
         return await self._typed(Interrupted, "POST", f"/v1/sessions/{session_id}/interrupt", json=body)
 
     async def start_goal(self, session_id: str, text: str, check: str | None = None,
                          budget: dict[str, Any] | None = None, check_timeout: float | None = None) -> GoalState:
-        body: dict[str, Any] = {"text": text, "check": check, "budget": budget or {}}
-        if check_timeout is not None:
-            body["check_timeout"] = check_timeout
-        return await self._typed(GoalState, "POST", f"/v1/sessions/{session_id}/goal", json=body)
+        spec = GoalSpec.model_construct(text=text, check=check, budget=budget or {},
+                                        **({"check_timeout": check_timeout} if check_timeout is not None else {}))
+        return await self._typed(GoalState, "POST", f"/v1/sessions/{session_id}/goal", json=self._body(spec))
 
     async def goal(self, session_id: str) -> GoalState:
         return await self._typed(GoalState, "GET", f"/v1/sessions/{session_id}/goal")
@@ -252,9 +274,13 @@ class Client:
     async def schedules(self) -> list[Schedule]:
         return await self._typed(list[Schedule], "GET", "/v1/schedules")
 
-    async def add_schedule(self, **fields: Any) -> Schedule:
-        """Fields of daemon.schedules.NewSchedule: prompt, every | cron, session | cwd, count, heartbeat, ..."""
-        return await self._typed(Schedule, "POST", "/v1/schedules", json=fields)
+    async def add_schedule(self, *, prompt: str = "", every: float | None = None, cron: str | None = None,
+                           session: str | None = None, cwd: str | None = None, model: str | None = None,
+                           base_url: str | None = None, count: int | None = None, heartbeat: bool = False) -> Schedule:
+        """A schedule (daemon.schedules.NewSchedule says what each field means)."""
+        body = NewSchedule.model_construct(prompt=prompt, every=every, cron=cron, session=session, cwd=cwd, model=model,
+                                           base_url=base_url, count=count, heartbeat=heartbeat)
+        return await self._typed(Schedule, "POST", "/v1/schedules", json=self._body(body))
 
     async def pause_schedule(self, schedule_id: str | None, paused: bool = True) -> list[Schedule]:
         """Pause (or resume) one schedule, or every one (`schedule_id` None)."""
@@ -269,9 +295,12 @@ class Client:
     async def transcript(self, session_id: str) -> Transcript:
         return await self._typed(Transcript, "GET", f"/v1/sessions/{session_id}/transcript")
 
-    async def trajectory(self, session_id: str, format: str = "atif") -> dict[str, Any]:
+    async def trajectory(self, session_id: str, format: str = "atif") -> atif.Trajectory:
         """The session's trajectory as an ATIF v1.8 document."""
-        return await self._call("GET", f"/v1/sessions/{session_id}/trajectory", params={"format": format})
+        import atif  # ~0.1 s, for this call only
+
+        return await self._typed(atif.Trajectory, "GET", f"/v1/sessions/{session_id}/trajectory",
+                                 params={"format": format})
 
     async def subagents(self, session_id: str) -> list[ChildInfo]:
         return await self._typed(list[ChildInfo], "GET", f"/v1/sessions/{session_id}/subagents")
@@ -285,7 +314,7 @@ class Client:
         return await self._typed(KernelInfo, "GET", f"/v1/sessions/{session_id}/kernel")
 
     async def refine(self, session_id: str, instructions: str | None = None, mode: str | None = None) -> Notice:
-        body = {k: v for k, v in {"instructions": instructions, "mode": mode}.items() if v is not None}
+        body = self._body(RefineRequest.model_construct(instructions=instructions, mode=mode))
         return await self._typed(Notice, "POST", f"/v1/sessions/{session_id}/refine", json=body)
 
     async def checkpoints(self, session_id: str) -> list[TurnRow]:
@@ -296,28 +325,27 @@ class Client:
                      force: bool = False, dry_run: bool = False) -> RewindResult:
         """Go back to before `turn` (or, with `after`, its end) in `parts` (default: code, conversation,
         harness, kernel); with `dry_run`, only say what would change."""
-        body: dict[str, Any] = {"turn": turn, "after": after, "force": force, "dry_run": dry_run}
-        if parts is not None:
-            body.update({p: p in parts for p in ("code", "conversation", "harness", "kernel")})
-        return await self._typed(RewindResult, "POST", f"/v1/sessions/{session_id}/rewind", json=body)
+        chosen = {p: p in parts for p in ("code", "conversation", "harness", "kernel")} if parts is not None else {}
+        body = RewindRequest.model_construct(turn=turn, after=after, force=force, dry_run=dry_run, **chosen)
+        return await self._typed(RewindResult, "POST", f"/v1/sessions/{session_id}/rewind", json=self._body(body))
 
     async def harness(self, session: str | None = None, project: str | None = None) -> list[HarnessEntry]:
         return await self._typed(list[HarnessEntry], "GET", "/v1/harness", params=_params(session=session, project=project))
 
-    async def harness_log(self, scope: str = "user", n: int = 20, session: str | None = None) -> list[HarnessChange]:
-        return await self._typed(list[HarnessChange], "GET", "/v1/harness/log",
+    async def harness_log(self, scope: str = "user", n: int = 20, session: str | None = None) -> list[Change]:
+        return await self._typed(list[Change], "GET", "/v1/harness/log",
                                  params=_params(scope=scope, n=n, session=session))
 
     async def rollback(self, ref: str, scope: str = "user", to: bool = False, session: str | None = None,
                        project: str | None = None) -> RolledBack:
-        body = {"ref": ref, "scope": scope, "to": to, "session": session, "project": project}
-        return await self._typed(RolledBack, "POST", "/v1/harness/rollback", json=_params(**body))
+        body = Rollback.model_construct(ref=ref, scope=scope, to=to, session=session, project=project)
+        return await self._typed(RolledBack, "POST", "/v1/harness/rollback", json=self._body(body))
 
     async def web(self, address: str, cwd: str) -> AsyncGenerator[WebAccess, None]:
         """Serve the web page on `address` (POST /v1/web; `cwd`: the page's default folder for a new
         session): yields where it is and its login token once, and returns when the daemon stops. The
         login is valid until then, or until the caller stops iterating."""
-        async with self._http.stream("POST", "/v1/web", json={"address": address, "cwd": cwd},
+        async with self._http.stream("POST", "/v1/web", json=self._body(OpenWeb.model_construct(address=address, cwd=cwd)),
                                      timeout=httpx2.Timeout(10.0, read=None)) as r:
             if r.status_code >= 400:
                 raise _error(r.status_code, await r.aread())

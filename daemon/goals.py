@@ -152,7 +152,7 @@ class DaemonGoal:
 
     def subagents_running(self) -> bool:
         session = self.host.session
-        return session is not None and session.subagents.running()
+        return session is not None and session.subagents_running()
 
     def emit(self, event: ev.Event) -> None:
         self.host.emit(event)

@@ -19,10 +19,9 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from agent import events as ev
-from agent.atif import to_atif
 from agent.checkpoints import PARTS, Plan, RewindError, TurnRow, WorkspaceStore, turn_list
 from agent.checkpoints import recover as finish_rewind
 from agent.checkpoints import rewound
@@ -40,7 +39,6 @@ from agent.session import Session
 from agent.subagents import ChildInfo, read_registry
 from agent.trajectory import (
     PlanRecord,
-    Record,
     SessionRecord,
     TrajectoryError,
     append_record,
@@ -55,7 +53,7 @@ from daemon.fanout import Fanout, Subscriber
 from daemon.goals import DaemonGoal
 from daemon.journal import EventJournal
 from daemon.meta import SessionMeta, title_of
-from daemon.schemas import ChildTranscript, Interrupted, MessageAccepted, ModelKey, PlanDecision, SessionInfo, Transcript
+from daemon.schemas import Interrupted, MessageAccepted, ModelKey, PlanDecision, SessionInfo
 from daemon.schemas import ApprovalDecision, DecideApproval, RewindRequest, RewindResult
 from daemon.turns import TurnQueue
 from harness_store.refiner import RefinementError
@@ -266,7 +264,7 @@ class ManagedSession:
                           "decide it over the daemon's Unix socket (the app, `prime-agent attach`), or start the "
                           "daemon with --allow-remote-unsandboxed")
         try:
-            decided = self.session.approvals.decide(request_id, req.decision, req.prefix, req.full_env)
+            decided = self.session.decide_approval(request_id, req.decision, req.prefix, req.full_env)
         except KeyError as e:
             raise Refused("not_found", str(e.args[0])) from None
         except ValueError as e:
@@ -274,36 +272,14 @@ class ManagedSession:
         return ApprovalDecision(request_id=request_id, decision=req.decision, prefix=decided.prefix,
                                 full_env=decided.full_env)
 
-    async def transcript(self) -> Transcript:
-        """Its whole trajectory: every record, in order (see agent/trajectory.py)."""
-        return Transcript(session=self.info(), records=await _records(self.layout))
-
-    async def atif(self, version: str) -> dict[str, Any]:
-        """Its trajectory as an ATIF v1.8 document (agent/atif.py), its subagents embedded; `version`: ours."""
-        path = self.layout.trajectory
-        if not path.is_file():
-            raise Refused("not_found", f"session {self.id} has no trajectory yet")
-        try:
-            doc = await asyncio.to_thread(to_atif, path, version)
-        except TrajectoryError as e:
-            raise Refused("bad_request", str(e)) from None
-        return doc.to_json_dict()
-
     def subagents(self) -> list[ChildInfo]:
         return list(self.session.children() if self.session else read_registry(self.layout).values())
-
-    async def child_transcript(self, child_id: str) -> ChildTranscript:
-        """A child's registry entry and whole trajectory."""
-        child = read_registry(self.layout).get(child_id)
-        if child is None:
-            raise Refused("not_found", f"no subagent {child_id!r} in session {self.id}")
-        return ChildTranscript(child=child, records=await _records(SessionLayout(Path(child.dir))))
 
     async def decide_refinement(self, refinement_id: str, approve: bool) -> str:
         """Approve or reject a refinement that waits for review; its outcome's status."""
         session = await self.wake()
         try:
-            outcome = await session.decide(refinement_id, approve)
+            outcome = await session.decide_refinement(refinement_id, approve)
         except KeyError as e:
             raise Refused("not_found", str(e.args[0])) from None
         except (RefinementError, ModelError) as e:  # the plan still waits for review
@@ -339,8 +315,7 @@ class ManagedSession:
         if isinstance(done, Plan):
             return RewindResult(rewind_id=None, dry_run=True, **done.summary())
         return RewindResult(rewind_id=done.rewind_id, dry_run=False, turn=done.turn, after=done.after,
-                            parts=done.parts, files=[f.model_dump() for f in done.files],
-                            not_restored=[s.model_dump() for s in done.not_restored], conflicts=done.forced,
+                            parts=done.parts, files=done.files, not_restored=done.not_restored, conflicts=done.forced,
                             harness=dict(done.harness), kernel=done.kernel, notice=done.notice)
 
     def _config_or_refuse(self) -> Config:
@@ -353,11 +328,15 @@ class ManagedSession:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def config(self, overrides: dict | None = None) -> Config:
-        """The session's configuration (from `overrides`, default its own), with its client's key."""
-        config = load_config(Path(self.meta.cwd), self.meta.overrides if overrides is None else overrides)
-        if self.key is not None:
-            config.model.api_key = self.key.api_key.get_secret_value()
-        return config
+        """The session's configuration (from `overrides`, default its own): the live session's, loaded
+        once when it woke (or as the create request was validated); a dormant one's, read now."""
+        if overrides is None and self.session is not None:
+            return self.session.config
+        return load_config(Path(self.meta.cwd), self.meta.overrides if overrides is None else overrides)
+
+    def api_key(self, config: Config) -> str | None:
+        """The key the session's model is sent: its client's (`use_key`), else its configuration's."""
+        return self.key.api_key.get_secret_value() if self.key is not None else config.model.api_key
 
     def use_key(self, key: ModelKey | None) -> None:
         """Take a client's key, if it is meant for this session's endpoint (another's is ignored, so a
@@ -374,7 +353,7 @@ class ManagedSession:
                     "a key exported in your shell since reaches the session with the next prompt sent from there")
         else:
             hint = NO_KEY
-        return open_model(config.model, key_hint=hint)
+        return open_model(config.model, key_hint=hint, api_key=self.api_key(config))
 
     def _use_model(self, config: Config) -> None:
         """Switch the live session to a model built from `config` (the old one is closed with the session:
@@ -386,13 +365,14 @@ class ManagedSession:
         self.session.use_model(self.model, config)
         self._rekey = False
 
-    async def wake(self) -> Session:
-        """The live agent session: resumed from its trajectory, on a new kernel, if it was dormant."""
+    async def wake(self, config: Config | None = None) -> Session:
+        """The live agent session: resumed from its trajectory, on a new kernel, if it was dormant, with
+        `config` (a create's, validated) or its configuration as it is now."""
         async with self._waking:
             if self.session is not None:
                 if self._rekey and self.session.turn is None:
                     try:
-                        self._use_model(self.config())
+                        self._use_model(self.config(self.meta.overrides))  # read afresh, as a wake reads it
                     except ConfigError as e:
                         raise Refused("config_broken", str(e)) from None
                 return self.session
@@ -408,7 +388,7 @@ class ManagedSession:
             if not cwd.is_dir():
                 raise Refused("cwd_missing", f"the session's directory {cwd} no longer exists")
             try:
-                config = self.config()
+                config = config or self.config()
             except ConfigError as e:
                 raise Refused("config_broken", str(e)) from None
             damaged: list[str] = []
@@ -640,13 +620,6 @@ class ManagedSession:
             self.emit(ev.Note(text=("plan mode on: the workspace is read-only until you approve a plan"
                                     if want else "plan mode off" + (" (the plan that waited is dropped)"
                                                                     if pending else ""))))
-
-
-async def _records(layout: SessionLayout) -> list[Record]:
-    """A session's whole trajectory: every record, in order (see agent/trajectory.py); a damaged line
-    (a write a full disk cut short) is skipped."""
-    path = layout.trajectory
-    return await asyncio.to_thread(read_records, path, []) if path.is_file() else []
 
 
 async def _close(session: Session, models: list[OpenAIModel | None]) -> None:

@@ -13,7 +13,6 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from daemon import meta as meta_file
 from daemon import prune
 from daemon.errors import Refused
 from daemon.managed import ManagedSession
-from daemon.meta import SCHEMA, SessionMeta
+from daemon.meta import SCHEMA, SessionMeta, own_key_only
 from daemon.registry import InUse, adopt, held_by
 from daemon.schedules import Scheduler
 from daemon.schemas import (
@@ -229,7 +228,7 @@ class SessionManager:
         managed.use_key(req.key)
         self.sessions[session_id] = managed
         try:
-            await managed.wake()
+            await managed.wake(config)  # the config validated above: loaded once
         except BaseException:
             self.sessions.pop(session_id, None)
             meta.deleted = True
@@ -353,7 +352,7 @@ class SessionManager:
         for other in self.live_sessions():
             if other is not live and any(s.root == root for s in other.harness.stores.values()):
                 other.harness_changed("a rollback")
-        return RolledBack(scope=req.scope, **asdict(change))
+        return RolledBack(scope=req.scope, **dict(change))
 
     async def stop(self, timeout: float) -> None:
         """Interrupt every turn and wait (up to `timeout`) for each to be recorded; then close all.
@@ -452,9 +451,7 @@ def _validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:
             sandbox["mode"] = req.sandbox
         if req.mode == "plan":
             sandbox["plan"] = True
-    if model.get("base_url") and "api_key" not in model \
-            and str(model["base_url"]).rstrip("/") != (_configured_base_url(cwd) or "").rstrip("/"):
-        model["api_key"] = None  # the daemon's key goes only where it was configured to go
+    own_key_only(model, _configured_base_url(cwd))
     try:
         if req.budget is not None:
             overrides["budget"] = req.budget.model_dump(exclude_unset=True)
@@ -463,9 +460,8 @@ def _validate(req: CreateSession) -> tuple[Path, dict[str, Any], Config]:
         config = load_config(cwd, as_saved(overrides), source="config")
     except ConfigError as e:
         raise Refused("bad_config", str(e)) from None
-    if req.key is not None and req.key.fits(config.model.base_url):
-        config.model.api_key = req.key.api_key.get_secret_value()
-    if not config.model.configured:
+    keyed = req.key is not None and req.key.fits(config.model.base_url)  # the model client gets it, not the config
+    if not (config.model.configured or (keyed and config.model.name)):
         raise Refused("no_model", "no model configured: pass `model` and `base_url` (and `key`), or set them in "
                       "the daemon's environment (PRIME_AGENT_MODEL, OPENAI_BASE_URL, OPENAI_API_KEY) or config.toml")
     return cwd, overrides, config

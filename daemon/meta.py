@@ -90,6 +90,16 @@ class SessionMeta(BaseModel):
         return False
 
 
+def own_key_only(model: dict[str, Any], configured_base_url: str | None) -> None:
+    """The daemon's key goes only where it was configured to go: model settings (a session's overrides)
+    that name another endpoint than `configured_base_url`, and no key of their own, get `api_key = None`,
+    so the key of the daemon's environment or config.toml is never sent there. A client's key for that
+    endpoint reaches the model client instead (`ModelKey`, never written into a configuration)."""
+    if model.get("base_url") and "api_key" not in model \
+            and str(model["base_url"]).rstrip("/") != (configured_base_url or "").rstrip("/"):
+        model["api_key"] = None
+
+
 TITLE_LENGTH = 60
 
 

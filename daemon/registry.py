@@ -24,7 +24,7 @@ from agent.layout import SessionLayout
 from agent.trajectory import SessionRecord, TrajectoryError, TurnFinishedRecord, begun, read_records
 from agent.types import Usage
 from daemon.journal import EventJournal
-from daemon.meta import SCHEMA, SessionMeta, title_of
+from daemon.meta import SCHEMA, SessionMeta, own_key_only, title_of
 
 class InUse(Exception):
     def __init__(self, session_id: str, pid: int | None):
@@ -143,8 +143,7 @@ def kept(overrides: dict[str, Any], config: Config) -> dict[str, Any]:
     model = saved.setdefault("model", {})
     model.pop("api_key", None)
     model.update({k: v for k, v in (("name", config.model.name), ("base_url", config.model.base_url)) if v})
-    if model.get("base_url"):
-        model["api_key"] = None
+    own_key_only(model, None)  # configured for no endpoint of a session `run` hosted: it brings its own
     return saved
 
 
@@ -161,9 +160,8 @@ def adopt(layout: SessionLayout) -> SessionMeta | None:
         return None
     turns = begun(records)
     base_url = (start.config.get("model") or {}).get("base_url")
-    model: dict[str, Any] = {"name": start.model}
-    if base_url:
-        model.update(base_url=base_url, api_key=None)  # as `kept` says: the daemon's key stays its own
+    model: dict[str, Any] = {"name": start.model, **({"base_url": base_url} if base_url else {})}
+    own_key_only(model, None)  # as `kept` says: the daemon's key stays its own
     usage = Usage()
     for r in records:
         if isinstance(r, TurnFinishedRecord):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints
@@ -10,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints
 from agent.config_models import ModelConfig
 from agent.subagents import ChildInfo
 from agent.trajectory import Record
-from agent.types import Budget, Usage
+from agent.types import Budget, FileChange, SkippedFile, Usage
+from harness_store.store import Change
 
 SessionState = Literal["idle", "queued", "running", "dormant", "closed"]
 """dormant: known from disk, no kernel yet (after a daemon restart, or put to sleep when idle); it wakes on the
@@ -240,19 +240,7 @@ class Rollback(_Body):
     project: str | None = Field(None, description="The project whose project scope is meant (without `session`).")
 
 
-class HarnessChange(BaseModel):
-    """A committed change to a harness scope, as its log shows it."""
-
-    commit: str
-    refinement_id: str
-    trigger: str
-    summary: str
-    date: datetime
-    entries: list[str]
-    trailers: dict[str, str] = Field(default_factory=dict)
-
-
-class RolledBack(HarnessChange):
+class RolledBack(Change):
     """The rollback's own change (a new commit; history is never rewritten)."""
 
     scope: str
@@ -286,9 +274,9 @@ class RewindResult(BaseModel):
     turn: int
     after: bool
     parts: list[str]
-    files: list[dict[str, str]] = Field(description='Each file changed (or to change): {"path", "change"}.')
-    not_restored: list[dict[str, Any]] = Field(default_factory=list,
-                                               description="Files the checkpoint skipped (size caps), left alone.")
+    files: list[FileChange] = Field(description="Each file changed (or to change).")
+    not_restored: list[SkippedFile] = Field(default_factory=list,
+                                            description="Files the checkpoint skipped (size caps), left alone.")
     conflicts: list[str] = Field(default_factory=list,
                                  description="What a person changed since the checkpoint that the rewind overwrites.")
     harness: dict[str, str | None] = Field(default_factory=dict)

@@ -28,10 +28,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
+
+from pydantic import BaseModel, Field
 
 from harness_store import safefs
 from harness_store.entries import (KINDS, MAX_DESCRIPTION_CHARS, MAX_ENTRY_CHARS, Blob, Edit, Entry, HarnessError,
@@ -61,9 +62,8 @@ class ForeignRepository(HarnessError):
     """A scope's repository is not one the host made: git is not run in it."""
 
 
-@dataclass
-class Change:
-    """A committed change, as `log()` reports it."""
+class Change(BaseModel):
+    """A committed change, as `log()` reports it (and the daemon's API: GET /v1/harness/log)."""
 
     commit: str
     refinement_id: str
@@ -71,11 +71,14 @@ class Change:
     summary: str
     date: datetime
     entries: list[str]
-    trailers: dict[str, str] = field(default_factory=dict)
+    trailers: dict[str, str] = Field(default_factory=dict)
 
 
 class HarnessStore:
-    def __init__(self, root: Path, scope: Scope = "user", limits: SkillLimits | None = None):
+    def __init__(self, root: Path, scope: Scope = "user", limits: SkillLimits | None = None,
+                 edits_by: Callable[[], Source] = lambda: "user"):
+        """`edits_by()`: who made an edit found on disk (`external` while an unsandboxed kernel could
+        have: the session says)."""
         self.root = root
         self.scope = scope
         self.limits = limits or SkillLimits()
@@ -85,8 +88,7 @@ class HarnessStore:
         """The repository's `fingerprint` when `foreign()` last found nothing wrong with it."""
         self._depth = 0
         self._fd = -1
-        self.edits_by: Callable[[], Source] = lambda: "user"
-        """Who made an edit found on disk: `external` while an unsandboxed kernel could have (the session says)."""
+        self.edits_by = edits_by
 
     # --- repository ----------------------------------------------------------------------------
 

@@ -433,7 +433,7 @@ class PrimeApp(App):
             if event.action == "rollback":
                 await self.slash.rollback(None, event.card)
             else:
-                r = await self.client.decide(self.session_id, event.card.refinement_id, event.action == "approve")
+                r = await self.client.decide_refinement(self.session_id, event.card.refinement_id, event.action == "approve")
                 event.card.set_status(r.status)
         except DaemonError as e:
             await self.say(f"refinement {event.card.refinement_id}: {e.message}", "error")
@@ -455,7 +455,7 @@ class PrimeApp(App):
     @on(ApprovalCard.Decided)
     async def approval_decided(self, event: ApprovalCard.Decided) -> None:
         try:
-            await self.client.approve(self.session_id, event.card.request_id, event.decision)
+            await self.client.decide_approval(self.session_id, event.card.request_id, event.decision)
         except DaemonError as e:
             await self.say(f"approval {event.card.request_id}: {e.message}", "error")
             return

@@ -44,8 +44,7 @@ class Plan:
 
     def summary(self) -> dict[str, Any]:
         return {"turn": self.target.turn, "after": self.target.after, "parts": list(self.parts),
-                "files": [f.model_dump() for f in self.files],
-                "not_restored": [s.model_dump() for s in self.not_restored], "conflicts": self.conflicts,
+                "files": self.files, "not_restored": self.not_restored, "conflicts": self.conflicts,
                 "harness": {k: v for k, v in self.harness.items()}, "kernel": self.kernel}
 
 
@@ -159,7 +158,7 @@ def _notice(plan: Plan, heads: dict[str, str | None], kernel: dict[str, Any]) ->
 def rewound(record: RewindRecord) -> ev.Rewound:
     """The event that tells clients of a rewind."""
     return ev.Rewound(rewind_id=record.rewind_id, turn=record.turn, after=record.after, parts=record.parts,
-                      files=[f.model_dump() for f in record.files], harness=record.harness, kernel=record.kernel,
+                      files=record.files, harness=record.harness, kernel=record.kernel,
                       forced=record.forced, notice=record.notice)
 
 

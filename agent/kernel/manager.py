@@ -337,6 +337,7 @@ class Kernel:
         self.env = dict(env or {})
         """This session's variables, set by code in every new or restarted kernel before the bootstrap."""
         sandbox = sandbox or SandboxConfig()
+        self.mode = sandbox.mode
         self.launch = Launch.of(sandbox)
         self.view = view or View.of(sandbox, cwd, None, [], project_root(cwd))
         self.state = KernelState.NEW
@@ -394,6 +395,11 @@ class Kernel:
             await km.box.confine(km.provisioner.process.pid, self.view)
         except SandboxError as e:
             raise KernelError(str(e)) from None
+
+    def freeze(self, on: bool) -> None:
+        """Plan mode on or off from the next start: the workspace read-only (where the sandbox is
+        workspace-write, the one mode plan mode runs in) until `thaw`."""
+        self.view = dataclasses.replace(self.view, frozen=on and self.mode == "workspace-write")
 
     async def thaw(self) -> None:
         """Plan mode approved: the workspace becomes writable in this same kernel (its variables

@@ -10,8 +10,9 @@ from agent.providers.anthropic import AnthropicModel
 from agent.providers.responses import ResponsesModel
 
 
-def open_model(config: ModelConfig, key_hint: str = "") -> OpenAIModel:
+def open_model(config: ModelConfig, key_hint: str = "", api_key: str | None = None) -> OpenAIModel:
     """The client of the provider in force (`config.api`: the one set, else the one the base URL names).
-    `key_hint`: what to do when the server refuses the key."""
+    `key_hint`: what to do when the server refuses the key; `api_key`: the key to send, if not the
+    configuration's."""
     kind = {"anthropic": AnthropicModel, "openai-responses": ResponsesModel}.get(config.api, OpenAIModel)
-    return kind(config, key_hint)
+    return kind(config, key_hint, api_key)

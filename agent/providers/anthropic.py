@@ -41,9 +41,10 @@ STOPS = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "too
 class AnthropicModel(NativeModel):
     path = "/v1/messages"
 
-    def __init__(self, config: ModelConfig, key_hint: str = ""):
-        super().__init__(config, key_hint or ("check the API key (ANTHROPIC_API_KEY, or model.api_key)" if config.api_key
-                                              else "no API key was sent: set ANTHROPIC_API_KEY (or model.api_key)"))
+    def __init__(self, config: ModelConfig, key_hint: str = "", api_key: str | None = None):
+        super().__init__(config, key_hint or ("check the API key (ANTHROPIC_API_KEY, or model.api_key)"
+                                              if api_key or config.api_key
+                                              else "no API key was sent: set ANTHROPIC_API_KEY (or model.api_key)"), api_key)
 
     def prepare(self) -> None:
         with self._preparing:
@@ -52,7 +53,7 @@ class AnthropicModel(NativeModel):
             import anthropic
 
             self._openai = anthropic  # its errors and stream class, under the names OpenAIModel reads
-            key = self.config.api_key or "not-needed"
+            key = self.api_key or "not-needed"
             base = self.config.base_url
             headers: dict[str, Any] = {"x-api-key": key, "Authorization": anthropic.Omit()}  # the documented header alone
             self._client = anthropic.AsyncAnthropic(

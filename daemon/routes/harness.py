@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -13,8 +12,9 @@ from fastapi.responses import Response
 from daemon.errors import Refused
 from daemon.manager import harness_scope
 from daemon.routes.common import Manager
-from daemon.schemas import HarnessChange, HarnessEntry, Rollback, RolledBack
+from daemon.schemas import HarnessEntry, Rollback, RolledBack
 from harness_store.entries import HarnessError
+from harness_store.store import Change
 
 router = APIRouter()
 Scope = Annotated[str, Query(pattern="^(user|project|session)$")]
@@ -42,10 +42,10 @@ async def harness_entry(entry_id: str, manager: Manager, session: str | None = N
 
 @router.get("/v1/harness/log")
 async def harness_log(manager: Manager, scope: Scope = "user", n: Annotated[int, Query(ge=1, le=1000)] = 20,
-                      session: str | None = None, project: str | None = None) -> list[HarnessChange]:
+                      session: str | None = None, project: str | None = None) -> list[Change]:
     with manager.harness(session, project) as harness:
         changes = await asyncio.to_thread(harness_scope(harness, scope).log, n)
-    return [HarnessChange.model_validate(asdict(c)) for c in changes]
+    return changes
 
 
 @router.get("/v1/harness/diff", response_class=Response, responses={200: {"content": {"text/plain": {}}}})

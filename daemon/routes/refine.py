@@ -39,7 +39,7 @@ async def rebuild_prompt(session_id: str, manager: Manager) -> Notice:
 
 
 @router.post("/v1/sessions/{session_id}/refinements/{refinement_id}")
-async def decide(session_id: str, refinement_id: str, req: Decide, manager: Manager) -> RefinementDecision:
+async def decide_refinement(session_id: str, refinement_id: str, req: Decide, manager: Manager) -> RefinementDecision:
     """Approve or reject a refinement that waits for review (refine.mode = "review")."""
     status = await manager.get(session_id).decide_refinement(refinement_id, req.approve)
     return RefinementDecision(refinement_id=refinement_id, status=status)

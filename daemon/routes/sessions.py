@@ -144,8 +144,9 @@ async def diff(session_id: str, manager: Manager) -> FilesChanged | None:
 async def server_models(session_id: str, manager: Manager) -> list[str]:
     """The models the session's server lists (`GET {base_url}/models`, with the session's key)."""
     try:
-        model = manager.get(session_id).config().model
-        return await listed_models(model.base_url, model.api_key)
+        managed = manager.get(session_id)
+        config = managed.config()
+        return await listed_models(config.model.base_url, managed.api_key(config))
     except ConfigError as e:
         raise Refused("config_broken", str(e)) from None
     except ListingError as e:

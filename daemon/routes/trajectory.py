@@ -4,12 +4,15 @@ subagents and theirs."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from agent.subagents import ChildInfo
-from agent.trajectory import find_cell
+from agent.atif import to_atif
+from agent.layout import SessionLayout
+from agent.subagents import ChildInfo, read_registry
+from agent.trajectory import Record, TrajectoryError, find_cell, read_records
 from agent.types import Attachment
 from daemon.errors import Refused
 from daemon.routes.common import VERSION, Manager
@@ -21,7 +24,8 @@ router = APIRouter()
 @router.get("/v1/sessions/{session_id}/transcript")
 async def transcript(session_id: str, manager: Manager) -> Transcript:
     """The session's whole trajectory: every record, in order (see agent/trajectory.py)."""
-    return await manager.get(session_id).transcript()
+    managed = manager.get(session_id)
+    return Transcript(session=managed.info(), records=await _records(managed.layout))
 
 
 @router.get("/v1/sessions/{session_id}/trajectory")
@@ -29,7 +33,14 @@ async def trajectory(session_id: str, manager: Manager,
                      format: Annotated[str, Query(pattern="^atif$", description="atif: an ATIF v1.8 document")]
                      = "atif") -> dict[str, Any]:
     """The session's trajectory as an ATIF v1.8 document (agent/atif.py), its subagents embedded."""
-    return await manager.get(session_id).atif(VERSION)
+    path = manager.get(session_id).layout.trajectory
+    if not path.is_file():
+        raise Refused("not_found", f"session {session_id} has no trajectory yet")
+    try:
+        doc = await asyncio.to_thread(to_atif, path, VERSION)
+    except TrajectoryError as e:
+        raise Refused("bad_request", str(e)) from None
+    return doc.to_json_dict()
 
 
 @router.get("/v1/sessions/{session_id}/turns/{turn_id}/cells/{cell_id}/outputs")
@@ -50,5 +61,15 @@ async def subagents(session_id: str, manager: Manager) -> list[ChildInfo]:
 
 @router.get("/v1/sessions/{session_id}/subagents/{child_id}/transcript")
 async def child_transcript(session_id: str, child_id: str, manager: Manager) -> ChildTranscript:
-    """A child's whole trajectory."""
-    return await manager.get(session_id).child_transcript(child_id)
+    """A child's registry entry and whole trajectory."""
+    child = read_registry(manager.get(session_id).layout).get(child_id)
+    if child is None:
+        raise Refused("not_found", f"no subagent {child_id!r} in session {session_id}")
+    return ChildTranscript(child=child, records=await _records(SessionLayout(Path(child.dir))))
+
+
+async def _records(layout: SessionLayout) -> list[Record]:
+    """A session's whole trajectory: every record, in order (see agent/trajectory.py); a damaged line
+    (a write a full disk cut short) is skipped."""
+    path = layout.trajectory
+    return await asyncio.to_thread(read_records, path, []) if path.is_file() else []

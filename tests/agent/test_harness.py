@@ -147,7 +147,7 @@ async def test_a_cells_edit_of_the_user_scope_waits_for_a_person_and_the_rules_r
     assert "uv" not in system_of(fresh.model.calls[0])  # not in force in a new session
 
     async with Session(make_config(), ScriptedModel(["ok"]), cwd=project, session_id=s.id) as again:
-        outcome = await again.decide(pending.id, approve=True)  # what the app's card does
+        outcome = await again.decide_refinement(pending.id, approve=True)  # what the app's card does
     assert outcome.status == "applied"
     entry = HarnessStore(prime_home / "harness", "user").get("uses-uv")
     assert entry.source == "agent" and entry.body == "This project installs with uv.\n"

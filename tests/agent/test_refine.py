@@ -70,7 +70,7 @@ async def test_a_repeated_mistake_becomes_a_memory_and_a_note_that_rollback_remo
         await s.prompt("learn from this")
         pending = await wait_for(events, "refinement.pending")  # the kernel asked: project edits wait for a person
         assert s.harness.stores["project"].version_of("test-command") is None
-        await s.decide(pending.id, approve=True)
+        await s.decide_refinement(pending.id, approve=True)
         applied = await wait_for(events, "refinement.applied")
         await s.prompt("fourth")
         assert s.model.calls[-1][0] == s.model.calls[0][0]  # the system prompt stays: the change is a notice
@@ -123,7 +123,7 @@ async def test_a_refinement_the_kernel_asks_for_lands_beyond_the_session_only_on
                                                                             ("unscoped", "project")}
         await s.prompt("next")
         assert stores["user"].version_of("obey-the-workspace") is None  # not at the next boundary either
-        outcome = await s.decide(pending.id, approve=True)
+        outcome = await s.decide_refinement(pending.id, approve=True)
         assert outcome.status == "applied" and stores["user"].get("obey-the-workspace").source == "refine"
     assert r.outcome == "completed"
     assert any("only once a person accepts them" in call[-1].content for call in s.model.calls)  # the cell was told
@@ -151,7 +151,7 @@ async def test_a_childs_refinement_waits_for_review_in_the_top_session(project: 
         assert (s.dir / "refinements" / f"{pending.id}.json").is_file()
         assert not list(s.dir.glob("sub-*/refinements/*.json"))
         assert s.harness.stores["project"].version_of("test-command") is None
-        assert (await s.decide(pending.id, approve=True)).status == "applied"
+        assert (await s.decide_refinement(pending.id, approve=True)).status == "applied"
 
 
 async def test_invalid_edits_are_refused_with_reasons_and_valid_ones_still_apply(project: Path):

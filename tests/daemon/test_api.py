@@ -449,9 +449,9 @@ async def test_over_tcp_a_request_to_run_outside_the_sandbox_can_only_be_denied(
                 if e.type == "approval.requested":
                     for decision in ("approve", "always"):
                         with pytest.raises(DaemonError) as refused:
-                            await tcp.approve(s.id, e.request_id, decision)
+                            await tcp.decide_approval(s.id, e.request_id, decision)
                         assert refused.value.status == 403 and "only be denied" in refused.value.message
-                    await tcp.approve(s.id, e.request_id, "deny")
+                    await tcp.decide_approval(s.id, e.request_id, "deny")
                 if e.type == "turn.finished" and e.turn_id == accepted.turn_id:
                     break
         assert "the user denied it" in e.answer and not (project / "pwned").exists()

@@ -24,7 +24,7 @@ async def turn(client: Client, sid: str, code: str, decision: str | None, after:
     async for e in client.events(sid, after):
         events.append(e)
         if e.type == "approval.requested" and decision is not None:
-            await client.approve(sid, e.request_id, decision)
+            await client.decide_approval(sid, e.request_id, decision)
         if e.type == "turn.finished" and e.turn_id == accepted.turn_id:
             return events
     raise AssertionError("unreachable")
@@ -65,10 +65,10 @@ async def test_denied_the_model_is_told_approved_it_ran_and_always_approves_what
     assert commits(project) == ["two", "one", "start"] and not (project / ".git" / "c").exists()
 
     with pytest.raises(DaemonError) as e:
-        await daemon.approve(s.id, "a-nothing", "approve")
+        await daemon.decide_approval(s.id, "a-nothing", "approve")
     assert e.value.status == 404 and "no approval request" in e.value.message
     with pytest.raises(DaemonError) as e:
-        await daemon.approve(s.id, "a-nothing", "maybe")
+        await daemon.decide_approval(s.id, "a-nothing", "maybe")
     assert e.value.status == 422
 
     records = [r for r in read_records(SessionLayout(Path(s.dir)).trajectory, []) if isinstance(r, ApprovalRecord)]
@@ -110,7 +110,7 @@ async def test_a_subagents_request_is_decided_in_its_parents_session(daemon: Cli
         async for e in daemon.events(s.id, 0):
             events.append(e)
             if e.type == "approval.requested":
-                await daemon.approve(s.id, e.request_id, "approve")
+                await daemon.decide_approval(s.id, e.request_id, "approve")
             if e.type == "turn.finished" and e.turn_id == accepted.turn_id:
                 break
     requested = next((e for e in events if e.type == "approval.requested"), events[-1])
@@ -137,9 +137,9 @@ async def test_no_always_for_an_interpreter_whatever_prefix_the_person_gives(dae
             assert e.prefix is None  # what the card and the terminal offer: no `always`
             for prefix in (None, "python3 -m pytest", "python3"):
                 with pytest.raises(DaemonError) as refused:
-                    await daemon.approve(s.id, e.request_id, "always", prefix=prefix)
+                    await daemon.decide_approval(s.id, e.request_id, "always", prefix=prefix)
                 assert refused.value.status == 400 and "not offered" in refused.value.message, refused.value.message
-            await daemon.approve(s.id, e.request_id, "approve")
+            await daemon.decide_approval(s.id, e.request_id, "approve")
         if e.type == "turn.finished" and e.turn_id == accepted.turn_id:
             break
     assert "[approved and run: exit code" in e.answer, e.answer
@@ -171,7 +171,7 @@ async def test_an_approved_command_gets_the_kernels_environment_unless_the_perso
     accepted = await daemon.send(s.id, "run: print((await request_permission('printenv DEPLOY_TOKEN')).stdout)")
     async for e in daemon.events(s.id, after):  # the person asked for their full environment: this once
         if e.type == "approval.requested":
-            decided = await daemon.approve(s.id, e.request_id, "approve", full_env=True)
+            decided = await daemon.decide_approval(s.id, e.request_id, "approve", full_env=True)
             assert decided.full_env is True
         if e.type == "approval.decided":
             assert e.full_env is True

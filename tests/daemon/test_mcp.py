@@ -46,16 +46,16 @@ async def test_an_ask_call_waits_for_a_decision_over_the_api(daemon: Client, pro
         if e.type == "approval.requested":
             assert e.kind == "mcp" and e.summary == "time.get_current_time(timezone='UTC')" and e.server == "time"
             decision = next(decisions)
-            assert (await daemon.approve(s.id, e.request_id, decision)).decision == decision
+            assert (await daemon.decide_approval(s.id, e.request_id, decision)).decision == decision
         if e.type == "turn.finished" and e.turn_id == accepted.turn_id:
             break
     assert "McpError: the call time.get_current_time was not approved: the user denied it" in e.answer  # the model
     assert "'timezone': 'UTC'" in e.answer
     with pytest.raises(DaemonError) as err:
-        await daemon.approve(s.id, "nope", "approve")
+        await daemon.decide_approval(s.id, "nope", "approve")
     assert err.value.status == 404 and "no approval request 'nope' waits" in str(err.value)
     with pytest.raises(DaemonError) as err:
-        await daemon.approve(s.id, "nope", "maybe")
+        await daemon.decide_approval(s.id, "nope", "maybe")
     assert err.value.status == 422
     listed = {m.name: m for m in await daemon.mcp(s.id)}
     assert listed["time"].state == "ready" and "get_current_time" in [t.name for t in listed["time"].tools or []]

@@ -79,7 +79,7 @@ async def test_a_session_an_older_run_left_is_listed_and_rewound(project: Path):
         assert (info.id, info.state, info.turns, info.title, info.cwd, info.model) == (
             session.id, "closed", 1, "write one to a.txt", str(project), "scripted")
         done = await client.rewind(session.id, 1, parts=["code"])
-        assert [(f["change"], f["path"]) for f in done.files] == [("deleted", "a.txt")]
+        assert [(f.change, f.path) for f in done.files] == [("deleted", "a.txt")]
         assert not (project / "a.txt").exists()
 
 

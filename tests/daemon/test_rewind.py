@@ -40,7 +40,7 @@ async def test_rewind_over_the_api_lists_turns_previews_and_restores(daemon: Cli
 
     preview = await daemon.rewind(s.id, 2, dry_run=True)
     assert preview.dry_run and preview.rewind_id is None
-    assert preview.files == [{"path": "a.txt", "change": "restored"}, {"path": "b.txt", "change": "deleted"}]
+    assert [(f.path, f.change) for f in preview.files] == [("a.txt", "restored"), ("b.txt", "deleted")]
     assert (project / "b.txt").exists()  # a preview changes nothing
 
     (project / "b.txt").write_text("the person's")

@@ -67,7 +67,7 @@ class RewindScreen(ModalScreen[RewindResult | None]):
         self.chosen, self.preview = turn, preview
         where = f"{'the end of' if preview.after else 'before'} turn {preview.turn}"
         lines = [f"Rewind to {where}?"]
-        lines += [f"  {f['change']:<9} {f['path']}" for f in preview.files[:40]]
+        lines += [f"  {f.change:<9} {f.path}" for f in preview.files[:40]]
         if len(preview.files) > 40:
             lines.append(f"  ... and {len(preview.files) - 40} more")
         if not preview.files:
