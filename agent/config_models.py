@@ -61,6 +61,19 @@ class ModelConfig(_Section):
     set, a server that says its model renders no tools (ours), or refuses a tools request with a 400
     naming tool choice (vLLM without `--enable-auto-tool-choice`, Ollama), switches the session to
     `text`, with a notice."""
+    vision: bool | Literal["auto"] = "auto"
+    """Show the model the images its cells display (PNG and JPEG; an SVG is named, not rasterised), as
+    images in its next request (docs/models.md#vision). `auto`: what the server lists of the model's
+    inputs (OpenRouter's `input_modalities`), else whether its name is of a family known to see images
+    (GPT-4o, GPT-4.1, GPT-5, o3, Claude, Gemini, Qwen-VL, Llama 4, Pixtral, ...), else off (it stays
+    `auto`). Off, the
+    model reads a line naming each image."""
+    max_images: int = Field(4, ge=1)
+    """With `vision`: the most images one request carries (the latest); each older one is sent as a
+    line naming it, so that a session of plots cannot outgrow the context."""
+    image_max_edge: int = Field(1024, ge=32)
+    """With `vision`: pixels of an image's longer side, at most; a larger one is downscaled (its aspect
+    kept) before it is sent."""
     base_prompt: Literal["full", "short"] = "full"
     """The base prompt: `full` (agent/prompts/base.md: every kernel helper, subagents, the harness;
     ~1,000 tokens) or `short` (agent/prompts/short.md: cells and `final()` alone; ~100 tokens), for a

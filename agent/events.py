@@ -237,7 +237,8 @@ class CellFinished(_Event):
     type: Literal["cell.finished"] = "cell.finished"
     cell_id: str
     result: CellResult
-    """Without its attachments' data (the trajectory keeps them): see `attachments`."""
+    """With its text attachments (tables and Markdown, capped: a front end renders them) but not its
+    images (the trajectory keeps them: `GET .../cells/{cell_id}/outputs`): see `attachments`."""
     attachments: list[str] = Field(default_factory=list)
     """The MIME type of each display attachment."""
     files: FilesChanged | None = None

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from agent import compaction
+from agent import compaction, vision
 from agent import events as ev
 from agent.actions import fenced_cells, parse_tool_arguments
 from agent.config_models import Config
@@ -23,7 +23,7 @@ from agent.kernel import Kernel, KernelError
 from agent.model import ContextOverflow, Model, ModelError, ModelTimeout, Repeating, ToolsRefused
 from agent.prompt import render
 from agent.trajectory import CellRecord, CompactionRecord, ModelCall, WriteFailed
-from agent.types import Cell, CellResult, Completion, FilesChanged, Message, Outcome, ToolCall, Turn
+from agent.types import Cell, CellResult, Completion, FilesChanged, Image, Message, Outcome, ToolCall, Turn
 
 T = TypeVar("T")
 
@@ -264,6 +264,8 @@ class TurnLoop:
         """Run each call in order; `cut` is one the token limit cut short (finish_reason "length"): its
         code is not run even when what arrived parses (a server may close the JSON it was cut in)."""
         answered: set[str] = set()
+        images: list[Image] = []
+        notes: list[str] = []
 
         def reply(call: ToolCall, text: str) -> None:
             self.context.append(Message(role="tool", tool_call_id=call.id, content=text), turn.id)
@@ -281,22 +283,39 @@ class TurnLoop:
                     continue
                 result = await self.run_cell(turn, Cell(id=call.id, code=args["code"], timeout=args.get("timeout")))
                 reply(call, result.render())
+                await self.images_of(call.id, result, images, notes)
                 self.stop_if_done(turn)
         finally:  # every tool call gets an answer, or the next request is invalid
             for call in calls:
                 if call.id not in answered:
                     reply(call, "Not run: the turn ended before this call.")
+            if images or notes:  # after the results: a tool message holds no image in chat completions
+                self.context.append(Message(role="user", content=vision.caption(images, notes), images=images), turn.id)
 
     async def run_text_cells(self, turn: Turn, codes: list[str]) -> None:
         outputs: list[str] = []
+        images: list[Image] = []
+        notes: list[str] = []
         try:
             for i, code in enumerate(codes, 1):
-                result = await self.run_cell(turn, Cell(id=f"{turn.id}-{turn.steps}-{i}", code=code))
+                cell = Cell(id=f"{turn.id}-{turn.steps}-{i}", code=code)
+                result = await self.run_cell(turn, cell)
                 outputs.append(f"[cell {i} output]\n{result.render()}")
+                await self.images_of(cell.id, result, images, notes)
                 self.stop_if_done(turn)
         finally:
             if outputs:
-                self.context.append(Message(role="user", content="\n\n".join(outputs)), turn.id)
+                shown = [vision.caption(images, notes)] if images or notes else []
+                self.context.append(Message(role="user", content="\n\n".join(outputs + shown), images=images), turn.id)
+
+    async def images_of(self, cell_id: str, result: CellResult, images: list[Image], notes: list[str]) -> None:
+        """Add the images the cell displayed, as a vision model is shown them (agent/vision.py), to
+        `images`, and a line to `notes` for each it is not; nothing for a model that sees none."""
+        model = self.config.model
+        if model.vision is True and any(a.mime.startswith("image/") for a in result.attachments):
+            shown, said = await asyncio.to_thread(vision.prepare, result.attachments, cell_id, model.image_max_edge)
+            images += shown
+            notes += said
 
     async def run_cell(self, turn: Turn, cell: Cell) -> CellResult:
         b = self.config.budget
@@ -340,9 +359,10 @@ class TurnLoop:
             result.hook_notes.insert(0, pre.context)
         if pre.stop:
             turn.stop = HookStopped(pre.stop)
+        told = result.model_copy(update={"attachments": [a for a in result.attachments if a.is_text]})  # no images
         self.log(CellRecord(turn_id=turn.id, cell=cell, result=result),
                  ev.CellFinished(turn_id=turn.id, cell_id=cell.id, attachments=[a.mime for a in result.attachments],
-                                 result=result.model_copy(update={"attachments": []}), files=files))
+                                 result=told, files=files))
         self.count_repeats(turn, cell, result)
         return result
 

@@ -34,6 +34,7 @@ from agent.actions import IPYTHON_TOOL
 from agent.config_models import ModelConfig
 from agent.repetition import Repetition
 from agent.types import Completion, Message
+from agent.vision import bounded, known_vision, listed_vision
 from agent.wire import MalformedReply, Reader, ServerReply, Shown, brief, to_wire
 
 DeltaCallback = Callable[[str], None]
@@ -85,6 +86,8 @@ class ServerModel(BaseModel):
     """Whether the server can serve tool calls for it (ours: whether its chat template renders tools)."""
     sampling: dict[str, float] = Field(default_factory=dict)
     """The model's own sampling defaults (ours: from its `generation_config.json`): temperature, top_p."""
+    vision: bool | None = None
+    """Whether the model takes images in (OpenRouter's `architecture.input_modalities`)."""
     structured_outputs: bool | None = None
     """Whether the server holds a reply to a JSON schema (`response_format` json_schema): ours says so."""
     reached: bool = True
@@ -98,14 +101,16 @@ FITTED_COMPLETION_MAX = 32_768
 def fitted(config: ModelConfig, server: ServerModel) -> ModelConfig:
     """`config` with what the server says of its model wherever the user set nothing: the context
     window, a completion cap fitted to it (a fifth of a window known from the server or the user),
-    text mode for a model that renders no tools, its sampling defaults. What the user set stays set
-    (the result's `model_fields_set` is the user's), and wins."""
+    whether it sees images, text mode for a model that renders no tools, its sampling defaults. What
+    the user set stays set (the result's `model_fields_set` is the user's), and wins."""
     update: dict[str, Any] = {}
     if server.context_window and not config.user_set("context_window"):
         update["context_window"] = server.context_window
     window = update.get("context_window") or (config.context_window if config.user_set("context_window") else None)
     if window and not config.user_set("max_completion_tokens"):
         update["max_completion_tokens"] = max(1, min(window // 5, FITTED_COMPLETION_MAX))
+    if config.vision == "auto" and (server.vision if server.vision is not None else known_vision(config.name)):
+        update["vision"] = True  # else `auto` stays, and is off
     if server.tools is False and not config.user_set("action_format"):
         update["action_format"] = "text"
     sampling = dict(server.sampling)
@@ -287,6 +292,7 @@ class OpenAIModel:
             if isinstance(sampling, dict) else {}
         structured = entry.get("structured_outputs")
         return ServerModel(context_window=window, tools=tools if isinstance(tools, bool) else None, sampling=sampling,
+                           vision=listed_vision(entry),
                            structured_outputs=structured if isinstance(structured, bool) else None)
 
     async def close(self) -> None:
@@ -306,6 +312,7 @@ class OpenAIModel:
     ) -> Completion:
         self.prepare()
         cfg = self.config
+        messages = bounded(messages, cfg.max_images if cfg.vision is True else 0)
         # What a stream cut mid-way already showed is not shown again when the retry streams it anew.
         shown = Shown(on_delta), Shown(on_reasoning)
         attempt = tries = failures = quota_waits = 0

@@ -70,9 +70,27 @@ class Blocks(BaseModel):
     items: list[dict[str, Any]]
 
 
+class Image(BaseModel):
+    """An image a vision model is shown (`model.vision`): a cell's display, prepared by agent/vision.py."""
+
+    mime: Literal["image/png", "image/jpeg"]
+    data: str
+    """Base64."""
+    label: Text
+    """`image/png 640×480 from cell call_1`: what the model is told of it."""
+
+    @property
+    def stub(self) -> str:
+        """What the model reads in its place in a request that holds newer images (`model.max_images`),
+        or that goes to a model that sees none."""
+        return f"[{self.label}: no longer shown to you]"
+
+
 class Message(BaseModel):
     role: Role
     content: Text = ""
+    images: list[Image] = Field(default_factory=list)
+    """For user messages: images the model is shown with the text (agent/vision.py)."""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
     """For role=tool: the call this message answers."""
@@ -150,11 +168,18 @@ class Cell(BaseModel):
 
 
 class Attachment(BaseModel):
-    """Rich display output of a cell (an image, HTML, ...) kept out of the model's text."""
+    """Rich display output of a cell: an image (kept out of the model's text, but for a line naming it,
+    and shown to a vision model), or a table or Markdown (`text/markdown`: the model reads it, a
+    person's front end renders it)."""
 
     mime: str
     data: Text
     """Base64 for binary types, text otherwise."""
+
+    @property
+    def is_text(self) -> bool:
+        """Text the model reads as it is (a table as Markdown), not an image named by a line."""
+        return self.mime == "text/markdown"
 
 
 KernelEvent = Literal["timed_out", "interrupted", "died", "restarted"]
@@ -197,8 +222,9 @@ class CellResult(BaseModel):
             parts.append(self.traceback.rstrip("\n"))
         elif self.error_name:
             parts.append(f"{self.error_name}: {self.error_value}")
-        for a in self.attachments:
-            parts.append(f"[display: {a.mime}, {len(a.data)} bytes, shown to the user]")
+        for a in self.attachments:  # a table as Markdown as it is; an image as a line naming it
+            parts.append(a.data.rstrip("\n") if a.is_text else
+                         f"[display: {a.mime}, {len(a.data)} bytes, shown to the user]")
         if self.kernel_message:
             parts.append("[kernel] " + self.kernel_message)
         parts += [f"[hook] {note}" for note in self.hook_notes]

@@ -20,11 +20,15 @@ class MalformedReply(Exception):
 
 
 def to_wire(m: Message, reasoning: bool = False) -> dict[str, Any]:
-    """A message as the OpenAI chat API wants it; with `reasoning`, an assistant message's reasoning
+    """A message as the OpenAI chat API wants it (a user message with images as content parts); with
+    `reasoning`, an assistant message's reasoning
     goes along as `reasoning_content` (providers that require it back: `model.send_reasoning`)."""
     if m.role == "tool":
         return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
     wire: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.images:  # a vision model's images (agent/vision.py): data URLs after the text
+        urls = [f"data:{i.mime};base64,{i.data}" for i in m.images]
+        wire["content"] = [{"type": "text", "text": m.content}, *({"type": "image_url", "image_url": {"url": u}} for u in urls)]
     if m.role == "assistant" and m.tool_calls:
         wire["content"] = m.content or None
         wire["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}

@@ -423,7 +423,8 @@ class Updates:
             self.output.pop(e.cell_id, None)
             r = e.result
             failed = bool(r.error_name) or "died" in r.kernel_events or "timed_out" in r.kernel_events
-            text = "".join(part for part in (r.stdout, r.stderr, f"{r.result}\n" if r.result else "",
+            tables = "".join(f"{a.data}\n" for a in r.attachments if a.is_text)  # Markdown: editors render it
+            text = "".join(part for part in (r.stdout, r.stderr, f"{r.result}\n" if r.result else "", tables,
                                              f"{r.error_name}: {r.error_value}\n" if r.error_name else "",
                                              f"[{r.kernel_message}]\n" if r.kernel_message else "") if part)
             content = [acp.tool_content(acp.text_block(text))] if text else []

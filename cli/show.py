@@ -71,6 +71,7 @@ class Printer:
         return not (answer and answer.strip() == self.said.strip() and _same_terminal())
 
     def show(self, e: Event) -> None:
+        from rich.markdown import Markdown
         from rich.syntax import Syntax
         from rich.text import Text
 
@@ -108,6 +109,9 @@ class Printer:
             case ev.CellFinished(result=r):
                 if r.result is not None:
                     self._output(r.result + "\n", "cyan")
+                for a in r.attachments:  # a table (a DataFrame) or Markdown the cell displayed
+                    if a.is_text:
+                        c.print(Markdown(a.data))
                 if r.traceback:
                     self._output(r.traceback + "\n", "red")
                 if self.lines > self.MAX_LINES:

@@ -31,6 +31,7 @@ from agent.config import project_root
 from agent.config_models import KernelConfig, SandboxConfig
 from agent.kernel.reaper import ProcessTree
 from agent.kernel.sandbox import Box, Launch, SandboxError
+from agent.kernel.tables import as_markdown
 from agent.kernel.view import View
 from agent.types import Attachment, Cell, CellResult
 
@@ -511,7 +512,10 @@ class Kernel:
                 if shown and on_output:
                     on_output(content["name"], shown)
             elif kind == "execute_result":
-                res.result = content["data"].get("text/plain")
+                if (table := as_markdown(content["data"])) is not None:  # a DataFrame: read as a table
+                    res.attachments.append(Attachment(mime="text/markdown", data=table))
+                else:
+                    res.result = content["data"].get("text/plain")
             elif kind == "display_data":
                 self._display(content["data"], res, streams["stdout"], on_output)
             elif kind == "error":
@@ -598,7 +602,9 @@ class Kernel:
             if mime == "image/svg+xml":
                 raw = base64.b64encode(raw.encode()).decode()
             res.attachments.append(Attachment(mime=mime, data=raw))
-        if not images and "text/plain" in data:
+        if not images and (table := as_markdown(data)) is not None:
+            res.attachments.append(Attachment(mime="text/markdown", data=table))
+        elif not images and "text/plain" in data:
             shown = stdout.add(data["text/plain"] + "\n")
             if shown and on_output:
                 on_output("stdout", shown)

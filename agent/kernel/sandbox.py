@@ -221,8 +221,10 @@ class Box:
     def env(self) -> dict[str, str]:
         tmp = str(self.tmp)
         lifeline = {"PRIME_AGENT_LIFELINE": str(self._lifeline[0])} if self._lifeline else {}
-        return {**dict(self.launch.env), "TMPDIR": tmp, "TMP": tmp, "TEMP": tmp, "IPYTHONDIR": f"{tmp}/.ipython",
-                **lifeline}
+        # matplotlib's config and font cache in the kernel's own temp folder (the home's is read-only in the
+        # box: it would warn, and make a folder of its own at every import), unless the person named one
+        return {"MPLCONFIGDIR": f"{tmp}/.matplotlib", **dict(self.launch.env), "TMPDIR": tmp, "TMP": tmp, "TEMP": tmp,
+                "IPYTHONDIR": f"{tmp}/.ipython", **lifeline}
 
     def pass_fds(self) -> tuple[int, ...]:
         return (*((self._lifeline[0],) if self._lifeline else ()), *((self._seccomp,) if self._seccomp else ()))

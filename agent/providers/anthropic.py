@@ -3,7 +3,8 @@ errors; requests and replies are plain JSON, as for chat completions).
 
 - The system prompt goes top-level; the `ipython` tool is a tool with an `input_schema`; a cell is a
   `tool_use` block and its output a `tool_result` naming its id (consecutive tool results, and what the
-  user says after them, in one user message).
+  user says after them, in one user message); a vision model's images are `image` blocks of base64 data
+  after the text of the user message that shows them.
 - A reply is kept as its content blocks (`Message.blocks`): thinking blocks with their signatures,
   redacted_thinking, text, tool_use; sent back unchanged, as the API requires of thinking.
 - Prompt caching: `cache_control` breakpoints on the tool, the system prompt and the last two user
@@ -115,6 +116,8 @@ def to_messages(messages: list[Message]) -> tuple[list[dict[str, Any]], list[dic
             role, blocks = "user", [{"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}]
         else:
             role, blocks = "user", [{"type": "text", "text": m.content or "(empty)"}]  # empty text is refused
+            blocks += [{"type": "image", "source": {"type": "base64", "media_type": i.mime, "data": i.data}}
+                       for i in m.images]
         if out and out[-1]["role"] == role:
             out[-1]["content"].extend(blocks)
         else:

@@ -2,7 +2,8 @@
 JSON, as for chat completions), statelessly: `store=false`, the whole conversation sent every time.
 
 - The system prompt is `instructions`; the conversation is input items: messages, a cell as a
-  `function_call` and its output as a `function_call_output` naming its `call_id`.
+  `function_call` and its output as a `function_call_output` naming its `call_id`; a vision model's
+  images are `input_image` parts (data URLs) of the user message that shows them.
 - A reply is kept as its output items (`Message.blocks`), reasoning items with their `encrypted_content`
   (asked for with `include`) among them, and sent back as they came but for their `id`s: with
   `store=false` the service keeps nothing an id could name, and refuses one it cannot find.
@@ -75,6 +76,10 @@ def to_input(messages: list[Message]) -> tuple[str | None, list[dict[str, Any]]]
                 items.append({"role": "assistant", "content": m.content})
             items += [{"type": "function_call", "call_id": c.id, "name": c.name, "arguments": c.arguments}
                       for c in m.tool_calls]
+        elif m.images:
+            items.append({"role": "user", "content": [
+                {"type": "input_text", "text": m.content},
+                *({"type": "input_image", "image_url": f"data:{i.mime};base64,{i.data}"} for i in m.images)]})
         else:
             items.append({"role": "developer" if m.role == "system" else "user", "content": m.content})
     return instructions, items

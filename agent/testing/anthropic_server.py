@@ -3,7 +3,8 @@ the service does (`event: message_start`, `content_block_start` / `_delta` / `_s
 them, `message_delta` with the stop reason and usage, `message_stop`), and refuses with the service's
 400s what the service refuses: a missing `anthropic-version` or `max_tokens`, a tool_use not answered by a
 tool_result in the next user message, a thinking block changed from what it signed (or a
-redacted_thinking block it did not issue), more than 4 `cache_control` breakpoints, an empty text block.
+redacted_thinking block it did not issue), more than 4 `cache_control` breakpoints, an empty text block, an
+image block outside a user message or whose data is not base64 of the image type it names.
 
     with AnthropicServer([Reply(thinking="...", code=["print(1)"]), Reply(text="done")]) as server:
         ... --base-url server.root -c model.provider=anthropic ...
@@ -15,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.testing.sse_server import ScriptedServer, _Handler, pieces, sign
+from agent.testing.sse_server import ScriptedServer, _Handler, image_problem, pieces, sign
 
 
 @dataclass
@@ -135,6 +136,14 @@ def invalid(request: dict[str, Any], headers: dict[str, str]) -> str | None:
                 return f"messages.{i}: text content blocks must be non-empty"
             if block.get("type") == "thinking" and block.get("signature") != sign(block.get("thinking", "")):
                 return f"messages.{i}: Invalid `signature` in `thinking` block"
+            if block.get("type") == "image":
+                source = block.get("source") or {}
+                if m["role"] != "user":
+                    return f"messages.{i}: image content blocks are only allowed in user messages"
+                if source.get("type") != "base64":
+                    return f"messages.{i}.image.source: Input tag {source.get('type')!r} does not match 'base64'"
+                if problem := image_problem(str(source.get("media_type")), source.get("data")):
+                    return f"messages.{i}.image.source.base64: {problem}"
             if block.get("type") == "redacted_thinking":
                 data, _, mac = str(block.get("data")).rpartition(".")
                 if mac != sign(data):

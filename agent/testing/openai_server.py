@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from agent.testing.sse_server import data_url_problem
+
 
 @dataclass
 class Reply:
@@ -280,8 +282,17 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _invalid_history(messages: list[dict[str, Any]]) -> str | None:
-    """Every assistant tool call must be answered by tool messages right after it."""
+    """Every assistant tool call must be answered by tool messages right after it; images go in user
+    messages alone, as base64 data URLs of the image they name."""
     for i, m in enumerate(messages):
+        for k, part in enumerate(m.get("content") if isinstance(m.get("content"), list) else []):
+            if part.get("type") != "image_url":
+                continue
+            if m.get("role") != "user":
+                return (f"Invalid 'messages[{i}]'. Image URLs are only allowed for messages with role 'user', but "
+                        f"this message with role '{m.get('role')}' contains an image URL.")
+            if problem := data_url_problem((part.get("image_url") or {}).get("url")):
+                return f"Invalid 'messages[{i}].content[{k}].image_url.url': {problem}."
         ids = [c["id"] for c in m.get("tool_calls") or []]
         if m.get("role") != "assistant" or not ids:
             continue
@@ -339,7 +350,9 @@ def _completion(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
         choice["token_ids"] = [_token_id(p) for p in pieces]
     others = [{"index": i, "message": {"role": "assistant", "content": f"choice {i} says otherwise"},
                "finish_reason": "stop"} for i in range(1, reply.choices)]
-    prompt_chars = sum(len(str(m.get("content") or "")) for m in request.get("messages", []))
+    prompt_chars = sum(len(c) if isinstance(c := m.get("content") or "", str) else  # an image counts as ~85 tokens
+                       sum(len(p.get("text") or "") if p.get("type") == "text" else 340 for p in c)
+                       for m in request.get("messages", []))
     prompt = reply.prompt_tokens if reply.prompt_tokens is not None else prompt_chars // 4 + 1
     return {
         "id": "chatcmpl-fake",

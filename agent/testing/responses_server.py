@@ -4,7 +4,7 @@ deltas: reasoning summary text, output text, function call arguments; `response.
 `response.incomplete` carrying the whole response and its usage), and refuses what the service refuses
 of a stateless (`store=false`) conversation: an input item naming an `id` (nothing was stored), a
 reasoning item without the `encrypted_content` it issued, a function call without its output or an
-output without its call.
+output without its call, an `input_image` outside a user message or not a data URL of the image it names.
 
     with ResponsesServer([Reply(reasoning="...", code=["print(1)"]), Reply(text="done")]) as server:
         ... --base-url server.base_url -c model.provider=openai-responses ...
@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.testing.sse_server import ScriptedServer, _Handler, pieces, sign
+from agent.testing.sse_server import ScriptedServer, _Handler, data_url_problem, pieces, sign
 
 
 @dataclass
@@ -130,7 +130,14 @@ def invalid(request: dict[str, Any], issued: set[str]) -> tuple[int, str | None]
     items = request.get("input") or []
     calls = [i.get("call_id") for i in items if i.get("type") == "function_call"]
     outputs = [i.get("call_id") for i in items if i.get("type") == "function_call_output"]
-    for item in items:
+    for n, item in enumerate(items):
+        for k, part in enumerate(item.get("content") if isinstance(item.get("content"), list) else []):
+            if part.get("type") != "input_image":
+                continue
+            if item.get("role") != "user":
+                return 400, f"Invalid 'input[{n}].content[{k}]': input_image is only allowed in user messages."
+            if problem := data_url_problem(part.get("image_url")):
+                return 400, f"Invalid 'input[{n}].content[{k}].image_url': {problem}."
         if request.get("store") is False and item.get("id"):
             return 404, (f"Item with id '{item['id']}' not found. Items are not persisted when `store` is set to "
                          "false. Try again with `store` set to true, or remove this item from your input.")

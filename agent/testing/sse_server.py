@@ -1,9 +1,12 @@
 """What the scripted servers of the native APIs share (agent/testing/anthropic_server.py,
 agent/testing/responses_server.py): a threaded HTTP server that records each request (body and headers),
-hands it to the API's `answer`, and writes JSON or server-sent events as the services do."""
+hands it to the API's `answer`, and writes JSON or server-sent events as the services do; and how the
+services check the images a request carries."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import json
@@ -103,6 +106,33 @@ class _Handler(BaseHTTPRequestHandler):
             chunk = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
             self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
         self.wfile.write(b"0\r\n\r\n")
+
+
+IMAGE_TYPES = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff", "image/gif": b"GIF8",
+               "image/webp": b"RIFF"}
+"""The image types the services take, and how each one's bytes begin."""
+
+
+def image_problem(mime: str, data: Any) -> str | None:
+    """What is wrong with an image sent as `mime` and base64 `data` (the services refuse it), if anything."""
+    if mime not in IMAGE_TYPES:
+        return f"unsupported image type {mime!r}: only {', '.join(IMAGE_TYPES)}"
+    try:
+        raw = base64.b64decode(data, validate=True) if isinstance(data, str) else b""
+    except binascii.Error:
+        return "invalid base64 data"
+    actual = next((t for t, magic in IMAGE_TYPES.items() if raw.startswith(magic)), None)
+    if actual != mime:
+        return f"the image was specified using the {mime} media type, but it appears to be {actual or 'no image'}"
+    return None
+
+
+def data_url_problem(url: Any) -> str | None:
+    """What is wrong with an image sent as a data URL (`data:image/png;base64,...`), if anything."""
+    head, comma, data = str(url).partition(",")
+    if not (comma and head.startswith("data:") and head.endswith(";base64")):
+        return "expected a base64-encoded data URL with an image MIME type (e.g. 'data:image/png;base64,...')"
+    return image_problem(head[len("data:"):-len(";base64")], data)
 
 
 def pieces(text: str, size: int = 8) -> list[str]:

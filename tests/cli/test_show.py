@@ -45,3 +45,11 @@ def test_what_a_cell_or_the_model_prints_shows_its_control_characters_as_escapes
     text = re.sub(r"\x1b\[[0-9;]*m", "", out)  # without the colours
     assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]", text)
     assert text.count("ok\\x1b[2Kfine\\x1b]0;pwned\\x07 \\x9b31m \\u202egnp.exe") == 3
+
+
+def test_a_table_a_cell_displayed_is_drawn_as_a_table():
+    from agent.types import Attachment
+
+    table = Attachment(mime="text/markdown", data="|  | city | temp |\n|---|---|---|\n| 0 | Oslo | -3.5 |")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", printed(CellFinished(cell_id="c1", result=CellResult(attachments=[table]))))
+    assert "city" in text and "Oslo" in text and "|---|" not in text and "─" in text  # rich's table, not the source

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.console import Group
+from rich.markdown import Markdown
 from rich.syntax import Syntax
 from rich.text import Text
 from textual import events
@@ -109,6 +110,7 @@ class CellView(Vertical):
         if last is not None:
             parts.append(last)
         if r is not None:
+            parts += [Markdown(a.data) for a in r.attachments if a.is_text]  # a table (a DataFrame) or Markdown
             if r.kernel_message:
                 parts.append(Text("kernel: " + r.kernel_message, style="yellow"))
             cut = sum(r.truncated.values())

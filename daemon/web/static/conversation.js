@@ -255,6 +255,8 @@ export class Conversation {
           img.addEventListener('load', following(), { once: true });
           img.src = `data:${o.mime};base64,${o.data.replace(/\s/g, '')}`;
           box.append(img);
+        } else if (o.mime === 'text/markdown') {  // a table (a DataFrame) or Markdown: sanitised by render.js
+          box.append(el('div', { class: 'markdown table-output' }, markdown(o.data)));
         } else {
           box.append(el('div', { class: 'row' }, `${o.mime} output (not shown here)`));
         }
