@@ -36,6 +36,7 @@ from agent.events import Event, TurnFinished, parse_event
 from agent.checkpoints import TurnRow
 from agent.goals import GoalState
 from agent.mcp import ServerInfo
+from agent.notebook import Notebook
 from agent.subagents import ChildInfo
 from agent.types import Attachment, FilesChanged
 from daemon.paths import lock_file, log_file, pid_file, socket_file
@@ -227,8 +228,11 @@ class Client:
         return await self._typed(Pruned, "POST", "/v1/sessions/prune",
                                  json={k: v for k, v in body.items() if v is not None})
 
-    async def send(self, session_id: str, text: str, mode: str = "prompt") -> MessageAccepted:
-        body = {"text": text, "mode": mode, **({"key": self.key.wire()} if self.key else {})}
+    async def send(self, session_id: str, text: str, mode: str = "prompt",
+                   notebook: Notebook | None = None) -> MessageAccepted:
+        """Queue a prompt (or steer); with `notebook`, a turn that runs its cells (`text`: its prompt)."""
+        body = {"text": text, "mode": mode, **({"key": self.key.wire()} if self.key else {}),
+                **({"notebook": notebook.model_dump()} if notebook else {})}
         return await self._typed(MessageAccepted, "POST", f"/v1/sessions/{session_id}/messages", json=body)
 
     async def interrupt(self, session_id: str, drop_queued: bool = False, turn_id: str | None = None) -> Interrupted:

@@ -1,0 +1,71 @@
+"""Figures under their cell and /load in the app, driven with Textual's Pilot against a real daemon, real
+kernels, real matplotlib and the fake model."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+from textual_image.widget import SixelImage
+
+from agent.config import home
+from daemon.client import Client
+from tests.tui.test_app import SIZE, app_for, until
+from tui.widgets.cell_view import CellView
+from tui.widgets.figure_row import FigureRow
+from tui.widgets.message import AssistantMessage, Notice, UserMessage
+
+PLOT = "import matplotlib.pyplot as plt\nplt.plot([3, 1, 2])\nplt.show()"
+
+
+async def test_load_runs_a_notebook_its_figure_shows_under_its_cell_and_o_saves_it(daemon: Client, project: Path,
+                                                                                  model_server):
+    nbformat.write(nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# data"), nbformat.v4.new_code_cell("data = [3, 1, 2]"),
+        nbformat.v4.new_code_cell(PLOT)]), project / "analysis.ipynb")
+    app = app_for(daemon, project, model_server)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        app.query_one("#prompt").load_text("/load analysis.ipynb")
+        await pilot.press("enter")
+        await until(pilot, lambda: len(app.query(FigureRow)) == 1 and app.state == "idle")
+        assert [c.code for c in app.query(CellView)] == ["data = [3, 1, 2]", PLOT]
+        assert [m.text for m in app.query(UserMessage)] == [
+            "run the notebook analysis.ipynb: its 2 code cells, in this session's kernel"]
+        (row,) = app.query(FigureRow)
+        assert row.parent is app.query(CellView)[1] and not row.drawn  # not a terminal: the row
+        assert re.fullmatch(r"└─ image \d+×\d+ — o opens it", row.row.content.plain), row.row.content.plain
+        row.focus()
+        await pilot.press("o")  # no display here to open it on: saved, and the row says where
+        said = re.search(r"saved to (\S+)", row.row.content.plain)
+        assert said and Path(said.group(1)).parent == home() / "images"
+        assert Path(said.group(1)).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+        # the notebook's state is the agent's starting point
+        app.query_one("#prompt").load_text("run: print(sorted(data))")
+        app.query_one("#prompt").focus()
+        await pilot.press("enter")
+        await until(pilot, lambda: any(m.text == "ran: [1, 2, 3]" for m in app.query(AssistantMessage)))
+
+
+async def test_load_says_what_is_wrong_with_a_notebook_and_runs_nothing(daemon: Client, project: Path, model_server):
+    (project / "broken.ipynb").write_text("{not json")
+    app = app_for(daemon, project, model_server)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        app.query_one("#prompt").load_text("/load broken.ipynb")
+        await pilot.press("enter")
+        await until(pilot, lambda: any("is not a valid notebook" in str(n.content) for n in app.query(Notice)))
+        assert not app.query(CellView) and app.state == "idle"
+
+
+async def test_a_terminal_with_graphics_draws_the_figure_above_its_row(daemon: Client, project: Path, model_server):
+    app = app_for(daemon, project, model_server, graphics=SixelImage)  # what terminal_graphics() gives a sixel terminal
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
+        app.query_one("#prompt").load_text(f"run: {PLOT}")
+        await pilot.press("enter")
+        await until(pilot, lambda: len(app.query(FigureRow)) == 1 and app.state == "idle")
+        (row,) = app.query(FigureRow)
+        (picture,) = row.query(SixelImage)
+        assert row.drawn and picture.size.height == 16 and 0 < picture.size.width < SIZE[0]
