@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
         print(no_model(config.model), file=sys.stderr)
         return 2
     try:
-        session_id = asyncio.run(_run(config, cwd, args, sets, terminal_graphics()))
+        session_id = asyncio.run(_run(config, cwd, args, sets, terminal_graphics()))  # asked before the app runs
     except DaemonError as e:
         print(f"prime-agent: {e.message}", file=sys.stderr)
         return 1

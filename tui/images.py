@@ -119,15 +119,20 @@ def viewer_command() -> list[str] | None:
     return None
 
 
-def terminal_graphics() -> type | None:
-    """The textual-image widget that draws with this terminal's graphics (sixel, kitty's protocol),
-    or None where it has neither (the figures' rows then) or output is not a terminal.
-    `PRIME_AGENT_IMAGES=off` says none without asking. Ask before the app starts: the terminal answers
-    on standard input, which Textual reads once it runs."""
+def terminal_graphics(widget: bool = True) -> type | None:
+    """What draws with this terminal's graphics (sixel, kitty's protocol): textual-image's widget
+    (for the app), or with `widget=False` its Rich renderable (for `attach`); None where the terminal
+    has neither (the figures' rows then) or output is not a terminal. `PRIME_AGENT_IMAGES=off` says
+    none without asking. Ask before the app starts: the terminal answers on standard input, which
+    Textual reads once it runs."""
     if os.environ.get("PRIME_AGENT_IMAGES") == "off" or not (sys.__stdout__ and sys.__stdout__.isatty()):
         return None
-    from textual_image import renderable, widget
+    from textual_image import renderable
 
     if renderable.Image not in (renderable.SixelImage, renderable.TGPImage):
         return None
-    return widget.Image
+    if not widget:
+        return renderable.Image
+    from textual_image import widget as widgets
+
+    return widgets.Image
