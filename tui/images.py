@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from agent.types import Attachment
 
 DRAWN = {"image/png", "image/jpeg", "image/gif", "image/webp"}
 """What is drawn in the terminal (decoded by Pillow); other images (SVG) get their row."""
-MAX_PIXELS = 40_000_000
+MAX_PIXELS = 4096 * 4096
 """Past this, a figure gets its row only: a cell's data is not decoded into gigabytes."""
 EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp",
               "image/svg+xml": "svg"}
@@ -86,13 +87,18 @@ class Figure:
 
     def open(self, name: str) -> str:
         """Saved, then opened with the system's viewer where there is one and a display to show it
-        on; what happened, in words."""
+        on; what happened, in words. Only an image Pillow read is opened: the kernel wrote these bytes,
+        and an SVG (scripts, links) or anything else named an image is saved, not handed to whatever
+        the desktop opens it with (a browser)."""
         path = self.save(name)
         viewer = viewer_command()
+        if self.size is None:
+            return f"saved to {path} (not opened: only PNG, JPEG, GIF and WebP images are)"
         if viewer is None:
             return f"saved to {path} (no image viewer here to open it)"
-        subprocess.Popen([*viewer, str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+        opened = subprocess.Popen([*viewer, str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
+        threading.Thread(target=opened.wait, daemon=True).start()  # reaped when it exits
         return f"opened {path} with {viewer[0]}"
 
 

