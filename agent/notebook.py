@@ -151,7 +151,8 @@ class _Cells:
                 cells.extend(self.subagent(r, level + 1))
             elif isinstance(r, TurnFinishedRecord):
                 if r.outcome != "completed":
-                    cells.append(new_markdown_cell(f"*The turn ended: {r.outcome}{f' ({r.error})' if r.error else ''}*"))
+                    why = f" ({r.error})" if r.error else ""
+                    cells.append(new_markdown_cell(f"*The turn ended: {r.outcome}{why}*"))
                 elif r.answer and r.answer.strip() != said.get(r.turn_id):
                     cells.append(new_markdown_cell(f"**Answer**\n\n{r.answer}"))
             elif isinstance(r, CompactionRecord):

@@ -115,7 +115,8 @@ async def _run(config, cwd: Path, args: argparse.Namespace, sets: dict, graphics
             if not here:
                 raise DaemonError(404, "not_found", f"no session in {cwd} to continue; run prime-agent to start one")
             session_id = max(here, key=lambda s: s.updated).id  # the one last prompted here
-        app = PrimeApp(client, cwd, session_id=session_id, choose=args.resume == "", prompt=args.prompt, graphics=graphics,
+        app = PrimeApp(client, cwd, session_id=session_id, choose=args.resume == "", prompt=args.prompt,
+                       graphics=graphics,
                        new=NewSession(config.model.name, config.model.base_url, config.budget.model_dump(),
                                       args.sandbox, config=sets or None, model_source=model_source(args, sets)))
         await app.run_async()

@@ -231,7 +231,8 @@ class ManagedSession:
 
     # --- turns -------------------------------------------------------------------------------
 
-    def send(self, text: str, mode: str, key: ModelKey | None = None, notebook: Notebook | None = None) -> MessageAccepted:
+    def send(self, text: str, mode: str, key: ModelKey | None = None,
+             notebook: Notebook | None = None) -> MessageAccepted:
         """Queue a prompt (or steer the running turn); `key`: the sending client's model key. The
         first prompt names a session that has no title."""
         self.use_key(key)

@@ -18,7 +18,8 @@ KEYS = [
     "stops it); the model hears its output with your next message.",
     "Tab on an empty prompt moves the focus to cells, diffs and cards, Shift+Tab to the newest first (typing "
     "always goes back to the prompt): Enter on a cell shows all its output, on a diff expands it; on a "
-    "figure o opens it (or saves it, saying where); on a refinement card r rolls back, a/x approve/reject. Ctrl+O: sessions. PgUp/PgDn scroll.",
+    "figure o opens it (or saves it, saying where); on a refinement card r rolls back, a/x approve/reject. "
+    "Ctrl+O: sessions. PgUp/PgDn scroll.",
 ]
 """What /help says about keys, before the list of commands."""
 
