@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from agent.actions import FENCE
 from agent.trajectory import (
@@ -57,6 +57,13 @@ class Notebook(BaseModel):
     """The file as the person named it (shown, and told to the model)."""
     cells: list[Text] = Field(min_length=1, max_length=10_000)
 
+    @field_validator("cells")
+    @classmethod
+    def _bounded(cls, cells: list[str]) -> list[str]:
+        if sum(map(len, cells)) > MAX_CODE:
+            raise ValueError(f"over {MAX_CODE:,} characters of code")
+        return cells
+
     def prompt(self) -> str:
         """The turn's prompt, as the person's message: what is run."""
         n = len(self.cells)
@@ -88,9 +95,9 @@ def read_notebook(path: Path, name: str | None = None) -> Notebook:
     cells = [c.source for c in nb.cells if c.cell_type == "code" and c.source.strip()]
     if not cells:
         raise NotebookError(f"{path} has no code cells to run")
-    if sum(map(len, cells)) > MAX_CODE:
-        raise NotebookError(f"{path} holds over {MAX_CODE:,} characters of code")
-    return Notebook(name=name or path.name, cells=cells)
+    if sum(map(len, cells)) > MAX_CODE or len(cells) > 10_000:
+        raise NotebookError(f"{path} holds over {MAX_CODE:,} characters of code, or over 10,000 cells")
+    return Notebook(name=(name or path.name)[:300], cells=cells)
 
 
 def told(notebook: Notebook, results: list[CellResult]) -> str:

@@ -75,8 +75,8 @@ class Printer:
             figure = Figure.of(attachment)
             if figure is None:
                 continue
-            if graphics is not None and figure.drawable():
-                self.console.print(graphics(figure.pil(), width="auto", height=16))
+            if graphics is not None and (image := figure.pil()) is not None:
+                self.console.print(graphics(image, width="auto", height=16))
             try:
                 where = f"saved to {figure.save(f'{name}-{n}')}"
             except OSError as e:

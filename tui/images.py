@@ -57,15 +57,18 @@ class Figure:
             return f"image {self.size[0]}×{self.size[1]}"
         return f"{self.mime}, {len(self.data):,} bytes"
 
-    def drawable(self) -> bool:
-        return self.mime in DRAWN and self.size is not None and self.size[0] * self.size[1] <= MAX_PIXELS
-
     def pil(self):
-        """The image as Pillow's, for textual-image to draw."""
+        """The image decoded by Pillow, for textual-image to draw; None for one too large to draw, or
+        that does not decode (a header that promised more than the bytes hold)."""
+        if self.mime not in DRAWN or self.size is None or self.size[0] * self.size[1] > MAX_PIXELS:
+            return None
         from PIL import Image
 
-        image = Image.open(io.BytesIO(self.data))
-        image.load()
+        try:
+            image = Image.open(io.BytesIO(self.data))
+            image.load()
+        except (OSError, ValueError, Image.DecompressionBombError):
+            return None
         return image
 
     def save(self, name: str) -> Path:

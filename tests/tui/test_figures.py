@@ -100,3 +100,14 @@ def test_o_opens_only_an_image_pillow_read_never_an_svg_the_kernel_made(tmp_path
     while not opened.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [Path(p).suffix for p in opened.read_text().split()] == [".png"]  # the PNG alone reached the viewer
+
+
+def test_a_figure_that_does_not_decode_gets_its_row_and_breaks_nothing():
+    """A cell can display any bytes as image/png: a header promising 2000×1000 over truncated data is
+    named by its row, never decoded into the app (which would crash drawing it)."""
+    png = io.BytesIO()
+    PILImage.new("RGB", (2000, 1000)).save(png, "PNG")
+    figure = Figure.of(Attachment(mime="image/png", data=base64.b64encode(png.getvalue()[:200]).decode()))
+    assert figure is not None and figure.describe() == "image 2000×1000" and figure.pil() is None
+    assert not FigureRow(figure, "cut", graphics=SixelImage).drawn
+    assert Figure.of(Attachment(mime="image/png", data="not base64!")) is None

@@ -25,14 +25,14 @@ class FigureRow(Vertical):
         terminal (None: the row alone)."""
         super().__init__(classes="figure")
         self.figure, self.name_ = figure, name
-        self.drawn = graphics is not None and figure.drawable()
+        self.image = figure.pil() if graphics is not None else None
+        self.drawn = self.image is not None
         self.graphics = graphics
         self.row = Static(self._line(""), classes="figure-row")
 
     def compose(self):
-        if self.drawn:
-            assert self.graphics is not None
-            picture = self.graphics(self.figure.pil())
+        if self.graphics is not None and self.image is not None:
+            picture = self.graphics(self.image)
             picture.styles.height, picture.styles.width = HEIGHT, "auto"
             yield picture
         yield self.row
