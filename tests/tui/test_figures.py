@@ -28,10 +28,12 @@ PLOT = "import matplotlib.pyplot as plt\nplt.plot([3, 1, 2])\nplt.show()"
 
 async def test_load_runs_a_notebook_its_figure_shows_under_its_cell_and_o_saves_it(daemon: Client, project: Path,
                                                                                   model_server):
+    """In a terminal with graphics (`graphics`: what terminal_graphics() gives a sixel one) the figure is
+    drawn, 16 rows high, above its row."""
     nbformat.write(nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# data"), nbformat.v4.new_code_cell("data = [3, 1, 2]"),
         nbformat.v4.new_code_cell(PLOT)]), project / "analysis.ipynb")
-    app = app_for(daemon, project, model_server)
+    app = app_for(daemon, project, model_server, graphics=SixelImage)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
         app.query_one("#prompt").load_text("/load analysis.ipynb")
@@ -41,7 +43,9 @@ async def test_load_runs_a_notebook_its_figure_shows_under_its_cell_and_o_saves_
         assert [m.text for m in app.query(UserMessage)] == [
             "run the notebook analysis.ipynb: its 2 code cells, in this session's kernel"]
         (row,) = app.query(FigureRow)
-        assert row.parent is app.query(CellView)[1] and not row.drawn  # not a terminal: the row
+        (picture,) = row.query(SixelImage)
+        assert row.parent is app.query(CellView)[1] and row.drawn
+        assert picture.size.height == 16 and 0 < picture.size.width < SIZE[0]
         assert re.fullmatch(r"└─ image \d+×\d+ — o opens it", row.row.content.plain), row.row.content.plain
         row.focus()
         await pilot.press("o")  # no display here to open it on: saved, and the row says where
@@ -64,18 +68,6 @@ async def test_load_says_what_is_wrong_with_a_notebook_and_runs_nothing(daemon: 
         await pilot.press("enter")
         await until(pilot, lambda: any("is not a valid notebook" in str(n.content) for n in app.query(Notice)))
         assert not app.query(CellView) and app.state == "idle"
-
-
-async def test_a_terminal_with_graphics_draws_the_figure_above_its_row(daemon: Client, project: Path, model_server):
-    app = app_for(daemon, project, model_server, graphics=SixelImage)  # what terminal_graphics() gives a sixel terminal
-    async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.session_id is not None and app.events_seen > 0)
-        app.query_one("#prompt").load_text(f"run: {PLOT}")
-        await pilot.press("enter")
-        await until(pilot, lambda: len(app.query(FigureRow)) == 1 and app.state == "idle")
-        (row,) = app.query(FigureRow)
-        (picture,) = row.query(SixelImage)
-        assert row.drawn and picture.size.height == 16 and 0 < picture.size.width < SIZE[0]
 
 
 def test_o_opens_only_an_image_pillow_read_never_an_svg_the_kernel_made(tmp_path: Path, monkeypatch):
@@ -110,4 +102,7 @@ def test_a_figure_that_does_not_decode_gets_its_row_and_breaks_nothing():
     figure = Figure.of(Attachment(mime="image/png", data=base64.b64encode(png.getvalue()[:200]).decode()))
     assert figure is not None and figure.describe() == "image 2000×1000" and figure.pil() is None
     assert not FigureRow(figure, "cut", graphics=SixelImage).drawn
+    whole = Figure.of(Attachment(mime="image/png", data=base64.b64encode(png.getvalue()).decode()))
+    assert whole is not None and FigureRow(whole, "whole", graphics=SixelImage).drawn
+    assert not FigureRow(whole, "whole", graphics=None).drawn  # a terminal without graphics: the row alone
     assert Figure.of(Attachment(mime="image/png", data="not base64!")) is None
