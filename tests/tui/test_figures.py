@@ -44,6 +44,7 @@ async def test_load_runs_a_notebook_its_figure_shows_under_its_cell_and_o_saves_
             "run the notebook analysis.ipynb: its 2 code cells, in this session's kernel"]
         (row,) = app.query(FigureRow)
         (picture,) = row.query(SixelImage)
+        await until(pilot, lambda: picture.size.height > 0)  # laid out
         assert row.parent is app.query(CellView)[1] and row.drawn
         assert picture.size.height == 16 and 0 < picture.size.width < SIZE[0]
         assert re.fullmatch(r"└─ image \d+×\d+ — o opens it", row.row.content.plain), row.row.content.plain
