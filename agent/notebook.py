@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field, field_validator
 
 from agent.actions import FENCE
+from agent.prompt import render
 from agent.trajectory import (
     CellRecord,
     CompactionRecord,
@@ -102,8 +103,6 @@ def read_notebook(path: Path, name: str | None = None) -> Notebook:
 
 def told(notebook: Notebook, results: list[CellResult]) -> str:
     """What the model is told once a notebook's cells ran: each cell's code and what it printed."""
-    from agent.prompt import render
-
     parts = [f"[cell {n}]\n```python\n{code.rstrip()}\n```\n{result.render()}"
              for n, (code, result) in enumerate(zip(notebook.cells, results), 1)]
     left = len(notebook.cells) - len(results)
