@@ -21,6 +21,7 @@ from agent.context import Context, Current, Inbox, Sinks
 from agent.hooks import NO_HOOKS, Runner
 from agent.kernel import Kernel, KernelError
 from agent.model import ContextOverflow, Model, ModelError, ModelTimeout, Repeating, ToolsRefused
+from agent.notebook import Notebook, told
 from agent.prompt import render
 from agent.trajectory import CellRecord, CompactionRecord, ModelCall, WriteFailed
 from agent.types import Cell, CellResult, Completion, FilesChanged, Image, Message, Outcome, ToolCall, Turn
@@ -85,11 +86,14 @@ class TurnLoop:
     def model(self) -> Model:
         return self.current.model
 
-    async def run(self, turn: Turn) -> tuple[Outcome, str | None, str | None]:
-        """Step until the turn ends: (outcome, answer, error). Never raises for model, kernel or
-        budget failures; a cancellation that is not an interrupt (the session closing) goes through."""
+    async def run(self, turn: Turn, notebook: Notebook | None = None) -> tuple[Outcome, str | None, str | None]:
+        """Step until the turn ends: (outcome, answer, error); with `notebook`, run its cells instead
+        (`run_notebook`). Never raises for model, kernel or budget failures; a cancellation that is not
+        an interrupt (the session closing) goes through."""
         stop_hook_active, goes_on = False, 0
         try:
+            if notebook is not None:
+                return await self.run_notebook(turn, notebook)
             while True:
                 try:
                     await self.step(turn)
@@ -316,6 +320,26 @@ class TurnLoop:
             shown, said = await asyncio.to_thread(vision.prepare, result.attachments, cell_id, model.image_max_edge)
             images += shown
             notes += said
+
+    async def run_notebook(self, turn: Turn, notebook: Notebook) -> tuple[Outcome, str | None, str | None]:
+        """A notebook's cells, in order, each as the model's run (hooks, approvals, sandbox, budgets),
+        with no model call; the first that fails stops the rest, as Jupyter's Run All does. The model
+        is told what ran in one message, whatever ended it."""
+        results: list[CellResult] = []
+        try:
+            for n, code in enumerate(notebook.cells, 1):
+                result = await self.run_cell(turn, Cell(id=f"{turn.id}-notebook-{n}", code=code))
+                results.append(result)
+                self.stop_if_done(turn)
+                if not result.ok:
+                    what = f"{result.error_name}: {result.error_value}" if result.error_name else result.kernel_message
+                    left = len(notebook.cells) - n
+                    return "error", None, (f"cell {n} of {notebook.name} failed ({what})"
+                                           + (f"; the {left} after it did not run" if left else ""))
+            return "completed", None, None
+        finally:
+            if results:
+                self.context.append(Message(role="user", content=told(notebook, results)), turn.id)
 
     async def run_cell(self, turn: Turn, cell: Cell) -> CellResult:
         b = self.config.budget

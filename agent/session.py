@@ -40,6 +40,7 @@ from agent.loop import Interrupted, Submitted, TurnLoop
 from agent.mcp import McpServers, prompt_section
 from agent.mcp_calls import McpCalls
 from agent.model import Model
+from agent.notebook import Notebook
 from agent.plan import PlanMode
 from agent.prompt import system_prompt
 from agent.refine import KERNEL, GateFactory, SessionRefiner
@@ -332,10 +333,12 @@ class Session:
 
     # --- what a client does ----------------------------------------------------------------
 
-    async def prompt(self, text: str, turn_id: str | None = None, goal: tuple[str, int] | None = None) -> TurnResult:
+    async def prompt(self, text: str, turn_id: str | None = None, goal: tuple[str, int] | None = None,
+                     notebook: Notebook | None = None) -> TurnResult:
         """Run one turn to its end; never raises for model, kernel or budget failures.
         `turn_id` names the turn when a client numbered it in advance (the daemon's queue); `goal`
-        (goal id, continuation) marks it as one of a goal's turns."""
+        (goal id, continuation) marks it as one of a goal's turns; `notebook`: its cells are the turn,
+        run as the model's are, with no model call (agent/notebook.py)."""
         if self.turn is not None:
             raise RuntimeError("a turn is already running in this session; steer it or wait")
         self.turns += 1
@@ -359,7 +362,7 @@ class Session:
             if refused:  # the prompt never reaches the model; the person is told why
                 outcome, error = "error", f"a UserPromptSubmit hook refused the prompt: {refused}"
             else:
-                outcome, answer, error = await self.loop.run(turn)
+                outcome, answer, error = await self.loop.run(turn, notebook)
                 self._task = None  # nothing of the turn is left to interrupt
                 files = await self.checkpoints.turn_files()
         except WriteFailed as e:  # the turn's beginning could not be recorded: it ends here, said so

@@ -21,6 +21,7 @@ from cli import invocation
 from cli.overrides import add_set, looks_like_override, read_overrides
 from daemon.client import DaemonError, connect
 from daemon.schemas import ModelKey
+from tui.images import terminal_graphics
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,7 +86,7 @@ def main(argv: list[str]) -> int:
         print(no_model(config.model), file=sys.stderr)
         return 2
     try:
-        session_id = asyncio.run(_run(config, cwd, args, sets))
+        session_id = asyncio.run(_run(config, cwd, args, sets, terminal_graphics()))  # asked before the app runs
     except DaemonError as e:
         print(f"prime-agent: {e.message}", file=sys.stderr)
         return 1
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-async def _run(config, cwd: Path, args: argparse.Namespace, sets: dict) -> str | None:
+async def _run(config, cwd: Path, args: argparse.Namespace, sets: dict, graphics: type | None = None) -> str | None:
     from tui.app import NewSession, PrimeApp
 
     client = await connect(key=ModelKey.of(config.model))  # given with each session it creates or prompts
@@ -115,6 +116,7 @@ async def _run(config, cwd: Path, args: argparse.Namespace, sets: dict) -> str |
                 raise DaemonError(404, "not_found", f"no session in {cwd} to continue; run prime-agent to start one")
             session_id = max(here, key=lambda s: s.updated).id  # the one last prompted here
         app = PrimeApp(client, cwd, session_id=session_id, choose=args.resume == "", prompt=args.prompt,
+                       graphics=graphics,
                        new=NewSession(config.model.name, config.model.base_url, config.budget.model_dump(),
                                       args.sandbox, config=sets or None, model_source=model_source(args, sets)))
         await app.run_async()

@@ -18,6 +18,7 @@ from pathlib import Path
 from agent.approvals import Decision, NoTerminal, Request
 from agent.config import Config, ConfigError, load_config
 from agent.config_models import ModelConfig
+from agent.notebook import Notebook, NotebookError, read_notebook
 from cli import invocation
 from cli.overrides import add_set, read_overrides
 from cli.follow import EXIT_CODES, PrintAnswer, follow, on_ctrl_c, report, say
@@ -59,6 +60,9 @@ def no_model(model: ModelConfig) -> str:
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("task", nargs="?", help="the task; '-' reads it from standard input")
     p.add_argument("--cwd", help="project directory (default: the current directory)")
+    p.add_argument("--notebook", metavar="FILE.ipynb",
+                   help="run this notebook's code cells in the session's kernel first, each approved as the agent's "
+                        "cells are: their state is the agent's starting point (a failing cell stops the run)")
     p.add_argument("--model", help="model name (PRIME_AGENT_MODEL)")
     p.add_argument("--base-url", help="the model API's endpoint (OPENAI_BASE_URL; model.provider says which API)")
     p.add_argument("--max-turns", type=int, metavar="N", help="model calls allowed in the turn (budget.max_steps)")
@@ -115,7 +119,8 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     try:
         config, overrides = _config(args, cwd)
-    except ConfigError as e:
+        notebook = read_notebook(Path(args.notebook), args.notebook) if args.notebook else None
+    except (ConfigError, NotebookError) as e:
         print(f"prime-agent: {e}", file=sys.stderr)
         return EXIT_CONFIG
     if not config.model.configured:
@@ -142,7 +147,7 @@ def main(args: argparse.Namespace) -> int:
 
         try:
             return asyncio.run(run_via_daemon(config, cwd, task, show, print_answer=print_answer, goal=goal,
-                                              keep=args.keep))
+                                              keep=args.keep, notebook=notebook))
         except DaemonError as e:
             print(f"prime-agent: {e.message}", file=sys.stderr)
             return EXIT_CONFIG if e.status in (400, 409, 422) else 1
@@ -153,7 +158,7 @@ def main(args: argparse.Namespace) -> int:
         task = stdin_prompts()
     ask = ask_at_terminal if args.approval or sys.stdin.isatty() else None  # without a terminal, nobody to ask
     return asyncio.run(_run(config, cwd, task, session_dir, show, print_answer=print_answer, goal=goal,
-                            approve_plan=args.approve_plan, overrides=overrides, ask=ask))
+                            approve_plan=args.approve_plan, overrides=overrides, ask=ask, notebook=notebook))
 
 
 def stream_json_usage(args: argparse.Namespace) -> str | None:
@@ -238,9 +243,10 @@ def _config(args: argparse.Namespace, cwd: Path) -> tuple[Config, dict]:
 
 
 async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answer: PrintAnswer,
-                         goal=None, keep: bool = False) -> int:
-    """`prime-agent run --daemon`: the same run, in a daemon session. The session is closed when its
-    turn (or goal) ends, unless `keep`; one this command detached from goes on in the daemon."""
+                         goal=None, keep: bool = False, notebook: Notebook | None = None) -> int:
+    """`prime-agent run --daemon`: the same run, in a daemon session (`notebook`'s cells its first
+    turn). The session is closed when its turn (or goal) ends, unless `keep`; one this command
+    detached from goes on in the daemon."""
     from daemon.client import DaemonError, connect
     from daemon.schemas import ModelKey
 
@@ -249,11 +255,15 @@ async def run_via_daemon(config: Config, cwd: Path, task: str, show, print_answe
                                         title=title_of(goal.text if goal is not None else task),
                                         budget=config.budget.model_dump(), sandbox=config.sandbox.mode,
                                         config={"sandbox": {"plan": True}} if config.sandbox.plan else None)
-        if goal is not None:
+        code = 0
+        if notebook is not None:  # its cells first: the task does not start from a notebook that failed
+            accepted = await client.send(s.id, notebook.prompt(), notebook=notebook)
+            code = await follow(client, s.id, accepted.turn_id, None, show, lambda answer: False)
+        if code == 0 and goal is not None:
             await client.start_goal(s.id, goal.text, check=goal.check, check_timeout=goal.check_timeout,
                                     budget=goal.budget.model_dump(exclude_none=True))
             code = await follow_goal(client, s.id, show, print_answer)
-        else:
+        elif code == 0:
             accepted = await client.send(s.id, task)
             code = await follow(client, s.id, accepted.turn_id, None, show, print_answer)
         if not keep:
@@ -306,7 +316,7 @@ async def ask_at_terminal(req: Request) -> Decision:
 
 async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], session_dir: Path | None, show,
                print_answer: PrintAnswer, goal=None, approve_plan: bool = False, overrides: dict | None = None,
-               ask=ask_at_terminal) -> int:
+               ask=ask_at_terminal, notebook: Notebook | None = None) -> int:
     """One session: the task (or each prompt of a stream, a turn each), or a goal. In plan mode the
     plan is the answer; `approve_plan` approves it and carries it out in the same session. The session
     is in the registry as the daemon's are (daemon/registry.py): listed while it runs, closed after."""
@@ -331,7 +341,10 @@ async def _run(config: Config, cwd: Path, task: str | AsyncIterator[str], sessio
     try:
         # The kernel boots in its own process while this one imports the model client.
         await asyncio.gather(session.start(), asyncio.to_thread(model.prepare))
-        if goal is not None:
+        loaded = await session.prompt(notebook.prompt(), notebook=notebook) if notebook is not None else None
+        if loaded is not None and loaded.outcome != "completed":
+            goal, result = None, loaded  # the task does not start from a notebook that failed
+        elif goal is not None:
             from agent.goals import GoalState
 
             state = await session.pursue(GoalState.new(goal))

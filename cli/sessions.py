@@ -20,10 +20,12 @@ import sys
 import time
 from pathlib import Path
 
+from agent.events import CellFinished, Event
 from cli.follow import follow
 from cli.show import Printer, print_json
 from daemon.client import Client, DaemonError, connect, own_key
 from daemon.schemas import SessionInfo
+from tui.images import terminal_graphics
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
@@ -184,14 +186,29 @@ async def _send(args: argparse.Namespace) -> int:
 
 
 async def _attach(args: argparse.Namespace) -> int:
-    show = print_json if args.json else Printer().show
+    printer = Printer()
+    graphics = None if args.json else terminal_graphics(widget=False)
+
+    async def show(event: Event) -> None:
+        """The event, and under a cell its figures (drawn where the terminal can, each saved and named)."""
+        if args.json:
+            print_json(event)
+            return
+        printer.show(event)
+        if isinstance(event, CellFinished) and any(m.startswith("image/") for m in event.attachments):
+            try:
+                printer.figures(await client.cell_outputs(info.id, event.turn_id or "", event.cell_id),
+                                event.cell_id, graphics)
+            except DaemonError as e:
+                print(f"[the cell's figures could not be fetched: {e.message}]", file=sys.stderr)
+
     async with await connect() as client:
         info = await client.session(await session_id(client, args.session))
         after = args.after if args.after is not None else (0 if args.all else info.last_seq)
         if info.state == "closed":  # nothing runs in it, nothing will until a prompt opens it: its history, then back
             if after < info.last_seq:
                 async for event in client.events(info.id, after):
-                    show(event)
+                    await show(event)
                     if event.seq >= info.last_seq:
                         break
             print(f"[{info.id} is closed: nothing runs in it. prime-agent send {info.id} \"...\" opens it again; "
@@ -205,7 +222,7 @@ async def _attach(args: argparse.Namespace) -> int:
         asyncio.get_running_loop().add_signal_handler(signal.SIGINT, task.cancel)
         try:
             async for event in client.events(info.id, after):
-                show(event)
+                await show(event)
         except asyncio.CancelledError:
             print(f"\n[detached from {info.id}]", file=sys.stderr)
     return 0

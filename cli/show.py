@@ -10,7 +10,7 @@ from agent import events as ev
 from agent.actions import fenced_cells
 from agent.event_text import describe, spent
 from agent.events import Event
-from agent.types import FilesChanged, visible
+from agent.types import Attachment, FilesChanged, visible
 
 DIFF_STYLES = {"hunk": "cyan", "added": "green", "removed": "red", "context": "", "cut": "dim"}
 
@@ -64,6 +64,26 @@ class Printer:
             left -= len(shown)
         if files.more:
             self.console.print(Text(f"... and {files.more} more files changed", style="dim"))
+
+    def figures(self, attachments: list[Attachment], name: str, graphics: type | None = None) -> None:
+        """A cell's figures: each drawn with the terminal's graphics (`graphics`, tui/images.py) where
+        it has them, and a line saying what it is and where it was saved (to open it with a viewer)."""
+        from rich.text import Text
+
+        from tui.images import Figure
+
+        for n, attachment in enumerate(attachments, 1):
+            figure = Figure.of(attachment)
+            if figure is None:
+                continue
+            if graphics is not None and (image := figure.pil()) is not None:
+                self.console.print(graphics(image, width="auto", height=16))
+            try:
+                where = f"saved to {figure.save(f'{name}-{n}')}"
+            except OSError as e:
+                where = f"could not be saved: {e.strerror or e}"
+            self.console.print(Text.assemble("└─ ", (figure.describe(), "bold"), (f" — {where}", "dim")),
+                               soft_wrap=True)  # a path to copy, whole
 
     def unseen(self, answer: str | None) -> bool:
         """Whether `answer` is still to be printed on stdout: not when it was just streamed to the

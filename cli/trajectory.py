@@ -1,5 +1,6 @@
 """`prime-agent trajectory export SESSION`: a session's conversations as OpenAI-chat JSONL (for SFT),
-or the whole session as one ATIF v1.8 document (`--format atif`, agent/atif.py)."""
+the whole session as one ATIF v1.8 document (`--format atif`, agent/atif.py), or as a Jupyter
+notebook (`--format ipynb`, agent/notebook.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     export = actions.add_parser("export", help="export a session's conversations for fine-tuning")
     export.add_argument("session", help="session id, session directory, trajectory file, or 'last'")
-    export.add_argument("--format", choices=["openai-chat", "atif"], default="openai-chat",
+    export.add_argument("--format", choices=["openai-chat", "atif", "ipynb"], default="openai-chat",
                         help="openai-chat: JSONL, a conversation a line; atif: one ATIF v1.8 JSON document "
-                             "(steps, cells as tool calls, token ids and logprobs, subagents embedded)")
+                             "(steps, cells as tool calls, token ids and logprobs, subagents embedded); ipynb: a "
+                             "Jupyter notebook (prompts and answers as markdown, cells with their outputs and "
+                             "figures, subagents as sections)")
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
 
 
@@ -45,6 +48,14 @@ def main(args: argparse.Namespace) -> int:
             doc = to_atif(path, version())
             lines = [json.dumps(doc.to_json_dict(), ensure_ascii=False) + "\n"]
             what = f"{len(doc.steps)} steps and {len(doc.subagent_trajectories or [])} subagent(s)"
+        elif args.format == "ipynb":
+            import nbformat
+
+            from agent.notebook import to_notebook
+
+            nb = to_notebook(path)
+            lines = [nbformat.writes(nb) + "\n"]
+            what = f"a notebook of {sum(c.cell_type == 'code' for c in nb.cells)} code cell(s)"
         else:
             examples = export_openai_chat(read_records(path))
             lines = [json.dumps(example, ensure_ascii=False) + "\n" for example in examples]

@@ -36,6 +36,7 @@ from agent.events import Event, TurnFinished, parse_event
 from agent.checkpoints import TurnRow
 from agent.goals import GoalSpec, GoalState
 from agent.mcp import ServerInfo
+from agent.notebook import Notebook
 from agent.subagents import ChildInfo
 from agent.types import Attachment, Budget, FilesChanged
 from harness_store.store import Change
@@ -250,8 +251,10 @@ class Client:
                                              cwd=str(Path(cwd).resolve()) if cwd is not None else None)
         return await self._typed(Pruned, "POST", "/v1/sessions/prune", json=self._body(body))
 
-    async def send(self, session_id: str, text: str, mode: str = "prompt") -> MessageAccepted:
-        body = self._body(SendMessage.model_construct(text=text, mode=mode))
+    async def send(self, session_id: str, text: str, mode: str = "prompt",
+                   notebook: Notebook | None = None) -> MessageAccepted:
+        """Queue a prompt (or steer); with `notebook`, a turn that runs its cells (`text`: its prompt)."""
+        body = self._body(SendMessage.model_construct(text=text, mode=mode, notebook=notebook))
         return await self._typed(MessageAccepted, "POST", f"/v1/sessions/{session_id}/messages", json=body)
 
     async def interrupt(self, session_id: str, drop_queued: bool = False, turn_id: str | None = None) -> Interrupted:

@@ -33,6 +33,7 @@ from agent.kernel.sandbox import unavailable
 from agent.layout import SessionLayout
 from agent.mcp import McpServers, ServerInfo
 from agent.model import ModelError, OpenAIModel
+from agent.notebook import Notebook
 from agent.providers import open_model
 from agent.refine import GateFactory
 from agent.session import Session
@@ -228,13 +229,14 @@ class ManagedSession:
 
     # --- turns -------------------------------------------------------------------------------
 
-    def send(self, text: str, mode: str, key: ModelKey | None = None) -> MessageAccepted:
+    def send(self, text: str, mode: str, key: ModelKey | None = None,
+             notebook: Notebook | None = None) -> MessageAccepted:
         """Queue a prompt (or steer the running turn); `key`: the sending client's model key. The
         first prompt names a session that has no title."""
         self.use_key(key)
         if self.meta.title is None and not self.closed:
             self.meta.title = title_of(text)  # saved by the queue
-        return self.queue.send(text, mode)
+        return self.queue.send(text, mode, notebook=notebook)
 
     async def interrupt(self, drop_queued: bool, turn_id: str | None = None) -> Interrupted:
         """Stop the running turn; a goal it belongs to stops with it (its check does not run)."""

@@ -26,6 +26,7 @@ from agent.harness import SessionHarness, scope_roots
 from agent.kernel import KernelPool
 from agent.layout import SessionLayout, session_layouts
 from agent.model import preload
+from agent.notebook import Notebook
 from agent.kernel.reaper import reap_orphans
 from agent.refine import GateFactory
 from agent.kernel.sandbox import Launch
@@ -288,11 +289,13 @@ class SessionManager:
             done.append(row)
         return Pruned(sessions=done, bytes=sum(row.bytes for row in done))
 
-    def send(self, session_id: str, text: str, mode: str, key: ModelKey | None = None) -> MessageAccepted:
-        """Queue a prompt in a session (or steer its running turn), unless the daemon is stopping."""
+    def send(self, session_id: str, text: str, mode: str, key: ModelKey | None = None,
+             notebook: Notebook | None = None) -> MessageAccepted:
+        """Queue a prompt (or a notebook's cells) in a session, or steer its running turn, unless the
+        daemon is stopping."""
         if self.stopping:
             raise Refused("stopping", "the daemon is stopping")
-        return self.get(session_id).send(text, mode, key)
+        return self.get(session_id).send(text, mode, key, notebook)
 
     def start_goal(self, session_id: str, spec: GoalSpec) -> GoalState:
         """Pursue a goal in a session, within the daemon's limit of goals running at once."""

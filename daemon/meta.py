@@ -20,6 +20,7 @@ from agent import events as ev
 from agent.events import EVENTS, migrate_v1
 from agent.goals import GoalState
 from agent.layout import SessionLayout
+from agent.notebook import Notebook
 from agent.types import Usage
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,8 @@ class QueuedTurn(BaseModel):
     goal_id: str | None = None
     continuation: int | None = None
     """A goal's turn: which goal, and which of its turns (0 the first)."""
+    notebook: Notebook | None = None
+    """A notebook's cells, run as the turn (agent/notebook.py)."""
 
 
 class SessionMeta(BaseModel):

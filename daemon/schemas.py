@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints
 
 from agent.config_models import ModelConfig
+from agent.notebook import Notebook
 from agent.subagents import ChildInfo
 from agent.trajectory import Record
 from agent.types import Budget, FileChange, SkippedFile, Usage
@@ -198,6 +199,9 @@ class SendMessage(_Body):
         "turn at its next model call (with no turn running, it starts one).",
     )
     key: ModelKey | None = KEY_FIELD
+    notebook: Notebook | None = Field(None, description="a notebook's code cells: the turn runs them in the "
+                                      "session's kernel, each approved as the model's are, instead of calling the "
+                                      "model (`text` is its prompt; mode prompt only)")
 
 
 class MessageAccepted(BaseModel):

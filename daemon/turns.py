@@ -12,6 +12,7 @@ import time
 from typing import Protocol
 
 from agent import events as ev
+from agent.notebook import Notebook
 from agent.session import Session
 from agent.types import TurnResult
 from daemon.errors import Refused
@@ -66,10 +67,13 @@ class TurnQueue:
         future = self.waiting[turn_id] = asyncio.get_running_loop().create_future()
         return future
 
-    def send(self, text: str, mode: str, goal: tuple[str, int] | None = None) -> MessageAccepted:
+    def send(self, text: str, mode: str, goal: tuple[str, int] | None = None,
+             notebook: Notebook | None = None) -> MessageAccepted:
         h, meta = self.host, self.host.meta
         if h.closed:
             raise Refused("not_found", f"session {h.id} was deleted")
+        if notebook is not None and mode != "prompt":
+            raise Refused("bad_request", "a notebook's cells are a turn of their own: send them with mode prompt")
         h.last_active = time.monotonic()
         session = h.session
         if mode == "steer" and session is not None and session.turn is not None:
@@ -80,7 +84,8 @@ class TurnQueue:
         turn_id = f"t{meta.assigned}"
         queued = self.running is not None or bool(meta.queued) or h.turn_slots.locked()
         goal_id, continuation = goal or (None, None)
-        meta.queued.append(QueuedTurn(turn_id=turn_id, text=text, goal_id=goal_id, continuation=continuation))
+        meta.queued.append(QueuedTurn(turn_id=turn_id, text=text, goal_id=goal_id, continuation=continuation,
+                                      notebook=notebook))
         h.save()
         if queued:
             h.emit(ev.TurnQueued(turn_id=turn_id, prompt=text, position=len(meta.queued)))
@@ -139,7 +144,7 @@ class TurnQueue:
                         return
                     began = True
                     goal = (q.goal_id, q.continuation or 0) if q.goal_id else None
-                    result = await session.prompt(q.text, q.turn_id, goal=goal)
+                    result = await session.prompt(q.text, q.turn_id, goal=goal, notebook=q.notebook)
                     self._resolve(result)
                 if late := "\n\n".join(session.take_steering()):  # steering that came too late for its turn
                     if result.outcome == "interrupted":  # the user stopped the turn: handed back, not sent

@@ -30,6 +30,7 @@ from textual.containers import Vertical
 from agent import events as ev
 from agent.config import home
 from agent.events import Event
+from agent.types import Attachment
 from daemon.client import Client, DaemonError
 from tui.commands import COMMANDS, GoalLine
 from tui.screens.history_search import HistorySearch
@@ -42,6 +43,7 @@ from tui.widgets.plan_card import PlanCard
 from tui.widgets.cell_view import SubagentRow
 from tui.widgets.command_menu import CommandMenu
 from tui.widgets.conversation import Conversation
+from tui.widgets.figure_row import FigureRow
 from tui.widgets.file_menu import FileMenu, attach
 from tui.widgets.message import Notice, UserMessage
 from tui.widgets.prompt_input import PromptInput
@@ -86,8 +88,10 @@ class PrimeApp(App):
     ]
 
     def __init__(self, client: Client, cwd: Path, *, new: NewSession | None = None, session_id: str | None = None,
-                 choose: bool = False, prompt: str | None = None):
+                 choose: bool = False, prompt: str | None = None, graphics: type | None = None):
+        """`graphics`: the widget that draws figures in this terminal (tui/images.py; None: rows)."""
         super().__init__()
+        self.graphics = graphics
         self.client, self.cwd, self.new = client, cwd, new or NewSession()
         self.start_with, self.choose = session_id, choose
         self.initial_prompt = prompt
@@ -110,7 +114,8 @@ class PrimeApp(App):
 
     def compose(self) -> ComposeResult:
         # held, not queried: the event worker may still be applying a batch while the app tears its screen down
-        self.conversation, self.status_bar = Conversation(id="conversation"), StatusBar(id="status")
+        self.conversation = Conversation(self.cell_outputs, self.graphics, id="conversation")
+        self.status_bar = StatusBar(id="status")
         self.command_menu = CommandMenu({name: c.help for name, c in COMMANDS.items()}, id="menu")
         self.file_menu = FileMenu(self.cwd, id="files")
         self.prompt_input = PromptInput(id="prompt", history_file=home() / "prompt-history.jsonl",
@@ -366,6 +371,7 @@ class PrimeApp(App):
             isinstance(focused, RefinementCard) and event.key in ("r", "a", "x")
             or isinstance(focused, ApprovalCard) and event.key in ("y", "a", "n")
             or isinstance(focused, PlanCard) and event.key in ("y", "n")
+            or isinstance(focused, FigureRow) and event.key == "o"
         ):  # typing goes to the prompt, wherever the focus was
             event.stop()
             event.prevent_default()
@@ -400,6 +406,9 @@ class PrimeApp(App):
                 self.prompt_input.load_text(text)
             return
         await self.send(attach(text, self.cwd))
+
+    async def cell_outputs(self, turn_id: str, cell_id: str) -> list[Attachment]:
+        return await self.client.cell_outputs(self.session_id or "", turn_id, cell_id)
 
     async def send(self, text: str) -> None:
         """A message to the session: a prompt, or while a turn runs a steer (steer.queued shows it);

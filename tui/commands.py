@@ -18,7 +18,8 @@ KEYS = [
     "stops it); the model hears its output with your next message.",
     "Tab on an empty prompt moves the focus to cells, diffs and cards, Shift+Tab to the newest first (typing "
     "always goes back to the prompt): Enter on a cell shows all its output, on a diff expands it; on a "
-    "refinement card r rolls back, a/x approve/reject. Ctrl+O: sessions. PgUp/PgDn scroll.",
+    "figure o opens it (or saves it, saying where); on a refinement card r rolls back, a/x approve/reject. "
+    "Ctrl+O: sessions. PgUp/PgDn scroll.",
 ]
 """What /help says about keys, before the list of commands."""
 
@@ -46,6 +47,8 @@ COMMANDS = {  # the menu and /help list them in this order
     "/cost": SlashCommand("cost_command", "what this session has spent: tokens and dollars", needs_session=True),
     "/diff": SlashCommand("diff_command", "what changed in the workspace since this session began",
                           needs_session=True),
+    "/load": SlashCommand("load_command", "FILE.ipynb run a notebook's code cells in this session's kernel (a new "
+                          "session if none), each approved as the agent's cells are: their state is its starting point"),
     "/init": SlashCommand("init_command", "[NOTES] have the agent write AGENTS.md for this project (trust it "
                           "after reading it)", needs_session=True),
     "/refine": SlashCommand("refine_command", "[instructions] refine the harness from this session",

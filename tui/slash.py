@@ -3,9 +3,11 @@ in tui/commands.py names them), with the narrow face of the app they need (`App`
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any, Protocol
 
+from agent.notebook import NotebookError, read_notebook
 from agent.prompt import render
 from daemon.client import Client
 from tui.commands import COMMANDS, KEYS, GoalLine, parse_goal
@@ -180,6 +182,24 @@ class SlashCommands:
                               notes=arg or "(none)"))
         await app.say("AGENTS.md is the project's instructions for every session here, once you trust it: "
                       "prime-agent trust, after reading what the agent wrote")
+
+    async def load_command(self, arg: str) -> None:
+        """Run a notebook's code cells in this session's kernel, as a turn of their own (agent/notebook.py):
+        each goes through the hooks, approvals and sandbox the agent's cells do; the model is told what
+        ran, and builds on what they left."""
+        app = self.app
+        if not arg:
+            await app.say("/load FILE.ipynb: the notebook whose code cells to run in this session's kernel", "error")
+            return
+        path = Path(arg).expanduser()
+        try:
+            notebook = await asyncio.to_thread(read_notebook, path if path.is_absolute() else app.workspace / path, arg)
+        except NotebookError as e:
+            await app.say(f"/load: {e}", "error")
+            return
+        if app.session_id is None:
+            await app.new_session()
+        await app.client.send(app.session_id or "", notebook.prompt(), notebook=notebook)
 
     async def exit_command(self, arg: str) -> None:
         self.app.exit(self.app.session_id)

@@ -104,7 +104,7 @@ async def sleep_session(session_id: str, manager: Manager) -> SessionInfo:
 @router.post("/v1/sessions/{session_id}/messages", status_code=202)
 async def send_message(session_id: str, req: SendMessage, request: Request, manager: Manager) -> MessageAccepted:
     unix_only(req.key, request)
-    return manager.send(session_id, req.text, req.mode, req.key)
+    return manager.send(session_id, req.text, req.mode, req.key, req.notebook)
 
 
 @router.post("/v1/sessions/{session_id}/plan")

@@ -75,6 +75,21 @@ def test_fixes_a_failing_test_in_a_small_repository(project: Path, prime_home: P
     assert [m["role"] for m in example["messages"]][:3] == ["system", "user", "assistant"]
 
 
+def test_a_notebook_is_the_runs_starting_point_and_one_that_fails_stops_it(project: Path, prime_home: Path):
+    import nbformat
+
+    for name, cells in {"ok.ipynb": ["data = [3, 1, 2]"], "bad.ipynb": ["data = [3, 1, 2]", "1/0"]}.items():
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]), project / name)
+    script = [Reply(code=["print(sorted(data))"]), Reply(content="sorted: [1, 2, 3]")]
+    with OpenAIServer(script) as server:
+        r = run("run", "--notebook", "ok.ipynb", "sort the data", cwd=project, server=server)
+        assert (r.returncode, r.stdout) == (0, "sorted: [1, 2, 3]\n"), r.stderr
+        assert "[1, 2, 3]" in server.requests[-1]["messages"][-1]["content"]  # the notebook's variable, sorted
+        bad = run("run", "--notebook", "bad.ipynb", "sort the data", cwd=project, server=server)
+        assert len(server.requests) == 2  # the task never reached the model
+    assert bad.returncode == 3 and "cell 2 of bad.ipynb failed (ZeroDivisionError" in bad.stderr
+
+
 def test_json_mode_prints_one_event_per_line(project: Path):
     with OpenAIServer([Reply(code=["print('hi')"]), Reply(content="bye")]) as server:
         r = run("run", "--json", "say hi", cwd=project, server=server)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -94,13 +95,21 @@ def test_sessions_are_listed_by_directory_deleted_with_their_files_and_pruned(pr
     assert ids(cwd=a) == [] and not (sessions / in_a).exists()
 
 
-def test_attach_on_a_closed_session_shows_its_history_and_returns(projects, server):
+def test_attach_on_a_closed_session_shows_its_history_and_returns(projects, server, prime_home: Path):
+    """And its figures: a notebook's plot (`run --daemon --notebook`, real matplotlib) named and saved."""
+    import nbformat
+
     a, _ = projects
-    assert cli("run", "--daemon", "hello there", cwd=a, server=server).returncode == 0
+    plot = "import matplotlib.pyplot as plt\nplt.plot([3, 1, 2])\nplt.show()"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(plot)]), a / "plot.ipynb")
+    assert cli("run", "--daemon", "--notebook", "plot.ipynb", "hello there", cwd=a, server=server).returncode == 0
     (closed,) = ids(cwd=a)
     r = cli("attach", closed, "--all", cwd=a, timeout=60)  # it never returned
     assert r.returncode == 0, r.stderr
     assert "done: " in r.stderr and "is closed: nothing runs in it" in r.stderr
+    saved = re.search(r"└─ image \d+×\d+ — saved to (\S+)", r.stderr)  # not a terminal: no graphics, the line
+    assert saved and Path(saved.group(1)).parent == prime_home / "images", r.stderr
+    assert Path(saved.group(1)).read_bytes().startswith(b"\x89PNG")
     r = cli("attach", "last", cwd=a, timeout=60)  # nothing new: only the note
     assert r.returncode == 0 and "is closed" in r.stderr and "done: " not in r.stderr
 

@@ -13,6 +13,7 @@ from textual import events
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import Static
 
 from agent import events as ev
@@ -40,8 +41,8 @@ class CellView(Vertical):
         self._code = Static(Syntax(code, "python", theme="ansi_dark", background_color="default", word_wrap=True),
                             classes="code")
         self._out = Static(classes="output")
-        self.rows: list[Static] = []
-        """Under the cell: a row per subagent it spawned and per MCP call it made."""
+        self.rows: list[Widget] = []
+        """Under the cell: a row per subagent it spawned, per MCP call it made, per figure it showed."""
 
     def compose(self):
         yield self._code
@@ -65,7 +66,7 @@ class CellView(Vertical):
         self.never_finished = why
         self.finish(CellResult(kernel_message=f"the cell never finished: {why}"))
 
-    async def add_row(self, row: Static) -> None:
+    async def add_row(self, row: Widget) -> None:
         self.rows.append(row)
         if self.is_mounted:
             await self.mount(row)

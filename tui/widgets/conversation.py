@@ -6,6 +6,8 @@ mounts its new widgets at once, so 2,000 events of history cost one layout, not 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 
@@ -13,8 +15,11 @@ from agent import events as ev
 from agent.actions import FENCE
 from agent.event_text import describe, spent
 from agent.events import Event
+from agent.types import Attachment
+from tui.images import Figure
 from tui.widgets.approval_card import ApprovalCard
 from tui.widgets.cell_view import CellView, McpRow, SubagentRow
+from tui.widgets.figure_row import FigureRow
 from tui.widgets.files_row import FilesRow
 from tui.widgets.message import AssistantMessage, Notice, UserMessage
 from tui.widgets.plan_card import PlanCard
@@ -31,8 +36,12 @@ class Conversation(VerticalScroll):
     stream partway: the answer grew after the batch's scroll, and every later batch found the view
     short of its end.) Not before: an anchored view shorter than the screen sits at its bottom."""
 
-    def __init__(self, **kw):
+    def __init__(self, outputs: Callable[[str, str], Awaitable[list[Attachment]]] | None = None,
+                 graphics: type | None = None, **kw):
+        """`outputs(turn_id, cell_id)`: a cell's display outputs (the daemon's), for the figures shown
+        under it; `graphics`: the widget that draws them in this terminal (tui/images.py), None for rows."""
         super().__init__(**kw)
+        self.outputs, self.graphics = outputs, graphics
         self.reset()
 
     def reset(self) -> None:
@@ -135,6 +144,8 @@ class Conversation(VerticalScroll):
                 cell = self.cells.get(e.cell_id)
                 if cell is not None:
                     cell.finish(e.result)
+                    if self.outputs is not None and any(m.startswith("image/") for m in e.attachments):
+                        self.run_worker(self._figures(cell, e.turn_id or "", e.cell_id), group="figures")
                 if e.files is None:
                     return None
                 row = FilesRow(e.files)
@@ -197,6 +208,19 @@ class Conversation(VerticalScroll):
                     card.set_status("rolled back")
                 return Notice(f"rolled back {e.ref} ({e.scope} scope)", "info")
         return Notice(describe(e), "error" if isinstance(e, ev.Error) else "info")
+
+    async def _figures(self, cell: CellView, turn_id: str, cell_id: str) -> None:
+        """The figures the cell displayed, fetched and shown under it (a cell cleared meanwhile gets none)."""
+        assert self.outputs is not None
+        try:
+            attachments = await self.outputs(turn_id, cell_id)
+        except Exception as e:  # noqa: BLE001 - a figure that cannot be fetched is said, the view goes on
+            await cell.add_row(Notice(f"└─ its figures could not be fetched: {getattr(e, 'message', e)}", "error"))
+            return
+        for n, attachment in enumerate(attachments, 1):
+            figure = Figure.of(attachment)
+            if figure is not None and cell.is_attached:
+                await cell.add_row(FigureRow(figure, f"{cell_id}-{n}", self.graphics))
 
     def _turn_finished(self, e: ev.TurnFinished) -> list[Widget]:
         turn = e.turn_id
