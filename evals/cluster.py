@@ -23,6 +23,7 @@ import asyncio
 import functools
 import io
 import json
+import os
 import socket
 import tarfile
 import tempfile
@@ -198,7 +199,8 @@ def rollout_task(job: Job, secret: Secret):
     with tempfile.TemporaryDirectory(prefix="pa-ray-") as tmp:
         run_dir = Path(tmp) / "run"
         try:
-            config = job.config.model_copy(update={"model": job.config.model.model_copy(update={"api_key": secret.value})})
+            config = confined(job.config.model_copy(update={"model": job.config.model.model_copy(
+                update={"api_key": secret.value})}))
             roots = {scope: Path(tmp) / "harness" / scope for scope in ray.get(job.harness)}
             for scope, data in ray.get(job.harness).items():
                 unpack(data, roots[scope])
@@ -209,6 +211,17 @@ def rollout_task(job: Job, secret: Secret):
         result = replace(result, node=node)
         folder = pack(rollout_layout(run_dir, result).dir)
     return result, folder
+
+
+def confined(config: Config) -> Config:
+    """A rollout's config on a node: the file of the cluster's token (`RAY_AUTH_TOKEN_PATH`; its default,
+    ~/.ray/, is a secret store already) hidden from its kernel and scorers, which could otherwise run
+    code on every node outside their sandbox."""
+    token = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if not token:
+        return config
+    return config.model_copy(update={"sandbox": config.sandbox.model_copy(
+        update={"hidden": [*config.sandbox.hidden, str(Path(token).resolve())]})})
 
 
 async def _rollout(job: Job, config: Config, run_dir: Path, roots: dict):

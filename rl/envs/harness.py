@@ -5,8 +5,8 @@ trajectory (rl.data) — the code path that serves users is the one that makes t
     orchestrator = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, run_dir)
     for batch in orchestrator.batches(start, steps): ...      # what rl.train.train consumes
 
-Sessions run in this process; a subclass may run them elsewhere (the demo runs them in the daemon)
-by overriding `rollouts`. Rollouts are on-policy (sampled, then trained on); advantages (rl.advantages) are
+Sessions run in this process, or with `[rollouts] ray` as tasks on a Ray cluster (evals/cluster.py); a
+subclass may run them elsewhere (the demo runs them in the daemon) by overriding `rollouts`. Rollouts are on-policy (sampled, then trained on); advantages (rl.advantages) are
 relative to each task's group.
 """
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import shutil
+import secrets
 import signal
 import socket
 import subprocess
@@ -32,9 +33,9 @@ KEY = "sk-test-4f1c9e7b2d"
 NODE = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--object-store-memory=78643200", "--disable-usage-stats",
         "--block"]
 SETTINGS = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "500",
-            "RAY_health_check_failure_threshold": "3", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-"""A killed node declared dead within seconds (Ray's default: half a minute); the same authentication
-for nodes and driver whatever tokens this machine holds (Ray turns it on where ~/.ray/auth_token exists)."""
+            "RAY_health_check_failure_threshold": "3", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
+"""A killed node declared dead within seconds (Ray's default: half a minute); token authentication, as
+docs/cluster.md advises, with a token of the module's own (RAY_AUTH_TOKEN_PATH) for nodes and driver."""
 
 
 @dataclass
@@ -64,11 +65,13 @@ def until(ready, what: str, seconds: float = 60.0):
 
 @pytest.fixture(scope="module")
 def nodes():
+    temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's sockets live under it
+    (temp / "token").write_text(secrets.token_hex(32))
+    settings = {**SETTINGS, "RAY_AUTH_TOKEN_PATH": str(temp / "token")}
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)  # the driver's (this process's) too, before it imports ray: it reads them then
     import ray
 
-    temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's sockets live under it
-    saved = {k: os.environ.get(k) for k in SETTINGS}
-    os.environ.update(SETTINGS)  # the driver's (this process's) too
     (temp / "tmp").mkdir()  # the rollouts' workspaces, a killed node's too: removed with the rest
     env = {**os.environ, "PRIME_AGENT_HOME": str(temp / "home"), "TMPDIR": str(temp / "tmp")}
     port = free_port()
@@ -248,6 +251,25 @@ def _ancestors(pid: int) -> list[int]:
         pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
         out.append(pid)
     return out
+
+
+def test_a_rollout_s_kernel_cannot_read_the_cluster_s_token(nodes: Nodes, tmp_path: Path) -> None:
+    """With the token a process runs code on every node, outside any sandbox: a rollout's cell reads
+    the file it is in and gets nothing."""
+    path = os.environ["RAY_AUTH_TOKEN_PATH"]
+
+    def script(request: dict) -> Reply:
+        if not any(m["role"] == "tool" for m in request["messages"]):
+            return Reply(code=[f"print('token:', repr(open({path!r}).read()))"])
+        return Reply(content="done")
+
+    with OpenAIServer(script) as server:
+        cfg = config(server)
+        asyncio.run(evaluate(EvalSpec("kernel_tasks", 1, 1, 1, 0, 60), cfg, open_model(cfg.model), tmp_path / "run",
+                             cluster=nodes.cluster))
+    read = [m["content"] for r in server.requests for m in r["messages"] if m["role"] == "tool"]
+    assert read and "token:" in read[0], read
+    assert Path(path).read_text() not in read[0]
 
 
 def test_an_unreachable_cluster_is_a_clear_error_and_no_run(tmp_path: Path, capsys) -> None:
