@@ -8,8 +8,9 @@ the model's own time (the rollout's wall time minus its model calls, from its tr
 
 --ray: the same rollouts in this process and as Ray tasks (evals/cluster.py) on local nodes started
 here with `ray start` (each `--cpus` CPUs, no dashboard): one node, then two; rollouts per minute at
-one rollout in flight and at one per CPU of the cluster, and what a Ray task adds to a rollout (its
-wall time at one in flight, less the in-process one's).
+one rollout in flight and at one per CPU of the cluster, and what a Ray task adds to a rollout: at one
+in flight, the run's wall time beyond its rollouts' own (each timed where it ran), per rollout, less the
+same in this process (what the machine's load does to the rollouts themselves cancels out).
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ async def measure(n: int, concurrency: int, work: Path, cluster=None) -> dict[st
         records = read_records(rollout_layout(run, r).trajectory)
         overhead.append(r.seconds - sum(x.duration for x in records if isinstance(x, ModelCall)))
     return {"rollouts_per_min": n / wall * 60, "overhead_per_rollout_s": statistics.median(overhead),
-            "seconds_per_rollout": wall / n, "nodes": len({r.node for r in results})}
+            "seconds_per_rollout": wall / n, "nodes": len({r.node for r in results}),
+            "outside_rollout_s": (wall - sum(r.seconds for r in results) / concurrency) / n}
 
 
 @contextlib.contextmanager
@@ -133,8 +135,8 @@ def ray_figures(n: int, cpus: int, work: Path) -> dict[str, dict[str, float]]:
             figures[f"ray 2 nodes c{2 * cpus}"] = asyncio.run(measure(n, 2 * cpus, work, cluster))
         finally:
             cluster.close()
-    figures["ray 1 node c1"]["ray_overhead_per_rollout_s"] = (figures["ray 1 node c1"]["seconds_per_rollout"]
-                                                              - figures["in-process c1"]["seconds_per_rollout"])
+    figures["ray 1 node c1"]["ray_overhead_per_rollout_s"] = (figures["ray 1 node c1"]["outside_rollout_s"]
+                                                              - figures["in-process c1"]["outside_rollout_s"])
     return figures
 
 
@@ -151,10 +153,12 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             os.environ["PRIME_AGENT_HOME"] = str(Path(tmp) / "home")
             figures = ray_figures(args.rollouts, args.cpus, Path(tmp))
-        print(f"{'run':<22} {'rollouts/min':>13} {'s/rollout':>10} {'nodes':>6} {'Ray overhead/rollout (s)':>25}")
+        print(f"{'run':<22} {'rollouts/min':>13} {'s/rollout':>10} {'nodes':>6} {'outside rollouts (s)':>21} "
+              f"{'Ray overhead/rollout (s)':>25}")
         for name, f in figures.items():
             extra = f"{f['ray_overhead_per_rollout_s']:>25.3f}" if "ray_overhead_per_rollout_s" in f else ""
-            print(f"{name:<22} {f['rollouts_per_min']:>13.1f} {f['seconds_per_rollout']:>10.2f} {f['nodes']:>6} {extra}")
+            print(f"{name:<22} {f['rollouts_per_min']:>13.1f} {f['seconds_per_rollout']:>10.2f} {f['nodes']:>6} "
+                  f"{f['outside_rollout_s']:>21.3f} {extra}")
         save(args.out, {"figures": figures, "rollouts": args.rollouts, "cpus": args.cpus}, load)
         return
     with tempfile.TemporaryDirectory() as tmp:

@@ -86,7 +86,7 @@ class Cluster:
         probe(address)
         try:
             ray.init(address=address, namespace="prime-agent", log_to_driver=False, logging_level="WARNING",
-                     configure_logging=False)
+                     configure_logging=False, ignore_reinit_error=True)  # a process joins one cluster
         except Exception as e:  # ConnectionError, a version mismatch, a refused client: say which cluster
             raise ClusterError(f"cannot join the Ray cluster at {address}: {type(e).__name__}: {e}") from None
         return cls(address, urls, num_cpus)

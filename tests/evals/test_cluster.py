@@ -272,10 +272,43 @@ def test_a_rollout_s_kernel_cannot_read_the_cluster_s_token(nodes: Nodes, tmp_pa
     assert Path(path).read_text() not in read[0]
 
 
-def test_an_unreachable_cluster_is_a_clear_error_and_no_run(tmp_path: Path, capsys) -> None:
+def test_rl_rollouts_run_on_the_cluster_and_their_trajectories_come_back(nodes: Nodes, tmp_path: Path) -> None:
+    """`[rollouts] ray`: the policy server's rollouts run on a node (the head: the worker is gone), each
+    trajectory, with the policy's logprobs, in the run folder for the trainer."""
+    from rl.config import EnvConfig, RolloutsConfig, RunConfig, TrainConfig
+    from rl.data import IngestCounts, samples
+    from rl.envs import load
+    from rl.envs.harness import HarnessOrchestrator
+    from rl.policy.policy import PolicyConfig
+    from rl.serve import BackgroundServer, engine_from
+
+    from agent.trajectory import read_records
+
+    tiny = PolicyConfig(d_model=32, n_layer=1, n_head=2, max_seq=256)
+    cfg = RunConfig(model=tiny, env=EnvConfig(name="kernel_tasks", harness=True, max_steps=1, timeout=60),
+                    train=TrainConfig(batch_size=1, group_size=1, max_tokens=8, threads=1),
+                    rollouts=RolloutsConfig(ray=nodes.address))
+    env = load("kernel_tasks")
+    with BackgroundServer(engine_from(None, tiny, seed=3, truncate=True)) as url:
+        orchestrator = HarnessOrchestrator(url, env, cfg.train, cfg.env, tmp_path, rollouts=cfg.rollouts)
+        done = asyncio.run(orchestrator.rollouts(env.tasks(1, seed=0), 1, 0))
+    assert [(r.outcome, r.node) for r, _ in done] == [("failed", nodes.head_id)], [r for r, _ in done]
+    assert all(samples(read_records(path), IngestCounts()) for _, path in done)
+
+
+@pytest.mark.parametrize("command", [["eval", "kernel_tasks", "-n", "1"],
+                                     ["refine", "loop", "kernel_tasks", "--train", "1", "--val", "1", "--test", "1"]])
+def test_an_unreachable_cluster_is_a_clear_error_and_no_run(command: list[str], tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
-    code = cli(["eval", "kernel_tasks", "-n", "1", "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
-                "--ray", f"127.0.0.1:{free_port()}", "--out", str(out)])
+    code = cli([*command, "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--ray", f"127.0.0.1:{free_port()}",
+                "--out", str(out)])
     assert code != 0
     assert "cannot reach the Ray cluster at 127.0.0.1:" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_ray_rollouts_are_sessions_through_the_harness() -> None:
+    from rl.config import RunConfig
+
+    with pytest.raises(ValueError, match="rollouts.ray: Ray runs rollouts through the harness"):
+        RunConfig.model_validate({"rollouts": {"ray": "auto"}})
