@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agent.config_models import Config
 from agent.layout import SessionLayout
@@ -28,9 +28,6 @@ from evals.env import Environment, Task
 from evals.scoring import TooLarge
 from evals.stats import mean_ci, wilson
 from evals.tasksets import load_taskset, task_key
-
-if TYPE_CHECKING:
-    from evals.cluster import Cluster
 
 KEPT = ("passed", "failed", "timed_out")
 """Outcomes a resumed run keeps; errored and missing rollouts run again."""
@@ -77,6 +74,13 @@ class Result:
     """The Ray node it ran on (evals/cluster.py); None: in this process."""
 
 
+class Remote(Protocol):
+    """Somewhere else rollouts run (evals.cluster.Cluster: a Ray cluster's nodes)."""
+
+    async def rollout(self, taskset: str, task: Task, r: int, key: str, spec: EvalSpec, config: Config,
+                      run_dir: Path, harness_roots: dict | None = None) -> Result: ...
+
+
 @dataclass
 class Summary:
     counts: dict[str, int]
@@ -97,7 +101,7 @@ class Summary:
 
 async def evaluate(spec: EvalSpec, config: Config, model: Model, run_dir: Path,
                    on_result: Callable[[Result], None] | None = None, harness_roots: dict | None = None,
-                   tasks: list[Task] | None = None, cluster: Cluster | None = None) -> list[Result]:
+                   tasks: list[Task] | None = None, cluster: Remote | None = None) -> list[Result]:
     """Run what `run_dir/results.jsonl` does not hold yet; return every result, in task order.
 
     The Python API for the other users: the refiner's gate, the refine loop and RL evaluation pass
