@@ -173,8 +173,8 @@ def unpack(data: bytes, target: Path) -> None:
 
 def _loadable(taskset: str) -> str:
     """A task set named by a file, by its absolute path: a node loads it from there."""
-    path = Path(taskset.partition("?")[0])
-    return str(path.resolve()) + taskset[len(str(path)):] if path.suffix in (".jsonl", ".py") and path.is_file() else taskset
+    path = Path(taskset)
+    return str(path.resolve()) if path.suffix in (".jsonl", ".py") and path.is_file() else taskset
 
 
 def _first_line(e: BaseException) -> str:

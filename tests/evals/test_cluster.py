@@ -272,6 +272,16 @@ def test_a_rollout_s_kernel_cannot_read_the_cluster_s_token(nodes: Nodes, tmp_pa
     assert Path(path).read_text() not in read[0]
 
 
+def test_each_rollout_goes_to_the_model_server_with_the_fewest_in_flight(nodes: Nodes, tmp_path: Path) -> None:
+    with OpenAIServer(solver(2)) as a, OpenAIServer(solver(2)) as b:
+        cfg = config(a)
+        cluster = Cluster.connect(nodes.address, urls=[a.base_url, b.base_url])
+        results = asyncio.run(evaluate(EvalSpec("kernel_tasks", 2, 1, 2, 0, 120), cfg, open_model(cfg.model),
+                                       tmp_path / "run", cluster=cluster))
+    assert [r.outcome for r in results] == ["passed"] * 2
+    assert len(a.requests) == len(b.requests) == 2  # one rollout each: a cell, then the answer
+
+
 def test_rl_rollouts_run_on_the_cluster_and_their_trajectories_come_back(nodes: Nodes, tmp_path: Path) -> None:
     """`[rollouts] ray`: the policy server's rollouts run on a node (the head: the worker is gone), each
     trajectory, with the policy's logprobs, in the run folder for the trainer."""
