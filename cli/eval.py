@@ -98,10 +98,11 @@ def main(args: argparse.Namespace) -> int:
         if not (run_dir / "metadata.json").is_file():
             return _fail(f"{run_dir}: not an eval run to resume (no metadata.json)")
         meta = json.loads((run_dir / "metadata.json").read_text())
-    urls = args.base_url or meta.get("base_urls") or []
+    urls: list[str] = args.base_url or meta.get("base_urls") or []
     try:  # a resumed run keeps its model and overrides unless told otherwise
         overrides: dict = read_overrides(args, "eval") if args.overrides else meta.get("overrides", {})
-        for key, flag, saved in (("name", args.model, meta.get("model")), ("base_url", urls[0] if urls else None, meta.get("base_url"))):
+        for key, flag, saved in (("name", args.model, meta.get("model")),
+                                 ("base_url", (args.base_url or [None])[0], meta.get("base_url"))):
             if flag or saved:
                 overrides.setdefault("model", {})[key] = flag or saved
         config = load_config(Path("."), overrides)

@@ -23,6 +23,7 @@ import asyncio
 import functools
 import io
 import json
+import logging
 import os
 import socket
 import tarfile
@@ -85,7 +86,7 @@ class Cluster:
             raise ClusterError(f"num_cpus per rollout must be positive, not {num_cpus}")
         probe(address)
         try:
-            ray.init(address=address, namespace="prime-agent", log_to_driver=False, logging_level="WARNING",
+            ray.init(address=address, namespace="prime-agent", log_to_driver=False, logging_level=logging.WARNING,
                      configure_logging=False, ignore_reinit_error=True)  # a process joins one cluster
         except Exception as e:  # ConnectionError, a version mismatch, a refused client: say which cluster
             raise ClusterError(f"cannot join the Ray cluster at {address}: {type(e).__name__}: {e}") from None
