@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -106,6 +107,7 @@ def local_nodes(work: Path, cpus: int):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def join(address: str):
