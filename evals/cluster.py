@@ -39,6 +39,10 @@ RETRIES = 3
 """Times Ray runs a rollout again whose node or worker process died (never for an exception)."""
 
 
+CLEANUP = 15.0
+"""Seconds `close` waits for cancelled rollouts to stop their kernels and remove their workspaces."""
+
+
 class ClusterError(RuntimeError):
     """The cluster cannot be reached or used; the message says why and what to do."""
 
@@ -73,6 +77,9 @@ class Cluster:
         self.address, self.urls, self.num_cpus = address, list(urls or []), num_cpus
         self.in_flight = {u: 0 for u in self.urls}
         self._harness: dict[Any, Any] = {}
+        self.cancelled: list[Any] = []
+        """Ray tasks cancelled, which `close` gives time to clean up (leaving, the driver ends every task of its
+        job at once: a rollout killed so leaves its workspace on the node)."""
 
     @classmethod
     def connect(cls, address: str, urls: list[str] | None = None, num_cpus: float = 1.0) -> Cluster:
@@ -95,6 +102,8 @@ class Cluster:
     def close(self) -> None:
         import ray
 
+        if self.cancelled:
+            ray.wait(self.cancelled, num_returns=len(self.cancelled), timeout=CLEANUP)
         ray.shutdown()
 
     async def rollout(self, taskset: str, task: Task, r: int, key: str, spec, config: Config, run_dir: Path,
@@ -119,6 +128,7 @@ class Cluster:
             result, folder = await ref
         except asyncio.CancelledError:
             ray.cancel(ref, recursive=True)  # the rollout's own cleanup stops its kernel
+            self.cancelled.append(ref)
             raise
         except RayError as e:  # its node died past RETRIES, or the task could not run at all
             return Result(task.id, r, key, "error", error=f"{type(e).__name__}: {_first_line(e)}")
