@@ -375,6 +375,7 @@ SECRET_STORES = [
     # keys and cloud credentials
     "~/.ssh/", "~/.gnupg/", "~/.password-store/", "~/.local/share/keyrings/", "~/.aws/", "~/.azure/",
     "~/.config/gcloud/", "~/.oci/", "~/.kube/", "~/.docker/config.json", "~/.terraform.d/credentials.tfrc.json",
+    "~/.ray/",  # Ray's auth_token: with it a process runs code on every node of the cluster, unconfined
     "~/.vault-token", "~/.config/op/", "~/.config/sops/", "~/.config/rclone/", "~/.s3cfg", "~/.boto",
     "~/.databrickscfg", "~/.kaggle/", "~/.modal.toml", "~/.prime/",
     # code hosts and package registries

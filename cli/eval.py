@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
                    "rg:DATASET[?k=v&...] (reasoning-gym), vf:TASKSET_ID[?k=v&...] (verifiers); or 'compare'")
     p.add_argument("runs", nargs="*", help="with compare: two run directories")
     p.add_argument("--model", help="model name (PRIME_AGENT_MODEL)")
-    p.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
+    p.add_argument("--base-url", action="append", help="OpenAI-compatible endpoint (OPENAI_BASE_URL); with --ray, "
+                   "give it again for more: each rollout goes to the one with the fewest in flight")
     p.add_argument("-n", type=int, help="how many tasks (default: the set's own size)")
     p.add_argument("-r", "--rollouts", type=int, default=1, help="rollouts per task")
     p.add_argument("-j", "--concurrency", type=int, default=4, help="rollouts at once")
@@ -40,11 +41,32 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per rollout")
     p.add_argument("--out", help="run directory (default: outputs/evals/<taskset>--<model>/<run id>)")
     p.add_argument("--resume", metavar="DIR", help="finish a run: keep its results, rerun errored and missing rollouts")
+    add_ray(p)
     p.add_argument("--harness", metavar="REF", help="evaluate this harness version (a commit, a tag, a refinement id, "
                    "or SCOPE@REV ...) on private copies; the live harness is left as it is")
 
 
+def add_ray(p) -> None:
+    p.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="run each rollout as a task on a Ray "
+                   "cluster: auto, HOST:PORT or ray://HOST:PORT (docs/cluster.md); -j is then the rollouts in flight")
+    p.add_argument("--ray-cpus", type=float, default=1.0, metavar="N", help="with --ray: CPUs a rollout takes (1)")
+
+
+def connect(args: argparse.Namespace, urls: list[str]):
+    """The Ray cluster `--ray` names (None without it); ClusterError where it cannot be joined."""
+    if not args.ray:
+        if len(urls) > 1:
+            from evals.cluster import ClusterError
+
+            raise ClusterError("several --base-url are for --ray: one process talks to one endpoint")
+        return None
+    from evals.cluster import Cluster
+
+    return Cluster.connect(args.ray, urls if len(urls) > 1 else None, args.ray_cpus)
+
+
 def main(args: argparse.Namespace) -> int:
+    from evals.cluster import ClusterError
     from evals.runner import EvalSpec, compare, read_results
 
     if args.taskset == "compare":
@@ -76,9 +98,11 @@ def main(args: argparse.Namespace) -> int:
         if not (run_dir / "metadata.json").is_file():
             return _fail(f"{run_dir}: not an eval run to resume (no metadata.json)")
         meta = json.loads((run_dir / "metadata.json").read_text())
+    urls: list[str] = args.base_url or meta.get("base_urls") or []
     try:  # a resumed run keeps its model and overrides unless told otherwise
         overrides: dict = read_overrides(args, "eval") if args.overrides else meta.get("overrides", {})
-        for key, flag, saved in (("name", args.model, meta.get("model")), ("base_url", args.base_url, meta.get("base_url"))):
+        for key, flag, saved in (("name", args.model, meta.get("model")),
+                                 ("base_url", (args.base_url or [None])[0], meta.get("base_url"))):
             if flag or saved:
                 overrides.setdefault("model", {})[key] = flag or saved
         config = load_config(Path("."), overrides)
@@ -100,13 +124,20 @@ def main(args: argparse.Namespace) -> int:
         run_dir = Path(args.out) if args.out else Path("outputs/evals") / slug / time.strftime("%Y%m%d-%H%M%S")
         if run_dir.is_dir() and any(run_dir.iterdir()):
             return _fail(f"{run_dir} is not empty; pass --resume {run_dir} to finish that run, or another --out")
+    try:  # before anything is written: a cluster that cannot be reached leaves no run behind
+        cluster = connect(args, urls)
+    except ClusterError as e:
+        return _fail(str(e))
     try:
-        return asyncio.run(_run(spec, config, run_dir, overrides))
+        return asyncio.run(_run(spec, config, run_dir, overrides, cluster, urls))
     except ValueError as e:
         return _fail(str(e))
+    finally:
+        if cluster is not None:
+            cluster.close()
 
 
-async def _run(spec, config, run_dir: Path, overrides: dict) -> int:
+async def _run(spec, config, run_dir: Path, overrides: dict, cluster=None, urls: list[str] = []) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -122,7 +153,7 @@ async def _run(spec, config, run_dir: Path, overrides: dict) -> int:
         "spec": asdict(spec), "model": config.model.name, "base_url": config.model.base_url,
         "task_ids": [t.id for t in tasks], "python": platform.python_version(), "prime_agent": version(),
         "config": config.model_dump(mode="json", exclude={"model": {"api_key"}}),
-        "overrides": kept,
+        "overrides": kept, **({"base_urls": urls} if len(urls) > 1 else {}),
     }, indent=1))
     model = open_model(config.model)
     console = Console(stderr=True)
@@ -135,7 +166,7 @@ async def _run(spec, config, run_dir: Path, overrides: dict) -> int:
         try:
             with harness_copies(spec.harness) as roots:
                 results = await evaluate(spec, config, model, run_dir, on_result=lambda r: progress.advance(bar),
-                                         harness_roots=roots)
+                                         harness_roots=roots, cluster=cluster)
         finally:
             await model.close()
     _print_summary(Console(), summarize(results), run_dir)  # the summary is the output: stdout

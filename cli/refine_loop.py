@@ -17,13 +17,15 @@ from pathlib import Path
 
 from agent.config import ConfigError, home, load_config, merge, parse_override, project_root
 from agent.model import ModelError
+from evals.cluster import ClusterError
+from cli.eval import add_ray
 from cli.overrides import add_set
 from cli.run import no_model
 
 EXIT_CONFIG = 2
 FLAGS = {"rounds": "--rounds", "train": "--train", "val": "--val", "test": "--test", "n": "-n", "concurrency": "-j",
          "timeout": "--timeout", "out": "--out", "resume": "--resume", "model": "--model", "base_url": "--base-url",
-         "overrides": "--set"}
+         "overrides": "--set", "ray": "--ray"}
 """The loop's own options, by their destination (`refine SESSION` takes none of them)."""
 
 
@@ -43,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", help="model name (PRIME_AGENT_MODEL): the agent's and the refiner's")
     g.add_argument("--base-url", help="OpenAI-compatible endpoint (OPENAI_BASE_URL)")
     add_set(g, " (refine.default_scope=user: the loop edits the user scope)")
+    add_ray(g)
 
 
 def given(args: argparse.Namespace) -> list[str]:
@@ -96,14 +99,22 @@ def main(args: argparse.Namespace) -> int:
         if run_dir.is_dir() and any(run_dir.iterdir()):
             return _fail(f"{run_dir} is not empty; pass --resume {run_dir} to finish that run, or another --out")
     settings = {"set": (state.settings.get("set", []) if state else []) + args.overrides}
+    cluster = None
     try:
-        return asyncio.run(_run(spec, config, run_dir, settings))
-    except (ValueError, ModelError) as e:  # LoopError too: an outage, a scope changed behind the loop
+        if args.ray:  # before anything is written: a cluster that cannot be reached leaves no run behind
+            from evals.cluster import Cluster
+
+            cluster = Cluster.connect(args.ray, num_cpus=args.ray_cpus)
+        return asyncio.run(_run(spec, config, run_dir, settings, cluster))
+    except (ValueError, ModelError, ClusterError) as e:  # LoopError too: an outage, a scope changed behind the loop
         begun = (run_dir / "loop.json").is_file()
         return _fail(f"{e}" + (f"\nfinish the run with: prime-agent refine loop --resume {run_dir}" if begun else ""))
+    finally:
+        if cluster is not None:
+            cluster.close()
 
 
-async def _run(spec, config, run_dir: Path, settings: dict) -> int:
+async def _run(spec, config, run_dir: Path, settings: dict, cluster=None) -> int:
     from rich.console import Console
 
     from agent.providers import open_model
@@ -114,7 +125,7 @@ async def _run(spec, config, run_dir: Path, settings: dict) -> int:
     model = open_model(config.model)
     try:
         loop = RefineLoop(spec, config, model, run_dir, roots, settings=settings,
-                          say=lambda text: err.print(f"[dim]{text}[/dim]"))
+                          say=lambda text: err.print(f"[dim]{text}[/dim]"), cluster=cluster)
         err.print(f"refine loop: {run_dir}")
         report = await loop.run()
     finally:

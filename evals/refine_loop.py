@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
@@ -56,6 +57,9 @@ from harness_store.refiner import Outcome, Plan, RefinementError, Refiner
 from harness_store.store import Change, HarnessStore, Scope
 from harness_store.versions import check_out
 from harness_store.view import HarnessView
+
+if TYPE_CHECKING:
+    from evals.cluster import Cluster
 
 TRIGGER = "refine-loop"
 
@@ -149,9 +153,11 @@ def decide(before: list[Result], after: list[Result]) -> tuple[bool, list[str], 
 
 class RefineLoop:
     def __init__(self, spec: LoopSpec, config: Config, model: Model, run_dir: Path, roots: dict[Scope, Path], *,
-                 settings: dict | None = None, say: Callable[[str], None] = lambda text: None):
+                 settings: dict | None = None, say: Callable[[str], None] = lambda text: None,
+                 cluster: Cluster | None = None):
         """`roots`: the live harness scopes (user, project); the loop edits `config.refine.default_scope`'s.
-        `say`: a line of progress for a person."""
+        `say`: a line of progress for a person. `cluster`: rollouts run as its Ray tasks (evals/cluster.py)."""
+        self.cluster = cluster
         self.scope: Scope = config.refine.default_scope
         if self.scope == "session":
             raise LoopError("the refine loop edits a lasting scope: set refine.default_scope to project or user "
@@ -358,7 +364,7 @@ class RefineLoop:
         results: list[Result] = []
         for _ in range(2):
             results = await evaluate(spec, self._confined(run_dir), self.model, run_dir, harness_roots=roots,
-                                     tasks=tasks)
+                                     tasks=tasks, cluster=self.cluster)
             if not any(r.outcome == "error" for r in results):
                 break
         if all(r.outcome == "error" for r in results):  # an outage measures nothing: stop, to resume later

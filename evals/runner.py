@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agent.config_models import Config
 from agent.layout import SessionLayout
@@ -70,6 +70,15 @@ class Result:
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     """The environment's measures beside the reward (a verifiers task's metrics)."""
+    node: str | None = None
+    """The Ray node it ran on (evals/cluster.py); None: in this process."""
+
+
+class Remote(Protocol):
+    """Somewhere else rollouts run (evals.cluster.Cluster: a Ray cluster's nodes)."""
+
+    async def rollout(self, taskset: str, task: Task, r: int, key: str, spec: EvalSpec, config: Config,
+                      run_dir: Path, harness_roots: dict | None = None) -> Result: ...
 
 
 @dataclass
@@ -92,13 +101,14 @@ class Summary:
 
 async def evaluate(spec: EvalSpec, config: Config, model: Model, run_dir: Path,
                    on_result: Callable[[Result], None] | None = None, harness_roots: dict | None = None,
-                   tasks: list[Task] | None = None) -> list[Result]:
+                   tasks: list[Task] | None = None, cluster: Remote | None = None) -> list[Result]:
     """Run what `run_dir/results.jsonl` does not hold yet; return every result, in task order.
 
     The Python API for the other users: the refiner's gate, the refine loop and RL evaluation pass
     their own harness (`harness_roots`: a session scope of its own is added to each rollout where it
     names none), model (a policy server serving a checkpoint) or `tasks` (a split of the set's
-    selection), and `summarize()`."""
+    selection), and `summarize()`. With `cluster` each rollout is a Ray task on one of its nodes, at most
+    `spec.concurrency` in flight."""
     env = load_taskset(spec.taskset, scoring_sandbox=config.sandbox)
     tasks = env.tasks(spec.n, seed=spec.seed) if tasks is None else tasks
     identity = spec.identity(model.name, config.model.base_url)
@@ -114,7 +124,11 @@ async def evaluate(spec: EvalSpec, config: Config, model: Model, run_dir: Path,
 
     async def one(task: Task, r: int) -> None:
         async with slots:
-            result = await rollout(env, task, r, wanted[(task.id, r)], spec, config, model, run_dir, harness_roots)
+            if cluster is None:
+                result = await rollout(env, task, r, wanted[(task.id, r)], spec, config, model, run_dir, harness_roots)
+            else:
+                result = await cluster.rollout(spec.taskset, task, r, wanted[(task.id, r)], spec, config, run_dir,
+                                               harness_roots)
         async with lock:
             kept[(task.id, r)] = result
             with open(results_path, "a") as f:

@@ -208,6 +208,16 @@ class EvalConfig(_Section):
     """Rollouts per task."""
 
 
+class RolloutsConfig(_Section):
+    ray: str | None = None
+    """With env.harness: run each rollout as a task on this Ray cluster (`auto`, `HOST:PORT`,
+    `ray://HOST:PORT`): its session and scoring on whichever node runs it (docs/cluster.md). The
+    rollout server's URL must be one every node reaches (train.rollout_url)."""
+    num_cpus: float = Field(1.0, gt=0)
+    """With ray: CPUs each rollout takes on its node (Ray runs as many at once as the nodes' CPUs allow,
+    at most train.threads in flight)."""
+
+
 class RunConfig(_Section):
     model: PolicyConfig = Field(default_factory=PolicyConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
@@ -215,6 +225,7 @@ class RunConfig(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     loss: LossConfig = Field(default_factory=IPOConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
 
     @field_validator("model")
     @classmethod
@@ -233,6 +244,9 @@ class RunConfig(_Section):
         t = self.train
         if self.env.harness and len(t.rollout_urls) > 1:
             raise ValueError("train.rollout_urls: rollouts through the harness (env.harness) come from one server")
+        if self.rollouts.ray and not self.env.harness:
+            raise ValueError("rollouts.ray: Ray runs rollouts through the harness (env.harness = true); a bare "
+                             "completion is one request, which train.rollout_urls spreads")
         if self.env.harness and self.eval.every:
             raise ValueError("eval.every: evaluation during training samples bare completions, not yet rollouts "
                              "through the harness (env.harness); evaluate checkpoints with `prime-agent eval`")

@@ -261,7 +261,8 @@ def train(cfg: RunConfig, log=print, progress: bool = True, orchestrator=None) -
         if main and orchestrator is not None:
             sampler = orchestrator(servers)
         elif main and cfg.env.harness:
-            sampler = HarnessOrchestrator(servers.url, env, cfg.train, cfg.env, out, vocab_size=vocab_size)
+            sampler = HarnessOrchestrator(servers.url, env, cfg.train, cfg.env, out, vocab_size=vocab_size,
+                                          rollouts=cfg.rollouts)
         elif main:
             sampler = Orchestrator(servers, env, cfg.train, tokenizer=tokenizer(model))
         publish = partial(_reload, out / "weights", model, servers) if external else \

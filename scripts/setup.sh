@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up .venv with prime-agent installed (editable); `setup.sh test` adds the test tools.
+# Set up .venv with prime-agent installed (editable); `setup.sh test` adds the test tools (Ray among them),
+# `setup.sh cluster` Ray alone (rollouts on a Ray cluster: docs/cluster.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The kernels' sandbox: bubblewrap (and util-linux's nsenter, mount and prlimit, already on Debian).
@@ -15,7 +16,7 @@ fi
 command -v bwrap > /dev/null || echo "setup: bubblewrap is not installed: kernels will run unsandboxed (see docs/sandbox.md)" >&2
 [ -x .venv/bin/python ] || python3 -m venv .venv
 extra=""
-[ "${1:-}" = "test" ] && extra="[test]"
+case "${1:-}" in test|cluster) extra="[$1]" ;; esac
 if ! .venv/bin/pip install --quiet --disable-pip-version-check -e ".${extra}" > .venv/pip.log 2>&1; then
     cat .venv/pip.log >&2
     exit 1

@@ -5,8 +5,8 @@ trajectory (rl.data) — the code path that serves users is the one that makes t
     orchestrator = HarnessOrchestrator(base_url, env, cfg.train, cfg.env, run_dir)
     for batch in orchestrator.batches(start, steps): ...      # what rl.train.train consumes
 
-Sessions run in this process; a subclass may run them elsewhere (the demo runs them in the daemon)
-by overriding `rollouts`. Rollouts are on-policy (sampled, then trained on); advantages (rl.advantages) are
+Sessions run in this process, or with `[rollouts] ray` as tasks on a Ray cluster (evals/cluster.py); a
+subclass may run them elsewhere (the demo runs them in the daemon) by overriding `rollouts`. Rollouts are on-policy (sampled, then trained on); advantages (rl.advantages) are
 relative to each task's group.
 """
 
@@ -22,11 +22,12 @@ from agent.config_models import Config
 from agent.layout import SessionLayout
 from agent.providers import open_model
 from agent.trajectory import MessageRecord, Record, read_records
+from evals.cluster import Cluster
 from evals.env import Environment, Task
 from evals.runner import WORKSPACE_PREFIX, EvalSpec, Result, prompt_of, rollout, rollout_layout, rollout_session
 from evals.tasksets import task_key
 from rl.advantages import Excluded, group_advantages
-from rl.config import EnvConfig, RunConfig, TrainConfig
+from rl.config import EnvConfig, RolloutsConfig, RunConfig, TrainConfig
 from rl.data import IngestCounts, samples
 from rl.orchestrator import rollout_seed
 from rl.policy.tokenizer import ByteTokenizer
@@ -100,8 +101,10 @@ def warm_start_system_prompt(train: TrainConfig, env: EnvConfig, run_dir: Path) 
 
 class HarnessOrchestrator:
     def __init__(self, base_url: str, env: Environment, train: TrainConfig, env_config: EnvConfig, run_dir: Path,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, rollouts: RolloutsConfig | None = None):
+        """`rollouts`: with its `ray` set, each rollout is a task on that Ray cluster (evals/cluster.py)."""
         self.env, self.train, self.env_config, self.run_dir = env, train, env_config, run_dir
+        self.cluster = Cluster.connect(rollouts.ray, num_cpus=rollouts.num_cpus) if rollouts and rollouts.ray else None
         self.config = agent_config(base_url, train, env_config)
         self.vocab_size = vocab_size
         """The policy's vocabulary: a reply with a token id past it is not this policy's and stays masked
@@ -121,9 +124,13 @@ class HarnessOrchestrator:
         slots = asyncio.Semaphore(spec.concurrency)
 
         async def one(task: Task, r: int) -> tuple[Result, Path]:
+            key = task_key(task, {"step": step})
             async with slots:
-                result = await rollout(self.env, task, r, task_key(task, {"step": step}), spec, self.config, model,
-                                       step_dir)
+                if self.cluster is None:
+                    result = await rollout(self.env, task, r, key, spec, self.config, model, step_dir)
+                else:
+                    result = await self.cluster.rollout(self.env_config.name, task, r, key, spec, self.config, step_dir,
+                                                        options=self.env_config.options)
             return result, rollout_layout(step_dir, result).trajectory
 
         try:
