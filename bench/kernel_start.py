@@ -5,7 +5,7 @@ manager.LAUNCH against the same launch with ipykernel's debugger (debugpy and py
 
 Each start: launch, answer kernel_info, import the runtime (a session's bootstrap); then the kernel's CPU
 (user + system, from /proc) and the wall time to that point. Unsandboxed: the sandbox's own cost is
-bench/kernel.py's.
+bench/kernel.py's. Writes bench/results/kernel_start.json.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from jupyter_client import AsyncKernelManager  # noqa: E402
 from jupyter_client.kernelspec import KernelSpec  # noqa: E402
 
 from agent.kernel.manager import KERNEL_ARGS, LAUNCH  # noqa: E402
-from bench.report import load_average  # noqa: E402
+from bench.report import load_average, save  # noqa: E402
 
 NO_DEBUGGER = ('sys.modules["debugpy"] = None', 'del sys.modules["debugpy"]')
 WITH_DEBUGGER = "\n".join(line for line in LAUNCH.splitlines() if not any(s in line for s in NO_DEBUGGER))
@@ -64,14 +64,18 @@ async def start(code: str) -> tuple[float, float]:
 
 
 async def main(starts: int) -> None:
+    started = load_average()
     figures: dict[str, list[tuple[float, float]]] = {"manager.LAUNCH": [], "with the debugger": []}
     for _ in range(starts):
         figures["manager.LAUNCH"].append(await start(LAUNCH))
         figures["with the debugger"].append(await start(WITH_DEBUGGER))
-    print(f"load average {load_average()}; {starts} starts each, interleaved; medians")
+    medians = {name: {"kernel_cpu_s": statistics.median(c for c, _ in runs),
+                      "wall_to_ready_s": statistics.median(w for _, w in runs)} for name, runs in figures.items()}
+    print(f"{starts} starts each, interleaved; medians")
     print(f"{'launch':<20} {'kernel CPU (s)':>15} {'wall to ready (s)':>18}")
-    for name, runs in figures.items():
-        print(f"{name:<20} {statistics.median(c for c, _ in runs):>15.3f} {statistics.median(w for _, w in runs):>18.3f}")
+    for name, m in medians.items():
+        print(f"{name:<20} {m['kernel_cpu_s']:>15.3f} {m['wall_to_ready_s']:>18.3f}")
+    save(ROOT / "bench" / "results" / "kernel_start.json", {"starts": starts, "medians": medians}, started)
 
 
 if __name__ == "__main__":

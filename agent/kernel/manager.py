@@ -67,7 +67,7 @@ class App(IPKernelApp):
         del sys.modules["debugpy"]  # a cell may import it
 App.launch_instance()"""
 """The kernel's entry point, in place of ipykernel_launcher: ipykernel's own app, with no debugger for
-Jupyter frontends (importing debugpy and pydevd was a quarter of a start's CPU: bench/kernel_start.py),
+Jupyter frontends (importing debugpy and pydevd was a fifth to a quarter of a start's CPU: bench/kernel_start.py),
 whose IOPub socket never drops a message. IOPub is a publisher, and a publisher drops what is past its
 high-water mark (1,000 messages by default) when its subscriber reads slower than a cell prints: once,
 in a full test run, 5,000 flushed prints lost 1,205 characters from the middle of a cell's output. The

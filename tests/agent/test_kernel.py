@@ -43,7 +43,7 @@ async def test_namespace_persists_and_cwd_is_the_project(kernel: Kernel, project
 
 
 async def test_a_kernel_starts_without_ipykernels_debugger_and_a_cell_may_still_import_debugpy(kernel: Kernel):
-    """manager.LAUNCH: importing debugpy for Jupyter's debugger was a quarter of a start's CPU."""
+    """manager.LAUNCH: importing debugpy for Jupyter's debugger was a fifth of a start's CPU or more."""
     r = await run(kernel, "import sys\nloaded = 'debugpy' in sys.modules\nimport debugpy\nloaded, debugpy.__name__")
     assert r.result == "(False, 'debugpy')", r.render()
 
