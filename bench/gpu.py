@@ -100,7 +100,22 @@ class Memory:
         return peak_allocated(fn)
 
 
-def run(spec: dict, device: torch.device, peak_tflops: float) -> dict:
+def profile(model, opt, batch, run_cfg, rows: int) -> str:
+    """One more step under torch.profiler: the ops that took the most device time (CPU time on a dry run)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        train_step(model, opt, batch, run_cfg)
+        if cuda:
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
+
+
+def run(spec: dict, device: torch.device, peak_tflops: float, profile_rows: int = 0) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -127,6 +142,8 @@ def run(spec: dict, device: torch.device, peak_tflops: float) -> dict:
         sync()
         times.append(time.perf_counter() - t)
     step_peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
+    if profile_rows:
+        print(profile(model, opt, batch, run_cfg, profile_rows))
     seconds = sorted(times)[len(times) // 2]
     flops = flops_per_token(cfg, model, samples)
 
@@ -158,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny config on the CPU: the same code path, no GPU")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense bf16 peak (H200: 989)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after the timed steps, profile one more and print its N costliest ops")
     args = ap.parse_args(argv)
     load = load_average()
     if not args.dry_run and not torch.cuda.is_available():
@@ -166,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.dry_run:
         torch.set_num_threads(2)
-    r = run(DRY if args.dry_run else FULL, torch.device("cpu" if args.dry_run else "cuda"), args.peak_tflops)
+    r = run(DRY if args.dry_run else FULL, torch.device("cpu" if args.dry_run else "cuda"), args.peak_tflops,
+          args.profile)
     shape = "tiny qwen3 (dry run)" if args.dry_run else "qwen3-0.6b shape"
     print(f"{shape}, {r['params'] / 1e6:.1f}M params, on {r['device']}; IPO, packed rows of {r['pack_length']:,} "
           f"tokens, {r['rows_per_step']} rows per step ({r['padding_fraction']:.1%} padding)")

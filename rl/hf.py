@@ -101,6 +101,8 @@ class HFPolicy(nn.Module):
             out = self.inner.base_model(input_ids=ids, position_ids=positions, attention_mask=self._mask(mask),
                                         use_cache=False)
             h = out.last_hidden_state
+            if hidden and ids.is_cuda:  # the final norm's fp32 weight promotes its output to fp32: the output head
+                return h.to(torch.bfloat16)  # then runs in bf16 on the tensor cores, as `h @ W.T` does under autocast
             return h if hidden else h @ self.output_weight.T
 
     def _mask(self, mask: torch.Tensor | None) -> torch.Tensor | None:
