@@ -88,7 +88,7 @@ def trust(root: Path, *paths: str) -> None:
 
 
 LONGEST = ["tests/e2e/test_smollm2.py", "tests/rl/test_dist_hf.py", "tests/e2e/test_demo.py", "tests/rl/test_vllm.py",
-           "tests/evals/test_eval.py", "tests/rl/test_train.py", "tests/rl/test_models.py", "tests/e2e/test_run.py"]
+           "tests/evals/test_eval.py", "tests/rl/test_train.py", "tests/e2e/test_run.py"]
 """The files that take longest (minutes each, measured), first: the README's command runs the files on
 three workers in collection order, so the longest start at once and the rest fill in around them."""
 

@@ -56,20 +56,26 @@ RULE = re.compile(r"^-{20,}\n", re.MULTILINE)  # IPython's banner line above a t
 log = logging.getLogger(__name__)
 LAUNCH = """\
 import sys, zmq
+sys.modules["debugpy"] = None  # ipykernel finds no debugger: it skips importing one
 from ipykernel.kernelapp import IPKernelApp
 del sys.path[0]  # the workspace ('' of -c), put back by IPython as ipykernel_launcher does
 class App(IPKernelApp):
     def init_iopub(self, context):
         context.setsockopt(zmq.SNDHWM, 0)  # the sockets made from here on: IOPub's publisher first
         super().init_iopub(context)
+    def init_kernel(self):
+        super().init_kernel()
+        del sys.modules["debugpy"]  # a cell may import it
 App.launch_instance()"""
-"""The kernel's entry point, in place of ipykernel_launcher: ipykernel's own app, whose IOPub socket
-never drops a message. IOPub is a publisher, and a publisher drops what is past its high-water mark
-(1,000 messages by default) when its subscriber reads slower than a cell prints: once, in a full test
-run, 5,000 flushed prints lost 1,205 characters from the middle of a cell's output. The host's end holds
-all it is sent (RCVHWM 0, `_open_client`); with SNDHWM 0 here too, what a cell prints waits in the kernel
-until the host reads it (a cell's output per stream is bounded anyway: `kernel.output_spill`). Inline,
-not a module of ours: a broken install of this package still starts the kernel, and bootstrap says why."""
+"""The kernel's entry point, in place of ipykernel_launcher: ipykernel's own app, with no debugger for
+Jupyter frontends (importing debugpy and pydevd was a fifth to a quarter of a start's CPU: bench/kernel_start.py),
+whose IOPub socket never drops a message. IOPub is a publisher, and a publisher drops what is past its
+high-water mark (1,000 messages by default) when its subscriber reads slower than a cell prints: once,
+in a full test run, 5,000 flushed prints lost 1,205 characters from the middle of a cell's output. The
+host's end holds all it is sent (RCVHWM 0, `_open_client`); with SNDHWM 0 here too, what a cell prints
+waits in the kernel until the host reads it (a cell's output per stream is bounded anyway:
+`kernel.output_spill`). Inline, not a module of ours: a broken install of this package still starts the
+kernel, and bootstrap says why."""
 KERNEL_ARGS = [
     "--HistoryManager.enabled=False",  # no sqlite write per cell
     "--InteractiveShell.colors=nocolor",

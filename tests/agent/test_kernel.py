@@ -42,6 +42,12 @@ async def test_namespace_persists_and_cwd_is_the_project(kernel: Kernel, project
     assert helpers.result == "[True, True, True, True, True, True, True]"
 
 
+async def test_a_kernel_starts_without_ipykernels_debugger_and_a_cell_may_still_import_debugpy(kernel: Kernel):
+    """manager.LAUNCH: importing debugpy for Jupyter's debugger was a fifth of a start's CPU or more."""
+    r = await run(kernel, "import sys\nloaded = 'debugpy' in sys.modules\nimport debugpy\nloaded, debugpy.__name__")
+    assert r.result == "(False, 'debugpy')", r.render()
+
+
 async def test_huge_output_keeps_head_and_tail(kernel: Kernel):
     r = await run(kernel, "print('HEAD' + 'x' * 10_000_000 + 'TAIL')")
     assert r.stdout.startswith("HEAD") and r.stdout.rstrip().endswith("TAIL")

@@ -42,5 +42,6 @@ def same_steps(a: list[dict], b: list[dict]) -> None:
     for x, y in zip(a, b):
         assert (x["samples"], x["tokens"]) == (y["samples"], y["tokens"])
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-6)
-        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
-        assert x["entropy"] == pytest.approx(y["entropy"], rel=1e-5)
+        if x["samples"]:  # a step where no group has signal trains nothing: no gradient, no entropy
+            assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
+            assert x["entropy"] == pytest.approx(y["entropy"], rel=1e-5)

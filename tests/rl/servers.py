@@ -34,13 +34,15 @@ def policy_server_process(*args: str, **env: str) -> Iterator[tuple[str, subproc
                                *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=os.environ | env)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # loading a model on two cores other tests load: minutes at worst
         while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
-                assert time.monotonic() < deadline and server.poll() is None, server.stdout.read()
+                if server.poll() is not None or time.monotonic() > deadline:
+                    server.kill()  # its output ends: read it whole
+                    raise AssertionError(f"rl serve never listened:\n{server.communicate()[0][-4000:]}") from None
                 time.sleep(0.2)
         yield f"http://127.0.0.1:{port}/v1", server
     finally:

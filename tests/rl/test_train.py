@@ -19,24 +19,25 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reverse_text" / "c
 
 
 def quick(tmp_path: Path, *overrides: str):
-    """The example, shortened: fixed-length strings learn in a few hundred SFT steps."""
+    """The example, shortened: fixed-length strings learn in a few hundred SFT steps of 32 demonstrations
+    (the SFT was two thirds of the IPO test's CPU at the example's 64), and IPO at twice its rate in 25 steps."""
     return load(str(EXAMPLE), ["--train.out", json.dumps(str(tmp_path / "run")), "--env.options",
-                               "{min_len = 5, max_len = 5}", "--sft.steps", "250", "--train.steps", "30",
-                               "--train.checkpoint_every", "10", *overrides])
+                               "{min_len = 5, max_len = 5}", "--sft.steps", "250", "--sft.batch_size", "32",
+                               "--train.steps", "25", "--train.lr", "2e-3", "--train.checkpoint_every", "10", *overrides])
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # 30 steps: a minute alone, more beside the other long files at the start of a run
+@pytest.mark.timeout(600)  # 25 steps: under a minute alone, more beside the other long files at the start of a run
 def test_reward_goes_up_with_ipo(tmp_path: Path):
     history = train(quick(tmp_path), log=lambda *_: None, progress=False)
     rewards = [h["reward_mean"] for h in history]
-    assert len(rewards) == 30
-    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.1, rewards
+    assert len(rewards) == 25
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.1, rewards  # here: 0.544 to 0.771
     assert max(h["mismatch_kl"] for h in history) <= 0.01
     run = tmp_path / "run"
     assert (run / "reward.png").stat().st_size > 1000
-    assert len((run / "metrics.jsonl").read_text().splitlines()) == 30
-    assert (run / "checkpoints" / "step-30" / "COMPLETE").is_file()
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 25
+    assert (run / "checkpoints" / "step-25" / "COMPLETE").is_file()
 
 
 @pytest.mark.slow
