@@ -103,7 +103,7 @@ class SessionInfo(BaseModel):
 
 
 class PruneSessions(_Body):
-    older_than_days: float | None = Field(None, gt=0, description="Also sessions not used (prompted, a turn begun "
+    older_than_days: float | None = Field(None, gt=0, strict=True, description="Also sessions not used (prompted, a turn begun "
                                           "or ended) for this many days.")
     cwd: Directory | None = Field(None, max_length=4096, description="Only sessions of this directory or one below it.")
     dry_run: bool = Field(False, description="Say what would go; remove nothing.")

@@ -21,9 +21,11 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import negative_data_rejection
 
+from agent.testing.openai_server import OpenAIServer
 from daemon.paths import token
 from daemon.server import serve
 from tests.conftest import make_config
+from tests.daemon.conftest import agent_script
 
 EXAMPLES = 20
 """Cases per operation and mode: enough to reach every validation path, quick on two cores."""
@@ -34,6 +36,14 @@ def errors_have_a_message(ctx, response, case) -> None:
     if 400 <= response.status_code < 500:
         error = response.json()["error"]
         assert error["code"] and error["message"], f"a {response.status_code} without a message: {response.text}"
+
+
+@pytest.fixture
+def model_server():
+    """A server that lists its models, as a real one does: the session's `/models` route then answers
+    200, not the 502 that says its server lists none."""
+    with OpenAIServer(agent_script, models=[{"id": "fake", "object": "model"}]) as server:
+        yield server
 
 
 @pytest.fixture
