@@ -441,17 +441,20 @@ class ManagedSession:
                 self.save()
             return session
 
-    async def close(self, why: str = "the session was deleted") -> None:
-        """Stop its turns, kernel and children; the files stay (trajectories are training data)."""
+    async def close(self, why: str = "the session was deleted", drain: float | None = None) -> None:
+        """Stop its turns (waiting up to `drain` seconds for each to be recorded), kernel and children; the
+        files stay (trajectories are training data). A drain that fails still closes it."""
         self.closed = True
-        await self.goal.close()
-        await self.queue.stop(why, self.manager.config.kernel.interrupt_grace + 5)
-        async with self._waking:
-            if self.session is not None:
-                await _close(self.session, self.models.release())
-            self.session = None
-        self.fanout.end_all()
-        self.journal.close()
+        try:
+            await self.goal.close()  # a running goal stays `running` on disk: the next daemon resumes it
+            await self.queue.stop(why, self.manager.config.kernel.interrupt_grace + 5 if drain is None else drain)
+        finally:
+            async with self._waking:
+                if self.session is not None:
+                    await _close(self.session, self.models.release())
+                self.session = None
+            self.fanout.end_all()
+            self.journal.close()
 
     async def delete(self) -> None:
         """Marked deleted in session.json (no longer listed), then closed."""

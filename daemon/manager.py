@@ -360,10 +360,8 @@ class SessionManager:
         await self.scheduler.stop()
         try:
             # Goals stay `running` on disk: the next daemon resumes them within their budget.
-            await asyncio.gather(*(s.goal.close() for s in sessions), return_exceptions=True)
-            drained = await asyncio.gather(*(s.queue.stop(why, timeout) for s in sessions), return_exceptions=True)
-            closed = await asyncio.gather(*(s.close(why) for s in sessions), return_exceptions=True)
-            for s, result in zip(sessions + sessions, drained + closed):
+            closed = await asyncio.gather(*(s.close(why, drain=timeout) for s in sessions), return_exceptions=True)
+            for s, result in zip(sessions, closed):
                 if isinstance(result, BaseException):
                     log.error("session %s: its drain failed: %s", s.id, result, exc_info=result)
         finally:
