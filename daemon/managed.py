@@ -7,7 +7,9 @@ a new kernel, on its next prompt. The directory's files are named in agent/layou
 One concern: hosting one session across its live and dormant states. What it does for the API
 (events, turns, approvals, rewinds, switches of model, sandbox or plan mode) each needs the
 session, its metadata and its journal at once, whichever state it is in; the turn queue
-(daemon/turns.py), goals (daemon/goals.py) and the journal (daemon/journal.py) are modules of their own.
+(daemon/turns.py), goals (daemon/goals.py), the journal (daemon/journal.py) and the model clients
+(daemon/models.py) are modules of their own. It is the daemon's one door to a session: routes, the
+manager and schedules call its methods; only it and its parts reach the agent `Session` inside.
 """
 
 from __future__ import annotations
