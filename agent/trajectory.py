@@ -29,12 +29,19 @@ class _Record(BaseModel):
     ts: float = Field(default_factory=time.time)
 
 
-class SessionRecord(_Record):
-    kind: Literal["session"] = "session"
-    schema_version: int = SCHEMA
+class SessionPlace(BaseModel):
+    """Which session, and the directory it works in: what the trajectory's `session` record and the
+    daemon's `session.json` (daemon/meta.SessionMeta) both say of a session, as one type."""
+
     session_id: str
     cwd: str
+
+
+class SessionRecord(SessionPlace, _Record):
+    kind: Literal["session"] = "session"
+    schema_version: int = SCHEMA
     model: str
+    """The model the session began with (session.json does not keep one: the configuration says)."""
     action_format: str
     harness_version: str | None = None
     """Each harness scope's commit when the session began."""

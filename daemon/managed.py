@@ -7,7 +7,9 @@ a new kernel, on its next prompt. The directory's files are named in agent/layou
 One concern: hosting one session across its live and dormant states. What it does for the API
 (events, turns, approvals, rewinds, switches of model, sandbox or plan mode) each needs the
 session, its metadata and its journal at once, whichever state it is in; the turn queue
-(daemon/turns.py), goals (daemon/goals.py) and the journal (daemon/journal.py) are modules of their own.
+(daemon/turns.py), goals (daemon/goals.py), the journal (daemon/journal.py) and the model clients
+(daemon/models.py) are modules of their own. It is the daemon's one door to a session: routes, the
+manager and schedules call its methods; only it and its parts reach the agent `Session` inside.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import json
 import logging
 import time
 from pathlib import Path
@@ -34,8 +35,8 @@ from agent.layout import SessionLayout
 from agent.mcp import McpServers, ServerInfo
 from agent.model import ModelError, OpenAIModel
 from agent.notebook import Notebook
-from agent.providers import open_model
 from agent.refine import GateFactory
+from agent.server_models import ListingError, listed_models
 from agent.session import Session
 from agent.subagents import ChildInfo, read_registry
 from agent.trajectory import (
@@ -43,21 +44,22 @@ from agent.trajectory import (
     SessionRecord,
     TrajectoryError,
     append_record,
-    begun,
-    finish_cut_turn,
     in_plan_mode,
     pending_plan,
     read_records,
 )
+from agent.types import FilesChanged
 from daemon.errors import Refused
 from daemon.fanout import Fanout, Subscriber
 from daemon.goals import DaemonGoal
 from daemon.journal import EventJournal
 from daemon.meta import SessionMeta, title_of
-from daemon.schemas import Interrupted, MessageAccepted, ModelKey, PlanDecision, SessionInfo
+from daemon.models import SessionModels, model_in_force
+from daemon.schemas import Interrupted, KernelInfo, MessageAccepted, ModelKey, PlanDecision, SessionInfo
 from daemon.schemas import ApprovalDecision, DecideApproval, RewindRequest, RewindResult
 from daemon.turns import TurnQueue
 from harness_store.refiner import RefinementError
+from harness_store.store import Change
 
 log = logging.getLogger(__name__)
 RESTARTED = "The daemon restarted"
@@ -66,9 +68,6 @@ PLAN_TURN_END = 30.0
 """Seconds a decision on a plan waits for the turn that proposed it to end."""
 SLEPT = "The session was idle and its kernel was stopped to free memory"
 SWITCHED = "The user switched the session's sandbox or plan mode, which restarted its kernel"
-NO_KEY = ("the daemon has no API key for this session: export OPENAI_API_KEY in your shell and send the prompt "
-          "again (the daemon takes the key from the client that creates the session or sends it a prompt, and "
-          "keeps it in memory only: after a daemon restart, a prompt from a shell that has the key brings it back)")
 
 
 class Daemon(Protocol):
@@ -89,22 +88,15 @@ class Daemon(Protocol):
 
 class ManagedSession:
     def __init__(self, manager: Daemon, meta: SessionMeta, layout: SessionLayout):
-        self.manager = manager
-        self.meta = meta
-        self.layout = layout
+        self.manager, self.meta, self.layout = manager, meta, layout
         self.journal = EventJournal(layout.events)
-        self.fanout = Fanout(meta.id, manager.config.daemon.client_buffer)
+        self.fanout = Fanout(meta.session_id, manager.config.daemon.client_buffer)
         self.queue = TurnQueue(self)
         self.goal = DaemonGoal(self)
         self.turn_slots = manager.turn_slots
         self.session: Session | None = None
-        self.model: OpenAIModel | None = None
-        self.key: ModelKey | None = None
-        """The model API key a client gave for this session: in this process's memory only."""
-        self._rekey = False
-        """A client gave another key while the session was live: its model is rebuilt before the next turn."""
-        self._retired: list[OpenAIModel] = []
-        """Models switched away from, closed with the session (background work may still use them)."""
+        """The agent session while live: the daemon's other modules reach it only through this class."""
+        self.models = SessionModels()
         self._waking = asyncio.Lock()
         self.last_active = time.monotonic()
         self._woken_because = RESTARTED if meta.host == "daemon" else RUN_ENDED
@@ -115,10 +107,17 @@ class ManagedSession:
 
     @property
     def id(self) -> str:
-        return self.meta.id
+        return self.meta.session_id
 
     def stopping(self) -> bool:
         return self.manager.stopping
+
+    def awake(self) -> bool:
+        """Live: its agent session and kernel run in this process."""
+        return self.session is not None
+
+    def turn_running(self) -> bool:
+        return self.session is not None and self.session.turn is not None
 
     def save(self) -> None:
         """Write `session.json`; a disk that refuses it is a request the daemon cannot serve (507)."""
@@ -130,8 +129,8 @@ class ManagedSession:
                           f"the daemon could not save {self.layout.meta}: {e.strerror or e}") from e
 
     def info(self) -> SessionInfo:
-        m = self.meta
-        if self.session is not None and self.session.turn is not None:
+        m, config = self.meta, self._config_if_loads()
+        if self.turn_running():
             state = "running"
         elif self.queue.busy():
             state = "queued"
@@ -139,31 +138,29 @@ class ManagedSession:
             state = "idle"
         else:
             state = "closed" if m.closed else "dormant"
+        model, base_url = model_in_force(config, m.overrides)
+        planning, plan = self.plan_state()
         return SessionInfo(
-            id=m.id, cwd=m.cwd, model=m.model, base_url=m.base_url, title=m.title, created=m.created, state=state,
+            id=m.session_id, cwd=m.cwd, model=model, base_url=base_url, title=m.title, created=m.created, state=state,
             turns=m.turns, queued=len(m.queued), last_seq=self.journal.last_seq, usage=m.usage,
             dir=str(self.layout.dir), updated=m.updated or m.created,
             harness_version=self.session.system_prompt.harness_version if self.session else None,
-            sandbox=self.session.sandbox if self.session else self._waking_sandbox(),
+            sandbox=self.session.sandbox if self.session else config.sandbox.mode if config else None,
             ignored=self.session.ignored if self.session else [],
-            planning=self.planning(),
-            plan=self.session.plan if self.session else self.plan_state()[1],
+            planning=planning, plan=plan,
             goal=m.goal.summary() if m.goal else None,
         )
 
-    def _waking_sandbox(self) -> str | None:
-        """The sandbox mode a session with no kernel wakes in (its configuration's; 0.6 ms to read)."""
+    def _config_if_loads(self) -> Config | None:
+        """Its configuration (a dormant session's read now: 0.6 ms), None where it no longer loads."""
         try:
-            return self.config().sandbox.mode
+            return self.config()
         except ConfigError:
             return None
 
-    def planning(self) -> bool:
-        """Whether the session is in plan mode (its trajectory's plan records say; `in_plan_mode`)."""
-        return self.session.planning if self.session is not None else self.plan_state()[0]
-
     def plan_state(self) -> tuple[bool, str | None]:
-        """Plan mode and the plan waiting for a decision, from the trajectory (the live session's, if live)."""
+        """Plan mode and the plan waiting for a decision, as the trajectory's plan records say (`in_plan_mode`;
+        the live session's, if live)."""
         if self.session is not None:
             return self.session.planning, self.session.plan
         if self._plan_state is None:
@@ -274,6 +271,50 @@ class ManagedSession:
         return ApprovalDecision(request_id=request_id, decision=req.decision, prefix=decided.prefix,
                                 full_env=decided.full_env)
 
+    async def refine(self, instructions: str | None, mode: str | None) -> str:
+        """A refinement a person asked for, planned in the background; what became of the request."""
+        return (await self.wake()).refine(instructions, trigger="api", mode=mode)
+
+    async def compact(self) -> None:
+        (await self.wake()).request_compaction()
+
+    async def rebuild_prompt(self) -> None:
+        (await self.wake()).rebuild_prompt()
+
+    async def kernel(self) -> KernelInfo:
+        kernel = (await self.wake()).kernel
+        return KernelInfo(connection_file=str(kernel.connection_file), state=kernel.state.value)
+
+    async def diff(self) -> FilesChanged | None:
+        """What changed in the workspace since its first checkpoint (a snapshot taken now)."""
+        try:
+            return await (await self.wake()).checkpoints.since_start()
+        except ValueError as e:
+            raise Refused("no_checkpoint", str(e)) from None
+
+    async def server_models(self) -> list[str]:
+        """The models its server lists (`GET {base_url}/models`, with the session's key)."""
+        config = self._config_or_refuse()
+        try:
+            return await listed_models(config.model.base_url, self.models.api_key(config))
+        except ListingError as e:
+            raise Refused("server", f"the server did not list its models: {e}") from None
+
+    def harness(self) -> SessionHarness:
+        """The harness it sees: the live session's, else one over its scopes (the user's, its project's, its own)."""
+        if self.session is not None:
+            return self.session.harness
+        return SessionHarness(scope_roots(home(), project_root(Path(self.meta.cwd)), self.layout.dir), self.id)
+
+    def rollback(self, ref: str, scope: str, to: bool) -> Change | None:
+        """Undo a harness change through the live session (which records it); None for a dormant one."""
+        return self.session.rollback(ref, scope, to) if self.session is not None else None
+
+    def harness_changed(self, root: Path, why: str) -> None:
+        """Tell a live session that sees the harness scope at `root` that it changed (`why`)."""
+        if self.session is not None and any(s.root == root for s in self.session.harness.stores.values()):
+            self.session.harness_changed(why)
+
     def subagents(self) -> list[ChildInfo]:
         return list(self.session.children() if self.session else read_registry(self.layout).values())
 
@@ -304,7 +345,7 @@ class ManagedSession:
         parts = [p for p in PARTS if getattr(req, p)]
         if not parts:
             raise Refused("bad_rewind", "nothing to rewind: ask for code, conversation, harness or kernel")
-        if self.queue.busy() or (self.session is not None and self.session.turn is not None):
+        if self.queue.busy() or self.turn_running():
             raise Refused("turn_running", "a turn is running or queued; interrupt it or wait, then rewind")
         session = await self.wake()
         if self.queue.busy():
@@ -336,43 +377,24 @@ class ManagedSession:
             return self.session.config
         return load_config(Path(self.meta.cwd), self.meta.overrides if overrides is None else overrides)
 
-    def api_key(self, config: Config) -> str | None:
-        """The key the session's model is sent: its client's (`use_key`), else its configuration's."""
-        return self.key.api_key.get_secret_value() if self.key is not None else config.model.api_key
-
-    def use_key(self, key: ModelKey | None) -> None:
-        """Take a client's key, if it is meant for this session's endpoint (another's is ignored, so a
-        key never goes where its owner did not send it); a live session uses it from its next turn."""
-        if key is None or key == self.key or not key.fits(self.meta.base_url):
-            return
-        self.key, self._rekey = key, self.session is not None
-
-    def _model(self, config: Config) -> OpenAIModel:
-        if self.key is not None:
-            hint = "the API key is the one the client that last sent a prompt gave (its OPENAI_API_KEY): check it"
-        elif config.model.api_key:
-            hint = ("the API key is the daemon's own (its environment when it started, or config.toml); "
-                    "a key exported in your shell since reaches the session with the next prompt sent from there")
-        else:
-            hint = NO_KEY
-        return open_model(config.model, key_hint=hint, api_key=self.api_key(config))
+    def use_key(self, key: ModelKey | None, config: Config | None = None) -> None:
+        """Take a client's key, if it is meant for this session's endpoint (its configuration's: `config`, if in
+        hand); a live session uses it from its next turn."""
+        if key is not None:
+            self.models.use_key(key, model_in_force(config or self._config_if_loads(), self.meta.overrides)[1])
 
     def _use_model(self, config: Config) -> None:
         """Switch the live session to a model built from `config` (the old one is closed with the session:
         a refinement or a child may still be using it)."""
         assert self.session is not None
-        if self.model is not None:
-            self._retired.append(self.model)
-        self.model = self._model(config)
-        self.session.use_model(self.model, config)
-        self._rekey = False
+        self.session.use_model(self.models.open(config), config)
 
     async def wake(self, config: Config | None = None) -> Session:
         """The live agent session: resumed from its trajectory, on a new kernel, if it was dormant, with
         `config` (a create's, validated) or its configuration as it is now."""
         async with self._waking:
             if self.session is not None:
-                if self._rekey and self.session.turn is None:
+                if self.models.stale and self.session.turn is None:
                     try:
                         self._use_model(self.config(self.meta.overrides))  # read afresh, as a wake reads it
                     except ConfigError as e:
@@ -395,7 +417,7 @@ class ManagedSession:
                 raise Refused("config_broken", str(e)) from None
             damaged: list[str] = []
             records = read_records(self.layout.trajectory, damaged) if self.layout.trajectory.is_file() else []
-            model = self._model(config)
+            model = self.models.open(config)
             session = Session(
                 config, model, cwd=cwd, session_dir=self.layout.dir, session_id=self.id, on_event=self._on_event,
                 subagent_slots=self.manager.subagent_slots, kernel_pool=self.manager.pool,
@@ -404,7 +426,7 @@ class ManagedSession:
             )
             # Live from here: the session numbers every event (the daemon's own too), and counts
             # against max_sessions before the first await.
-            self.session, self.model, self._rekey = session, model, False
+            self.session = session
             self.last_active = time.monotonic()
             try:
                 if any(isinstance(r, SessionRecord) for r in records):
@@ -413,27 +435,34 @@ class ManagedSession:
                 for problem in damaged:  # a write a crash or a full disk cut short: skipped, said once
                     session.emit(ev.Error(message=f"a damaged line of the session's record was skipped: {problem}"))
             except BaseException:
-                self.session = self.model = None
-                await session.close()
-                await model.close()
+                self.session = None
+                await _close(session, self.models.release())
                 raise
             if self.meta.closed or self.meta.host != "daemon":  # open again, here
                 self.meta.closed, self.meta.host = False, "daemon"
                 self.save()
             return session
 
-    async def close(self, why: str = "the session was deleted") -> None:
-        """Stop its turns, kernel and children; the files stay (trajectories are training data)."""
+    async def close(self, why: str = "the session was deleted", drain: float | None = None) -> None:
+        """Stop its turns (waiting up to `drain` seconds for each to be recorded), kernel and children; the
+        files stay (trajectories are training data). A drain that fails still closes it."""
         self.closed = True
-        await self.goal.close()
-        await self.queue.stop(why, self.manager.config.kernel.interrupt_grace + 5)
-        async with self._waking:
-            if self.session is not None:
-                await _close(self.session, [self.model, *self._retired])
-            self.session = self.model = None
-            self._retired = []
-        self.fanout.end_all()
-        self.journal.close()
+        try:
+            await self.goal.close()  # a running goal stays `running` on disk: the next daemon resumes it
+            await self.queue.stop(why, self.manager.config.kernel.interrupt_grace + 5 if drain is None else drain)
+        finally:
+            async with self._waking:
+                if self.session is not None:
+                    await _close(self.session, self.models.release())
+                self.session = None
+            self.fanout.end_all()
+            self.journal.close()
+
+    async def delete(self) -> None:
+        """Marked deleted in session.json (no longer listed), then closed."""
+        self.meta.deleted = True
+        self.save()
+        await self.close()
 
     async def end(self, why: str = "the session was closed") -> None:
         """`sessions close`: stop its goal and its turns (queued ones dropped, said why), then its kernel
@@ -458,6 +487,19 @@ class ManagedSession:
         """Live, not busy, and nobody following its events: the sweep may put it to sleep."""
         return self.session is not None and not self.busy() and not self.fanout
 
+    def sleep_after(self, turn_id: str) -> asyncio.Task[None]:
+        """Back to sleep once the queued turn `turn_id` is over and nothing else keeps the session busy or
+        follows its events (a heartbeat woke it); call before any await after `send`."""
+        ended = self.queue.watch(turn_id)  # now: the turn may end before the task runs
+
+        async def back_to_sleep() -> None:
+            await ended
+            while self.busy():
+                await asyncio.sleep(0.1)
+            if not self.fanout and not self.closed:
+                await self.sleep()
+        return asyncio.create_task(back_to_sleep())
+
     async def sleep(self) -> None:
         """Stop the kernel of an idle session; it stays listed (dormant) and wakes on its next prompt."""
         async with self._waking:
@@ -466,7 +508,7 @@ class ManagedSession:
     async def _sleep(self) -> None:
         if self.session is None:
             return
-        session, models = self.session, [self.model, *self._retired]
+        session, models = self.session, self.models.release()
         self._woken_because = SLEPT
         self._plan_state = session.planning, session.plan
         # Shielded: a cancelled caller (an interrupt of the turn that wanted the room) must not
@@ -475,8 +517,7 @@ class ManagedSession:
         try:
             await asyncio.shield(closing)
         finally:
-            self.session = self.model = None
-            self._retired = []
+            self.session = None
             if closing.done():
                 self.journal.close()  # reopened by the next event
 
@@ -486,34 +527,13 @@ class ManagedSession:
         used = self.meta.updated
         if self.layout.rewind_intent.is_file():
             self._finish_rewind()
-        ended = RESTARTED if self.meta.host == "daemon" else RUN_ENDED
-        turn_id = self.meta.running_turn
-        if turn_id is not None:
-            why = f"{ended} while this turn ran; the turn was cut short"
-            finished = finish_cut_turn(self.layout.trajectory, turn_id, why)
-            seen = any(json.loads(line).get("turn_id") == turn_id
-                       for _, line in self.journal.read_after(0) if '"turn.finished"' in line)
-            if not seen:
-                if finished is None:
-                    self.queue.never_ran(turn_id, f"{ended} before this turn began")
-                else:
-                    self.emit(ev.TurnFinished(turn_id=turn_id, outcome=finished.outcome, answer=finished.answer,
-                                              error=finished.error, usage=finished.usage, duration=finished.duration,
-                                              steps=finished.steps, cells=finished.cells))
-            records = read_records(self.layout.trajectory, []) if self.layout.trajectory.is_file() else []
-            self.meta.turns = len(begun(records))
-            self.meta.running_turn = None
-        for queued in self.meta.queued:
-            self.queue.never_ran(queued.turn_id, f"{RESTARTED} before this turn began")
-        self.meta.queued = []
+        self.queue.recover(RESTARTED if self.meta.host == "daemon" else RUN_ENDED, RESTARTED)
         self.meta.updated = used
         self.save()
 
     def _finish_rewind(self) -> None:
         """A rewind the crash cut midway is finished, so the session is in the new state, not a mix."""
-        cwd = Path(self.meta.cwd)
-        harness = SessionHarness(scope_roots(home(), project_root(cwd), self.layout.dir), self.id)
-        done = finish_rewind(self.layout, cwd, harness, self.config().checkpoints, self.id)
+        done = finish_rewind(self.layout, Path(self.meta.cwd), self.harness(), self.config().checkpoints, self.id)
         if done is not None:
             self.emit(rewound(done))
 
@@ -551,8 +571,8 @@ class ManagedSession:
             self.meta.title = title
         if sandbox is not None or plan is not None:
             await self._switch(sandbox, plan, may_loosen)
-        if model is not None and model != self.meta.model:
-            if self.session is not None and self.session.turn is not None:
+        if model is not None and model != model_in_force(self._config_if_loads(), self.meta.overrides)[0]:
+            if self.turn_running():
                 raise Refused("turn_running", "the model can change between turns; interrupt or wait")
             overrides = {**self.meta.overrides, "model": {**self.meta.overrides.get("model", {}), "name": model}}
             try:
@@ -561,7 +581,7 @@ class ManagedSession:
                 raise Refused("bad_config", str(e)) from None
             if self.session is not None:
                 self._use_model(config)
-            self.meta.overrides, self.meta.model = overrides, model
+            self.meta.overrides = overrides
         self.save()
 
     async def _switch(self, sandbox: str | None, plan: bool | None, may_loosen: bool = True) -> None:
@@ -573,7 +593,7 @@ class ManagedSession:
         Plan mode is the trajectory's (`in_plan_mode`), the sandbox mode session.json's: written in
         the order that never leaves plan mode on in another sandbox mode (on: the mode first; off:
         the record first), so a crash between the two leaves a session that starts."""
-        current, planning = self.config().sandbox.mode, self.planning()
+        current, planning = self.config().sandbox.mode, self.plan_state()[0]
         if plan:
             if sandbox not in (None, "workspace-write"):
                 raise Refused("bad_request", f"plan mode runs in the workspace-write sandbox, not {sandbox}: the "
@@ -624,8 +644,7 @@ class ManagedSession:
                                                                     if pending else ""))))
 
 
-async def _close(session: Session, models: list[OpenAIModel | None]) -> None:
+async def _close(session: Session, models: list[OpenAIModel]) -> None:
     await session.close()
     for model in models:
-        if model is not None:
-            await model.close()
+        await model.close()

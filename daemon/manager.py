@@ -30,12 +30,13 @@ from agent.notebook import Notebook
 from agent.kernel.reaper import reap_orphans
 from agent.refine import GateFactory
 from agent.kernel.sandbox import Launch
-from agent.session import Session, new_session_id
+from agent.session import new_session_id
 from daemon import meta as meta_file
 from daemon import prune
 from daemon.errors import Refused
 from daemon.managed import ManagedSession
 from daemon.meta import SCHEMA, SessionMeta, own_key_only
+from daemon.models import model_in_force
 from daemon.registry import InUse, adopt, held_by
 from daemon.schedules import Scheduler
 from daemon.schemas import (
@@ -98,16 +99,13 @@ class SessionManager:
         log.error("a write failed: %s", error)
 
     def live(self) -> int:
-        return len(self.live_sessions())
-
-    def live_sessions(self) -> list[Session]:
-        return [s.session for s in self.sessions.values() if s.session is not None]
+        return sum(1 for s in self.sessions.values() if s.awake())
 
     def running_goals(self) -> int:
         return sum(1 for s in self.sessions.values() if s.goal.running())
 
     def running_turns(self) -> int:
-        return sum(1 for s in self.sessions.values() if s.session is not None and s.session.turn is not None)
+        return sum(1 for s in self.sessions.values() if s.turn_running())
 
     async def make_room(self) -> bool:
         """Put the idle session unused longest to sleep; False when every live one is busy."""
@@ -199,14 +197,14 @@ class SessionManager:
             log.error("skipping %s: %s", layout.meta, e)
             return None
         if meta.deleted:
-            self._gone.add(meta.id)
+            self._gone.add(meta.session_id)
             return None
         managed = ManagedSession(self, meta, layout)
         try:
             managed.recover()
         except Exception:
-            log.exception("session %s could not be recovered", meta.id)
-        self.sessions[meta.id] = managed
+            log.exception("session %s could not be recovered", meta.session_id)
+        self.sessions[meta.session_id] = managed
         return managed
 
     async def create(self, req: CreateSession, may_loosen: bool = True) -> ManagedSession:
@@ -222,19 +220,17 @@ class SessionManager:
         session_id = new_session_id()
         layout = SessionLayout.of(session_id, self.root)
         layout.dir.mkdir(mode=0o700, parents=True)
-        meta = SessionMeta(schema_version=SCHEMA, id=session_id, cwd=str(cwd.resolve()), model=config.model.name,
-                           base_url=config.model.base_url, title=req.title, overrides=overrides, created=time.time())
+        meta = SessionMeta(schema_version=SCHEMA, session_id=session_id, cwd=str(cwd.resolve()), title=req.title,
+                           overrides=overrides, created=time.time())
         meta.save(layout)
         managed = ManagedSession(self, meta, layout)
-        managed.use_key(req.key)
+        managed.use_key(req.key, config)
         self.sessions[session_id] = managed
         try:
             await managed.wake(config)  # the config validated above: loaded once
         except BaseException:
             self.sessions.pop(session_id, None)
-            meta.deleted = True
-            meta.save(layout)
-            await managed.close()
+            await managed.delete()
             raise
         return managed
 
@@ -243,9 +239,7 @@ class SessionManager:
         managed = self.get(session_id)
         del self.sessions[session_id]
         self._gone.add(session_id)
-        managed.meta.deleted = True
-        managed.save()
-        await managed.close()
+        await managed.delete()
         if files:
             await asyncio.to_thread(prune.remove, managed.layout, managed.meta.cwd, self.config.checkpoints,
                                     self._works_in(managed.meta.cwd))
@@ -263,11 +257,11 @@ class SessionManager:
         found: list[tuple[PrunedSession, SessionLayout]] = []
         for managed in list(self.sessions.values()):
             m = managed.meta
-            if not under(m.cwd, req.cwd) or managed.session is not None or managed.busy():
+            if not under(m.cwd, req.cwd) or managed.awake() or managed.busy():
                 continue
             why = "empty" if m.turns == 0 else "unused" if cutoff and (m.updated or m.created) < cutoff else None
             if why:
-                found.append((PrunedSession(id=m.id, cwd=m.cwd, title=m.title, turns=m.turns, why=why, bytes=0),
+                found.append((PrunedSession(id=m.session_id, cwd=m.cwd, title=m.title, turns=m.turns, why=why, bytes=0),
                               managed.layout))
         for layout in session_layouts(self.root, having="meta"):
             meta = prune.left_behind(layout) if layout.dir.name not in self.sessions else None
@@ -282,7 +276,7 @@ class SessionManager:
                 pass
             elif row.why == "deleted":
                 await asyncio.to_thread(prune.remove, layout, row.cwd, self.config.checkpoints, self._works_in(row.cwd))
-            elif (managed := self.sessions.get(row.id)) is None or managed.session is not None or managed.busy():
+            elif (managed := self.sessions.get(row.id)) is None or managed.awake() or managed.busy():
                 continue  # prompted (or gone) since it was found
             else:
                 await self.delete(row.id, files=True)
@@ -314,18 +308,16 @@ class SessionManager:
         """The harness a session sees (its own, when live), or the user's and a project's. A project path
         the file system refuses (too long, a loop) is the request's problem (`bad_project`), whether found
         checking it or reading under it."""
-        if session_id is not None:
-            managed = self.get(session_id)
-            if managed.session is not None:
-                yield managed.session.harness
-                return
-            cwd, session_dir = Path(managed.meta.cwd), managed.layout.dir
-        else:
-            cwd, session_dir = Path(project or home()), None
+        managed = self.get(session_id) if session_id is not None else None
+        if managed is not None and managed.awake():
+            yield managed.harness()
+            return
+        cwd = Path(managed.meta.cwd if managed is not None else project or home())
         try:
             if project is not None and not Path(project).is_dir():
                 raise Refused("bad_project", f"project {shorten(project)!r} is not a directory")
-            harness = SessionHarness(scope_roots(home(), project_root(cwd), session_dir), session_id)
+            harness = managed.harness() if managed is not None else SessionHarness(
+                scope_roots(home(), project_root(cwd), None), None)
         except OSError as e:
             raise Refused("bad_project", f"project {shorten(str(project or cwd))!r}: {e.strerror or e}") from None
         try:
@@ -339,22 +331,20 @@ class SessionManager:
         """Undo one harness change (or restore a whole earlier state), through the live session named if
         there is one; every other live session on that scope picks it up at its next turn, and what
         they had planned before it is stale."""
-        live = self.get(req.session).session if req.session else None
+        managed = self.get(req.session) if req.session else None
         try:
-            if live is not None:
-                root = harness_scope(live.harness, req.scope).root
-                change = live.rollback(req.ref, req.scope, req.to)
-            else:
-                with self.harness(req.session, req.project) as harness:
-                    store = harness_scope(harness, req.scope)
-                    root = store.root
+            with self.harness(req.session, req.project) as harness:
+                store = harness_scope(harness, req.scope)
+                root = store.root
+                change = managed.rollback(req.ref, req.scope, req.to) if managed is not None else None
+                if change is None:  # no live session to do it
                     rollback = store.rollback_to if req.to else store.rollback
                     change = await asyncio.to_thread(rollback, req.ref, session=req.session)
         except HarnessError as e:
             raise Refused("harness", str(e)) from None
-        for other in self.live_sessions():
-            if other is not live and any(s.root == root for s in other.harness.stores.values()):
-                other.harness_changed("a rollback")
+        for other in self.sessions.values():
+            if other is not managed:
+                other.harness_changed(root, "a rollback")
         return RolledBack(scope=req.scope, **dict(change))
 
     async def stop(self, timeout: float) -> None:
@@ -370,10 +360,8 @@ class SessionManager:
         await self.scheduler.stop()
         try:
             # Goals stay `running` on disk: the next daemon resumes them within their budget.
-            await asyncio.gather(*(s.goal.close() for s in sessions), return_exceptions=True)
-            drained = await asyncio.gather(*(s.queue.stop(why, timeout) for s in sessions), return_exceptions=True)
-            closed = await asyncio.gather(*(s.close(why) for s in sessions), return_exceptions=True)
-            for s, result in zip(sessions + sessions, drained + closed):
+            closed = await asyncio.gather(*(s.close(why, drain=timeout) for s in sessions), return_exceptions=True)
+            for s, result in zip(sessions, closed):
                 if isinstance(result, BaseException):
                     log.error("session %s: its drain failed: %s", s.id, result, exc_info=result)
         finally:
@@ -404,8 +392,8 @@ def _elsewhere(layout: SessionLayout, pid: int) -> SessionInfo | None:
     except (ValidationError, ValueError, OSError) as e:
         log.error("skipping %s: %s", layout.meta, e)
         return None
-    return SessionInfo(id=meta.id, cwd=meta.cwd, model=meta.model, base_url=meta.base_url, title=meta.title,
-                       created=meta.created, updated=meta.updated or meta.created,
+    model, base_url = model_in_force(None, meta.overrides)  # its own process has its configuration
+    return SessionInfo(id=meta.session_id, cwd=meta.cwd, model=model, base_url=base_url, title=meta.title, created=meta.created, updated=meta.updated or meta.created,
                        state="running" if meta.running_turn else "idle", turns=meta.turns, queued=0, last_seq=0,
                        usage=meta.usage, dir=str(layout.dir), elsewhere=pid)
 

@@ -21,6 +21,7 @@ from agent.events import EVENTS, migrate_v1
 from agent.goals import GoalState
 from agent.layout import SessionLayout
 from agent.notebook import Notebook
+from agent.trajectory import SessionPlace
 from agent.types import Usage
 
 log = logging.getLogger(__name__)
@@ -36,14 +37,12 @@ class QueuedTurn(BaseModel):
     """A notebook's cells, run as the turn (agent/notebook.py)."""
 
 
-class SessionMeta(BaseModel):
-    """Written when the session is created and at every turn boundary."""
+class SessionMeta(SessionPlace):
+    """Written when the session is created and at every turn boundary. Its id and directory are the
+    trajectory's session record's type (`SessionPlace`); its model and endpoint are its configuration's
+    (`overrides` over the configuration files), kept nowhere else."""
 
     schema_version: int
-    id: str
-    cwd: str
-    model: str
-    base_url: str | None = None
     title: str | None = None
     overrides: dict[str, Any] = {}
     """Config overrides the session was created with (its `config`, model, base_url, budget)."""
@@ -124,17 +123,18 @@ def load(layout: SessionLayout) -> SessionMeta:
     if version > SCHEMA:
         raise ValueError(f"written by a newer daemon (schema {version}; this one reads up to {SCHEMA})")
     for migrate in MIGRATIONS[version - 1 :]:
-        migrate(layout)
+        migrate(layout, raw)
     meta = SessionMeta.model_validate({**raw, "schema_version": SCHEMA})
     if version < SCHEMA:
         meta.save(layout)  # written last: a crash mid-migration runs the (idempotent) migrations again
     return meta
 
 
-# --- migrations: MIGRATIONS[i] brings schema i + 1 to i + 2 ----------------------------------------
+# --- migrations: MIGRATIONS[i] brings schema i + 1 to i + 2 (the directory's files, and session.json's
+# fields in `fields`, saved by `load`) ---------------------------------------------------------------
 
 
-def _flat_events(layout: SessionLayout) -> None:
+def _flat_events(layout: SessionLayout, fields: dict[str, Any]) -> None:
     """1 -> 2: events are typed and flat (agent/events.py); a journal's nested `data` moves up."""
     if not layout.events.is_file():
         return
@@ -151,7 +151,16 @@ def _flat_events(layout: SessionLayout) -> None:
     write_atomically(layout.events, "".join(line + "\n" for line in lines))
 
 
-MIGRATIONS: list[Callable[[SessionLayout], None]] = [_flat_events]
+def _one_place(layout: SessionLayout, fields: dict[str, Any]) -> None:
+    """2 -> 3: `id` is `session_id`, as in the trajectory's session record; `model` and `base_url` go (the
+    configuration says which model the session runs: they were a copy, stale once it changed)."""
+    if "id" in fields:
+        fields["session_id"] = fields.pop("id")
+    fields.pop("model", None)
+    fields.pop("base_url", None)
+
+
+MIGRATIONS: list[Callable[[SessionLayout, dict[str, Any]], None]] = [_flat_events, _one_place]
 SCHEMA = len(MIGRATIONS) + 1
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from agent import events as ev
 from agent.config_models import Config
 from agent.layout import SessionLayout
-from agent.trajectory import SessionRecord, TrajectoryError, TurnFinishedRecord, begun, read_records
+from agent.trajectory import SessionPlace, SessionRecord, TrajectoryError, TurnFinishedRecord, begun, read_records
 from agent.types import Usage
 from daemon.journal import EventJournal
 from daemon.meta import SCHEMA, SessionMeta, own_key_only, title_of
@@ -100,9 +100,8 @@ class Hosted:
         if layout.meta.exists():  # `run --session-dir` naming another session's directory
             hold.release()
             raise FileExistsError(f"{layout.dir} is another session's directory (it has a {layout.meta.name})")
-        meta = SessionMeta(schema_version=SCHEMA, id=session_id, cwd=str(cwd.resolve()), model=config.model.name,
-                           base_url=config.model.base_url, title=title, overrides=kept(overrides, config),
-                           created=time.time(), host="run")
+        meta = SessionMeta(schema_version=SCHEMA, session_id=session_id, cwd=str(cwd.resolve()), title=title,
+                           overrides=kept(overrides, config), created=time.time(), host="run")
         try:
             meta.save(layout)
         except BaseException:
@@ -166,9 +165,8 @@ def adopt(layout: SessionLayout) -> SessionMeta | None:
     for r in records:
         if isinstance(r, TurnFinishedRecord):
             usage += r.usage
-    meta = SessionMeta(schema_version=SCHEMA, id=start.session_id, cwd=start.cwd, model=start.model,
-                       base_url=base_url, title=title_of(turns[0].prompt) if turns else None,
-                       overrides={"model": model}, created=start.ts, turns=len(turns), assigned=len(turns),
-                       usage=usage, closed=True, host="run")
+    meta = SessionMeta(schema_version=SCHEMA, **start.model_dump(include=set(SessionPlace.model_fields)),
+                       title=title_of(turns[0].prompt) if turns else None, overrides={"model": model},
+                       created=start.ts, turns=len(turns), assigned=len(turns), usage=usage, closed=True, host="run")
     meta.save(layout)
     return meta

@@ -366,8 +366,8 @@ class Scheduler:
             self._save()
             return
         self._fires.append(now)
-        dormant = managed.session is None
-        accepted = managed.queue.send(s.prompt, "prompt")
+        dormant = not managed.awake()
+        accepted = managed.send(s.prompt, "prompt")
         s.fired += 1
         s.last_fire, s.last_turn = now, accepted.turn_id
         if s.count is not None and s.fired >= s.count:
@@ -375,8 +375,7 @@ class Scheduler:
         self._report(s, "queued" if accepted.queued else "sent", managed=managed, turn_id=accepted.turn_id)
         self._save()
         if s.heartbeat and dormant:
-            ended = managed.queue.watch(accepted.turn_id)  # before any await: the turn may end at once
-            task = asyncio.create_task(self._back_to_sleep(managed, accepted.turn_id, ended))
+            task = managed.sleep_after(accepted.turn_id)  # before any await: the turn may end at once
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
 
@@ -387,18 +386,6 @@ class Scheduler:
                                                            title=f"schedule {s.id}"))
         s.session, s.cwd = managed.id, None  # from now on it fires into this session
         return managed
-
-    @staticmethod
-    async def _back_to_sleep(managed, turn_id: str, ended: asyncio.Future) -> None:
-        """A heartbeat woke a dormant session: once its turn is over and nothing else keeps it busy, sleep."""
-        try:
-            await ended
-        finally:
-            managed.queue.waiting.pop(turn_id, None)
-        while managed.busy():
-            await asyncio.sleep(0.1)
-        if not managed.fanout and not managed.closed:
-            await managed.sleep()
 
     def _report(self, s: Schedule, outcome: str, managed=None, turn_id: str | None = None, missed: int = 0,
                 why: str | None = None) -> None:

@@ -7,15 +7,20 @@ cut and what never ran; every turn that never runs still gets its `turn.finished
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Protocol
 
 from agent import events as ev
+from agent.layout import SessionLayout
 from agent.notebook import Notebook
 from agent.session import Session
-from agent.types import TurnResult
+from agent.trajectory import begun, finish_cut_turn, read_records
+from agent.types import TurnOutcome, TurnResult
 from daemon.errors import Refused
+from daemon.journal import EventJournal
 from daemon.meta import QueuedTurn, SessionMeta
 from daemon.schemas import Interrupted, MessageAccepted
 
@@ -27,6 +32,8 @@ class Host(Protocol):
 
     id: str
     meta: SessionMeta
+    layout: SessionLayout
+    journal: EventJournal
     session: Session | None
     closed: bool
     turn_slots: asyncio.Semaphore
@@ -56,16 +63,18 @@ class TurnQueue:
     async def run(self, text: str, goal_id: str, continuation: int) -> TurnResult:
         """A goal's turn, queued like any prompt (a user's prompts and a goal's turns never overlap);
         returns when it ends."""
-        accepted = self.send(text, "prompt", goal=(goal_id, continuation))
-        try:
-            return await self.watch(accepted.turn_id)
-        finally:
-            self.waiting.pop(accepted.turn_id, None)
+        return await self.watch(self.send(text, "prompt", goal=(goal_id, continuation)).turn_id)
 
-    def watch(self, turn_id: str) -> asyncio.Future[TurnResult]:
-        """Resolved when the queued turn `turn_id` ends (or never runs); call before any await after `send`."""
+    def watch(self, turn_id: str) -> Awaitable[TurnResult]:
+        """The result of the queued turn `turn_id` once it ends (or never runs); call before any await after `send`."""
         future = self.waiting[turn_id] = asyncio.get_running_loop().create_future()
-        return future
+        return self._ended(turn_id, future)
+
+    async def _ended(self, turn_id: str, future: asyncio.Future[TurnResult]) -> TurnResult:
+        try:
+            return await future
+        finally:
+            self.waiting.pop(turn_id, None)
 
     def send(self, text: str, mode: str, goal: tuple[str, int] | None = None,
              notebook: Notebook | None = None) -> MessageAccepted:
@@ -119,6 +128,27 @@ class TurnQueue:
             self.host.meta.queued.remove(q)
             self.never_ran(q.turn_id, why)
         self.host.save()
+
+    def recover(self, ended: str, restarted: str) -> None:
+        """After a crash (`ended` says what ended): close the turn it cut, as interrupted, and the turns it left
+        queued (`restarted` says why they never ran)."""
+        h, meta = self.host, self.host.meta
+        turn_id = meta.running_turn
+        if turn_id is not None:
+            finished = finish_cut_turn(h.layout.trajectory, turn_id, f"{ended} while this turn ran; the turn was cut short")
+            seen = any(json.loads(line).get("turn_id") == turn_id
+                       for _, line in h.journal.read_after(0) if '"turn.finished"' in line)
+            if not seen:
+                if finished is None:
+                    self.never_ran(turn_id, f"{ended} before this turn began")
+                else:
+                    h.emit(ev.TurnFinished(turn_id=turn_id, **{f: getattr(finished, f) for f in TurnOutcome.model_fields}))
+            records = read_records(h.layout.trajectory, []) if h.layout.trajectory.is_file() else []
+            meta.turns = len(begun(records))
+            meta.running_turn = None
+        for queued in meta.queued:
+            self.never_ran(queued.turn_id, f"{restarted} before this turn began")
+        meta.queued = []
 
     def never_ran(self, turn_id: str, why: str) -> None:
         self.host.emit(ev.TurnFinished(turn_id=turn_id, outcome="interrupted", error=why))

@@ -17,15 +17,13 @@ router = APIRouter()
 async def refine(session_id: str, manager: Manager,
                  req: Annotated[RefineRequest | None, Body()] = None) -> Notice:
     req = req or RefineRequest()
-    session = await manager.get(session_id).wake()
-    return Notice(message=session.refine(req.instructions, trigger="api", mode=req.mode))
+    return Notice(message=await manager.get(session_id).refine(req.instructions, req.mode))
 
 
 @router.post("/v1/sessions/{session_id}/compact", status_code=202)
 async def compact(session_id: str, manager: Manager) -> Notice:
     """Summarise the older context at the next model call (the running turn's, else the next turn's)."""
-    session = await manager.get(session_id).wake()
-    session.request_compaction()
+    await manager.get(session_id).compact()
     return Notice(message="the context is compacted at the next model call")
 
 
@@ -33,8 +31,7 @@ async def compact(session_id: str, manager: Manager) -> Notice:
 async def rebuild_prompt(session_id: str, manager: Manager) -> Notice:
     """Build the system prompt afresh at the next turn boundary, with the harness as it is then (harness
     changes otherwise reach the model as notices, so the prompt prefix and the provider's cache hold)."""
-    session = await manager.get(session_id).wake()
-    session.rebuild_prompt()
+    await manager.get(session_id).rebuild_prompt()
     return Notice(message="the system prompt is rebuilt at the next turn boundary (the prompt cache starts over there)")
 
 

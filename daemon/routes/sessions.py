@@ -8,9 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import Response
 
-from agent.config import ConfigError
 from agent.mcp import ServerInfo
-from agent.server_models import ListingError, listed_models
 from agent.types import FilesChanged
 from daemon.errors import Refused
 from daemon.routes.common import Manager, confined, unix_only
@@ -125,32 +123,20 @@ async def interrupt(session_id: str, manager: Manager,
 @router.get("/v1/sessions/{session_id}/kernel")
 async def kernel(session_id: str, manager: Manager) -> KernelInfo:
     """The live kernel's connection file (`jupyter console --existing FILE`); wakes a dormant session."""
-    session = await manager.get(session_id).wake()
-    return KernelInfo(connection_file=str(session.kernel.connection_file), state=session.kernel.state.value)
+    return await manager.get(session_id).kernel()
 
 
 @router.get("/v1/sessions/{session_id}/diff")
 async def diff(session_id: str, manager: Manager) -> FilesChanged | None:
     """What changed in the workspace since the session's first checkpoint (a snapshot taken now;
     null: nothing); each file with its bounded diff. Wakes a dormant session."""
-    session = await manager.get(session_id).wake()
-    try:
-        return await session.checkpoints.since_start()
-    except ValueError as e:
-        raise Refused("no_checkpoint", str(e)) from None
+    return await manager.get(session_id).diff()
 
 
 @router.get("/v1/sessions/{session_id}/models")
 async def server_models(session_id: str, manager: Manager) -> list[str]:
     """The models the session's server lists (`GET {base_url}/models`, with the session's key)."""
-    try:
-        managed = manager.get(session_id)
-        config = managed.config()
-        return await listed_models(config.model.base_url, managed.api_key(config))
-    except ConfigError as e:
-        raise Refused("config_broken", str(e)) from None
-    except ListingError as e:
-        raise Refused("server", f"the server did not list its models: {e}") from None
+    return await manager.get(session_id).server_models()
 
 
 @router.get("/v1/sessions/{session_id}/mcp")

@@ -20,7 +20,7 @@ async def status(manager: Manager, served: Server) -> Status:
         pid=os.getpid(), version=VERSION, socket=served.socket, tcp=served.tcp.address,
         remote_unsandboxed=bool(served.tcp.address) and served.tcp.remote_unsandboxed,
         uptime=time.monotonic() - served.started, started=served.started_at, model_env=served.model_env,
-        client_keys=sum(1 for s in manager.sessions.values() if s.key),
+        client_keys=sum(1 for s in manager.sessions.values() if s.models.key is not None),
         sessions=len(manager.sessions), live_sessions=manager.live(),
         running_turns=manager.running_turns(),
         pool_ready=manager.pool.ready, disk_free_mb=shutil.disk_usage(manager.root).free / 2**20,

@@ -91,7 +91,31 @@ async def test_a_journal_written_before_typed_events_is_migrated_and_replays_typ
     assert isinstance(cell, ev.CellFinished) and cell.result.stdout == "42\n" and cell.result.duration == 0.5
     assert isinstance(applied, ev.RefinementApplied) and (applied.diff, applied.scopes) == ("", ["project"])
     assert isinstance(finished, ev.TurnFinished) and finished.answer == "42" and finished.usage.prompt_tokens == 10
-    assert json.loads((directory / "session.json").read_text())["schema_version"] == SCHEMA
+    saved = json.loads((directory / "session.json").read_text())
+    assert saved["schema_version"] == SCHEMA and saved["session_id"] == directory.name and "id" not in saved
+
+
+def test_session_json_written_before_its_facts_had_one_place_loads(project: Path, prime_home: Path):
+    """Schema 2 kept the session's id as `id`, and its model and endpoint beside the overrides that set
+    them: read as the trajectory's `session_id`, the model from the overrides (the configuration's)."""
+    from agent.layout import SessionLayout
+    from daemon.meta import SCHEMA, load
+    from daemon.models import model_in_force
+
+    layout = SessionLayout(prime_home / "sessions" / "20261201-090000-abcdef")
+    layout.dir.mkdir(parents=True)
+    layout.meta.write_text(json.dumps({
+        "schema_version": 2, "id": layout.dir.name, "cwd": str(project), "model": "gpt-old",
+        "base_url": "http://127.0.0.1:9/v1", "title": "kept", "created": 1.0, "turns": 3, "assigned": 4,
+        "overrides": {"model": {"name": "gpt-old", "base_url": "http://127.0.0.1:9/v1", "api_key": None}},
+        "usage": {"prompt_tokens": 7, "completion_tokens": 1, "cost": 0.5}, "host": "run", "closed": True}))
+    meta = load(layout)
+    assert (meta.session_id, meta.cwd, meta.title, meta.turns, meta.assigned, meta.usage.prompt_tokens) == \
+        (layout.dir.name, str(project), "kept", 3, 4, 7)
+    assert model_in_force(None, meta.overrides) == ("gpt-old", "http://127.0.0.1:9/v1")
+    saved = json.loads(layout.meta.read_text())
+    assert saved["schema_version"] == SCHEMA == 3 and saved["session_id"] == layout.dir.name
+    assert not {"id", "model", "base_url"} & saved.keys() and load(layout) == meta
 
 
 async def _first(stream, n: int):
