@@ -159,6 +159,31 @@ class Model(Protocol):
         ...
 
 
+DRAIN_SECONDS = 1.0
+"""How long the rest of a streamed body is read after its `[DONE]` (a server that ends it at once takes none)."""
+
+
+def _read_to_the_end(openai: Any) -> type:
+    """openai's stream, but one that reads the body to its end before it is closed: the client's
+    own stops at `[DONE]` and closes the response with the body's last chunk unread, which drops the
+    connection, so every model call opened a new one (a TCP connect, for a remote server a TLS
+    handshake; 1-3 ms a call against a local server). What comes after `[DONE]` is never read as a
+    reply, nor can it fail one: the completion is whole by then."""
+
+    class ReadToTheEnd(openai.AsyncStream[object]):
+        async def _iter_events(self) -> Any:
+            events = self._decoder.aiter_bytes(self.response.aiter_bytes())
+            async for sse in events:
+                if sse.data.startswith("[DONE]"):
+                    with contextlib.suppress(Exception):  # a timeout, a connection cut after the answer
+                        async with asyncio.timeout(DRAIN_SECONDS):
+                            async for _ in events:
+                                pass
+                yield sse
+
+    return ReadToTheEnd
+
+
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     """The TLS settings every client of this process shares: what httpx makes for each client by default
@@ -226,6 +251,7 @@ class OpenAIModel:
         """The model in use: `config.name`, or the `fallback` model it switched to."""
         self.action_format = config.action_format
         self._client: Any = None
+        self._stream_cls: Any = None
         self._preparing = threading.Lock()
         self._described: dict[tuple[str | None, str], ServerModel] = {}
         """What each server said of each model, by (base URL, model name): asked once a session."""
@@ -246,6 +272,7 @@ class OpenAIModel:
             import openai
 
             self._openai = openai
+            self._stream_cls = _read_to_the_end(openai)
             self._client = openai.AsyncOpenAI(
                 base_url=self.config.base_url,
                 api_key=self.api_key or "not-needed",
@@ -439,7 +466,7 @@ class OpenAIModel:
         # plain JSON already, so post it through the same client as is, and read the reply as plain
         # JSON too: servers differ from OpenAI's types in ways their models would hide (see agent.wire.ServerReply).
         return await self._client.post(self.path, body=request, cast_to=object, stream=bool(request.get("stream")),
-                                       stream_cls=self._openai.AsyncStream[object])
+                                       stream_cls=self._stream_cls)
 
     def reader(self, text: Shown, reasoning: Shown) -> Reader:
         """What reads one reply (a native provider's subclass reads its own API's)."""

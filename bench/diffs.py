@@ -10,8 +10,9 @@
    `checkpoints.diffs` on and off, RUNS runs each, interleaved: the turn's time per cell, and the difference.
 
 A bare `git --version` is the floor: one git process on this machine, measured before and after.
-A cell that changed nothing costs one git process (the scan); one that changed files, six (the scan,
-the index updated, the tree written, the trees compared, the blobs' sizes, the small blobs read).
+A cell that changed nothing costs a stat of the workspace's entries (`WorkspaceStore.unchanged`), or
+one git process (the scan) past 2,000 of them; one that changed files, six (the scan, the index
+updated, the tree written, the trees compared, the blobs' sizes, the small blobs read).
 """
 
 from __future__ import annotations

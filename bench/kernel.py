@@ -185,7 +185,7 @@ async def sandbox_figures(n_starts: int, n_cells: int) -> dict[str, float]:
 def cells_then_answer(n: int):
     def script(request: dict) -> Reply:
         calls = sum(1 for m in request["messages"] if m["role"] == "assistant")
-        return Reply(code=["1"]) if calls < n else Reply(content="done")
+        return Reply(code=[str(calls)]) if calls < n else Reply(content="done")  # each its own: budget.max_repeats
 
     return script
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import sys
+from typing import TYPE_CHECKING
 
 from agent import events as ev
 from agent.actions import fenced_cells
@@ -12,6 +14,13 @@ from agent.event_text import describe, spent
 from agent.events import Event
 from agent.types import Attachment, FilesChanged, visible
 
+if TYPE_CHECKING:
+    from pygments.lexer import Lexer
+
+SHOWN = (ev.ModelDelta | ev.SessionStarted | ev.SessionResumed | ev.CellStarted | ev.CellOutput | ev.CellFinished
+         | ev.Note | ev.SteerReturned | ev.HookRan | ev.ModelRetry | ev.ModelFallback | ev.TurnFinished | ev.UsageCharged
+         | ev.Compaction | ev.Error | ev.GoalCheck | ev.GoalContinued | ev.GoalFinished)
+"""The events a person is shown (the others, a model call starting or its whole reply, only end a streamed line)."""
 DIFF_STYLES = {"hunk": "cyan", "added": "green", "removed": "red", "context": "", "cut": "dim"}
 
 
@@ -96,7 +105,8 @@ class Printer:
         from rich.text import Text
 
         c = self.console
-        e = type(e).model_validate(_visible(e.model_dump(mode="json")))  # a terminal shows the text, never acts on it
+        if isinstance(e, SHOWN):  # a terminal shows the text, never acts on it
+            e = type(e).model_validate(_visible(e.model_dump(mode="json")))
         if isinstance(e, ev.ModelDelta):
             if self.fresh:
                 self.said, self.fresh = "", False
@@ -110,7 +120,9 @@ class Printer:
             self.streaming = False
         if not isinstance(e, ev.ModelRetry | ev.ModelFallback):  # a retry streams only what was not shown
             self.fresh = True
-        match e:
+        if not isinstance(e, SHOWN):
+            return
+        match e:  # each case's event is in SHOWN
             case ev.SessionStarted() | ev.SessionResumed():
                 if e.context_window:  # the window in force: the user's, else what the server said, else the default
                     c.print(Text(f"{e.model + ' · ' if isinstance(e, ev.SessionStarted) else ''}"
@@ -123,7 +135,7 @@ class Printer:
             case ev.CellStarted():
                 self.lines = 0
                 if not any(code == e.code for code in fenced_cells(self.said)):  # text mode streamed it already
-                    c.print(Syntax(e.code, "python", theme="ansi_dark", line_numbers=False, background_color="default"))
+                    c.print(Syntax(e.code, _python(), theme="ansi_dark", line_numbers=False, background_color="default"))
             case ev.CellOutput():
                 self._output(e.text, "red" if e.stream == "stderr" else "cyan")
             case ev.CellFinished(result=r):
@@ -174,6 +186,14 @@ class Printer:
                 c.print(Text(describe(e), style="bold"))
             case ev.GoalFinished():
                 c.print(Text(describe(e), style="bold green" if e.state == "achieved" else "bold red"))
+
+
+@functools.cache
+def _python() -> Lexer:
+    """Python's lexer, made once a process (rich looks one up by name for every cell: 0.5 ms)."""
+    from pygments.lexers import get_lexer_by_name
+
+    return get_lexer_by_name("python", stripnl=False, ensurenl=True, tabsize=4)  # as rich makes it
 
 
 def _visible(value: object) -> object:

@@ -91,10 +91,16 @@ class Checkpoints:
         if self.store is None or self._tree is None:
             return None
         store, before = self.store, self._tree
+
+        def changed() -> tuple[str, FilesChanged | None]:  # one trip to a thread
+            if store.unchanged(before):  # most cells write nothing: then no git process is started
+                return before, None
+            tree = store.snapshot().tree
+            return tree, files_changed(store, before, tree)
+
         async with self.lock:
             try:
-                tree = (await asyncio.to_thread(store.snapshot)).tree
-                files = await asyncio.to_thread(files_changed, store, before, tree)
+                tree, files = await asyncio.to_thread(changed)
             except (OSError, subprocess.SubprocessError) as e:
                 log.warning("the files a cell changed could not be read: %s", e)
                 return None

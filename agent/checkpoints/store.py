@@ -11,6 +11,7 @@ import os
 import secrets
 import shutil
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -23,6 +24,11 @@ from harness_store.gitenv import parse_batch, run_git
 
 EXCLUDE = f"*{safefs.TMP_SUFFIX}\n/.prime-agent/harness/\n"
 """Never checkpointed: files a rewind is writing, and the project harness (rewound as harness)."""
+WALK_LIMIT = 2000
+"""Entries a workspace may have for `unchanged` to stat them all; past it, git is asked every time."""
+RACY_NS = 200_000_000
+"""A stamp holding a time this recent (ns) cannot tell a change made within the same clock tick."""
+Stamp = tuple[tuple[str, int, int, int, int, int], ...]
 
 
 
@@ -77,6 +83,13 @@ class WorkspaceStore:
         self._ready = False
         self._tree: str | None = None
         """The tree of this session's index as last written (unchanged while nothing changed)."""
+        self._ignored: set[str] | None = None
+        """What git ignores in the workspace (folders end with /), as a snapshot last listed it (None: to list).
+        Only what `unchanged` reads: one out of date costs a git process, never a change missed."""
+        self._stamp: Stamp | None = None
+        """The workspace's metadata, read just before the last snapshot scanned it (None: none to trust)."""
+        self._walks = True
+        """The workspace is small enough to stat whole (WALK_LIMIT)."""
 
     def _git(self, *args: str, input: bytes | None = None) -> bytes:
         """Git in the store, inert (harness_store.gitenv): the workspace's attributes name no filter
@@ -117,6 +130,10 @@ class WorkspaceStore:
         """The workspace as a tree now: every file git would not ignore, within the size caps."""
         self._ensure()
         c = self.config
+        fresh = self._walks and self._ignored is None
+        if fresh:
+            self._ignored = self._list_ignored()
+        stamp = self._walk(fresh)  # before git reads the files: a change made after this shows in the next walk
         listed = self._git("ls-files", "-z", "-t", "-m", "-o", "--exclude-standard", *self._exclude).split(b"\0")
         update, drop, skipped, stored = [], [], [], 0
         for item in filter(None, listed):
@@ -159,7 +176,64 @@ class WorkspaceStore:
             self._git("update-index", "-z", "--add", "--remove", "--replace", "--stdin", input=_paths(update))
         if update or drop or self._tree is None:
             self._tree = self._git("write-tree").decode().strip()
+        if any(os.path.basename(p) == ".gitignore" for p in update + drop):
+            self._ignored = None  # listed again before the next snapshot's walk
+        self._stamp = stamp
         return Snapshot(self._tree, skipped, stored)
+
+    def unchanged(self, tree: str) -> bool:
+        """True only when the workspace is provably still `tree`: the last snapshot made it, and no
+        file or folder git would read has changed since (each one's lstat, ctime included, which no
+        cell can set back). The person's editor, a subprocess, a cell: every write changes a file's
+        ctime, every file made, removed or renamed its folder's. A stamp read within a clock tick of a
+        write (`RACY_NS`) proves nothing, as git's own "racily clean" index entries; nor does one of a
+        workspace past `WALK_LIMIT` entries: then git is asked."""
+        return self._stamp is not None and self._tree == tree and self._walk() == self._stamp
+
+    def _list_ignored(self) -> set[str]:
+        out = self._git("ls-files", "-z", "-o", "-i", "--directory", "--exclude-standard", *self._exclude)
+        return {os.fsdecode(p) for p in out.split(b"\0") if p}
+
+    def _walk(self, listed: bool = False) -> Stamp | None:
+        """The lstat of the workspace and of every entry in it git reads (not `.git`, not what it
+        ignores), in order; None past WALK_LIMIT entries, or when an entry is too recent to tell (RACY_NS).
+        Past WALK_LIMIT with what git ignores just `listed`, the workspace is too big to walk: it is not
+        walked again (else the list is read again first: a new `.venv` may be what made it big)."""
+        if not self._walks:
+            return None
+        start = time.time_ns()
+        ignored = self._ignored or set()
+        out: list[tuple[str, int, int, int, int, int]] = []
+        folders = [""]
+        while folders:
+            rel = folders.pop()
+            try:
+                st = os.lstat(self.workspace / rel)
+                entries = sorted(os.scandir(self.workspace / rel), key=lambda e: e.name)
+            except OSError:
+                return None
+            out.append((rel, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+            for e in entries:
+                path = rel + e.name
+                if e.name == ".git" or path in ignored or path + "/" in ignored:
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    folders.append(path + "/")
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    return None
+                out.append((path, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+            if len(out) > WALK_LIMIT:
+                if listed:
+                    self._walks = False
+                else:
+                    self._ignored = None
+                return None
+        if max(max(e[3], e[4]) for e in out) >= start - RACY_NS:
+            return None
+        return tuple(out)
 
     def changes(self, a: str, b: str) -> list[Change]:
         """What changes from tree `a` to tree `b`."""
@@ -184,6 +258,7 @@ class WorkspaceStore:
         beside it, then renamed over it; a link at its path is replaced), a link on the way to it is
         replaced by a real folder, and a file to remove behind a link is not the workspace's: it stays."""
         ws = self.workspace
+        self._stamp = None
         changes = [c for c in self.changes(current, target) if c.path not in keep]
         for status, rel, *_ in changes:
             if status == "D":

@@ -99,6 +99,8 @@ class OpenAIServer:
         self.listing_status = listing_status
         self.gets: list[str] = []
         """The path of every GET, in order."""
+        self.connections = 0
+        """Connections clients opened (a client that keeps its connection alive opens one)."""
         self._lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
         self.stopping = threading.Event()
@@ -143,6 +145,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        server: OpenAIServer = self.server.owner  # type: ignore[attr-defined]
+        with server._lock:
+            server.connections += 1
 
     def do_GET(self) -> None:
         server: OpenAIServer = self.server.owner  # type: ignore[attr-defined]

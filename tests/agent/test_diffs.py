@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 from agent.checkpoints import WorkspaceStore
+from agent.checkpoints.store import RACY_NS
 from agent.checkpoints.diffs import DIFF_BYTES, DIFF_LINES, MAX_FILES, WHOLE_BYTES, files_changed
 from agent.config_models import CheckpointConfig
 from agent.events import CellFinished, CellStarted, Event, TurnFinished
@@ -69,6 +71,43 @@ def test_past_the_cap_files_are_counted_not_listed(tmp_path: Path):
     files = files_changed(store, before, store.snapshot().tree)
     assert files is not None and len(files.files) == MAX_FILES and files.more == 7
     assert files.summary() == f"{MAX_FILES + 7} files changed, +{MAX_FILES} -0, lines of 7 not counted"
+
+
+def test_a_workspace_is_unchanged_only_while_nothing_git_reads_has_changed(tmp_path: Path):
+    """`unchanged` spares a cell that wrote nothing a git process; whatever a cell could do to a file
+    git reads makes it say no, a write it hid by setting the old mtime back included."""
+
+    def hide_a_write(ws: Path) -> None:  # the same size, and the old mtime set back
+        old = os.stat(ws / "src" / "a.py")
+        (ws / "src" / "a.py").write_text("x = 2\n")
+        os.utime(ws / "src" / "a.py", ns=(old.st_atime_ns, old.st_mtime_ns))
+
+    changes = {"hidden": hide_a_write, "new": lambda ws: (ws / "src" / "deep").mkdir(),
+               "mode": lambda ws: os.chmod(ws / "src" / "a.py", 0o755), "gone": lambda ws: (ws / "src" / "a.py").unlink(),
+               "link": lambda ws: (ws / "src" / "a.py").unlink() or (ws / "src" / "a.py").symlink_to("/etc/passwd"),
+               "ignored": lambda ws: (ws / "build" / "out.o").write_bytes(b"\0")}
+    stores = {}
+    for name in changes:
+        ws = tmp_path / name
+        (ws / "src").mkdir(parents=True)
+        (ws / "build").mkdir()
+        (ws / ".gitignore").write_text("build/\n")
+        (ws / "src" / "a.py").write_text("x = 1\n")
+        stores[name] = WorkspaceStore(ws, "s1", CheckpointConfig(), root=tmp_path / "store")
+        tree = stores[name].snapshot().tree
+        assert not stores[name].unchanged(tree)  # written within a clock tick of the stamp: it cannot tell
+    time.sleep(RACY_NS / 1e9 + 0.05)
+    for name, change in changes.items():
+        store = stores[name]
+        tree = store.snapshot().tree
+        assert store.unchanged(tree)
+        change(store.workspace)
+        assert store.unchanged(tree) == (name == "ignored"), name  # what git ignores is not looked at
+        after = store.snapshot().tree
+        assert (after == tree) == (name in ("ignored", "new")), name  # git keeps no empty folder
+        if name == "hidden":
+            files = files_changed(store, tree, after)
+            assert files is not None and [f.headline() for f in files.files] == ["src/a.py +1 -1"]
 
 
 async def test_each_cell_carries_the_files_it_changed_and_the_turn_their_sum(project: Path):

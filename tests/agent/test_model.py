@@ -40,6 +40,18 @@ async def test_tool_calls_text_and_usage(stream: bool):
     assert request["messages"] == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
 
 
+@pytest.mark.parametrize("stream", [True, False])
+async def test_one_connection_serves_every_call(stream: bool):
+    """A streamed reply is read to its end, after `[DONE]`: else the client drops the connection, and
+    each model call opens a new one (for a remote server, a TLS handshake a call)."""
+    with OpenAIServer([Reply(code=["1"]), Reply(content="two"), Reply(code=["3"])]) as server:
+        model = model_for(server, stream=stream)
+        answers = [(await model.complete(USER)).message for _ in range(3)]
+        await model.close()
+    assert [m.content for m in answers] == ["", "two", ""] and len(answers[2].tool_calls) == 1
+    assert server.connections == 1
+
+
 async def test_text_mode_sends_no_tools_and_cells_are_fenced():
     reply = "I will check.\n```python\nprint(1)\n```\nand\n```py\nx = 2\n```"
     with OpenAIServer([Reply(content=reply)]) as server:
