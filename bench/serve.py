@@ -321,7 +321,7 @@ def words_for(model_dir: Path | None, tokens: int) -> int:
     return round(tokens * 0.8)
 
 
-async def first(server: Server, words: int) -> dict[str, Any]:
+async def first_request(server: Server, words: int) -> dict[str, Any]:
     """The server's first request, as a user's first after it starts: nothing warmed, nothing cached."""
     async with client_for(1) as client:
         reply = await chat(client, server, [{"role": "user", "content": long_text(words, "first")}], 8, stream=True)
@@ -406,7 +406,7 @@ async def measure(server: Server, args, model_dir: Path | None, pss: PeakPss | N
         return {**await group(server, prompts, args.group_max_tokens), "shared_head_tokens": shared_head(model_dir, prompts)}
 
     words = words_for(model_dir, args.ttft_tokens)
-    steps = [("first", lambda: first(server, words)), ("warm_up", lambda: warm_up(server, max(args.concurrency)))]
+    steps = [("first", lambda: first_request(server, words)), ("warm_up", lambda: warm_up(server, max(args.concurrency)))]
     steps += [(f"decode_{c}", lambda c=c: decode(server, c, args.max_tokens)) for c in args.concurrency]
     steps += [("ttft", lambda: ttft(server, words, args.repeats)),
               ("group_first", lambda: grouped(first)), ("group_next", lambda: grouped(after)),
