@@ -463,8 +463,9 @@ def rows(levels: list[int], group: int, ttft_tokens: int) -> list[tuple[str, str
         ("  group wall time (s)", "group_as_sent.wall_s", "{:.2f}"),
         ("  prompt tokens each / shared head", "group_as_sent.prompt_tokens_each|group_as_sent.shared_head_tokens",
          "{:.0f}"),
-        ("peak PSS: whole run / groups first, next (MB)", "peak_pss_mb|group_first.peak_pss_mb|"
-                                                          "group_next.peak_pss_mb", "{:.0f}"),
+        ("peak PSS during the run (MB)", "peak_pss_mb", "{:.0f}"),
+        ("  in the groups: first / next / own (MB)", "group_first.peak_pss_mb|group_next.peak_pss_mb|"
+                                                     "group_as_sent.peak_pss_mb", "{:.0f}"),
         ("server memory after, PSS (MB)", "pss_mb", "{:.0f}"),
         ("  weights / kv cache / prefix cache / other", "memory_mb.weights|memory_mb.kv_cache|memory_mb.prefix_cache|"
                                                         "memory_mb.other", "{:.0f}"),
@@ -487,9 +488,9 @@ def cell(figures: dict[str, Any], path: str, fmt: str) -> str:
 
 def print_table(results: dict[str, dict[str, Any]], levels: list[int], group: int, ttft_tokens: int) -> None:
     names = list(results)
-    print(f"\n{'measure':<44}" + "".join(f"{n:>16}" for n in names))
+    print(f"\n{'measure':<44}" + "".join(f"{n:>20}" for n in names))
     for label, path, fmt in rows(levels, group, ttft_tokens):
-        print(f"{label:<44}" + "".join(f"{cell(results[n].get('figures', {}), path, fmt):>16}" for n in names))
+        print(f"{label:<44}" + "".join(f"{cell(results[n].get('figures', {}), path, fmt):>20}" for n in names))
     for n in names:
         if results[n].get("error"):
             print(f"{n}: not measured: {results[n]['error']}")
@@ -637,7 +638,7 @@ def main() -> int:
     total = time.perf_counter() - started
 
     print_table(results, args.concurrency, args.group, args.ttft_tokens)
-    print(f"{'total bench time (s)':<44}{total:>16.1f}")
+    print(f"{'total bench time (s)':<44}{total:>20.1f}")
     print("2 shared cores: these figures are indicative; compare servers within one run only.")
     save(args.out, {"servers": results, "notes": notes, "args": {k: v for k, v in vars(args).items() if k != "out"},
                     "total_s": total}, load)
