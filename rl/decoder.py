@@ -322,7 +322,8 @@ class Decoder:
                 head: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> torch.Tensor:
         """The final hidden state [n, hidden] of each row's last new token. `ids` and `positions` are
         [n, new]; per layer, keys and values [rows, kv_heads, columns, dim] get the new ones at columns
-        t..t+new-1; `mask` [n, 1, new, t+new] (True: attend); `head`: per layer the keys and values
+        t..t+new-1; `mask` [n, 1, new, t+new] (True: attend; None: causal, where t is 0 and no row is
+        padded: the kernel then skips the blocks above the diagonal); `head`: per layer the keys and values
         [1, kv_heads, length, dim] of a head every row follows and attends to whole (`Slots.share`)."""
         n, new = ids.shape
         if head is not None:  # the flash kernel takes an additive mask, one row per query of a kv head
@@ -341,7 +342,8 @@ class Decoder:
             v_buf[:n, :, t:end] = x[:, :, h_ + kv :].transpose(1, 2)
             q, k, v = qk[:, :, :h_].transpose(1, 2), k_buf[:n, :, :end], v_buf[:n, :, :end]
             if head is None:
-                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=kv != h_)
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=kv != h_,
+                                                   is_causal=mask is None)
             else:
                 a = _attend(q, k, v, mask, head[0][i], head[1][i], self.scale)
             h = o(a.transpose(1, 2).reshape(n * new, h_ * d), add=h)
