@@ -3,27 +3,27 @@
     .venv/bin/python bench/serve.py [--ours] [--vllm] [--url URL ...] [--model NAME|DIR]
     .venv/bin/python bench/serve.py --build-vllm      # builds .venv-vllm/ (bench/vllm_venv.sh), ~3.4 GB
 
-With no server named it measures ours and, where its venv is built, vLLM, one after the other in
-the same run (never both up at once; `--order vllm,ours` reverses them: run both, the machine's
-load drifts), each started here and stopped after. It prints the load average before and after,
-and ours' own memory breakdown (GET /v1/models: weights, KV cache, prefix cache, other). `--url` measures a server
-already running (any OpenAI-compatible one). Every figure goes over HTTP, as the agent and the RL
-trainer reach a server:
+With no server named it measures ours and, where its venv is built, vLLM, one after the other
+(never both up at once; `--order vllm,ours` reverses them: run both, the machine's load drifts),
+each started here and stopped after; `--url` measures a server already running (any
+OpenAI-compatible one). It prints the load average before and after. Every figure goes over HTTP,
+as the agent and the RL trainer reach a server:
 
 - decode: tokens/s summed over 1, 8, 16 and 32 concurrent chat requests (short prompts, greedy,
-  `max_tokens` fixed with `ignore_eos`, so each decodes the same count): generated tokens / wall time,
-  after a warm-up;
-- time to first token (streamed) of a ~1k-token prompt: cold (its start varies, so nobody sent it
-  before) and again with its prefix cached (the same prompt resent);
+  `max_tokens` fixed with `ignore_eos`): generated tokens / wall time, after a warm-up;
+- time to first token (streamed) of a ~1k-token prompt: the server's first request (what a user
+  sees after it starts), a new prompt after the warm-up (cold: nobody sent its start before), and
+  the same prompt again (its prefix cached);
 - the prefill the prefix cache saves for a group of 16 rollouts of the agent's own first request
   (its text-mode system prompt and a kernel_tasks question), sent at once as an RL group is:
   sum(usage.prompt_tokens_details.cached_tokens) / sum(usage.prompt_tokens), and the group's latency.
   Three groups: the first (the server has never seen the prompt), the next step's (same system
   prompt, another task), and the group as rollouts send it today (each rollout's system prompt
-  names its own temporary workspace on its first line, which ends the prefix the group shares).
+  names its own temporary workspace on its first line, which ends the prefix the group shares);
+- memory: the PSS of the server's processes sampled every 50 ms, the peak of each measure and of the
+  run, and ours' own breakdown after (GET /v1/models: weights, KV cache, prefix cache, other).
 
-This machine has 2 cores, shared with whatever else runs: read the figures as indicative, and
-compare servers only within one run.
+This machine has 2 cores, shared with whatever else runs: compare servers only within one run.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,9 +100,7 @@ def resolve_model(model: str) -> Path | None:
 
 
 def log_tail(path: Path | None, lines: int = 15) -> str:
-    if path is None or not path.exists():
-        return ""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path and path.exists() else ""
 
 
 def spawn(name: str, argv: list[str], env: dict[str, str], port: int, logs: Path, launch: dict) -> Server:
@@ -134,10 +133,8 @@ def vllm_ready(venv: Path) -> str | None:
 def start_vllm(model: str, logs: Path, dtype: str, venv: Path) -> Server:
     if why := vllm_ready(venv):
         raise NotReady(why)
-    try:
-        resolved = resolve(model).resolve()
-    except ModelError as e:
-        raise NotReady(f"vLLM needs a model directory: {e}") from None
+    if (resolved := resolve_model(model)) is None:
+        raise NotReady(f"vLLM needs a model directory or an installed model's name, not {model!r}")
     port = free_port()
     ncpu = os.cpu_count() or 1
     env = dict(os.environ,
@@ -180,11 +177,29 @@ async def wait_ready(server: Server, timeout: float) -> float:
             await asyncio.sleep(0.5)
 
 
-def server_pss_mb(server: Server) -> float | None:
-    if server.proc is None or server.proc.poll() is not None:
-        return None
-    pids = [server.proc.pid, *descendants(server.proc.pid)]
-    return sum(pss_kb(p) for p in pids) / 1024
+class PeakPss:
+    """The PSS of a server's process and its children (vLLM's engine core is one), sampled every
+    `every` seconds in a thread: the highest since the last `take()` (one measure's) and of the run."""
+
+    def __init__(self, pid: int, every: float = 0.05):
+        self.pid, self.peak, self.run_peak = pid, 0.0, 0.0
+        self._stop = threading.Event()
+        threading.Thread(target=self._sample, args=(every,), daemon=True).start()
+
+    def now(self) -> float:
+        return sum(pss_kb(p) for p in [self.pid, *descendants(self.pid)]) / 1024
+
+    def _sample(self, every: float) -> None:
+        while not self._stop.wait(every):
+            mb = self.now()
+            self.peak, self.run_peak = max(self.peak, mb), max(self.run_peak, mb)
+
+    def take(self) -> float:
+        peak, self.peak = self.peak, 0.0
+        return peak
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 def stop(server: Server) -> tuple[str, list[int]]:
@@ -192,7 +207,7 @@ def stop(server: Server) -> tuple[str, list[int]]:
     SIGKILL, with a wait between. Returns the signal that ended it (with its seconds), and the pids
     still alive after the last (there should be none)."""
     proc = server.proc
-    if proc is None or not group_alive(proc.pid):
+    if proc is None or (proc.poll() is not None and not members(proc.pid)):
         return "", []
     group, t = proc.pid, time.monotonic()  # start_new_session: the group's id is the leader's pid
     for sig, wait in ((signal.SIGINT, 15.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
@@ -200,38 +215,22 @@ def stop(server: Server) -> tuple[str, list[int]]:
             os.killpg(group, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            proc.poll()
-            if not group_alive(group):
+            proc.poll()  # reaps the leader
+            if not members(group):
                 return f"{sig.name} after {time.monotonic() - t:.1f} s", []
             time.sleep(0.2)
-    proc.poll()
-    return "", [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and pgid_of(int(p.name)) == group]
+    return "", members(group)
 
 
-def pgid_of(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
-
-
-def group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # Zombies still count for killpg; a reaped leader with no other members does not.
-    return any(pgid_of(int(p.name)) == group and not _zombie(int(p.name))
-               for p in Path("/proc").iterdir() if p.name.isdigit())
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+def members(group: int) -> list[int]:
+    """The live processes (zombies left out) of a process group."""
+    out = []
+    for p in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            state, _, pgrp = (p / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+            if int(pgrp) == group and state != "Z":
+                out.append(int(p.name))
+    return out
 
 
 # --- requests ---------------------------------------------------------------------------------
@@ -248,53 +247,35 @@ class Reply:
 
 def usage_of(body: dict[str, Any], fallback_completion: int = 0) -> tuple[int, int, int | None]:
     usage = body.get("usage") or {}
-    details = usage.get("prompt_tokens_details") or {}
-    cached = details.get("cached_tokens")
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or fallback_completion), \
         None if cached is None else int(cached)
 
 
 async def chat(client: httpx2.AsyncClient, server: Server, messages: list[dict], max_tokens: int,
-               temperature: float = 0.0) -> Reply:
+               temperature: float = 0.0, stream: bool = False) -> Reply:
+    """One chat request; streamed, also the time to its first generated text (usage: its last chunk's)."""
     body = {"model": server.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
-            "ignore_eos": True}
+            "ignore_eos": True, **({"stream": True, "stream_options": {"include_usage": True}} if stream else {})}
     t = time.perf_counter()
-    r = await client.post(f"{server.base_url}/chat/completions", json=body)
-    latency = time.perf_counter() - t
-    if r.status_code != 200:
-        raise RuntimeError(f"chat/completions answered {r.status_code}: {r.text[:300]}")
-    data = r.json()
-    ids = (data.get("choices") or [{}])[0].get("token_ids") or []
-    prompt, completion, cached = usage_of(data, len(ids))
-    return Reply(prompt, completion, cached, latency)
-
-
-async def chat_streamed(client: httpx2.AsyncClient, server: Server, messages: list[dict], max_tokens: int) -> Reply:
-    """A streamed chat request: the time to its first generated text, and the usage of its last chunk."""
-    body = {"model": server.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    t = time.perf_counter()
-    ttft, usage, chunks = None, {}, 0
+    ttft, data, chunks = None, {}, 0
     async with client.stream("POST", f"{server.base_url}/chat/completions", json=body) as r:
         if r.status_code != 200:
-            raise RuntimeError(f"chat/completions (stream) answered {r.status_code}: {(await r.aread())[:300]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                break
-            data = json.loads(payload)
-            for choice in data.get("choices") or []:
-                delta = choice.get("delta") or {}
-                if ttft is None and (delta.get("content") or choice.get("token_ids")):
-                    ttft = time.perf_counter() - t
-                chunks += 1
-            if data.get("usage"):
-                usage = data
-    latency = time.perf_counter() - t
-    prompt, completion, cached = usage_of(usage, chunks)
-    return Reply(prompt, completion, cached, latency, ttft)
+            raise RuntimeError(f"chat/completions answered {r.status_code}: {(await r.aread())[:300]!r}")
+        if not stream:
+            data = json.loads(await r.aread())
+            chunks = len((data.get("choices") or [{}])[0].get("token_ids") or [])
+        else:
+            async for line in r.aiter_lines():
+                if not line.startswith("data:") or (payload := line[5:].strip()) == "[DONE]":
+                    continue
+                chunk = json.loads(payload)
+                for choice in chunk.get("choices") or []:
+                    if ttft is None and ((choice.get("delta") or {}).get("content") or choice.get("token_ids")):
+                        ttft = time.perf_counter() - t
+                    chunks += 1
+                data = chunk if chunk.get("usage") else data
+    return Reply(*usage_of(data, chunks), time.perf_counter() - t, ttft)
 
 
 def client_for(concurrency: int) -> httpx2.AsyncClient:
@@ -333,21 +314,29 @@ def long_text(words: int, nonce: str) -> str:
     return f"Note {nonce}. Read this and summarise it: {body}"
 
 
-async def ttft(server: Server, target_tokens: int, repeats: int) -> dict[str, Any]:
+def words_for(model_dir: Path | None, tokens: int) -> int:
+    """Words of `long_text` for a prompt of about `tokens` tokens, by the model's own tokenizer."""
+    with contextlib.suppress(Exception):  # noqa: BLE001 - without it, ~1.25 tokens a word
+        return max(50, round(800 * tokens / len(tokenizer(model_dir)(long_text(800, "x"))["input_ids"])))
+    return round(tokens * 0.8)
+
+
+async def first_request(server: Server, words: int) -> dict[str, Any]:
+    """The server's first request, as a user's first after it starts: nothing warmed, nothing cached."""
+    async with client_for(1) as client:
+        reply = await chat(client, server, [{"role": "user", "content": long_text(words, "first")}], 8, stream=True)
+    return {"ttft_s": reply.ttft, "prompt_tokens": reply.prompt_tokens}
+
+
+async def ttft(server: Server, words: int, repeats: int) -> dict[str, Any]:
+    """After the warm-up and the decode runs: a prompt no one sent before (cold), then the same again."""
     async with client_for(2) as client:
-        # Calibrate the length on a prompt of its own (another start, so it warms nothing measured).
-        probe = await chat(client, server, [{"role": "user", "content": long_text(800, "calibration")}], 1)
-        words = max(50, round(800 * target_tokens / max(probe.prompt_tokens, 1)))
         cold, warm = [], []
         for i in range(repeats):
             messages = [{"role": "user", "content": long_text(words, f"{time.time_ns():x}-{i}")}]
-            cold.append(await chat_streamed(client, server, messages, 8))
-            warm.append(await chat_streamed(client, server, messages, 8))
-
-    def med(xs):
-        xs = [x for x in xs if x is not None]
-        return statistics.median(xs) if xs else None
-
+            cold.append(await chat(client, server, messages, 8, stream=True))
+            warm.append(await chat(client, server, messages, 8, stream=True))
+    med = lambda xs: statistics.median(xs) if (xs := [x for x in xs if x is not None]) else None  # noqa: E731
     return {"prompt_tokens": cold[0].prompt_tokens,
             "cold_ttft_s": med(r.ttft for r in cold), "cached_ttft_s": med(r.ttft for r in warm),
             "cold_cached_tokens": med(r.cached_tokens for r in cold),
@@ -391,23 +380,16 @@ def tokenizer(model_dir: Path):
 def shared_head(model_dir: Path | None, prompts: list[list[dict]]) -> int | None:
     """Tokens common to the start of every prompt (the most a prefix cache can share), by the
     model's own tokenizer and chat template; None where it cannot be loaded here."""
-    if model_dir is None:
-        return None
-    try:
-        tok = tokenizer(model_dir)
-        ids = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in prompts]
-        ids = [x["input_ids"] if isinstance(x, dict) or hasattr(x, "keys") else x for x in ids]
-    except Exception:  # noqa: BLE001 - only an annotation of the figures
-        return None
-    n = 0
-    while all(len(x) > n for x in ids) and len({x[n] for x in ids}) == 1:
-        n += 1
-    return n
+    with contextlib.suppress(Exception):  # noqa: BLE001 - only an annotation of the figures
+        ids = [tokenizer(model_dir).apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in prompts]
+        return len(os.path.commonprefix([x["input_ids"] if hasattr(x, "keys") else x for x in ids]))
+    return None
 
 
-async def measure(server: Server, args, model_dir: Path | None) -> dict[str, Any]:
-    """Every figure of one server. A measure that fails is recorded as its error and the next one
-    runs, unless the server died: then the rest are marked skipped."""
+async def measure(server: Server, args, model_dir: Path | None, pss: PeakPss | None) -> dict[str, Any]:
+    """Every figure of one server, each measure's with the peak PSS sampled while it ran. A measure
+    that fails is recorded as its error and the next one runs, unless the server died: then the rest
+    are marked skipped."""
     # First one workspace path for all 16 (what a shared prefix can save), then each rollout's
     # own, made as evals.runner.rollout makes them.
     cwd = Path(tempfile.gettempdir()) / "pa-eval-workspace"
@@ -423,9 +405,10 @@ async def measure(server: Server, args, model_dir: Path | None) -> dict[str, Any
     async def grouped(prompts: list[list[dict]]) -> dict[str, Any]:
         return {**await group(server, prompts, args.group_max_tokens), "shared_head_tokens": shared_head(model_dir, prompts)}
 
-    steps = [("warm_up", lambda: warm_up(server, max(args.concurrency)))]
+    words = words_for(model_dir, args.ttft_tokens)
+    steps = [("first", lambda: first_request(server, words)), ("warm_up", lambda: warm_up(server, max(args.concurrency)))]
     steps += [(f"decode_{c}", lambda c=c: decode(server, c, args.max_tokens)) for c in args.concurrency]
-    steps += [("ttft", lambda: ttft(server, args.ttft_tokens, args.repeats)),
+    steps += [("ttft", lambda: ttft(server, words, args.repeats)),
               ("group_first", lambda: grouped(first)), ("group_next", lambda: grouped(after)),
               ("group_as_sent", lambda: grouped(as_sent))]
     out: dict[str, Any] = {}
@@ -443,9 +426,11 @@ async def measure(server: Server, args, model_dir: Path | None) -> dict[str, Any
             out[key] = {"error": f"{type(e).__name__}: {e}"}
             print(f"[{server.name}] {key} failed: {out[key]['error']}", flush=True)
         else:
-            if figures is not None:
-                out[key] = figures
-    out["pss_mb"] = server_pss_mb(server)
+            out[key] = figures or {}
+        if pss is not None:
+            out[key]["peak_pss_mb"] = pss.take()
+    if pss is not None:
+        out["pss_mb"], out["peak_pss_mb"] = pss.now(), pss.run_peak
     out["memory_mb"] = await reported_memory(server)
     return out
 
@@ -466,7 +451,8 @@ def rows(levels: list[int], group: int, ttft_tokens: int) -> list[tuple[str, str
     return [
         ("ready after start (s)", "ready_s", "{:.1f}"),
         *[(f"decode tok/s, {c} concurrent", f"decode_{c}.tok_s", "{:.1f}") for c in levels],
-        (f"ttft, ~{ttft_tokens}-token prompt, cold (s)", "ttft.cold_ttft_s", "{:.3f}"),
+        (f"ttft, ~{ttft_tokens}-token prompt, first request (s)", "first.ttft_s", "{:.3f}"),
+        ("ttft, a new prompt after warm-up, cold (s)", "ttft.cold_ttft_s", "{:.3f}"),
         ("ttft, same prompt again, cached (s)", "ttft.cached_ttft_s", "{:.3f}"),
         ("  prompt tokens / cached when resent", "ttft.prompt_tokens|ttft.cached_cached_tokens", "{:.0f}"),
         (f"agent group x{group}, first: prefill saved", "group_first.saved", "{:.1%}"),
@@ -477,6 +463,9 @@ def rows(levels: list[int], group: int, ttft_tokens: int) -> list[tuple[str, str
         ("  group wall time (s)", "group_as_sent.wall_s", "{:.2f}"),
         ("  prompt tokens each / shared head", "group_as_sent.prompt_tokens_each|group_as_sent.shared_head_tokens",
          "{:.0f}"),
+        ("peak PSS during the run (MB)", "peak_pss_mb", "{:.0f}"),
+        ("  in the groups: first / next / own (MB)", "group_first.peak_pss_mb|group_next.peak_pss_mb|"
+                                                     "group_as_sent.peak_pss_mb", "{:.0f}"),
         ("server memory after, PSS (MB)", "pss_mb", "{:.0f}"),
         ("  weights / kv cache / prefix cache / other", "memory_mb.weights|memory_mb.kv_cache|memory_mb.prefix_cache|"
                                                         "memory_mb.other", "{:.0f}"),
@@ -499,9 +488,9 @@ def cell(figures: dict[str, Any], path: str, fmt: str) -> str:
 
 def print_table(results: dict[str, dict[str, Any]], levels: list[int], group: int, ttft_tokens: int) -> None:
     names = list(results)
-    print(f"\n{'measure':<44}" + "".join(f"{n:>16}" for n in names))
+    print(f"\n{'measure':<44}" + "".join(f"{n:>20}" for n in names))
     for label, path, fmt in rows(levels, group, ttft_tokens):
-        print(f"{label:<44}" + "".join(f"{cell(results[n].get('figures', {}), path, fmt):>16}" for n in names))
+        print(f"{label:<44}" + "".join(f"{cell(results[n].get('figures', {}), path, fmt):>20}" for n in names))
     for n in names:
         if results[n].get("error"):
             print(f"{n}: not measured: {results[n]['error']}")
@@ -511,10 +500,12 @@ def print_table(results: dict[str, dict[str, Any]], levels: list[int], group: in
             if isinstance(value, dict) and value.get("all_max_tokens") is False:
                 print(f"{n}: {key}: some replies fell short of max_tokens (ignore_eos not honoured?)")
     ours, vllm = results.get("ours", {}).get("figures"), results.get("vllm", {}).get("figures")
-    if ours and vllm:
-        a, b = lookup(ours, "decode_16.tok_s"), lookup(vllm, "decode_16.tok_s")
-        if a and b:
-            print(f"target: decode at 16 concurrent >= vLLM's: {a:.1f} vs {b:.1f} {'ok' if a >= b else 'MISS'}")
+    for c in levels if ours and vllm else ():
+        if (a := lookup(ours, f"decode_{c}.tok_s")) and (b := lookup(vllm, f"decode_{c}.tok_s")):
+            print(f"target: decode at {c} concurrent >= 1.2x vLLM's: {a / b:.2f}x {'ok' if a >= 1.2 * b else 'MISS'}")
+    for path in ("group_first.peak_pss_mb", "group_next.peak_pss_mb") if ours else ():
+        if peak := lookup(ours, path):
+            print(f"target: peak PSS ({path.split('.')[0]}) <= 1536 MB: {peak:.0f} {'ok' if peak <= 1536 else 'MISS'}")
     if ours and group == 16 and (saved := lookup(ours, "group_first.saved")) is not None:
         print(f"target: prefill saved for the group >= 90%: {saved:.1%} {'ok' if saved >= 0.9 else 'MISS'}")
 
@@ -540,7 +531,7 @@ async def run_one(name: str, args, logs: Path, started: list[Server]) -> dict[st
     """Start (or reach) one server, measure it, stop it: its figures, or the error that stopped it.
     A server started is added to `started` at once, so that main() stops it whatever happens."""
     result: dict[str, Any] = {}
-    server = None
+    server = pss = None
     try:
         if name == "ours":
             server = start_ours(args.model, logs)
@@ -552,10 +543,11 @@ async def run_one(name: str, args, logs: Path, started: list[Server]) -> dict[st
             server = Server(name, name.rstrip("/") if name.rstrip("/").endswith("/v1") else name.rstrip("/") + "/v1",
                             model=args.served_model or "")
         result["launch"] = server.launch
+        pss = PeakPss(server.proc.pid) if server.proc else None  # from its start: its peak includes loading
         print(f"[{name}] starting: {' '.join(server.launch.get('argv', [server.base_url]))}", flush=True)
         ready = await wait_ready(server, args.ready_timeout)
         print(f"[{name}] ready in {ready:.1f} s, serving {server.model!r}", flush=True)
-        figures = await measure(server, args, resolve_model(args.model))
+        figures = await measure(server, args, resolve_model(args.model), pss)
         result["figures"] = {"ready_s": ready if server.proc else None, **figures}
     except NotReady as e:
         result["error"] = f"could not start: {e}"
@@ -564,6 +556,8 @@ async def run_one(name: str, args, logs: Path, started: list[Server]) -> dict[st
         if server is not None and server.proc is not None and server.proc.poll() is not None:
             result["error"] += f"\nit exited ({server.proc.returncode}); its log ends:\n{log_tail(server.log)}"
     finally:
+        if pss is not None:
+            pss.close()
         if server is not None and server.proc is not None:
             result["stopped_by"], left = stop(server)
             print(f"[{name}] stopped by {result['stopped_by'] or 'itself (it had exited)'}", flush=True)
@@ -644,7 +638,7 @@ def main() -> int:
     total = time.perf_counter() - started
 
     print_table(results, args.concurrency, args.group, args.ttft_tokens)
-    print(f"{'total bench time (s)':<44}{total:>16.1f}")
+    print(f"{'total bench time (s)':<44}{total:>20.1f}")
     print("2 shared cores: these figures are indicative; compare servers within one run only.")
     save(args.out, {"servers": results, "notes": notes, "args": {k: v for k, v in vars(args).items() if k != "out"},
                     "total_s": total}, load)

@@ -10,7 +10,9 @@ the server keeps.
   transformers modules' own weights are dropped: the packed ones are the model. Only a tied output
   head is held twice (the embedding lookup needs the table dense, the head packed).
 - **Attention** is one `scaled_dot_product_attention` per layer over the engine's key/value slots
-  (`Slots`: rows × columns, left-padded), the new keys and values written in place.
+  (`Slots`: rows × columns, left-padded), the new keys and values written in place. A head of
+  tokens every row shares (an RL group's prompt) is held once: each layer attends to it and to
+  the rows' own columns in two passes, merged by their log-sum-exp (`_attend`).
 
 It computes what transformers' LlamaDecoderLayer computes (its RMSNorm, rotary embedding, SDPA),
 in another order of float additions: results differ by rounding (~1e-6), as another batch would."""
@@ -25,7 +27,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 class Slots:
     """Per layer, key and value buffers [rows, kv_heads, columns, head_dim]. Rows 0..n-1 are in use
     and all end at column `t`; row r's tokens are columns start[r]..t-1, the columns before it padding
-    (zeros: attention reads them, masked). Columns at t and beyond, and rows from n, are unused room."""
+    (zeros: attention reads them, masked). Columns at t and beyond, and rows from n, are unused room.
+    Every row's tokens may follow a shared `head` of tokens, whose keys and values are held once
+    (`head_k`, `head_v`: per layer [1, kv_heads, len(head), head_dim]; `share`)."""
 
     def __init__(self, layers: int, heads: int, dim: int, dtype: torch.dtype, rows: int = 1, cols: int = 64):
         self.shape = (heads, dim)
@@ -35,6 +39,9 @@ class Slots:
         self.n = 0
         self.t = 0
         self.start: list[int] = []
+        self.head: list[int] = []
+        self.head_k: list[torch.Tensor] = []
+        self.head_v: list[torch.Tensor] = []
 
     @property
     def capacity(self) -> tuple[int, int]:
@@ -42,7 +49,7 @@ class Slots:
 
     @property
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.k + self.v)
+        return sum(b.numel() * b.element_size() for b in self.k + self.v + self.head_k + self.head_v)
 
     def reserve(self, rows: int, cols: int, shift: int = 0) -> None:
         """Room for `rows` rows and `cols` columns; `shift` moves every row's columns right by that much."""
@@ -57,14 +64,15 @@ class Slots:
         self._move(rows, cols, shift)
 
     def _move(self, rows: int, cols: int, shift: int = 0) -> None:
-        """New buffers of rows x cols with the rows in use copied over (`shift` columns to the right).
-        Their unused room is never written, so the pages of a large one stay untouched (not resident)."""
+        """New buffers of rows x cols with the rows in use copied over (`shift` columns to the right; to
+        the left, dropping as many, where it is negative). Their unused room is never written, so the
+        pages of a large one stay untouched (not resident)."""
         n, t = self.n, self.t
         for bufs in (self.k, self.v):
             for i, old in enumerate(bufs):
                 new = torch.empty(rows, self.shape[0], cols, self.shape[1], dtype=self.dtype)
-                new[:n, :, :shift] = 0
-                new[:n, :, shift : shift + t] = old[:n, :, :t]
+                new[:n, :, : max(shift, 0)] = 0
+                new[:n, :, max(shift, 0) : shift + t] = old[:n, :, max(-shift, 0) : t]
                 bufs[i] = new
         self.t += shift
         self.start = [s + shift for s in self.start]
@@ -99,6 +107,7 @@ class Slots:
         self.n -= 1
         if not self.n:
             self.t = 0
+            self.head, self.head_k, self.head_v = [], [], []
             if self.capacity != (1, 64):
                 self._move(1, 64)
             return
@@ -112,6 +121,31 @@ class Slots:
         rows, cols = self.capacity
         if rows * cols >= 2 * max(self.n * (self.t + 64), 64):
             self._move(self.n, self.t + 64)
+
+    def share(self, head: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Hold `head` once, its keys and values the first len(head) columns of `keys` and `values` (per
+        layer [kv_heads, length, head_dim]): the rows in use begin with it, and give up their own copy."""
+        p = len(head)
+        self.head = list(head)
+        self.head_k = [k[None, :, :p].clone() for k in keys]
+        self.head_v = [v[None, :, :p].clone() for v in values]
+        if self.n:
+            self.start = [s + p for s in self.start]
+            m = min(self.start)
+            self._move(self.capacity[0], self.t - m + 64, -m)
+
+    def unshare(self) -> None:
+        """Write the head back into every row in use, before its own columns (a row without it joins)."""
+        p = len(self.head)
+        if p:
+            shift = max(0, p - min(self.start, default=p))
+            self.reserve(self.n, self.t + shift, shift)
+            for layer, (k, v) in enumerate(zip(self.k, self.v)):
+                for r, s in enumerate(self.start):
+                    k[r, :, s - p : s] = self.head_k[layer][0]
+                    v[r, :, s - p : s] = self.head_v[layer][0]
+            self.start = [s - p for s in self.start]
+            self.head, self.head_k, self.head_v = [], [], []
 
     def row(self, r: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Row r's keys and values, per layer [kv_heads, length, head_dim] (views)."""
@@ -284,24 +318,34 @@ class Decoder:
         return norms + linears + self.embed.numel() * self.embed.element_size()
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, keys: list[torch.Tensor],
-                values: list[torch.Tensor], t: int, mask: torch.Tensor) -> torch.Tensor:
+                values: list[torch.Tensor], t: int, mask: torch.Tensor,
+                head: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> torch.Tensor:
         """The final hidden state [n, hidden] of each row's last new token. `ids` and `positions` are
         [n, new]; per layer, keys and values [rows, kv_heads, columns, dim] get the new ones at columns
-        t..t+new-1; `mask` [n, 1, new, t+new] (True: attend)."""
+        t..t+new-1; `mask` [n, 1, new, t+new] (True: attend; None: causal, where t is 0 and no row is
+        padded: the kernel then skips the blocks above the diagonal); `head`: per layer the keys and values
+        [1, kv_heads, length, dim] of a head every row follows and attends to whole (`Slots.share`)."""
         n, new = ids.shape
+        if head is not None:  # the flash kernel takes an additive mask, one row per query of a kv head
+            mask = torch.zeros(mask.shape, dtype=self.embed.dtype).masked_fill_(~mask, float("-inf"))
+            mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
         h_, kv, d, end = self.heads, self.kv_heads, self.dim, t + new
         h = F.embedding(ids.reshape(-1), self.embed)
         cos, sin = self.rotary(h, positions)
         cos, sin = cos[:, :, None], sin[:, :, None]  # [n, new, 1, dim]: the same for every head
         half, width = d // 2, self.hidden
-        for (n1, qkv, o, n2, gate_up, down), k_buf, v_buf in zip(self.layers, keys, values):
+        for i, ((n1, qkv, o, n2, gate_up, down), k_buf, v_buf) in enumerate(zip(self.layers, keys, values)):
             x = qkv(F.rms_norm(h, (width,), n1, self.eps)).view(n, new, h_ + 2 * kv, d)
             qk = x[:, :, : h_ + kv]
             qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin
             k_buf[:n, :, t:end] = qk[:, :, h_:].transpose(1, 2)
             v_buf[:n, :, t:end] = x[:, :, h_ + kv :].transpose(1, 2)
-            a = F.scaled_dot_product_attention(qk[:, :, :h_].transpose(1, 2), k_buf[:n, :, :end], v_buf[:n, :, :end],
-                                               attn_mask=mask, scale=self.scale, enable_gqa=kv != h_)
+            q, k, v = qk[:, :, :h_].transpose(1, 2), k_buf[:n, :, :end], v_buf[:n, :, :end]
+            if head is None:
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=kv != h_,
+                                                   is_causal=mask is None)
+            else:
+                a = _attend(q, k, v, mask, head[0][i], head[1][i], self.scale)
             h = o(a.transpose(1, 2).reshape(n * new, h_ * d), add=h)
             g = gate_up(F.rms_norm(h, (width,), n2, self.eps))
             inner = g.shape[1] // 2
@@ -311,3 +355,25 @@ class Decoder:
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] fp32 from final hidden states [rows, hidden]."""
         return self.head(h).float()
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, head_k: torch.Tensor,
+            head_v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of queries q [n, heads, new, dim] over a head every row shares (head_k, head_v
+    [1, kv_heads, P, dim], held once) and the rows' own keys and values k, v [n, kv_heads, T, dim]
+    under an additive `mask` [n, 1, groups * new, T]: one pass each, the two merged by their
+    log-sum-exp, as attending to the head and the own columns together would be (up to rounding). A
+    kv head's query heads go in one batch, and every row's queries in one against the head: it is
+    read once a layer, not once a row."""
+    n, heads, new, d = q.shape
+    kv = k.shape[1]
+    q = q.reshape(n, kv, heads // kv * new, d)
+    own, own_lse = _flash(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
+    shared, shared_lse = _flash(q.transpose(0, 1).reshape(1, kv, -1, d), head_k, head_v, 0.0, False, scale=scale)
+    shared, shared_lse = shared.view(kv, n, -1, d).transpose(0, 1), shared_lse.view(kv, n, -1).transpose(0, 1)
+    w = torch.sigmoid(shared_lse - own_lse)[..., None].to(q.dtype)  # the head's share of each query's weight
+    return (own + w * (shared - own)).reshape(n, heads, new, d)
+
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+"""Scaled dot-product attention on the CPU that also returns each query's log-sum-exp."""

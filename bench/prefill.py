@@ -1,0 +1,83 @@
+"""Where the policy server's prefill spends its time, op by op: one cold prefill of a ~1k-token prompt
+(nothing cached) by rl/engine.py's HFEngine in this process, under torch.profiler.
+
+    .venv/bin/python bench/prefill.py [--model NAME|DIR] [--tokens 1024] [--top 15]
+
+It times `--repeats` prefills of new prompts (the first, right after the model loads, as a server's
+first request; then the median of the rest), profiles one more, and prints the ops that took the
+most self CPU time, and their share by kind: matmuls (oneDNN), attention, and the elementwise rest
+(RMSNorm's pow/mean/rsqrt/mul, the rotary embedding, SiLU and its mul, copies). Writes
+bench/results/prefill.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from bench.report import load_average, save  # noqa: E402
+from rl.engine import HFEngine  # noqa: E402
+from rl.hf import load_hf  # noqa: E402
+from rl.pull import resolve  # noqa: E402
+
+KINDS = {"matmul": ("mkldnn", "linear", "addmm", "mm", "matmul"), "attention": ("attention",)}
+
+
+def kind(op: str) -> str:
+    name = op.removeprefix("aten::").removeprefix("mkldnn::")
+    return next((k for k, words in KINDS.items() if any(w in name for w in words)), "elementwise and the rest")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="an installed model's name or an HF directory")
+    ap.add_argument("--tokens", type=int, default=1024, help="the prompt's length")
+    ap.add_argument("--repeats", type=int, default=3, help="prefills timed before the profiled one")
+    ap.add_argument("--top", type=int, default=15, help="ops in the table")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill.json"))
+    args = ap.parse_args()
+
+    load = load_average()
+    engine = HFEngine(load_hf(resolve(args.model)), thread=False)
+    vocab = engine.vocab_size
+
+    def prompt(i: int) -> list[int]:  # starts differ: nothing is found in the prefix cache
+        return [(i * 7919 + j * 104729) % (vocab - 1000) + 500 for j in range(args.tokens)]
+
+    times = []
+    with torch.inference_mode():
+        for i in range(args.repeats + 1):
+            t = time.perf_counter()
+            engine._prefill([prompt(i)])
+            times.append(time.perf_counter() - t)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            engine._prefill([prompt(args.repeats + 1)])
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in ops) or 1
+    shares: dict[str, float] = {}
+    for e in ops:
+        shares[kind(e.key)] = shares.get(kind(e.key), 0.0) + e.self_cpu_time_total / total
+    print(f"prefill of {args.tokens} tokens, {torch.get_num_threads()} threads: first {times[0]:.3f} s, "
+          f"then median {statistics.median(times[1:]):.3f} s")
+    print(f"{'op':<44}{'calls':>8}{'self ms':>10}{'share':>8}")
+    for e in ops[: args.top]:
+        print(f"{e.key[:43]:<44}{e.count:>8}{e.self_cpu_time_total / 1e3:>10.1f}{e.self_cpu_time_total / total:>8.1%}")
+    print("by kind: " + ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1])))
+    save(args.out, {"tokens": args.tokens, "threads": torch.get_num_threads(), "first_s": times[0],
+                    "median_s": statistics.median(times[1:]), "shares": shares,
+                    "top": [{"op": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1e3}
+                            for e in ops[: args.top]]}, load)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
