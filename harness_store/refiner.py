@@ -158,17 +158,27 @@ def _prompt(name: str) -> str:
     return resources.files("harness_store").joinpath("prompts", name).read_text(encoding="utf-8")
 
 
+REPLY_MAX_ITEMS = 4
+"""Under an enforced reply schema: the most edits a proposal, files a skill's map, keys a metadata map."""
+
+
 def reply_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The JSON schema a reply is asked to match: `model`'s, each of its objects closed to keys it does
-    not name. Parsing stays lenient (extra keys are ignored), but a server that enforces the schema must
-    not let a small model invent keys: SmolLM2-135M, held to the open one, wrote `"reason_type_name":
-    "create", ` over and over until its token limit cut the plan short."""
+    """The JSON schema a reply is asked to match: `model`'s, with each of its objects closed to keys it
+    does not name, each open map (a skill's files) and list (the edits) held to `REPLY_MAX_ITEMS`.
+    Parsing stays lenient (extra keys are ignored). A server that enforces the schema must leave a small
+    model no endless path: SmolLM2-135M, held to the open one, wrote `"reason_type_name": "create", `
+    over and over, and held to closed objects, one file after another into a skill's `files`, until
+    its token limit cut the plan short."""
 
     def close(node: Any) -> Any:
         if isinstance(node, dict):
             node = {k: close(v) for k, v in node.items()}
             if "properties" in node:
                 node.setdefault("additionalProperties", False)
+            elif node.get("type") == "object":
+                node.setdefault("maxProperties", REPLY_MAX_ITEMS)
+            elif node.get("type") == "array":
+                node.setdefault("maxItems", REPLY_MAX_ITEMS)
         elif isinstance(node, list):
             node = [close(v) for v in node]
         return node

@@ -45,16 +45,19 @@ async def test_the_plan_request_carries_the_proposal_schema_where_the_server_enf
         check_closed(planning["json_schema"]["schema"], Proposal, {"summary": "s", "edits": [
             {"action": "create", "kind": "prompt", "id": "n", "title": "t", "content": "c", "files": {"a.py": ""}}]},
             [{"summary": "The task is to create a new task with a single input.", "action": "create",
-              "action_type_name": "create"}, {"summary": "s", "edits": [{"action": "create", "reason_type": "x"}]}])
+              "action_type_name": "create"}, {"summary": "s", "edits": [{"action": "create", "reason_type": "x"}]},
+             {"summary": "s", "edits": [{"action": "create", "files": {f"f{i}.py": "" for i in range(5)}}]},
+             {"summary": "s", "edits": [{"action": "delete", "id": f"e{i}"} for i in range(5)]}])
 
 
-def check_closed(schema: dict, model, valid: dict, invented: list[dict]) -> None:
-    """The schema sent holds what the model parses, and no key it does not name: SmolLM2-135M, held to
-    the open schema by `rl serve`, invented keys (the first of `invented` is the top of its reply, closed)
-    until its token limit cut the plan short. The reply is parsed as leniently as ever."""
+def check_closed(schema: dict, model, valid: dict, endless: list[dict]) -> None:
+    """The schema sent holds what the model parses, and leaves no endless path: SmolLM2-135M, held by
+    `rl serve` to the open schema, invented keys (the first of `endless`, the top of its reply, closed),
+    and held to closed objects, wrote file after file into a skill's `files`, until its token limit cut
+    the plan short. The reply is parsed as leniently as ever."""
     jsonschema.validate(valid, schema)
     model.model_validate(valid)
-    for reply in invented:
-        model.model_validate(reply)  # extra keys ignored
-        with pytest.raises(jsonschema.ValidationError, match="Additional properties"):
+    for reply in endless:
+        model.model_validate(reply)  # extra keys ignored, any number of edits and files
+        with pytest.raises(jsonschema.ValidationError, match="Additional properties|too many|is too long"):
             jsonschema.validate(reply, schema)
