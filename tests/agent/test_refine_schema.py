@@ -11,7 +11,7 @@ import pytest
 from agent.model import OpenAIModel
 from agent.refine import model_caller
 from agent.testing.openai_server import OpenAIServer, Reply
-from harness_store.refiner import Proposal, Refiner, Review
+from harness_store.refiner import Proposal, RefinementError, Refiner, Review
 from harness_store.store import HarnessStore
 from tests.conftest import make_config
 
@@ -61,3 +61,18 @@ def check_closed(schema: dict, model, valid: dict, endless: list[dict]) -> None:
         model.model_validate(reply)  # extra keys ignored, any number of edits and files
         with pytest.raises(jsonschema.ValidationError, match="Additional properties|too many|is too long"):
             jsonschema.validate(reply, schema)
+
+
+async def test_a_plan_stopped_for_looping_is_no_plan_not_an_outage(tmp_path: Path):
+    """SmolLM2-135M at temperature 0.2 wrote `. The task is to create a new task with a different name`
+    over and over inside a string; the repetition guard stops such a reply. For the refiner that is a
+    reply with no plan (the refine loop goes on to its next round), never a model error (which stops the
+    loop as an outage)."""
+    looping = '{"summary": "s", "rationale": "' + ". The task is to create a new task" * 40
+    with OpenAIServer([Reply(content=looping)], models=[{"id": "m", "object": "model"}]) as server:
+        config = make_config(model={"name": "m", "base_url": server.base_url, "stream": False})
+        model = OpenAIModel(config.model)
+        refiner = Refiner({"project": HarnessStore(tmp_path / "harness", "project")}, model_caller(model, config))
+        with pytest.raises(RefinementError, match="fell into a loop"):
+            await refiner.plan("evidence", "", trigger="explicit")
+        await model.close()
