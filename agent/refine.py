@@ -23,7 +23,7 @@ from agent.context import Context, Current, Sinks, transcript
 from agent.harness import SessionHarness
 from agent.kernel import Kernel
 from agent.layout import SessionLayout
-from agent.model import Model, ModelError
+from agent.model import Model, ModelError, Repeating
 from agent.kernel.runtime import ENV_PATH, ENV_TOKEN
 from agent.trajectory import RefinementRecord
 from agent.types import Cell, Completion, Message
@@ -36,7 +36,7 @@ def model_caller(model: Model | None, config: Config, on_usage=None):
     """The refiner's `complete(messages, schema) -> text`, on the session's model (None: none is configured,
     and planning says so; deciding a plan already made needs no model). The reply's schema is sent where
     `refine.structured` says (auto: where the server says it enforces one), else a JSON object is asked
-    for (`refine.json_mode`)."""
+    for (`refine.json_mode`). A reply stopped for falling into a loop is no plan: a RefinementError."""
 
     async def complete(messages: list[dict[str, str]], schema: dict[str, Any] | None = None) -> str:
         if model is None:
@@ -45,7 +45,10 @@ def model_caller(model: Model | None, config: Config, on_usage=None):
         if schema is not None and structured == "auto":
             structured = (await model.describe()).structured_outputs is True
         json_mode = schema if schema is not None and structured is True else config.refine.json_mode
-        c = await model.complete([Message(**m) for m in messages], tools=False, json_mode=json_mode)
+        try:
+            c = await model.complete([Message(**m) for m in messages], tools=False, json_mode=json_mode)
+        except Repeating as e:  # a reply, and no plan: not an outage
+            raise RefinementError(str(e)) from None
         if on_usage:
             on_usage(c)
         return c.message.content

@@ -45,7 +45,7 @@ from agent.config_models import Config  # noqa: E402
 from agent.model import OpenAIModel  # noqa: E402
 from agent.refine import model_caller  # noqa: E402
 from bench.report import load_average, save  # noqa: E402
-from harness_store.refiner import Proposal, RefinementError, Refiner  # noqa: E402
+from harness_store.refiner import Proposal, RefinementError, Refiner, reply_schema  # noqa: E402
 from harness_store.store import HarnessStore  # noqa: E402
 from rl.engine import HFEngine  # noqa: E402
 from rl.grammar import Grammars, advance, constraint, mask_logits, start  # noqa: E402
@@ -163,7 +163,7 @@ def overhead(engine: HFEngine, rounds: int) -> tuple[list[dict], dict]:
     started = time.perf_counter()
     fresh.tokenizer()
     tokenizer_s = time.perf_counter() - started
-    c = constraint({"type": "json_schema", "json_schema": {"name": "Proposal", "schema": Proposal.model_json_schema()}},
+    c = constraint({"type": "json_schema", "json_schema": {"name": "Proposal", "schema": reply_schema(Proposal)}},
                    None, None)
     assert c is not None
     started = time.perf_counter()

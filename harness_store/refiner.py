@@ -158,6 +158,34 @@ def _prompt(name: str) -> str:
     return resources.files("harness_store").joinpath("prompts", name).read_text(encoding="utf-8")
 
 
+REPLY_MAX_ITEMS = 4
+"""Under an enforced reply schema: the most edits a proposal, files a skill's map, keys a metadata map."""
+
+
+def reply_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON schema a reply is asked to match: `model`'s, with each of its objects closed to keys it
+    does not name, each open map (a skill's files) and list (the edits) held to `REPLY_MAX_ITEMS`.
+    Parsing stays lenient (extra keys are ignored). A server that enforces the schema must leave a small
+    model no endless path: SmolLM2-135M, held to the open one, wrote `"reason_type_name": "create", `
+    over and over, and held to closed objects, one file after another into a skill's `files`, until
+    its token limit cut the plan short."""
+
+    def close(node: Any) -> Any:
+        if isinstance(node, dict):
+            node = {k: close(v) for k, v in node.items()}
+            if "properties" in node:
+                node.setdefault("additionalProperties", False)
+            elif node.get("type") == "object":
+                node.setdefault("maxProperties", REPLY_MAX_ITEMS)
+            elif node.get("type") == "array":
+                node.setdefault("maxItems", REPLY_MAX_ITEMS)
+        elif isinstance(node, list):
+            node = [close(v) for v in node]
+        return node
+
+    return close(model.model_json_schema())
+
+
 def parse_json_reply(text: str, model: type[BaseModel]):
     """The first JSON object in a reply (fences and prose around it are fine), as `model`."""
     start = text.find("{")
@@ -199,7 +227,7 @@ class Refiner:
     async def review(self, evidence: str) -> Review:
         """The cheap call before an auto-refine: is there a lesson here at all?"""
         reply = await self.complete([{"role": "system", "content": _prompt("review.md")},
-                                     {"role": "user", "content": evidence}], schema=Review.model_json_schema())
+                                     {"role": "user", "content": evidence}], schema=reply_schema(Review))
         return parse_json_reply(reply, Review)
 
     async def plan(self, evidence: str, view: str, *, trigger: str, instructions: str | None = None,
@@ -211,7 +239,7 @@ class Refiner:
         if instructions:
             parts.append(f"# Focus\n{instructions}")
         reply = await self.complete([{"role": "system", "content": _prompt("plan.md")},
-                                     {"role": "user", "content": "\n\n".join(parts)}], schema=Proposal.model_json_schema())
+                                     {"role": "user", "content": "\n\n".join(parts)}], schema=reply_schema(Proposal))
         proposal = parse_json_reply(reply, Proposal)
         rid = f"r-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         return Plan(rid, trigger, proposal, versions, generation, evidence=_evidence_line(proposal))
