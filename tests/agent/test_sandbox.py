@@ -432,9 +432,12 @@ async def test_no_kernel_reads_the_homes_keys_checkpoints_or_another_homes_daemo
             got = outcomes((await run(s, code)).stdout)
             skill = await run(s, f"print(open({str(user_skill / 'SKILL.md')!r}).read().split()[-1])")
             snap = await run(s, f"open(os.path.join({str(s.layout.kernel_snapshots)!r}, 'probe'), 'w').write('x')")
-            whole = await run(s, "import subprocess\nprint(subprocess.run(['grep', '-rl', "
-                              f"'-e', {key!r}, '-e', {private!r}, '-e', {token_a!r}, "
-                              f"{str(tmp_path)!r}, '/tmp'], capture_output=True, text=True).stdout)")
+            # this test's files, then all of /tmp but the tests' trees (gigabytes of models: a minute of CPU)
+            patterns = f"'-e', {key!r}, '-e', {private!r}, '-e', {token_a!r}"
+            whole = await run(s, "import subprocess\nfor where in ("
+                              f"[{str(tmp_path)!r}], ['--exclude-dir=pytest-of-*', '/tmp']):\n"
+                              f"    print(subprocess.run(['grep', '-rl', {patterns}, *where], capture_output=True, "
+                              "text=True).stdout, end='')")
     finally:
         server.close()
     assert set(got) == set(reads) and all(v != "ok" for v in got.values()), got

@@ -71,6 +71,26 @@ def daemon_over_tcp(prime_home: Path):
     loop.close()
 
 
+def tripped_on_itself(error: BaseException) -> bool:
+    """Whether hypothesis failed in its own bookkeeping, not on a finding about the daemon: seen twice, each a
+    known bug of its engine: `assert i < len(self.spans)` in conjecture/data.py, and a KeyError in the
+    strategy cache's heap (internal/cache.py, HypothesisWorks/hypothesis#4442) that it reports as a flaky
+    replay. Such a run is run again, once."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        frames = traceback.extract_tb(e.__traceback__)
+        if frames and "hypothesis/internal/" in frames[-1].filename:
+            return True
+        todo += [x for x in (e.__cause__, e.__context__) if x is not None]
+        todo += list(getattr(e, "exceptions", ()))
+    return False
+
+
 def test_fuzzed_requests_never_get_a_5xx(daemon_over_tcp, tmp_path: Path, project: Path, model_server):
     set_hypothesis_home_dir(tempfile.mkdtemp(dir=tmp_path))  # hypothesis writes there even without a database
     url, secret = daemon_over_tcp
@@ -106,10 +126,8 @@ def test_fuzzed_requests_never_get_a_5xx(daemon_over_tcp, tmp_path: Path, projec
             try:
                 try:
                     fuzz()
-                except AssertionError as e:
-                    # hypothesis 6.170.17's engine once tripped on its own bookkeeping while mutating
-                    # (conjecture/data.py: `assert i < len(self.spans)`): not a finding about the daemon
-                    if "hypothesis/internal/" not in traceback.extract_tb(e.__traceback__)[-1].filename:
+                except Exception as e:
+                    if not tripped_on_itself(e):
                         raise
                     fuzz()
             except Unsatisfiable:  # nothing to make malformed (GET /v1/status takes no input)
