@@ -87,10 +87,17 @@ def trust(root: Path, *paths: str) -> None:
         store.trust(root, file)
 
 
-LONGEST = ["tests/e2e/test_smollm2.py", "tests/rl/test_dist_hf.py", "tests/e2e/test_demo.py", "tests/rl/test_vllm.py",
-           "tests/evals/test_eval.py", "tests/rl/test_train.py", "tests/e2e/test_run.py"]
-"""The files that take longest (minutes each, measured), first: the README's command runs the files on
-three workers in collection order, so the longest start at once and the rest fill in around them."""
+LONGEST = ["tests/e2e/test_smollm2.py", "tests/rl/test_vllm.py", "tests/rl/test_dist_hf.py", "tests/daemon/test_fuzz.py",
+           "tests/e2e/test_demo.py", "tests/e2e/test_sessions_cleanup.py", "tests/e2e/test_sessions.py",
+           "tests/rl/test_train.py", "tests/e2e/test_trust.py", "tests/rl/test_dist.py",
+           "tests/rl/test_every_token_trains.py", "tests/daemon/test_recovery.py", "tests/prime_agent_py/test_harness.py",
+           "tests/test_types.py", "tests/e2e/test_harness_cli.py", "tests/rl/test_pull.py", "tests/e2e/test_run.py",
+           "tests/cli/test_acp.py", "tests/rl/test_train_hf.py", "tests/evals/test_cluster.py",
+           "tests/rl/test_structured.py"]
+"""The files that take longest (a minute or more each in a full run, measured 2026-12-04), longest first: the
+README's command hands whole files to three workers in this order (pyproject's addopts turns off xdist's own
+reordering, which puts the files with the most tests first and left the one-test demo to start last), so the
+longest start at once and the rest fill in around them."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
