@@ -50,12 +50,15 @@ class Printer:
         """Output lines of the running cell so far (past MAX_LINES they are counted, not shown)."""
 
     def _output(self, text: str, style: str) -> None:
+        """`text`'s lines while the running cell has shown fewer than MAX_LINES, in one print (a print a
+        line cost 0.1 ms each); the rest are counted."""
         from rich.text import Text
 
-        for line in text.splitlines():
-            self.lines += 1
-            if self.lines <= self.MAX_LINES:
-                self.console.print(Text(line, style=style))
+        lines = text.splitlines()
+        shown = lines[:max(self.MAX_LINES - self.lines, 0)]
+        self.lines += len(lines)
+        if shown:
+            self.console.print(Text("\n".join(shown), style=style))
 
     def _files(self, files: FilesChanged) -> None:
         """The files a cell changed, each with its coloured diff; past MAX_DIFF_LINES, counted."""
@@ -106,7 +109,9 @@ class Printer:
 
         c = self.console
         if isinstance(e, SHOWN):  # a terminal shows the text, never acts on it
-            e = type(e).model_validate(_visible(e.model_dump(mode="json")))
+            data = e.model_dump(mode="json")
+            if (seen := _visible(data)) != data:
+                e = type(e).model_validate(seen)
         if isinstance(e, ev.ModelDelta):
             if self.fresh:
                 self.said, self.fresh = "", False
@@ -135,7 +140,11 @@ class Printer:
             case ev.CellStarted():
                 self.lines = 0
                 if not any(code == e.code for code in fenced_cells(self.said)):  # text mode streamed it already
-                    c.print(Syntax(e.code, _python(), theme="ansi_dark", line_numbers=False, background_color="default"))
+                    if c.color_system is None:  # its colours would be dropped: the highlighting's 1 ms a cell too
+                        c.print(Text(e.code.expandtabs(4)))
+                    else:
+                        c.print(Syntax(e.code, _python(), theme="ansi_dark", line_numbers=False,
+                                       background_color="default"))
             case ev.CellOutput():
                 self._output(e.text, "red" if e.stream == "stderr" else "cyan")
             case ev.CellFinished(result=r):

@@ -53,3 +53,19 @@ def test_a_table_a_cell_displayed_is_drawn_as_a_table():
     table = Attachment(mime="text/markdown", data="|  | city | temp |\n|---|---|---|\n| 0 | Oslo | -3.5 |")
     text = re.sub(r"\x1b\[[0-9;]*m", "", printed(CellFinished(cell_id="c1", result=CellResult(attachments=[table]))))
     assert "city" in text and "Oslo" in text and "|---|" not in text and "─" in text  # rich's table, not the source
+
+
+def test_without_colours_a_cells_code_is_shown_whole_as_plain_text_and_its_output_bounded():
+    """A log (stderr not a terminal) gets the code unhighlighted (its colours would be dropped), every
+    character of it, control characters as escapes; the output's lines past MAX_LINES are counted."""
+    printer = Printer()
+    printer.console = Console(record=True, color_system=None, width=40)
+    code = "x = '" + "a" * 60 + "\x1b[2K'\n\tprint(x)"
+    for e in (CellStarted(cell_id="c1", code=code),
+              CellOutput(cell_id="c1", stream="stdout", text="".join(f"line {i}\n" for i in range(15))),
+              CellOutput(cell_id="c1", stream="stdout", text="".join(f"line {i}\n" for i in range(15, 30))),
+              CellFinished(cell_id="c1", result=CellResult(duration=0.1))):
+        printer.show(e)
+    text = printer.console.export_text()
+    assert "x = '" + "a" * 60 + "\\x1b[2K'" + "    print(x)" in text.replace("\n", "")  # wrapped, not cut at 40
+    assert "line 19" in text and "line 20" not in text and "... 10 more lines" in text
