@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import socket
 import sys
 import webbrowser
@@ -27,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_serve(args))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         print("\n[the page's login ended; the daemon and its sessions go on]", file=sys.stderr)
         return 0
     except DaemonError as e:
@@ -36,6 +37,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    # Ctrl-C and SIGTERM end the login however this process began: one started with SIGINT ignored (a
+    # script's background job, `nohup ... &`) would otherwise never hear it (Python keeps it ignored,
+    # and asyncio.run only takes over a SIGINT left to Python's default).
+    loop, serving = asyncio.get_running_loop(), asyncio.current_task()
+    assert serving is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, serving.cancel)
     host = args.host.strip("[]")
     client = await connect(autostart=True)
     try:

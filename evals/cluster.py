@@ -25,6 +25,7 @@ import io
 import json
 import logging
 import os
+import signal
 import socket
 import tarfile
 import tempfile
@@ -207,6 +208,10 @@ def rollout_task(job: Job, secret: Secret):
 
     node = ray.get_runtime_context().get_node_id()
     result = Result(job.task.id, job.rollout, job.key, "error")
+    # Ray's cancel is a SIGINT in this (the main) thread (`_thread.interrupt_main`), which a node started
+    # with SIGINT ignored (`ray start` in a script's background job) would drop: the rollout, its kernel
+    # and its workspace would go on. Heard here, before the rollout, it is a KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with tempfile.TemporaryDirectory(prefix="pa-ray-") as tmp:
         run_dir = Path(tmp) / "run"
         try:
@@ -217,6 +222,8 @@ def rollout_task(job: Job, secret: Secret):
                 unpack(data, roots[scope])
             roots.setdefault("project", Path(tmp) / "harness" / "project")  # a local rollout's: empty, its own
             result = asyncio.run(_rollout(job, config, run_dir, roots))
+        except asyncio.CancelledError:  # Ray's cancel, heard by the rollout (_rollout): its cleanup ran
+            raise KeyboardInterrupt from None  # what Ray takes for a cancelled task
         except Exception as e:  # a bug, not a node: an error row, not a retry
             result.error = f"{type(e).__name__}: {e}"
         result = replace(result, node=node)
@@ -239,22 +246,19 @@ async def _rollout(job: Job, config: Config, run_dir: Path, roots: dict):
     from agent.providers import open_model
     from evals.runner import rollout
 
+    # From here Ray's cancel (a SIGINT) cancels the rollout, once: its cleanup (the session's close, which
+    # stops the kernel; the workspace's removal) runs to its end, whatever second cancel comes. The
+    # loop hears it at once, even while the rollout waits on a socket.
+    rolling = asyncio.current_task()
+    assert rolling is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, lambda: rolling.cancelling() or rolling.cancel())
     model = open_model(config.model)
-    ticking = asyncio.create_task(_tick())
     try:
         env = _environment(job.taskset, config.sandbox.model_dump_json(), json.dumps(job.options, sort_keys=True))
         return await rollout(env, job.task, job.rollout,
                              job.key, job.spec, config, model, run_dir, roots)
     finally:
-        ticking.cancel()
         await model.close()
-
-
-async def _tick() -> None:
-    """Python runs every half second: Ray's cancel (an exception it sets in the task's thread) lands
-    while the rollout waits on a socket, and the rollout's cleanup stops its kernel."""
-    while True:
-        await asyncio.sleep(0.5)
 
 
 @functools.lru_cache(maxsize=8)

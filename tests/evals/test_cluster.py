@@ -36,6 +36,10 @@ SETTINGS = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": 
             "RAY_health_check_failure_threshold": "3", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
 """A killed node declared dead within seconds (Ray's default: half a minute); token authentication, as
 docs/cluster.md advises, with a token of the module's own (RAY_AUTH_TOKEN_PATH) for nodes and driver."""
+SIGINT_IGNORED = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                  "os.execv(sys.argv[1], sys.argv[1:])"]
+"""Runs a command with SIGINT ignored, as a script's background job (`ray start ... &`) is, and so every
+process it starts, Ray's workers too: Ray's cancel (a SIGINT) must stop a rollout all the same."""
 
 
 @dataclass
@@ -75,12 +79,12 @@ def nodes():
     (temp / "tmp").mkdir()  # the rollouts' workspaces, a killed node's too: removed with the rest
     env = {**os.environ, "PRIME_AGENT_HOME": str(temp / "home"), "TMPDIR": str(temp / "tmp")}
     port = free_port()
-    started = [subprocess.Popen([RAY, "start", "--head", f"--port={port}", "--include-dashboard=false",
+    started = [subprocess.Popen([*SIGINT_IGNORED, RAY, "start", "--head", f"--port={port}", "--include-dashboard=false",
                                  f"--temp-dir={temp}", *NODE], env=env, start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         until(lambda: _answers(port), "the head")
-        started.append(subprocess.Popen([RAY, "start", f"--address=127.0.0.1:{port}", *NODE], env=env,
+        started.append(subprocess.Popen([*SIGINT_IGNORED, RAY, "start", f"--address=127.0.0.1:{port}", *NODE], env=env,
                                         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         cluster = until(lambda: _join(f"127.0.0.1:{port}"), "joining the cluster")
         alive = until(lambda: len(live := [n for n in ray.nodes() if n["Alive"]]) == 2 and live, "two nodes")
@@ -215,7 +219,9 @@ environment = Buggy()
 
 def test_cancelling_the_run_cancels_its_ray_tasks(nodes: Nodes, tmp_path: Path) -> None:
     """What Ctrl-C does to `eval --ray` (asyncio.run cancels the run): the rollout running on a node
-    stops, and no Ray task is left running it."""
+    stops, and no Ray task is left running it, though the node ignores SIGINT (SIGINT_IGNORED); its
+    kernel and workspace are gone."""
+    workspaces = set((nodes.temp / "tmp").glob("pa-*"))  # pa-ray-*, pa-eval-*: a killed node's are left there
     with OpenAIServer(lambda request: Reply(hang=True)) as server:
         cfg = config(server)
 
@@ -230,6 +236,7 @@ def test_cancelling_the_run_cancels_its_ray_tasks(nodes: Nodes, tmp_path: Path) 
 
         asyncio.run(run())
         until(lambda: not _kernels(nodes.head.pid), "the rollout's end", 30)
+        until(lambda: set((nodes.temp / "tmp").glob("pa-*")) <= workspaces, "the rollout's workspace removed", 30)
     assert not (tmp_path / "run" / "results.jsonl").read_text()
 
 

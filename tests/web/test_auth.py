@@ -4,9 +4,12 @@ on this machine that got the page's cookie, a browser after its `prime-agent web
 
 from __future__ import annotations
 
-import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
 from contextlib import closing, suppress
-from pathlib import Path
 
 import httpx2
 import pytest
@@ -86,38 +89,47 @@ def test_other_sites_pages_and_dns_rebinding_are_refused(web: Web):
             assert r.status_code == 403 and r.json()["error"]["code"] == "cross_origin"
 
 
-async def test_a_login_ends_with_the_prime_agent_web_that_made_it(web: Web, monkeypatch: pytest.MonkeyPatch):
-    """A second `prime-agent web` (its POST /v1/web, over the Unix socket) logs a browser in; once it
-    ends, its token and the browser's login open nothing, and the page's event stream ends."""
-    monkeypatch.setenv("PRIME_AGENT_HOME", str(web.home))
-    async with Client() as client:
-        stream = client.web("127.0.0.1:0", str(Path.cwd()))
-        access = await anext(stream)
-        assert access.address == web.base.removeprefix("http://")  # the listener the first one opened
-        h, xsrf = await asyncio.to_thread(_login, web, access.token)
+def test_a_login_ends_with_the_prime_agent_web_that_made_it(web: Web):
+    """A second `prime-agent web` logs a browser in; Ctrl-C ends it (one started with SIGINT ignored
+    too, as a script's background job is: `prime-agent web &`), and then its token and the browser's
+    login open nothing, and the page's event stream ends."""
+    ignoring = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                "os.execv(sys.argv[1], sys.argv[1:])")
+    second = subprocess.Popen([sys.executable, "-c", ignoring, sys.executable, "-m", "cli", "web", "--no-browser",
+                               "--port", "0"], cwd=web.project, env={**os.environ, "PRIME_AGENT_HOME": str(web.home)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = second.stdout.readline().strip()
+        assert url.startswith(f"{web.base}/?token="), url  # the listener the first one opened
+        token = url.split("token=")[1]
+        h, xsrf = _login(web, token)
         with closing(h):
             ok = {"X-Prime-Agent-Xsrf": xsrf}
-            session = (await asyncio.to_thread(h.post, "/v1/sessions", json={"cwd": str(web.project)}, headers=ok)).json()
+            session = h.post("/v1/sessions", json={"cwd": str(web.project)}, headers=ok).json()
             events: list[bytes] = []
+            streaming = threading.Event()
 
             def follow() -> None:
                 with h.stream("GET", f"/v1/sessions/{session['id']}/events", headers=ok, timeout=None) as r:
                     with suppress(httpx2.RemoteProtocolError):  # cut: the daemon ended the response
                         for chunk in r.iter_bytes():
                             events.append(chunk)
+                            streaming.set()
 
-            follower = asyncio.create_task(asyncio.to_thread(follow))
-            while not events:
-                await asyncio.sleep(0.05)
-            await stream.aclose()  # Ctrl-C
-            await asyncio.wait_for(follower, 30)  # the stream ended with the login
-            for _ in range(100):
-                if (await asyncio.to_thread(h.get, "/v1/sessions", headers=ok)).status_code == 401:
-                    break
-                await asyncio.sleep(0.05)
-            assert (await asyncio.to_thread(h.get, "/v1/sessions", headers=ok)).status_code == 401
-            r = await asyncio.to_thread(h.post, "/web/login", json={"token": access.token})
-            assert r.status_code == 403
+            follower = threading.Thread(target=follow, daemon=True)
+            follower.start()
+            assert streaming.wait(30), "the page's event stream sent nothing"
+            second.send_signal(signal.SIGINT)  # Ctrl-C
+            assert second.wait(30) == 0, second.stderr.read()
+            assert "the page's login ended" in second.stderr.read()
+            follower.join(30)
+            assert not follower.is_alive(), "the page's event stream outlived its login"
+            assert h.get("/v1/sessions", headers=ok).status_code == 401
+            assert h.post("/web/login", json={"token": token}).status_code == 403
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.wait()
     with httpx2.Client(base_url=web.base) as other:  # the first one's login still works, its listener too
         assert other.get("/").status_code == 200
 
