@@ -67,13 +67,17 @@ def test_prime_agent_run_with_no_settings_fits_the_model_runs_a_cell_and_ends_by
         (project / "data.txt").write_text("a\nb\nc\nd\ne\nf\ng\n")
         (project / "calc.py").write_text("def add(a, b):\n    return a + b\n")
         args = ["--json", "--max-turns", "3", ACCEPTANCE] if i < 5 else ["--json", "-c", "model.temperature=0", RUNAWAY]
-        runs.append(subprocess.Popen([str(Path(sys.executable).parent / "prime-agent"), "run", *args], cwd=project,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**env, "PRIME_AGENT_HOME": str(tmp_path / f"home-{i}")}))
+        # output to files: a pipe read only after the runs before it end would stop its run at 64 KB of
+        # events (a token each), and the six would take turns instead of sharing the server's batches
+        with open(tmp_path / f"out-{i}", "w") as out, open(tmp_path / f"err-{i}", "w") as err:
+            runs.append(subprocess.Popen([str(Path(sys.executable).parent / "prime-agent"), "run", *args], cwd=project,
+                                         stdout=out, stderr=err, text=True,
+                                         env={**env, "PRIME_AGENT_HOME": str(tmp_path / f"home-{i}")}))
     ran = []
     try:
         for i, run in enumerate(runs):
-            stdout, stderr = run.communicate(timeout=1100)
+            run.wait(timeout=1100)
+            stdout, stderr = (tmp_path / f"out-{i}").read_text(), (tmp_path / f"err-{i}").read_text()
             events = [json.loads(line) for line in stdout.splitlines()]
             assert events and events[-1]["type"] == "turn.finished", stderr[-3000:]
             (started,) = [e for e in events if e["type"] == "session.started"]

@@ -27,32 +27,36 @@ def policy_server(*args: str) -> Iterator[str]:
 
 @contextmanager
 def policy_server_process(*args: str, **env: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """policy_server's base URL and its process (for a test that kills it), `env` added to its environment."""
+    """policy_server's base URL and its process (for a test that kills it), `env` added to its environment.
+    Its output goes to a file: a pipe nobody reads while it serves would stop it once 64 KB of log filled it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([str(Path(sys.executable).parent / "prime-agent"), "rl", "serve", "--port", str(port),
-                               *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=os.environ | env)
-    try:
-        deadline = time.monotonic() + 300  # loading a model on two cores other tests load: minutes at worst
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    server.kill()  # its output ends: read it whole
-                    raise AssertionError(f"rl serve never listened:\n{server.communicate()[0][-4000:]}") from None
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/v1", server
-    finally:
-        server.terminate()
+    with tempfile.TemporaryFile("w+") as log:
+        server = subprocess.Popen([str(Path(sys.executable).parent / "prime-agent"), "rl", "serve", "--port",
+                                   str(port), *args], stdout=log, stderr=subprocess.STDOUT, text=True,
+                                  env=os.environ | env)
         try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # a loaded machine: it exits in 1-3 s when quiet
-            server.kill()
-            server.wait()
+            deadline = time.monotonic() + 300  # loading a model on two cores other tests load: minutes at worst
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        server.kill()
+                        server.wait()
+                        log.seek(0)
+                        raise AssertionError(f"rl serve never listened:\n{log.read()[-4000:]}") from None
+                    time.sleep(0.2)
+            yield f"http://127.0.0.1:{port}/v1", server
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # a loaded machine: it exits in 1-3 s when quiet
+                server.kill()
+                server.wait()
 
 
 QUESTION = "What is the capital of France? Answer in one word, with no code."

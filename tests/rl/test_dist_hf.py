@@ -104,13 +104,18 @@ def test_two_nodes_rendezvous_over_c10d_and_train_to_the_end(warm: Path, config:
     launcher = ("--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
                 f"127.0.0.1:{port}", "--rdzv_id", "two-nodes")
     out = tmp_path / "run"
-    nodes = [subprocess.Popen(command(config, out, *overrides(warm, 2), launcher=launcher), cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    nodes = []
+    for i in range(2):  # logs to files: node 1's pipe, read only after node 0 ended, would stall them both
+        with open(tmp_path / f"node-{i}.log", "w") as log:
+            nodes.append(subprocess.Popen(command(config, out, *overrides(warm, 2), launcher=launcher), cwd=ROOT,
+                                          stdout=log, stderr=subprocess.STDOUT, text=True))
     try:
-        logs = [node.communicate(timeout=600)[0] for node in nodes]
+        for node in nodes:
+            node.wait(timeout=600)
     finally:
         for node in nodes:
             node.kill()
+    logs = [(tmp_path / f"node-{i}.log").read_text() for i in range(2)]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(log[-3000:] for log in logs)
     same_steps(metrics(out), one_process(tmp_path / "one", overrides(warm, 2)))
     assert (out / "checkpoints" / "step-2" / "dcp" / ".metadata").is_file()
