@@ -15,7 +15,9 @@ the server keeps.
   the rows' own columns in two passes, merged by their log-sum-exp (`_attend`). A prefill with no
   padded row needs no mask: its new tokens attend causally among themselves (the kernel skips the
   blocks above the diagonal) and whole to the columns before them (a prompt's cached head), two
-  passes merged the same way.
+  passes merged the same way; after a head at most an eighth of the new tokens (a chat template's
+  first block), one causal pass over all the columns, the head's columns given zero queries whose
+  rows are dropped: cheaper than a second pass and the merge.
 
 It computes what transformers' LlamaDecoderLayer computes (its RMSNorm, rotary embedding, SDPA),
 in another order of float additions: results differ by rounding (~1e-6), as another batch would."""
@@ -330,7 +332,8 @@ class Decoder:
         values [1, kv_heads, length, dim] of a head every row follows and attends to whole (`Slots.share`;
         not with a causal pass)."""
         n, new = ids.shape
-        if mask is not None and head is not None:  # the flash kernel takes an additive mask, one row per query of a kv head
+        # with a shared head, the flash kernel takes an additive mask, one row per query of a kv head
+        if mask is not None and head is not None:
             mask = torch.zeros(mask.shape, dtype=self.embed.dtype).masked_fill_(~mask, float("-inf"))
             mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
         h_, kv, d, end = self.heads, self.kv_heads, self.dim, t + new
@@ -345,7 +348,12 @@ class Decoder:
             k_buf[:n, :, t:end] = qk[:, :, h_:].transpose(1, 2)
             v_buf[:n, :, t:end] = x[:, :, h_ + kv :].transpose(1, 2)
             q = qk[:, :, :h_].transpose(1, 2)
-            if mask is None and t:  # causal over the new columns, whole over the row's own before them
+            if mask is None and t and t * 8 <= new:  # a short head before them: t zero queries first make
+                # one causal pass right (their rows dropped), cheaper than a second pass and the merge
+                q = torch.cat((q.new_zeros(n, h_, t, d), q), 2)
+                a = F.scaled_dot_product_attention(q, k_buf[:n, :, :end], v_buf[:n, :, :end], scale=self.scale,
+                                                   enable_gqa=kv != h_, is_causal=True)[:, :, t:]
+            elif mask is None and t:  # causal over the new columns, whole over the row's own before them
                 a = _attend(q, k_buf[:n, :, t:end], v_buf[:n, :, t:end], None, k_buf[:n, :, :t], v_buf[:n, :, :t],
                             self.scale)
             elif head is None:
