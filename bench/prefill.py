@@ -1,13 +1,14 @@
 """Where the policy server's prefill spends its time, op by op: one cold prefill of a ~1k-token prompt
 (nothing cached) by rl/engine.py's HFEngine in this process, under torch.profiler.
 
-    .venv/bin/python bench/prefill.py [--model NAME|DIR] [--tokens 1024] [--top 15]
+    .venv/bin/python bench/prefill.py [--model NAME|DIR] [--tokens 1024] [--head 0] [--top 15]
 
 It times `--repeats` prefills of new prompts (the first, right after the model loads, as a server's
 first request; then the median of the rest), profiles one more, and prints the ops that took the
 most self CPU time, and their share by kind: matmuls (oneDNN), attention, and the elementwise rest
 (RMSNorm's pow/mean/rsqrt/mul, the rotary embedding, SiLU and its mul, copies). Writes
-bench/results/prefill.json.
+bench/results/prefill.json. `--head N`: every prompt begins with the same N tokens, found in the
+prefix cache after the first (a server's cold prompt finds its chat template's first block there).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="an installed model's name or an HF directory")
     ap.add_argument("--tokens", type=int, default=1024, help="the prompt's length")
+    ap.add_argument("--head", type=int, default=0, help="tokens every prompt begins with (cached after the first)")
     ap.add_argument("--repeats", type=int, default=3, help="prefills timed before the profiled one")
     ap.add_argument("--top", type=int, default=15, help="ops in the table")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill.json"))
@@ -50,8 +52,9 @@ def main() -> int:
     engine = HFEngine(load_hf(resolve(args.model)), thread=False)
     vocab = engine.vocab_size
 
-    def prompt(i: int) -> list[int]:  # starts differ: nothing is found in the prefix cache
-        return [(i * 7919 + j * 104729) % (vocab - 1000) + 500 for j in range(args.tokens)]
+    def prompt(i: int) -> list[int]:  # after the head they differ: nothing more is found in the prefix cache
+        head = [(j * 31) % (vocab - 1000) + 500 for j in range(args.head)]
+        return head + [(i * 7919 + j * 104729) % (vocab - 1000) + 500 for j in range(args.tokens - args.head)]
 
     times = []
     with torch.inference_mode():
@@ -66,13 +69,13 @@ def main() -> int:
     shares: dict[str, float] = {}
     for e in ops:
         shares[kind(e.key)] = shares.get(kind(e.key), 0.0) + e.self_cpu_time_total / total
-    print(f"prefill of {args.tokens} tokens, {torch.get_num_threads()} threads: first {times[0]:.3f} s, "
-          f"then median {statistics.median(times[1:]):.3f} s")
+    print(f"prefill of {args.tokens} tokens (a {args.head}-token head), {torch.get_num_threads()} threads: "
+          f"first {times[0]:.3f} s, then median {statistics.median(times[1:]):.3f} s")
     print(f"{'op':<44}{'calls':>8}{'self ms':>10}{'share':>8}")
     for e in ops[: args.top]:
         print(f"{e.key[:43]:<44}{e.count:>8}{e.self_cpu_time_total / 1e3:>10.1f}{e.self_cpu_time_total / total:>8.1%}")
     print("by kind: " + ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1])))
-    save(args.out, {"tokens": args.tokens, "threads": torch.get_num_threads(), "first_s": times[0],
+    save(args.out, {"tokens": args.tokens, "head": args.head, "threads": torch.get_num_threads(), "first_s": times[0],
                     "median_s": statistics.median(times[1:]), "shares": shares,
                     "top": [{"op": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1e3}
                             for e in ops[: args.top]]}, load)

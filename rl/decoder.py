@@ -12,7 +12,12 @@ the server keeps.
 - **Attention** is one `scaled_dot_product_attention` per layer over the engine's key/value slots
   (`Slots`: rows × columns, left-padded), the new keys and values written in place. A head of
   tokens every row shares (an RL group's prompt) is held once: each layer attends to it and to
-  the rows' own columns in two passes, merged by their log-sum-exp (`_attend`).
+  the rows' own columns in two passes, merged by their log-sum-exp (`_attend`). A prefill with no
+  padded row needs no mask: its new tokens attend causally among themselves (the kernel skips the
+  blocks above the diagonal) and whole to the columns before them (a prompt's cached head), two
+  passes merged the same way; after a head at most an eighth of the new tokens (a chat template's
+  first block), one causal pass over all the columns, the head's columns given zero queries whose
+  rows are dropped: cheaper than a second pass and the merge.
 
 It computes what transformers' LlamaDecoderLayer computes (its RMSNorm, rotary embedding, SDPA),
 in another order of float additions: results differ by rounding (~1e-6), as another batch would."""
@@ -322,11 +327,13 @@ class Decoder:
                 head: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> torch.Tensor:
         """The final hidden state [n, hidden] of each row's last new token. `ids` and `positions` are
         [n, new]; per layer, keys and values [rows, kv_heads, columns, dim] get the new ones at columns
-        t..t+new-1; `mask` [n, 1, new, t+new] (True: attend; None: causal, where t is 0 and no row is
-        padded: the kernel then skips the blocks above the diagonal); `head`: per layer the keys and values
-        [1, kv_heads, length, dim] of a head every row follows and attends to whole (`Slots.share`)."""
+        t..t+new-1; `mask` [n, 1, new, t+new] (True: attend; None: causal, where no row is padded: the new
+        tokens attend causally among themselves and whole to columns 0..t-1); `head`: per layer the keys and
+        values [1, kv_heads, length, dim] of a head every row follows and attends to whole (`Slots.share`;
+        not with a causal pass)."""
         n, new = ids.shape
-        if head is not None:  # the flash kernel takes an additive mask, one row per query of a kv head
+        # with a shared head, the flash kernel takes an additive mask, one row per query of a kv head
+        if mask is not None and head is not None:
             mask = torch.zeros(mask.shape, dtype=self.embed.dtype).masked_fill_(~mask, float("-inf"))
             mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
         h_, kv, d, end = self.heads, self.kv_heads, self.dim, t + new
@@ -340,12 +347,20 @@ class Decoder:
             qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin
             k_buf[:n, :, t:end] = qk[:, :, h_:].transpose(1, 2)
             v_buf[:n, :, t:end] = x[:, :, h_ + kv :].transpose(1, 2)
-            q, k, v = qk[:, :, :h_].transpose(1, 2), k_buf[:n, :, :end], v_buf[:n, :, :end]
-            if head is None:
-                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=kv != h_,
-                                                   is_causal=mask is None)
+            q = qk[:, :, :h_].transpose(1, 2)
+            if mask is None and t and t * 8 <= new:  # a short head before them: t zero queries first make
+                # one causal pass right (their rows dropped), cheaper than a second pass and the merge
+                q = torch.cat((q.new_zeros(n, h_, t, d), q), 2)
+                a = F.scaled_dot_product_attention(q, k_buf[:n, :, :end], v_buf[:n, :, :end], scale=self.scale,
+                                                   enable_gqa=kv != h_, is_causal=True)[:, :, t:]
+            elif mask is None and t:  # causal over the new columns, whole over the row's own before them
+                a = _attend(q, k_buf[:n, :, t:end], v_buf[:n, :, t:end], None, k_buf[:n, :, :t], v_buf[:n, :, :t],
+                            self.scale)
+            elif head is None:
+                a = F.scaled_dot_product_attention(q, k_buf[:n, :, :end], v_buf[:n, :, :end], attn_mask=mask,
+                                                   scale=self.scale, enable_gqa=kv != h_, is_causal=mask is None)
             else:
-                a = _attend(q, k, v, mask, head[0][i], head[1][i], self.scale)
+                a = _attend(q, k_buf[:n, :, :end], v_buf[:n, :, :end], mask, head[0][i], head[1][i], self.scale)
             h = o(a.transpose(1, 2).reshape(n * new, h_ * d), add=h)
             g = gate_up(F.rms_norm(h, (width,), n2, self.eps))
             inner = g.shape[1] // 2
@@ -357,20 +372,29 @@ class Decoder:
         return self.head(h).float()
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, head_k: torch.Tensor,
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, head_k: torch.Tensor,
             head_v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Attention of queries q [n, heads, new, dim] over a head every row shares (head_k, head_v
-    [1, kv_heads, P, dim], held once) and the rows' own keys and values k, v [n, kv_heads, T, dim]
-    under an additive `mask` [n, 1, groups * new, T]: one pass each, the two merged by their
-    log-sum-exp, as attending to the head and the own columns together would be (up to rounding). A
-    kv head's query heads go in one batch, and every row's queries in one against the head: it is
-    read once a layer, not once a row."""
+    """Attention of queries q [n, heads, new, dim] over a head of keys and values (head_k, head_v
+    [1 or n, kv_heads, P, dim]: one every row shares, held once, or each row's own) and the rows' own
+    keys and values k, v [n, kv_heads, T, dim], under an additive `mask` [n, 1, groups * new, T] (None:
+    causal, T being `new`): one pass each, the two merged by their log-sum-exp, as attending to the
+    head and the own columns together would be (up to rounding). A kv head's query heads go in one
+    batch, and a shared head takes every row's queries in one: it is read once a layer, not once a row."""
     n, heads, new, d = q.shape
     kv = k.shape[1]
-    q = q.reshape(n, kv, heads // kv * new, d)
-    own, own_lse = _flash(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
-    shared, shared_lse = _flash(q.transpose(0, 1).reshape(1, kv, -1, d), head_k, head_v, 0.0, False, scale=scale)
-    shared, shared_lse = shared.view(kv, n, -1, d).transpose(0, 1), shared_lse.view(kv, n, -1).transpose(0, 1)
+    grouped = q.reshape(n, kv, heads // kv * new, d)
+    if mask is None:  # a kv head's query heads in one batch would not be causal: its keys go to each
+        own, own_lse = _flash(q, k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1), 0.0,
+                              True, scale=scale)
+        own, own_lse = own.reshape(grouped.shape), own_lse.reshape(grouped.shape[:3])
+    else:
+        own, own_lse = _flash(grouped, k, v, 0.0, False, attn_mask=mask, scale=scale)
+    if head_k.shape[0] == n:
+        shared, shared_lse = _flash(grouped, head_k, head_v, 0.0, False, scale=scale)
+    else:
+        shared, shared_lse = _flash(grouped.transpose(0, 1).reshape(1, kv, -1, d), head_k, head_v, 0.0, False,
+                                    scale=scale)
+        shared, shared_lse = shared.view(kv, n, -1, d).transpose(0, 1), shared_lse.view(kv, n, -1).transpose(0, 1)
     w = torch.sigmoid(shared_lse - own_lse)[..., None].to(q.dtype)  # the head's share of each query's weight
     return (own + w * (shared - own)).reshape(n, heads, new, d)
 

@@ -531,7 +531,7 @@ class HFEngine:
         if self.decoder:
             slots.reserve(slots.n, slots.t + new)
             head = (slots.head_k, slots.head_v) if slots.head else None
-            causal = new > 1 and slots.t == 0 and not any(slots.start) and head is None  # a prefill from scratch
+            causal = new > 1 and not any(slots.start) and head is None  # a prefill with no row padded
             return self.decoder.forward(ids, positions, slots.k, slots.v, slots.t, None if causal else slots.mask(new),
                                         head)
         out = self.model.inner.base_model(input_ids=ids, position_ids=positions, attention_mask=slots.mask(new),

@@ -5,6 +5,7 @@ is compared with plain transformers' own `generate`."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -396,3 +397,26 @@ def test_decode_steps_run_on_the_thread_count_that_has_been_faster():
             threads.took(n, 0.2 if n == slow else 0.1)
         # each choice tried twice, the faster kept; one that wins again is kept twice as long (at most 20)
         assert seen[:4] == [1, 1, 2, 2] and set(seen[4:]) == {3 - slow}, (slow, seen)
+
+
+@pytest.mark.parametrize("head_text, task, one_pass", [
+    ("You are a careful agent. " * 6, "Task {i}: say {i}.", False),  # a long head, a short tail: two passes merged
+    ("Hi.", "Task {i}: say {i}. " * 40, True),  # a tail 8x the head or more: one pass, the head's queries dropped
+])
+def test_a_prefill_after_a_cached_head_attends_without_a_mask_and_gives_the_whole_prompts_logits(
+        tiny: Path, head_text: str, task: str, one_pass: bool):
+    # causal over the new tokens and whole over the cached head, one row and two in a pass
+    engine = HFEngine(load_hf(tiny), thread=False)
+    reference = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    head = chat(engine, head_text)[:-2]
+    prompts = [head + chat(engine, task.format(i=i)) for i in range(4)]
+    assert len({len(p) for p in prompts}) == 1
+    with torch.inference_mode():
+        results = [r for batch in (prompts[:1], prompts[1:2], prompts[2:]) for r in engine._prefill(batch)[0]]
+        for p, (keys, _, logits, computed) in zip(prompts, results):
+            expected = reference(torch.tensor([p])).logits[0, -1]
+            assert torch.allclose(logits, expected, atol=1e-4), (logits - expected).abs().max()
+            assert keys[0].shape[1] == len(p)
+    shared = len(os.path.commonprefix(prompts)) // BLOCK * BLOCK  # the others' passes start after it
+    assert [r[3] for r in results] == [len(prompts[0])] + [len(prompts[1]) - shared] * 3
+    assert shared >= BLOCK and (shared * 8 <= len(prompts[1]) - shared) == one_pass  # the pass each case is for
