@@ -21,7 +21,10 @@ as the agent and the RL trainer reach a server:
   prompt, another task), and the group as rollouts send it today (each rollout's system prompt
   names its own temporary workspace on its first line, which ends the prefix the group shares);
 - memory: the PSS of the server's processes sampled every 50 ms, the peak of each measure and of the
-  run, and ours' own breakdown after (GET /v1/models: weights, KV cache, prefix cache, other).
+  run, and ours' own breakdown after (GET /v1/models: weights, KV cache, prefix cache, other). The
+  sampling pauses while a time to first token is measured: reading /proc/PID/smaps_rollup every 50 ms
+  holds the server's memory-map lock, and it doubled ours' cold time to first token (1.09-1.14 s
+  alone, 2.35-2.58 s sampled: a 1k-token prompt, one process at a time, on an idle machine).
 
 This machine has 2 cores, shared with whatever else runs: compare servers only within one run.
 """
@@ -46,6 +49,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,14 +187,27 @@ class PeakPss:
 
     def __init__(self, pid: int, every: float = 0.05):
         self.pid, self.peak, self.run_peak = pid, 0.0, 0.0
-        self._stop = threading.Event()
+        self._stop, self._running = threading.Event(), threading.Event()
+        self._running.set()
         threading.Thread(target=self._sample, args=(every,), daemon=True).start()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No sampling inside: a read of smaps_rollup holds the server's memory-map lock, which its
+        allocations wait on (a latency measured while sampling is the sampler's as much as the server's)."""
+        self._running.clear()
+        try:
+            yield
+        finally:
+            self._running.set()
 
     def now(self) -> float:
         return sum(pss_kb(p) for p in [self.pid, *descendants(self.pid)]) / 1024
 
     def _sample(self, every: float) -> None:
         while not self._stop.wait(every):
+            if not self._running.is_set():
+                continue
             mb = self.now()
             self.peak, self.run_peak = max(self.peak, mb), max(self.run_peak, mb)
 
@@ -386,6 +403,10 @@ def shared_head(model_dir: Path | None, prompts: list[list[dict]]) -> int | None
     return None
 
 
+LATENCY = ("first", "ttft")
+"""The measures of time to first token, run with the PSS sampler paused (PeakPss.paused)."""
+
+
 async def measure(server: Server, args, model_dir: Path | None, pss: PeakPss | None) -> dict[str, Any]:
     """Every figure of one server, each measure's with the peak PSS sampled while it ran. A measure
     that fails is recorded as its error and the next one runs, unless the server died: then the rest
@@ -418,7 +439,8 @@ async def measure(server: Server, args, model_dir: Path | None, pss: PeakPss | N
             continue
         print(f"[{server.name}] {key}", flush=True)
         try:
-            figures = await asyncio.wait_for(step(), args.step_timeout)
+            with pss.paused() if pss is not None and key in LATENCY else contextlib.nullcontext():
+                figures = await asyncio.wait_for(step(), args.step_timeout)
         except TimeoutError:
             out[key] = {"error": f"not done in {args.step_timeout:.0f} s (--step-timeout)"}
             print(f"[{server.name}] {key} failed: {out[key]['error']}", flush=True)
@@ -427,7 +449,7 @@ async def measure(server: Server, args, model_dir: Path | None, pss: PeakPss | N
             print(f"[{server.name}] {key} failed: {out[key]['error']}", flush=True)
         else:
             out[key] = figures or {}
-        if pss is not None:
+        if pss is not None and key not in LATENCY:
             out[key]["peak_pss_mb"] = pss.take()
     if pss is not None:
         out["pss_mb"], out["peak_pss_mb"] = pss.now(), pss.run_peak

@@ -387,7 +387,7 @@ def test_the_model_listing_says_what_a_client_needs_to_fit_the_model_and_tools_a
     assert "Tools: ipython" in engine.tok.tok.decode(r.model_extra["prompt_token_ids"])
 
 
-def test_decode_steps_run_on_the_thread_count_that_has_been_faster():
+def test_decode_steps_run_on_the_thread_count_that_has_been_faster_and_prefills_where_it_clearly_was():
     threads = _Threads(2, period=10, trial=2, longest=20)
     for slow, period in ((1, 20), (1, 20), (2, 10), (2, 20)):  # one thread slower, then faster
         seen = []
@@ -397,6 +397,11 @@ def test_decode_steps_run_on_the_thread_count_that_has_been_faster():
             threads.took(n, 0.2 if n == slow else 0.1)
         # each choice tried twice, the faster kept; one that wins again is kept twice as long (at most 20)
         assert seen[:4] == [1, 1, 2, 2] and set(seen[4:]) == {3 - slow}, (slow, seen)
+        assert threads.prefill == 3 - slow  # won by 2x: a loaded machine, prefills follow
+    for _ in range(20):  # one thread faster by a tenth (a near tie at a small batch): prefills keep both
+        n = threads.next()
+        threads.took(n, 0.1 if n == 1 else 0.11)
+    assert (threads.best, threads.prefill) == (1, 2)
 
 
 @pytest.mark.parametrize("head_text, task, one_pass", [
