@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,6 +86,12 @@ def trust(root: Path, *paths: str) -> None:
         file = store.check(root, path)
         assert file is not None and file.content is not None, f"{path}: nothing to trust"
         store.trust(root, file)
+
+
+SIGINT_IGNORED = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                  "os.execv(sys.argv[1], sys.argv[1:])"]
+"""A prefix that runs a command with SIGINT ignored, as a script's background job (`cmd &`) is, and so every
+process it starts: its Ctrl-C must work all the same."""
 
 
 LONGEST = ["tests/e2e/test_smollm2.py", "tests/rl/test_vllm.py", "tests/rl/test_dist_hf.py", "tests/daemon/test_fuzz.py",

@@ -1,7 +1,7 @@
 """Servers nobody here wrote, run for real on the local SmolLM2-135M-Instruct (`smollm2`): a turn of
 `prime-agent run` against each completes. vLLM's turn is in tests/rl/test_vllm.py (one vLLM server for it
-and the RL runs), the project's own policy server's in tests/e2e/test_smollm2.py; the recorded quirks of servers that cannot run here are replayed in
-tests/agent/test_quirks.py. docs/servers.md's table of servers says which is which."""
+and the RL runs), the project's own policy server's in tests/e2e/test_smollm2.py; the recorded quirks of
+servers that cannot run here are replayed in tests/agent/test_quirks.py. docs/servers.md's table of servers says which is which."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from cli.main import main as cli
 from evals.cluster import Cluster, ClusterError
 from evals.runner import EvalSpec, evaluate, read_results
 from evals.tasksets import select
+from tests.conftest import SIGINT_IGNORED
 
 RAY = str(Path(sys.executable).parent / "ray")
 KEY = "sk-test-4f1c9e7b2d"
@@ -36,10 +37,6 @@ SETTINGS = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": 
             "RAY_health_check_failure_threshold": "3", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
 """A killed node declared dead within seconds (Ray's default: half a minute); token authentication, as
 docs/cluster.md advises, with a token of the module's own (RAY_AUTH_TOKEN_PATH) for nodes and driver."""
-SIGINT_IGNORED = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-                  "os.execv(sys.argv[1], sys.argv[1:])"]
-"""Runs a command with SIGINT ignored, as a script's background job (`ray start ... &`) is, and so every
-process it starts, Ray's workers too: Ray's cancel (a SIGINT) must stop a rollout all the same."""
 
 
 @dataclass
@@ -219,7 +216,7 @@ environment = Buggy()
 
 def test_cancelling_the_run_cancels_its_ray_tasks(nodes: Nodes, tmp_path: Path) -> None:
     """What Ctrl-C does to `eval --ray` (asyncio.run cancels the run): the rollout running on a node
-    stops, and no Ray task is left running it, though the node ignores SIGINT (SIGINT_IGNORED); its
+    stops, and no Ray task is left running it, though the nodes ignore SIGINT (started with SIGINT_IGNORED); its
     kernel and workspace are gone."""
     workspaces = set((nodes.temp / "tmp").glob("pa-*"))  # pa-ray-*, pa-eval-*: a killed node's are left there
     with OpenAIServer(lambda request: Reply(hang=True)) as server:

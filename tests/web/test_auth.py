@@ -15,6 +15,7 @@ import httpx2
 import pytest
 
 from daemon.client import Client
+from tests.conftest import SIGINT_IGNORED
 from tests.web.conftest import Web
 
 pytestmark = pytest.mark.timeout(120)
@@ -93,10 +94,8 @@ def test_a_login_ends_with_the_prime_agent_web_that_made_it(web: Web):
     """A second `prime-agent web` logs a browser in; Ctrl-C ends it (one started with SIGINT ignored
     too, as a script's background job is: `prime-agent web &`), and then its token and the browser's
     login open nothing, and the page's event stream ends."""
-    ignoring = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-                "os.execv(sys.argv[1], sys.argv[1:])")
-    second = subprocess.Popen([sys.executable, "-c", ignoring, sys.executable, "-m", "cli", "web", "--no-browser",
-                               "--port", "0"], cwd=web.project, env={**os.environ, "PRIME_AGENT_HOME": str(web.home)},
+    second = subprocess.Popen([*SIGINT_IGNORED, sys.executable, "-m", "cli", "web", "--no-browser", "--port", "0"],
+                              cwd=web.project, env={**os.environ, "PRIME_AGENT_HOME": str(web.home)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = second.stdout.readline().strip()
