@@ -96,25 +96,26 @@ async def scenario(turns: int, refinements: int, context_window: int) -> dict:
     from agent.config_models import Config
     from agent.session import Session
 
-    work = Path(tempfile.mkdtemp(prefix="pa-prefix-"))
-    os.environ["PRIME_AGENT_HOME"] = str(work / "home")
-    project = work / "project"
-    (project / ".git").mkdir(parents=True)
-    config = Config.model_validate({"model": {"context_window": context_window, "base_prompt": "full"},
-                                    "refine": {"auto_every": 0}, "kernel": {"interrupt_grace": 1.0}})
-    model = BenchModel()
-    applied: list[str] = []
-    at = {round(turns * (k + 1) / (refinements + 1)) for k in range(refinements)}
-    async with Session(config, model, cwd=project, on_event=lambda e: applied.append(e.type)) as s:
-        for t in range(1, turns + 1):
-            await s.prompt(f"turn {t}: print a line")
-            if t in at:
-                want = applied.count("refinement.applied") + 1
-                s.refine("learn from this")
-                for _ in range(1500):
-                    if applied.count("refinement.applied") >= want or applied.count("refinement.failed"):
-                        break
-                    await asyncio.sleep(0.01)
+    with tempfile.TemporaryDirectory(prefix="pa-prefix-") as tmp:
+        work = Path(tmp)
+        os.environ["PRIME_AGENT_HOME"] = str(work / "home")
+        project = work / "project"
+        (project / ".git").mkdir(parents=True)
+        config = Config.model_validate({"model": {"context_window": context_window, "base_prompt": "full"},
+                                        "refine": {"auto_every": 0}, "kernel": {"interrupt_grace": 1.0}})
+        model = BenchModel()
+        applied: list[str] = []
+        at = {round(turns * (k + 1) / (refinements + 1)) for k in range(refinements)}
+        async with Session(config, model, cwd=project, on_event=lambda e: applied.append(e.type)) as s:
+            for t in range(1, turns + 1):
+                await s.prompt(f"turn {t}: print a line")
+                if t in at:
+                    want = applied.count("refinement.applied") + 1
+                    s.refine("learn from this")
+                    for _ in range(1500):
+                        if applied.count("refinement.applied") >= want or applied.count("refinement.failed"):
+                            break
+                        await asyncio.sleep(0.01)
     return {"requests": model.requests, "after_compaction": sorted(model.after_compaction),
             "refinements_applied": applied.count("refinement.applied"), "compactions": applied.count("compaction")}
 
