@@ -1,7 +1,7 @@
 """Where the policy server's prefill spends its time, op by op: one cold prefill of a ~1k-token prompt
 (nothing cached) by rl/engine.py's HFEngine in this process, under torch.profiler.
 
-    .venv/bin/python bench/prefill.py [--model NAME|DIR] [--tokens 1024] [--head 0] [--top 15]
+    .venv/bin/python bench/prefill.py [--model NAME|DIR] [--tokens 1024] [--head 0] [--top 15] [--heap serving|glibc|mmap-1mb]
 
 It times `--repeats` prefills of new prompts (the first, right after the model loads, as a server's
 first request; then the median of the rest), profiles one more, and prints the ops that took the
@@ -9,11 +9,16 @@ most self CPU time, and their share by kind: matmuls (oneDNN), attention, and th
 (RMSNorm's pow/mean/rsqrt/mul, the rotary embedding, SiLU and its mul, copies). Writes
 bench/results/prefill.json. `--head N`: every prompt begins with the same N tokens, found in the
 prefix cache after the first (a server's cold prompt finds its chat template's first block there).
+Each prefill's page faults are counted. `--heap`: glibc's heap as `prime-agent rl serve` sets it
+(`serving`: `rl.engine.serving_heap`), glibc's defaults (`glibc`, a trainer's process), or every block
+of 1 MB and more mmapped (`mmap-1mb`: what the server set before, each activation a fresh mapping).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import resource
 import statistics
 import sys
 import time
@@ -26,7 +31,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from bench.report import load_average, save  # noqa: E402
-from rl.engine import HFEngine  # noqa: E402
+from rl.engine import HFEngine, serving_heap  # noqa: E402
 from rl.hf import load_hf  # noqa: E402
 from rl.pull import resolve  # noqa: E402
 
@@ -45,10 +50,15 @@ def main() -> int:
     ap.add_argument("--head", type=int, default=0, help="tokens every prompt begins with (cached after the first)")
     ap.add_argument("--repeats", type=int, default=3, help="prefills timed before the profiled one")
     ap.add_argument("--top", type=int, default=15, help="ops in the table")
+    ap.add_argument("--heap", choices=("serving", "glibc", "mmap-1mb"), default="serving", help="glibc's heap settings")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill.json"))
     args = ap.parse_args()
 
     load = load_average()
+    if args.heap == "serving":
+        serving_heap()
+    elif args.heap == "mmap-1mb":
+        ctypes.CDLL(None).mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
     engine = HFEngine(load_hf(resolve(args.model)), thread=False)
     vocab = engine.vocab_size
 
@@ -56,12 +66,14 @@ def main() -> int:
         head = [(j * 31) % (vocab - 1000) + 500 for j in range(args.head)]
         return head + [(i * 7919 + j * 104729) % (vocab - 1000) + 500 for j in range(args.tokens - args.head)]
 
-    times = []
+    times, faults = [], []
     with torch.inference_mode():
         for i in range(args.repeats + 1):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t = time.perf_counter()
             engine._prefill([prompt(i)])
             times.append(time.perf_counter() - t)
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             engine._prefill([prompt(args.repeats + 1)])
     ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
@@ -70,13 +82,15 @@ def main() -> int:
     for e in ops:
         shares[kind(e.key)] = shares.get(kind(e.key), 0.0) + e.self_cpu_time_total / total
     print(f"prefill of {args.tokens} tokens (a {args.head}-token head), {torch.get_num_threads()} threads: "
-          f"first {times[0]:.3f} s, then median {statistics.median(times[1:]):.3f} s")
+          f"first {times[0]:.3f} s, then median {statistics.median(times[1:]):.3f} s; "
+          f"page faults a prefill {statistics.median(faults[1:]):,.0f} ({args.heap} heap)")
     print(f"{'op':<44}{'calls':>8}{'self ms':>10}{'share':>8}")
     for e in ops[: args.top]:
         print(f"{e.key[:43]:<44}{e.count:>8}{e.self_cpu_time_total / 1e3:>10.1f}{e.self_cpu_time_total / total:>8.1%}")
     print("by kind: " + ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1])))
     save(args.out, {"tokens": args.tokens, "head": args.head, "threads": torch.get_num_threads(), "first_s": times[0],
-                    "median_s": statistics.median(times[1:]), "shares": shares,
+                    "median_s": statistics.median(times[1:]), "page_faults": statistics.median(faults[1:]),
+                    "heap": args.heap, "shares": shares,
                     "top": [{"op": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1e3}
                             for e in ops[: args.top]]}, load)
     return 0

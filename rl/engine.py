@@ -130,16 +130,20 @@ def _pss() -> int:
     return 0
 
 
-def heap_maps_large_blocks() -> None:
-    """Blocks of 1 MB and more (key/value buffers, logits) mmapped by glibc, so that freeing one
-    returns it to the system at once, not when the heap is next trimmed: its own threshold rises to
-    32 MB as such blocks are freed, and the slots a batch of long prompts leaves behind stayed
-    resident (1.1 GB measured after a group of 16 1.3k-token prompts). For a process that only serves
-    (`prime-agent rl serve`): it holds for the whole process, and a trainer's every activation and
-    gradient then costs an mmap, page faults and a munmap (SmolLM2's LoRA step beside the built-in
-    sampler: 10.6 s against 7.9 without it)."""
+def serving_heap() -> None:
+    """glibc's heap set for a process that only serves (`prime-agent rl serve`), whose engine hands the
+    free pages back itself, after each prefill and once no row runs (`HFEngine(trim=True)`): blocks under
+    64 MB come from the heap and are reused, and the heap is not trimmed at each free. Before, blocks of
+    1 MB and more were each mmapped, so that a freed one left at once (the slots a batch of long prompts
+    left behind had stayed resident: 1.1 GB after a group of 16 1.3k-token prompts); but then every
+    activation of a prefill was a fresh mapping, its pages faulted in: 550k page faults for a 1k-token
+    prompt of SmolLM2 against 27-37k, 1.70 s against 1.07 (medians, the two settings alternating in one
+    process: `bench/prefill.py --heap`). Not for a trainer's process: its activations and gradients,
+    trimmed away after each sampling step, would fault in again the same way."""
     try:
-        ctypes.CDLL(None).mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD (set, it no longer rises on its own)
+        libc.mallopt(-1, 64 << 20)  # M_TRIM_THRESHOLD (else the heap's top went back at every free of 128 kB)
     except (OSError, AttributeError):  # not glibc
         pass
 
@@ -220,7 +224,7 @@ class HFEngine:
     def __init__(self, policy: HFPolicy, name: str = "prime-policy", version: int = 0, truncate: bool = False,
                  dtype: torch.dtype = torch.float32, prefix_cache_mb: int | None = None, max_rows: int = 64,
                  context: int | None = None, thread: bool = True, base: dict[str, torch.Tensor] | None = None,
-                 max_batched_tokens: int = 2048):
+                 max_batched_tokens: int = 2048, trim: bool = False):
         if policy.tokenizer is None:
             raise ValueError("the model has no tokenizer: serve a model directory with its tokenizer files")
         config = policy.inner.config
@@ -270,6 +274,10 @@ class HFEngine:
         self._lock = threading.Lock()
         self._rng = torch.Generator().manual_seed(0)
         self._threads = _Threads(torch.get_num_threads())
+        self.trim = trim
+        """Hand the C heap's free pages back after each prefill (its activations: `serving_heap`), not only
+        once no row runs."""
+        self._prefilled = False
         _trim(collect=True)  # the model as loaded, before its weights were fused and packed
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -350,13 +358,15 @@ class HFEngine:
         with torch.inference_mode():
             while not self._stopping:
                 self._admit(block=not self.rows)
-                if self.rows:
+                ran = bool(self.rows)
+                if ran:
                     try:
                         self._step()
                     except Exception as e:  # a failed step fails its requests, not the server
                         self._fail(e)
-                    if not self.rows:
-                        _trim()
+                if (ran and not self.rows) or (self.trim and self._prefilled):  # its first tokens went out before
+                    _trim()
+                    self._prefilled = False
 
     def stop(self) -> None:
         """End the sampling thread (after the step it is in) and fail what was still to sample: a process
@@ -444,6 +454,7 @@ class HFEngine:
             self.rows.append(r)
         if rows:
             self._emit(rows, torch.stack([prefilled[tuple(r.prompt)][2] for r in rows]))
+        self._prefilled = True
 
     def _shared_head(self, prompts: list[list[int]]) -> int:
         """How many tokens the rows' keys and values leave out, as the slots hold them once for every row

@@ -571,10 +571,10 @@ def main(args) -> int:
         uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning",
                     timeout_graceful_shutdown=3)
         return 0
-    from rl.engine import heap_maps_large_blocks
+    from rl.engine import serving_heap
 
-    heap_maps_large_blocks()  # a process that only serves
-    engine = hf_engine(args.model, args.served_model_name, args.dtype, args.truncate, thread=False,
+    serving_heap()  # a process that only serves: its engine trims the heap itself
+    engine = hf_engine(args.model, args.served_model_name, args.dtype, args.truncate, thread=False, trim=True,
                        prefix_cache_mb=args.prefix_cache_mb, context=args.max_model_len,
                        max_rows=args.max_num_seqs, max_batched_tokens=args.max_num_batched_tokens)
     _announce(f"{engine.name} ({engine.parameters:,} parameters, {args.dtype}, context {engine.context})",
