@@ -445,15 +445,17 @@ class HFEngine:
         seen: set[tuple[int, ...]] = set()
         for r in rows:
             key = tuple(r.prompt)
-            keys, values, _, computed = prefilled[key]
-            r.job.cached[r.index] = len(r.prompt) - (computed if key not in seen else 0)
+            r.job.cached[r.index] = len(r.prompt) - (prefilled[key][3] if key not in seen else 0)
             seen.add(key)
             self.stats["prompt_tokens"] += len(r.prompt)
             self.stats["cached_tokens"] += r.job.cached[r.index]
-            self.slots.add(keys, values)
+        # the first tokens go out before the rows' keys and values are copied into the slots
+        ended = self._emit(rows, torch.stack([prefilled[tuple(r.prompt)][2] for r in rows])) if rows else []
+        for r in rows:
+            self.slots.add(*prefilled[tuple(r.prompt)][:2])
             self.rows.append(r)
-        if rows:
-            self._emit(rows, torch.stack([prefilled[tuple(r.prompt)][2] for r in rows]))
+        for r in ended:
+            self._finish(r)
         self._prefilled = True
 
     def _shared_head(self, prompts: list[list[int]]) -> int:
@@ -569,12 +571,14 @@ class HFEngine:
         self._threads.took(threads, time.perf_counter() - started)
         s.t += 1
         self.stats["steps"] += 1
-        self._emit(list(self.rows), logits)
+        for r in self._emit(list(self.rows), logits):
+            self._finish(r)
 
-    def _emit(self, rows: list[_Row], logits: torch.Tensor) -> None:
-        """Sample each row's next token from its logits [len(rows), vocab]; finish the rows that end.
-        Rows that share a generator (a seeded job's own, or the engine's) sample in one call, in the
-        job's row order. A constrained row's logits are masked first: its logprobs are of what it sampled from."""
+    def _emit(self, rows: list[_Row], logits: torch.Tensor) -> list[_Row]:
+        """Sample each row's next token from its logits [len(rows), vocab] and hand it to its job; the rows
+        that end, for the caller to finish. Rows that share a generator (a seeded job's own, or the
+        engine's) sample in one call, in the job's row order. A constrained row's logits are masked first:
+        its logprobs are of what it sampled from."""
         matchers = [r.matcher for r in rows]
         if any(m is not None for m in matchers):
             mask_logits(logits, matchers, self.grammars.executor())
@@ -613,8 +617,7 @@ class HFEngine:
                 ended.append(r)
             elif len(r.out.tokens) >= r.limit:
                 ended.append(r)
-        for r in ended:
-            self._finish(r)
+        return ended
 
     def _finish(self, row: _Row) -> None:
         i = self.rows.index(row)

@@ -133,25 +133,27 @@ def test_rows_that_share_a_head_hold_it_once_whenever_they_join_and_a_row_withou
     alone = [sample(engine, [p], 12)[0].result[0].tokens for p in [*wave, other]]
     seen, jobs = [], []
 
-    def on_token(row: int, token: int, logprob: float) -> bool:  # in the engine's thread, between steps
-        seen.append((len(engine.rows), len(engine.slots.head), engine.slots.nbytes))
-        if len(seen) == 2:  # the first row decodes alone: the rest of its group joins
-            jobs.append(engine.submit(Job(wave[1:], 12, 0.0, 1.0, None, [], on_token=on_token)))
-        if len(seen) == 12:  # a request without the head joins the group
-            jobs.append(engine.submit(Job([other], 12, 0.0, 1.0, None, [], on_token=on_token)))
-        return False
+    def watch(who: str):
+        def on_token(row: int, token: int, logprob: float) -> bool:  # in the engine's thread, between steps
+            seen.append((who, len(engine.rows), len(engine.slots.head), engine.slots.nbytes))
+            if len(seen) == 2:  # the first row decodes alone: the rest of its group joins
+                jobs.append(engine.submit(Job(wave[1:], 12, 0.0, 1.0, None, [], on_token=watch("group"))))
+            if len(seen) == 12:  # a request without the head joins the group
+                jobs.append(engine.submit(Job([other], 12, 0.0, 1.0, None, [], on_token=watch("other"))))
+            return False
+        return on_token
 
-    first = engine.submit(Job(wave[:1], 12, 0.0, 1.0, None, [], on_token=on_token))
+    first = engine.submit(Job(wave[:1], 12, 0.0, 1.0, None, [], on_token=watch("group")))
     assert first.done.wait(60) and first.error is None
     for j in jobs:
         assert j.done.wait(60) and j.error is None
     assert [s.tokens for j in [first, *jobs] for s in j.result] == alone  # sharing changes no token
-    joined = next(i for i, (rows, _, _) in enumerate(seen) if rows == 5)
-    together = [(h, nbytes) for rows, h, nbytes in seen[:joined] if rows == 4]  # the group, before the other
+    joined = next(i for i, (who, *_) in enumerate(seen) if who == "other")  # its first token: sampled before it
+    together = [(h, nbytes) for _, rows, h, nbytes in seen[:joined] if rows == 4]  # went into the slots
     assert together and all(h >= len(head) // BLOCK * BLOCK - 2 * BLOCK for h, _ in together)
     # the head once, and each row's own columns with room to grow: less than three copies of a prompt, not four
     assert max(n for _, n in together) < 3 * len(wave[0]) * engine.token_bytes
-    assert seen[joined][1] == 0  # the head went back into each row
+    assert seen[joined][2] == 0  # the head went back into each row
 
 
 def test_n_rows_of_one_prompt_are_prefilled_once_and_sample_apart(engine: HFEngine):
