@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,8 @@ STANDALONE = ("--standalone", "--nproc_per_node", "2")
 
 def torchrun(config: Path | str, out: Path, *overrides: str, launcher: tuple[str, ...] = STANDALONE) -> list[dict]:
     """A run under torchrun (rl.train); its metrics rows."""
-    run = subprocess.run(command(config, out, *overrides, launcher=launcher), cwd=ROOT, capture_output=True,
-                         text=True, timeout=600, check=False)
+    run = subprocess.run(command(config, out, *overrides, launcher=launcher), cwd=ROOT, env=environment(out),
+                         capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     return metrics(out)
 
@@ -28,6 +29,13 @@ def command(config: Path | str, out: Path, *overrides: str, launcher: tuple[str,
     """`torchrun LAUNCHER -m rl.train CONFIG OVERRIDES --train.out OUT`."""
     return [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "rl.train", str(config), *overrides,
             "--train.out", json.dumps(str(out))]
+
+
+def environment(out: Path) -> dict[str, str]:
+    """The run's environment, its temporary folders beside `out`: torchrun leaves its own (torchelastic_*) behind."""
+    tmp = out.parent / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return dict(os.environ, TMPDIR=str(tmp))
 
 
 def metrics(out: Path) -> list[dict]:

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from rl.config import load
 from rl.hf import HFPolicy, load_hf
 from rl.train import sft, train
-from tests.rl.distributed import ROOT, command, metrics, same_steps, torchrun
+from tests.rl.distributed import ROOT, command, environment, metrics, same_steps, torchrun
 
 pytestmark = pytest.mark.timeout(900)  # torchrun's processes each import torch and transformers: slow on 2 loaded cores
 
@@ -108,7 +108,7 @@ def test_two_nodes_rendezvous_over_c10d_and_train_to_the_end(warm: Path, config:
     for i in range(2):  # logs to files: node 1's pipe, read only after node 0 ended, would stall them both
         with open(tmp_path / f"node-{i}.log", "w") as log:
             nodes.append(subprocess.Popen(command(config, out, *overrides(warm, 2), launcher=launcher), cwd=ROOT,
-                                          stdout=log, stderr=subprocess.STDOUT, text=True))
+                                          env=environment(out), stdout=log, stderr=subprocess.STDOUT, text=True))
     try:
         for node in nodes:
             node.wait(timeout=600)
