@@ -87,6 +87,8 @@ class Server:
     proc: subprocess.Popen | None = None
     log: Path | None = None
     launch: dict[str, Any] = field(default_factory=dict)
+    tmp: Path | None = None
+    """Its TMPDIR, removed once it stopped (vLLM leaves its ZMQ sockets and torch's compile cache there)."""
 
 
 def free_port() -> int:
@@ -147,6 +149,8 @@ def start_vllm(model: str, logs: Path, dtype: str, venv: Path) -> Server:
                VLLM_CPU_KVCACHE_SPACE="2",  # GiB of KV cache; ~5 GB RSS in all
                HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     env.pop("OMP_NUM_THREADS", None)
+    env["TMPDIR"] = tmp = tempfile.mkdtemp(prefix="vllm-")
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")
     served = resolved.name if Path(model).is_dir() else model
     # The `vllm` command fails (the distribution is named vllm-cpu): run the server's module.
     # Prefix caching is on by default in V1; --enable-prompt-tokens-details makes usage report it.
@@ -154,9 +158,11 @@ def start_vllm(model: str, logs: Path, dtype: str, venv: Path) -> Server:
             "--model", str(resolved), "--served-model-name", served, "--port", str(port), "--host", "127.0.0.1",
             "--dtype", dtype, "--enforce-eager", "--enable-prompt-tokens-details", "--uvicorn-log-level", "warning"]
     version = (venv / ".complete").read_text().strip()
-    return spawn("vllm", argv, env, port, logs, {"model": str(resolved), "version": version, "dtype": dtype,
-                                                  **{k: env[k] for k in ("VLLM_CPU_OMP_THREADS_BIND",
-                                                                         "VLLM_CPU_KVCACHE_SPACE")}})
+    server = spawn("vllm", argv, env, port, logs, {"model": str(resolved), "version": version, "dtype": dtype,
+                                                    **{k: env[k] for k in ("VLLM_CPU_OMP_THREADS_BIND",
+                                                                           "VLLM_CPU_KVCACHE_SPACE")}})
+    server.tmp = Path(tmp)
+    return server
 
 
 async def wait_ready(server: Server, timeout: float) -> float:
@@ -223,7 +229,14 @@ def stop(server: Server) -> tuple[str, list[int]]:
     """End a server we started and everything in its process group: SIGINT, then SIGTERM, then
     SIGKILL, with a wait between. Returns the signal that ended it (with its seconds), and the pids
     still alive after the last (there should be none)."""
-    proc = server.proc
+    try:
+        return _stop(server.proc)
+    finally:
+        if server.tmp is not None:
+            shutil.rmtree(server.tmp, ignore_errors=True)
+
+
+def _stop(proc: subprocess.Popen | None) -> tuple[str, list[int]]:
     if proc is None or (proc.poll() is not None and not members(proc.pid)):
         return "", []
     group, t = proc.pid, time.monotonic()  # start_new_session: the group's id is the leader's pid

@@ -127,12 +127,15 @@ def vllm_server(model: Path, *flags: str, **env: str) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ncpu = os.cpu_count() or 1
+    # its temporary files (ZMQ sockets, its compiled kernels, its log) in a folder of its own: it left them in /tmp
+    tmp = tempfile.TemporaryDirectory(prefix="vllm-")
     environ = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {
+        "TMPDIR": tmp.name, "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp.name) / "inductor"),
         # OMP_NUM_THREADS alone puts every thread on one core: bind them to all (bench/serve.py)
         "VLLM_CPU_OMP_THREADS_BIND": f"0-{ncpu - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
         "VLLM_SERVER_DEV_MODE": "1", **env}
-    log = tempfile.NamedTemporaryFile(prefix="vllm-", suffix=".log", delete=False)
+    log = open(Path(tmp.name) / "vllm.log", "w")
     # the distribution is vllm-cpu, so vllm's own `vllm` command fails: run the server's module
     server = subprocess.Popen([str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
                                "--model", str(model), "--port", str(port), "--host", "127.0.0.1", "--dtype", "float32",
@@ -157,6 +160,7 @@ def vllm_server(model: Path, *flags: str, **env: str) -> Iterator[str]:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
+        tmp.cleanup()
 
 
 class Recording(Orchestrator):
