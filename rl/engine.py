@@ -136,10 +136,10 @@ def serving_heap() -> None:
     64 MB come from the heap and are reused, and the heap is not trimmed at each free. Before, blocks of
     1 MB and more were each mmapped, so that a freed one left at once (the slots a batch of long prompts
     left behind had stayed resident: 1.1 GB after a group of 16 1.3k-token prompts); but then every
-    activation of a prefill was a fresh mapping, its pages faulted in: 550k page faults for a 1k-token
-    prompt of SmolLM2 against 27-37k, 1.70 s against 1.07 (medians, the two settings alternating in one
-    process: `bench/prefill.py --heap`). Not for a trainer's process: its activations and gradients,
-    trimmed away after each sampling step, would fault in again the same way."""
+    activation of a prefill was a fresh mapping, its pages faulted in: 494k page faults for a 1k-token
+    prompt of SmolLM2 against 10-12k, 1.64-1.73 s against 0.88-0.91 (`bench/prefill.py --heap mmap-1mb`
+    against `--heap serving`). Not for a trainer's process: its activations and gradients, trimmed away
+    after each sampling step, would fault in again the same way."""
     try:
         libc = ctypes.CDLL(None)
         libc.mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD (set, it no longer rises on its own)
