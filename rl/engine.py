@@ -270,6 +270,8 @@ class HFEngine:
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "steps": 0}
         self._jobs: queue.Queue[Job] = queue.Queue()
         self._waiting: list[Job] = []
+        self._starting: list[Job] = []
+        """The jobs whose rows are being prefilled (in neither `_waiting` nor the rows)."""
         self._pending: tuple[dict, int] | None = None
         self._lock = threading.Lock()
         self._rng = torch.Generator().manual_seed(0)
@@ -386,12 +388,13 @@ class HFEngine:
             if job is not None:
                 self._waiting.append(job)
         error = RuntimeError("the server is shutting down")
-        for job in self._waiting:
-            job.error = error
-            job.done.set()
-        self._waiting = []
         if self.rows:
             self._fail(error)
+        for job in self._waiting + self._starting:
+            if not job.done.is_set():
+                job.error = error
+                job.done.set()
+        self._waiting, self._starting = [], []
 
     def _admit(self, block: bool) -> None:
         """Take the queued jobs; start their rows unless new weights wait for the running ones to end."""
@@ -415,11 +418,13 @@ class HFEngine:
                                  len(self.rows) + sum(len(j.prompts) for j in jobs + self._waiting[:1]) <= self.max_rows):
             jobs.append(self._waiting.pop(0))
         if jobs:
+            self._starting = jobs  # left set if a signal stops the server meanwhile: `close` fails them
             try:
                 self._start(jobs)
             except Exception as e:
                 for job in jobs:
                     self._fail(e, job)
+            self._starting = []
 
     def _start(self, jobs: list[Job]) -> None:
         """Prefill the jobs' rows (each distinct prompt once, in batches) and add them to the running batch."""

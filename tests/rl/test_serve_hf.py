@@ -318,6 +318,22 @@ def test_rl_serve_model_refuses_another_model_name_and_stops_on_sigterm_with_a_r
         server.wait()
 
 
+def test_a_server_stopped_while_it_starts_a_request_fails_that_request(tiny: Path):
+    """`rl serve` stops on SIGTERM by raising KeyboardInterrupt wherever its sampling loop is: here in the
+    middle of starting a request (its first token sent, its row not yet in the batch). That request ends
+    with an error, not left for its client to wait on."""
+    engine = HFEngine(load_hf(tiny), name="tiny", thread=False)
+
+    def stop(row: int, token: int, logprob: float) -> bool:
+        raise KeyboardInterrupt  # as the signal would, here
+
+    job = engine.submit(Job([chat(engine, PROMPTS[0])], 50, 0.0, 1.0, None, [], on_token=stop))
+    with pytest.raises(KeyboardInterrupt):
+        engine.run()
+    engine.close()
+    assert job.done.is_set() and "shutting down" in str(job.error)
+
+
 def test_memory_follows_the_work_and_the_listing_reports_it(tiny: Path):
     engine = HFEngine(load_hf(tiny), name="tiny")
     config = load_hf(tiny).inner.config
