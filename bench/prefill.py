@@ -1,7 +1,8 @@
 """Where the policy server's prefill spends its time, op by op: one cold prefill of a ~1k-token prompt
 (nothing cached) by rl/engine.py's HFEngine in this process, under torch.profiler.
 
-    .venv/bin/python bench/prefill.py [--model NAME|DIR] [--tokens 1024] [--head 0] [--top 15] [--heap serving|glibc|mmap-1mb]
+    .venv/bin/python bench/prefill.py [--model NAME|DIR] [--tokens 1024] [--head 0] [--top 15]
+        [--heap serving|glibc|mmap-1mb]
 
 It times `--repeats` prefills of new prompts (the first, right after the model loads, as a server's
 first request; then the median of the rest), profiles one more, and prints the ops that took the

@@ -16,8 +16,9 @@ key/value cache written in place, and a prefix cache of shared prompt heads.
   other through transformers' own modules, over the same cache.
 - **Memory follows the work.** The key/value slots hold the running rows' columns and no more: they
   grow as rows join and lengthen, shrink once half of them is unused, and are freed (and the C heap
-  trimmed) when the batch empties. The prefix cache keeps at most one full context of blocks by
-  default (`--max-model-len` tokens of keys and values); `memory()` reports the breakdown
+  trimmed) when the batch empties; `rl serve` trims after each prefill too (`serving_heap`: a prefill's
+  activations come from the heap, not each from a mapping of its own). The prefix cache keeps at most
+  one full context of blocks by default (`--max-model-len` tokens of keys and values); `memory()` reports the breakdown
   (`GET /v1/models`: weights, kv_cache, prefix_cache, other; the process's PSS).
 
 Each row samples with its own temperature and top-p, and a seeded request with its own
@@ -418,7 +419,7 @@ class HFEngine:
                                  len(self.rows) + sum(len(j.prompts) for j in jobs + self._waiting[:1]) <= self.max_rows):
             jobs.append(self._waiting.pop(0))
         if jobs:
-            self._starting = jobs  # left set if a signal stops the server meanwhile: `close` fails them
+            self._starting = jobs  # left set if a signal stops the server meanwhile: `close` fails them too
             try:
                 self._start(jobs)
             except Exception as e:
