@@ -54,6 +54,21 @@ def print_table(figures: dict[str, float], targets: dict[str, tuple[str, float |
     print(f"{'total bench time (s)':<50} {total:>10.1f}")
 
 
+@contextlib.contextmanager
+def home_in(path: Path):
+    """PRIME_AGENT_HOME at `path` inside (the kernels' journals go there), as it was after: a home left
+    pointing at a removed folder had the next kernel launched make it again."""
+    before = os.environ.get("PRIME_AGENT_HOME")
+    os.environ["PRIME_AGENT_HOME"] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PRIME_AGENT_HOME", None)
+        else:
+            os.environ["PRIME_AGENT_HOME"] = before
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -61,8 +76,7 @@ def pct(xs: list[float], q: float) -> float:
 
 async def runtime_figures(n_cells: int, n_starts: int) -> dict[str, float]:
     out: dict[str, float] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ["PRIME_AGENT_HOME"] = tmp
+    with tempfile.TemporaryDirectory() as tmp, home_in(Path(tmp)):
         starts, shutdowns = [], []
         for _ in range(n_starts):
             s = Session(Config(), ScriptedModel([]), cwd=Path(tmp))
@@ -148,8 +162,7 @@ async def sandbox_figures(n_starts: int, n_cells: int) -> dict[str, float]:
     starts: dict[str, list[float]] = {mode: [] for mode in configs}
     cells: dict[str, list[float]] = {mode: [] for mode in configs}
     views: list[float] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ["PRIME_AGENT_HOME"] = str(Path(tmp) / "home")
+    with tempfile.TemporaryDirectory() as tmp, home_in(Path(tmp) / "home"):
         work = Path(tmp) / "work"
         work.mkdir()
         for i in range(n_starts):
@@ -246,7 +259,7 @@ async def system_figures(n_cells: int, repeats: int, floor_cells: int = 200) -> 
     one: list[float] = []
     many: list[float] = []
     floor: list[float] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, home_in(Path(tmp) / "bare-home"):
         work = Path(tmp)
         async with bare_kernel() as kc:
             await round_trips(kc, 50)  # warm-up
