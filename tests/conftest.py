@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,13 @@ from agent.config import ENV_VARS, home
 from agent.config_models import Config
 from agent.kernel.homes import forget_home
 from agent.trust import TrustStore
+
+
+def needs(package: str, module: str) -> pytest.MarkDecorator:
+    """Skip a file's tests where `package` of the test extra is not installed: its `module` is looked up, not
+    imported (pytest.importorskip imported verifiers or reasoning-gym into every xdist worker's collection)."""
+    return pytest.mark.skipif(find_spec(module) is None,
+                              reason=f"{package} is in the test extra: bash scripts/setup.sh test")
 
 
 FAILED = pytest.StashKey[bool]()

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,9 @@ import pytest
 from agent.testing.openai_server import OpenAIServer, Reply
 from evals.runner import read_results
 from evals.tasksets import MissingPackage, load_taskset, select
+from tests.conftest import needs
 
-pytestmark = pytest.mark.skipif(find_spec("reasoning_gym") is None,  # found, not imported: collecting stays cheap
-                                reason="reasoning-gym is in the test extra: bash scripts/setup.sh test")
+pytestmark = needs("reasoning-gym", "reasoning_gym")
 
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
 

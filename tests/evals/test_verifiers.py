@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,9 @@ import pytest
 from agent.testing.openai_server import OpenAIServer, Reply
 from evals.runner import read_results
 from evals.tasksets import MissingPackage, load_taskset, select
+from tests.conftest import needs
 
-pytestmark = pytest.mark.skipif(find_spec("verifiers") is None,  # found, not imported: collecting stays cheap
-                                reason="verifiers is in the test extra: bash scripts/setup.sh test")
+pytestmark = needs("verifiers", "verifiers")
 
 PRIME_AGENT = str(Path(sys.executable).parent / "prime-agent")
 NAME = "pa_test_arith"

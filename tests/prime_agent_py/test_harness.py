@@ -14,7 +14,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -22,10 +21,10 @@ import pytest
 from agent.testing.openai_server import OpenAIServer, Reply
 from daemon.client import Client
 from daemon.paths import socket_file
+from tests.conftest import needs
 from tests.daemon.conftest import no_daemon_left_behind  # noqa: F401 - the fixture is autouse
 
-pytestmark = pytest.mark.skipif(find_spec("verifiers") is None,  # found, not imported: collecting stays cheap
-                                reason="verifiers is in the test extra: bash scripts/setup.sh test")
+pytestmark = needs("verifiers", "verifiers")
 
 BIN = Path(sys.executable).parent
 NAME = "pa_vf_sums"

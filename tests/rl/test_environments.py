@@ -3,16 +3,15 @@ built-ins (evals' task sets behind rl.envs.load)."""
 
 from __future__ import annotations
 
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 
 from rl.config import RunConfig
 from rl.train import train
+from tests.conftest import needs
 
-pytestmark = pytest.mark.skipif(find_spec("reasoning_gym") is None,  # found, not imported: collecting stays cheap
-                                reason="reasoning-gym is in the test extra: bash scripts/setup.sh test")
+pytestmark = needs("reasoning-gym", "reasoning_gym")
 
 
 def test_a_reasoning_gym_dataset_trains_with_its_scorer_as_reward(tmp_path: Path):
