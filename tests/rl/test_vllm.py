@@ -66,9 +66,10 @@ def test_a_turn_against_vllm_completes_and_a_refusal_of_tools_is_said_or_switche
 
 
 def run(smollm2: Path, url: str, tmp_path: Path, lora: bool, *overrides: str) -> tuple[list[dict], list]:
-    """Three steps of the SmolLM2 reverse_text example (no warm start) sampled by vLLM at `url`."""
+    """Three steps of the SmolLM2 reverse_text example (no warm start) sampled by vLLM at `url`; checkpoints
+    after steps 2 and 3 (the tests read step-2's; a full run's checkpoint holds Adam's state too: 1.6 GB)."""
     cfg = load(str(CONFIG), ["--model.hf", json.dumps(str(smollm2)), "--sft.steps", "0", "--train.steps", "3",
-                             "--train.batch_size", "2", "--train.group_size", "4", "--train.checkpoint_every", "1",
+                             "--train.batch_size", "2", "--train.group_size", "4", "--train.checkpoint_every", "2",
                              "--train.lr", "1e-3", "--train.rollout_url", json.dumps(url),
                              "--train.out", json.dumps(str(tmp_path / "run")), "--model.lora", "{r = 8, alpha = 16}",
                              *overrides])
