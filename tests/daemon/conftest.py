@@ -69,11 +69,17 @@ async def daemon(prime_home: Path) -> AsyncIterator[Client]:
 
 
 class running_daemon:
-    """`async with running_daemon(**daemon_config) as client`: serve, and stop (draining) at exit."""
+    """`async with running_daemon(**daemon_config) as client`: serve, and stop (draining) at exit.
+
+    No warm kernels unless a test asks (`pool_size=`): a test's daemon starts its few sessions' kernels
+    itself. With a pool, most of its kernels went unused (it refills after each take): ~150 a run, ~0.2 s
+    of CPU each; tests/daemon, tests/tui and tests/cli took 290-300 CPU seconds with it, 249-267 without.
+    The pool has tests of its own (tests/daemon/test_limits.py, tests/agent/test_kernel.py and
+    test_sandbox.py), and the web page's daemon and every daemon the tests start as a process keep one."""
 
     def __init__(self, tcp: str | None = None, remote_unsandboxed: bool = False, **daemon: Any):
         self.tcp, self.remote_unsandboxed = tcp, remote_unsandboxed
-        self.config = make_config(daemon={"pool_size": 1, **daemon})
+        self.config = make_config(daemon={"pool_size": 0, **daemon})
         self.stop = asyncio.Event()
         self.ready: dict = {}
 
