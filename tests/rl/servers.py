@@ -134,7 +134,10 @@ def vllm_server(model: Path, *flags: str, **env: str) -> Iterator[str]:
         # OMP_NUM_THREADS alone puts every thread on one core: bind them to all (bench/serve.py)
         "VLLM_CPU_OMP_THREADS_BIND": f"0-{ncpu - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-        "VLLM_SERVER_DEV_MODE": "1", **env}
+        "VLLM_SERVER_DEV_MODE": "1",
+        # no torch.compile of its helpers (--enforce-eager leaves some on): gcc building them at the first
+        # requests cost 11 CPU seconds of a start and three requests (36 against 25), replies the same
+        "TORCHDYNAMO_DISABLE": "1", **env}
     log = open(Path(tmp.name) / "vllm.log", "w")
     # the distribution is vllm-cpu, so vllm's own `vllm` command fails: run the server's module
     server = subprocess.Popen([str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
