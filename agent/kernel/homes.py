@@ -118,13 +118,29 @@ def _placeholder_key(path: Path) -> tuple[Path, str]:
 
 @contextlib.contextmanager
 def _placeholder_lock(path: Path) -> Iterator[tuple[Path, str]]:
+    """The registry's lock for the placeholder at `path`, removed once no placeholder is made there: each
+    fresh workspace, a test's or an eval task's, left a lock file behind for good (8,064 in a day of test
+    runs here, every release listing them all). A lock file removed while another host waited on it is
+    not the lock any more: that host opens the new one and waits again."""
     registry, key = _placeholder_key(path)
     registry.mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(registry / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = registry / f"{key}.lock"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.samestat(os.fstat(fd), os.stat(lock)):
+                    break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield registry, key
     finally:
+        if not (registry / f"{key}.made").exists():  # no placeholder, so no user: nothing for the lock to guard
+            lock.unlink(missing_ok=True)
         os.close(fd)
 
 

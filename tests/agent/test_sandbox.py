@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 
 from agent.config_models import Config
 from agent.harness import scope_roots
+from agent.kernel.homes import _placeholder_key, _placeholder_lock
 from agent.kernel.sandbox import unavailable
 from agent.session import Session
 from agent.testing.scripted import ScriptedModel, cells
@@ -390,6 +392,38 @@ async def test_placeholders_are_shared_by_kernels_in_one_workspace_and_gone_afte
     finally:
         await first.close()
     assert not (fresh / ".git").exists() and not (fresh / ".prime-agent").exists()
+    for placeholder in (fresh / ".git", fresh / ".prime-agent"):  # nor anything of theirs in the registry
+        registry, key = _placeholder_key(placeholder)
+        assert not list(registry.glob(f"{key}*"))
+
+
+def test_the_placeholder_lock_excludes_while_its_file_is_removed_and_made_again(tmp_path: Path):
+    """Each holder that finds no placeholder removes the lock file as it lets go; whoever waited on the
+    removed file must wait again on the new one, never hold the lock beside another."""
+    inside, most, errors = [0], [0], []
+    guard = threading.Lock()
+
+    def contend() -> None:
+        try:
+            for _ in range(200):
+                with _placeholder_lock(tmp_path / ".git"):
+                    with guard:
+                        inside[0] += 1
+                        most[0] = max(most[0], inside[0])
+                    time.sleep(0)
+                    with guard:
+                        inside[0] -= 1
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=contend) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and most[0] == 1
+    registry, key = _placeholder_key(tmp_path / ".git")
+    assert not list(registry.glob(f"{key}*"))
 
 
 async def test_no_kernel_reads_the_homes_keys_checkpoints_or_another_homes_daemon(tmp_path: Path, prime_home: Path,
