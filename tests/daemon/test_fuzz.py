@@ -16,9 +16,9 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.configuration import set_hypothesis_home_dir
-from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi.checks import negative_data_rejection
 
 from agent.testing.openai_server import OpenAIServer
@@ -91,6 +91,16 @@ def tripped_on_itself(error: BaseException) -> bool:
     return False
 
 
+def malformable(operation) -> bool:
+    """Whether a request to `operation` can break its spec: it takes a body, a query or header parameter, or a
+    path parameter that is more than any string. Negative cases of the others (GET /v1/status, the 18 that take
+    a session's or schedule's id alone) do not exist: hypothesis drew ~100 rejected cases each before it said
+    Unsatisfiable: the test took 18.6-19.2 s alone with them, 11.7-13.2 without, the same cases sent."""
+    return bool(operation.body) or any(
+        parameter.location != ParameterLocation.PATH or parameter.definition["schema"].keys() - {"type", "title"}
+        or parameter.definition["schema"]["type"] != "string" for parameter in operation.iter_parameters())
+
+
 def test_fuzzed_requests_never_get_a_5xx(daemon_over_tcp, tmp_path: Path, project: Path, model_server):
     set_hypothesis_home_dir(tempfile.mkdtemp(dir=tmp_path))  # hypothesis writes there even without a database
     url, secret = daemon_over_tcp
@@ -106,7 +116,8 @@ def test_fuzzed_requests_never_get_a_5xx(daemon_over_tcp, tmp_path: Path, projec
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 14
     for operation in operations:
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if malformable(operation) else \
+                (GenerationMode.POSITIVE,):
 
             @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                       suppress_health_check=list(HealthCheck))
@@ -124,14 +135,11 @@ def test_fuzzed_requests_never_get_a_5xx(daemon_over_tcp, tmp_path: Path, projec
                 counts[(mode.value, response.status_code // 100)] += 1
 
             try:
-                try:
-                    fuzz()
-                except Exception as e:
-                    if not tripped_on_itself(e):
-                        raise
-                    fuzz()
-            except Unsatisfiable:  # nothing to make malformed (GET /v1/status takes no input)
-                assert mode is GenerationMode.NEGATIVE
+                fuzz()
+            except Exception as e:
+                if not tripped_on_itself(e):
+                    raise
+                fuzz()
     print(dict(counts))
     assert counts[("negative", 4)] > 0 and counts[("positive", 2)] > 0
     assert not any(kind == 5 for _, kind in counts)
