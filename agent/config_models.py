@@ -93,7 +93,9 @@ class ModelConfig(_Section):
     repetition_limit: int = Field(500, ge=0)
     """Characters of a completion that may be one piece of text repeated back to back (5 times or
     more) before the completion is stopped there and the turn ends (`budget_exhausted`: a model
-    caught in a loop, as small ones fall into at low temperature); 0: never stopped for it."""
+    caught in a loop, as small ones fall into at low temperature); twice as many for copies that
+    differ only in their numbers, a word in each (a loop counting up: `Line 12`, `Line 13`, ...;
+    rows of numbers alone are data); 0: never stopped for it."""
     timeout: float = 300.0
     """Seconds to wait for one model call (per attempt) before it counts as timed out."""
     max_retries: int = 4
