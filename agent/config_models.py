@@ -94,7 +94,7 @@ class ModelConfig(_Section):
     """Characters of a completion that may be one piece of text repeated back to back (5 times or
     more) before the completion is stopped there and the turn ends (`budget_exhausted`: a model
     caught in a loop, as small ones fall into at low temperature); twice as many for copies that
-    differ only in their numbers, a word in each (a loop counting up: `Line 12`, `Line 13`, ...;
+    differ only in their numbers, a letter in each (a loop counting up: `Line 12`, `Line 13`, ...;
     rows of numbers alone are data); 0: never stopped for it."""
     timeout: float = 300.0
     """Seconds to wait for one model call (per attempt) before it counts as timed out."""
