@@ -66,22 +66,15 @@ def repeated_tail(text: str, chars: int) -> Loop | None:
         return Loop(piece=_from_line_start(text[len(text) - p:]), times=run // p)
     if not NUMBER.search(text):
         return None
-    plain, starts = [], []  # the text with each number made one "0"; where each of its characters begins
-    at = 0
-    for m in NUMBER.finditer(text):
-        plain += [text[at:m.start()], "0"]
-        starts += [*range(at, m.start()), m.start()]
-        at = m.end()
-    plain.append(text[at:])
-    starts += range(at, len(text))
-    counted = "".join(plain)
+    counted = NUMBER.sub("0", text)  # each number one "0"
     if not (found := _period(counted, 2 * chars)):
         return None
     p, run = found
     piece = counted[len(counted) - p:]
     if "0" not in piece or not any(c.isalpha() for c in piece):
         return None
-    return Loop(piece=_from_line_start(text[starts[len(counted) - p]:]), times=run // p, counting=True)
+    last = re.search(r"\d+".join(map(re.escape, piece.split("0"))) + r"\Z", text)  # the same copy as written
+    return Loop(piece=_from_line_start(last.group()), times=run // p, counting=True)
 
 
 def _period(text: str, chars: int) -> tuple[int, int] | None:
