@@ -3,8 +3,8 @@ modules through a `Cache` that writes into it, or for llama-shaped causal LMs (l
 `Decoder`: one step of the whole batch in few, large operations, on the only copy of the weights
 the server keeps.
 
-- **Fused projections.** Per layer, q/k/v are one matmul and gate/up another; the rotary embedding
-  turns q and k at once; the output and down projections add their residual in the matmul.
+- **Fused projections.** Per layer, q/k/v are one matmul and gate/up another; the output and down
+  projections add their residual in the matmul.
 - **Packed weights.** In fp32 every projection and the output head run as oneDNN matmuls on weights
   reordered once for them (`torch.ops.mkldnn._linear_pointwise`), dense tensors in, dense out. The
   transformers modules' own weights are dropped: the packed ones are the model. Only a tied output
@@ -13,11 +13,15 @@ the server keeps.
   (`Slots`: rows × columns, left-padded), the new keys and values written in place. A head of
   tokens every row shares (an RL group's prompt) is held once: each layer attends to it and to
   the rows' own columns in two passes, merged by their log-sum-exp (`_attend`). A prefill with no
-  padded row needs no mask: its new tokens attend causally among themselves (the kernel skips the
-  blocks above the diagonal) and whole to the columns before them (a prompt's cached head), two
-  passes merged the same way; after a head at most an eighth of the new tokens (a chat template's
-  first block), one causal pass over all the columns, the head's columns given zero queries whose
-  rows are dropped: cheaper than a second pass and the merge.
+  padded row needs no mask: its new tokens attend causally among themselves and whole to the columns
+  before them (a prompt's cached head). In fp32 with heads of 64 or 128 that is one pass of our own
+  kernel (rl/_kernels.c, built by the install: `_causal`), 3.5-3.7 ms a layer for SmolLM2's
+  1k-token prompt on 2 cores against torch's 9.1-9.4. Without it, torch's: two passes merged the same
+  way, or after a head at most an eighth of the new tokens (a chat template's first block), one causal
+  pass over all the columns, the head's columns given zero queries whose rows are dropped.
+- **Elementwise steps** (RMSNorm; the rotary embedding, turning q and k in place and copying k and v
+  into the slots; SiLU times the up projection) are one pass each of rl/_kernels.c in fp32, where
+  torch's ops take two to five (`_rms_norm`, `_rotate`, `_silu_mul`).
 
 It computes what transformers' LlamaDecoderLayer computes (its RMSNorm, rotary embedding, SDPA),
 in another order of float additions: results differ by rounding (~1e-6), as another batch would."""
@@ -338,34 +342,20 @@ class Decoder:
             mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
         h_, kv, d, end = self.heads, self.kv_heads, self.dim, t + new
         h = F.embedding(ids.reshape(-1), self.embed)
-        cos, sin = self.rotary(h, positions)
-        cos, sin = cos[:, :, None], sin[:, :, None]  # [n, new, 1, dim]: the same for every head
-        half, width = d // 2, self.hidden
+        cos, sin = (c.contiguous() for c in self.rotary(h, positions))  # [n, new, dim]
         for i, ((n1, qkv, o, n2, gate_up, down), k_buf, v_buf) in enumerate(zip(self.layers, keys, values)):
-            x = qkv(F.rms_norm(h, (width,), n1, self.eps)).view(n, new, h_ + 2 * kv, d)
-            qk = x[:, :, : h_ + kv]
-            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin
-            k_buf[:n, :, t:end] = qk[:, :, h_:].transpose(1, 2)
-            v_buf[:n, :, t:end] = x[:, :, h_ + kv :].transpose(1, 2)
-            q = qk[:, :, :h_].transpose(1, 2)
-            if mask is None and t and t * 8 <= new:  # a short head before them: t zero queries first make
-                # one causal pass right (their rows dropped), cheaper than a second pass and the merge
-                q = torch.cat((q.new_zeros(n, h_, t, d), q), 2)
-                a = F.scaled_dot_product_attention(q, k_buf[:n, :, :end], v_buf[:n, :, :end], scale=self.scale,
-                                                   enable_gqa=kv != h_, is_causal=True)[:, :, t:]
-            elif mask is None and t:  # causal over the new columns, whole over the row's own before them
-                a = _attend(q, k_buf[:n, :, t:end], v_buf[:n, :, t:end], None, k_buf[:n, :, :t], v_buf[:n, :, :t],
-                            self.scale)
+            x = qkv(_rms_norm(h, n1, self.eps)).view(n, new, h_ + 2 * kv, d)
+            q = _rotate(x, cos, sin, k_buf[:n], v_buf[:n], t, h_)[:, :, :h_].transpose(1, 2)
+            if mask is None:
+                a = _causal(q, k_buf[:n, :, :end], v_buf[:n, :, :end], t, self.scale)
             elif head is None:
                 a = F.scaled_dot_product_attention(q, k_buf[:n, :, :end], v_buf[:n, :, :end], attn_mask=mask,
-                                                   scale=self.scale, enable_gqa=kv != h_, is_causal=mask is None)
+                                                   scale=self.scale, enable_gqa=kv != h_)
             else:
                 a = _attend(q, k_buf[:n, :, :end], v_buf[:n, :, :end], mask, head[0][i], head[1][i], self.scale)
             h = o(a.transpose(1, 2).reshape(n * new, h_ * d), add=h)
-            g = gate_up(F.rms_norm(h, (width,), n2, self.eps))
-            inner = g.shape[1] // 2
-            h = down(F.silu(g[:, :inner]) * g[:, inner:], add=h)
-        return F.rms_norm(h.view(n, new, width)[:, -1], (width,), self.norm, self.eps)
+            h = down(_silu_mul(gate_up(_rms_norm(h, n2, self.eps))), add=h)
+        return F.rms_norm(h.view(n, new, self.hidden)[:, -1], (self.hidden,), self.norm, self.eps)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] fp32 from final hidden states [rows, hidden]."""
@@ -398,6 +388,85 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     w = torch.sigmoid(shared_lse - own_lse)[..., None].to(q.dtype)  # the head's share of each query's weight
     return (own + w * (shared - own)).reshape(n, heads, new, d)
 
+
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, scale: float) -> torch.Tensor:
+    """Queries q [n, heads, new, dim] at columns t.. over keys and values k, v [n, kv_heads, t + new, dim],
+    each query attending to the columns up to its own: [n, heads, new, dim]. By rl/_kernels.c on
+    torch's threads where it runs (built, AVX-512, fp32, heads of 64 or 128), its result a view of
+    [n, new, heads, dim], as the output projection takes it; else by torch's kernel."""
+    n, heads, new, dim = q.shape
+    if _native is not None and dim in (64, 128) and k.stride() == v.stride() \
+            and all(x.dtype == torch.float32 and x.stride(-1) == 1 for x in (q, k, v)):
+        out = torch.empty(n, new, heads, dim).transpose(1, 2)
+        if _run("rl::causal_attention", _native.causal, q.data_ptr(), q.stride()[:3], k.data_ptr(), v.data_ptr(),
+                k.stride()[:3], out.data_ptr(), out.stride()[:3], n, heads, k.shape[1], new, t, dim, scale,
+                torch.get_num_threads()):
+            return out
+    grouped = k.shape[1] != heads
+    if not t:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=grouped, is_causal=True)
+    if t * 8 <= new:  # a short head before them: t zero queries first make one causal pass right (their rows
+        # dropped), cheaper than a second pass and the merge
+        q = torch.cat((q.new_zeros(n, heads, t, dim), q), 2)
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=grouped, is_causal=True)[:, :, t:]
+    return _attend(q, k[:, :, t:], v[:, :, t:], None, k[:, :, :t], v[:, :, :t], scale)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of rows x [rows, width]: one pass of rl/_kernels.c (fp32, contiguous), else torch's."""
+    if _native is not None and x.dtype == weight.dtype == torch.float32 and x.is_contiguous():
+        out = torch.empty_like(x)
+        if _run("rl::rms_norm", _native.rms_norm, x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0],
+                x.shape[1], eps, torch.get_num_threads()):
+            return out
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _silu_mul(g: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up from rows g [rows, 2 * inner] of both: one pass of rl/_kernels.c, else torch's."""
+    rows, inner = g.shape[0], g.shape[1] // 2
+    if _native is not None and g.dtype == torch.float32 and g.is_contiguous():
+        out = g.new_empty(rows, inner)
+        if _run("rl::silu_mul", _native.silu_mul, g.data_ptr(), out.data_ptr(), rows, inner, torch.get_num_threads()):
+            return out
+    return F.silu(g[:, :inner]) * g[:, inner:]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int,
+            heads: int) -> torch.Tensor:
+    """The q/k/v projection's output x [n, new, heads + 2 kv_heads, dim] with its query and key heads turned by
+    the rotary embedding (cos, sin [n, new, dim]); its keys and values written to columns t.. of the slots k, v
+    [n, kv_heads, columns, dim]. rl/_kernels.c does it in place, in one pass; else torch's ops."""
+    n, new, width, dim = x.shape
+    kv = (width - heads) // 2
+    if _native is not None and x.dtype == k.dtype == torch.float32 and x.is_contiguous() and k.stride() == v.stride() \
+            and k.stride(-1) == 1 and _run("rl::rotary", _native.rotate, x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                                           k.data_ptr(), v.data_ptr(), k.stride()[:3], n, new, heads, kv, dim, t,
+                                           torch.get_num_threads()):
+        return x
+    half, cos, sin = dim // 2, cos[:, :, None], sin[:, :, None]  # the same for every head
+    qk = x[:, :, : heads + kv]
+    qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin
+    k[:, :, t : t + new] = qk[:, :, heads:].transpose(1, 2)
+    v[:, :, t : t + new] = x[:, :, heads + kv :].transpose(1, 2)
+    return qk
+
+
+def _run(name: str, kernel, *args) -> bool:
+    """A kernel of rl/_kernels.c, named in a profile (bench/prefill.py) when one records."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(name):
+            return kernel(*args)
+    return kernel(*args)
+
+
+try:
+    from rl import _kernels as _native
+except ImportError:  # built by the install where a C compiler was found (pyproject.toml)
+    _native = None
+
+KERNELS = "rl/_kernels.c" if _native else "torch's (rl/_kernels.c was not built: no C compiler at install)"
+"""Whose kernels run a prefill's attention and a layer's elementwise steps (`prime-agent rl serve` says it)."""
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 """Scaled dot-product attention on the CPU that also returns each query's log-sum-exp."""

@@ -443,3 +443,33 @@ def test_a_prefill_after_a_cached_head_attends_without_a_mask_and_gives_the_whol
     shared = len(os.path.commonprefix(prompts)) // BLOCK * BLOCK  # the others' passes start after it
     assert [r[3] for r in results] == [len(prompts[0])] + [len(prompts[1]) - shared] * 3
     assert shared >= BLOCK and (shared * 8 <= len(prompts[1]) - shared) == one_pass  # the pass each case is for
+
+
+def test_a_model_with_heads_of_64_prefills_on_the_native_attention_as_transformers_computes(tiny: Path, tmp_path: Path):
+    # SmolLM2's head size and grouping (3 query heads to a key/value head): rl/_kernels.c runs its
+    # prefills, fresh and after a cached head, short and long tails; the greedy tokens and logits are
+    # transformers' own
+    for f in tiny.iterdir():
+        if "token" in f.name or f.suffix == ".jinja":
+            shutil.copy(f, tmp_path / f.name)
+    config = LlamaConfig(vocab_size=259, hidden_size=96, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True,
+                         initializer_range=0.3, max_position_embeddings=1024)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp_path)
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    engine = HFEngine(load_hf(tmp_path), thread=False)
+    head = chat(engine, "You are a careful agent. " * 6)[:-2]
+    prompts = [chat(engine, PROMPTS[1] * 4)] + [head + chat(engine, t) for t in ("Say 1.", "Say 2.", "Say 3. " * 40)]
+    with torch.inference_mode(), torch.profiler.profile() as prof:
+        results = [engine._prefill([p])[0][0] for p in prompts]
+    assert [r[3] < len(p) for r, p in zip(results, prompts)] == [False, False, True, True]  # the head found cached
+    assert sum(e.count for e in prof.key_averages() if e.key == "rl::causal_attention") == 4 * 2
+    for p, (_, _, logits, _) in zip(prompts, results):
+        expected = reference(torch.tensor([p])).logits[0, -1]
+        assert torch.allclose(logits, expected, atol=1e-4), (logits - expected).abs().max()
+    served = HFEngine(load_hf(tmp_path))
+    for p in prompts:
+        expected = reference.generate(torch.tensor([p]), max_new_tokens=16, do_sample=False)[0, len(p):]
+        assert sample(served, [p], max_tokens=16)[0].result[0].tokens[: len(expected)] == expected.tolist()
+    served.stop()
