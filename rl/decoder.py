@@ -43,8 +43,8 @@ class Slots:
     def __init__(self, layers: int, heads: int, dim: int, dtype: torch.dtype, rows: int = 1, cols: int = 64):
         self.shape = (heads, dim)
         self.dtype = dtype
-        self.k = [torch.zeros(rows, heads, cols, dim, dtype=dtype) for _ in range(layers)]
-        self.v = [torch.zeros(rows, heads, cols, dim, dtype=dtype) for _ in range(layers)]
+        self.k = [torch.empty(rows, heads, cols, dim, dtype=dtype) for _ in range(layers)]  # unused room: not
+        self.v = [torch.empty(rows, heads, cols, dim, dtype=dtype) for _ in range(layers)]  # written, not resident
         self.n = 0
         self.t = 0
         self.start: list[int] = []
@@ -343,9 +343,13 @@ class Decoder:
         h_, kv, d, end = self.heads, self.kv_heads, self.dim, t + new
         h = F.embedding(ids.reshape(-1), self.embed)
         cos, sin = (c.contiguous() for c in self.rotary(h, positions))  # [n, new, dim]
+        last = len(self.layers) - 1
         for i, ((n1, qkv, o, n2, gate_up, down), k_buf, v_buf) in enumerate(zip(self.layers, keys, values)):
             x = qkv(_rms_norm(h, n1, self.eps)).view(n, new, h_ + 2 * kv, d)
             q = _rotate(x, cos, sin, k_buf[:n], v_buf[:n], t, h_)[:, :, :h_].transpose(1, 2)
+            if i == last and mask is None and new > 1:  # of the last layer only the last token's output is
+                # asked for (its keys and values are in the slots): its query, output projection and MLP alone
+                q, h, t, new = q[:, :, -1:], h.view(n, new, -1)[:, -1].contiguous(), end - 1, 1
             if mask is None:
                 a = _causal(q, k_buf[:n, :, :end], v_buf[:n, :, :end], t, self.scale)
             elif head is None:

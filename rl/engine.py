@@ -274,6 +274,8 @@ class HFEngine:
         self._starting: list[Job] = []
         """The jobs whose rows are being prefilled (in neither `_waiting` nor the rows)."""
         self._pending: tuple[dict, int] | None = None
+        self._unstored: list[tuple[list[int], list[torch.Tensor], list[torch.Tensor]]] = []
+        """Prompts prefilled whose blocks the prefix cache does not hold yet (`_store`)."""
         self._lock = threading.Lock()
         self._rng = torch.Generator().manual_seed(0)
         self._threads = _Threads(torch.get_num_threads())
@@ -338,6 +340,7 @@ class HFEngine:
                 self.model.inner.load_state_dict(pending[0])
             self.version = pending[1]
             self.prefix.clear()  # its keys and values came from the old weights
+            self._unstored = []
         except (RuntimeError, ValueError) as e:  # keep serving the weights it has
             print(f"policy server: could not load new weights: {e}", flush=True)
         del pending
@@ -455,8 +458,9 @@ class HFEngine:
             seen.add(key)
             self.stats["prompt_tokens"] += len(r.prompt)
             self.stats["cached_tokens"] += r.job.cached[r.index]
-        # the first tokens go out before the rows' keys and values are copied into the slots
+        # the first tokens go out before the rows' keys and values are copied into the slots and the cache
         ended = self._emit(rows, torch.stack([prefilled[tuple(r.prompt)][2] for r in rows])) if rows else []
+        self._store()
         for r in rows:
             self.slots.add(*prefilled[tuple(r.prompt)][:2])
             self.rows.append(r)
@@ -500,6 +504,7 @@ class HFEngine:
         computed = [0] * len(prompts)
         todo = list(range(len(prompts)))
         while todo:
+            self._store()  # what the last pass computed, before looking the cache up again
             tails = {}
             for i in todo:
                 p = prompts[i]
@@ -533,6 +538,10 @@ class HFEngine:
         ids = torch.zeros(len(tails), new, dtype=torch.long)
         positions = torch.zeros(len(tails), new, dtype=torch.long)
         for r, (p, blocks, _) in enumerate(tails):
+            if (pad := min(pre.start[r], pre.t)) > 0:  # the columns before a shorter prompt, which the pass
+                for layer in range(len(pre.k)):  # does not write: zeros (attention reads them, masked)
+                    pre.k[layer][r, :, :pad] = 0
+                    pre.v[layer][r, :, :pad] = 0
             if blocks:  # the cached head, in place before the pass (what the pass covers it recomputes)
                 kv = torch.cat(blocks, dim=3)  # [layers, 2, heads, cached, dim]
                 lo = pre.start[r]
@@ -548,9 +557,17 @@ class HFEngine:
         results = []
         for r, (p, _, _) in enumerate(tails):
             keys, values = pre.row(r)
-            self.prefix.store(p, keys, values)
+            self._unstored.append((p, keys, values))
             results.append((keys, values, logits[r], min(new, len(p))))
         return results
+
+    def _store(self) -> None:
+        """Keep the prompts prefilled last in the prefix cache: after the first tokens went out (a prompt's
+        1k tokens of SmolLM2 are 47 MB of keys and values to copy, 11-13 ms here), and before the cache is
+        looked up again."""
+        for p, keys, values in self._unstored:
+            self.prefix.store(p, keys, values)
+        self._unstored = []
 
     def _forward(self, slots: Slots, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The final hidden states [n, dim] of the rows' last new tokens; their keys and values go into
