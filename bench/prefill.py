@@ -7,7 +7,9 @@
 It times `--repeats` prefills of new prompts (the first, right after the model loads, as a server's
 first request; then the median of the rest), profiles one more, and prints the ops that took the
 most self CPU time, and their share by kind: matmuls (oneDNN), attention, and the elementwise rest
-(RMSNorm's pow/mean/rsqrt/mul, the rotary embedding, SiLU and its mul, copies). Writes
+(RMSNorm, the rotary embedding, SiLU and its mul, copies). rl/_kernels.c's kernels are named `rl::...`
+(`rl::causal_attention`, `rl::rms_norm`, `rl::rotary`, `rl::silu_mul`); where it is not built,
+torch's ops run and are named instead. Writes
 bench/results/prefill.json. `--head N`: every prompt begins with the same N tokens, found in the
 prefix cache after the first (a server's cold prompt finds its chat template's first block there).
 Each prefill's page faults are counted. `--heap`: glibc's heap as `prime-agent rl serve` sets it
