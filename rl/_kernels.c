@@ -42,7 +42,7 @@ typedef struct {
 
 #define TARGET __attribute__((target("avx512f")))
 
-/* exp(x) for x <= 0: Cephes' polynomial on the reduced argument, scaled by 2^n (scalef: 0 below the
+/* exp(x) for x <= 88: Cephes' polynomial on the reduced argument, scaled by 2^n (scalef: 0 below the
    smallest float, so a masked -inf gives exactly 0). ~1 ulp. */
 static inline TARGET __m512 exp512(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
@@ -163,12 +163,11 @@ static TARGET void item(const Job *j, int b, int g, int i0, float *qs, float *kt
         }
 }
 
-static void *worker(void *arg) {
-    Job *j = arg;
+static int worker(Job *j) { /* 1 where it found no memory */
     const int D = j->dim, rows = j->rows;
     size_t floats = (size_t)rows * D * 2 + (size_t)D * BK + (size_t)rows * BK + 3 * (size_t)rows;
     float *buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-    if (!buf) return (void *)1;
+    if (!buf) return 1;
     float *qs = buf, *o = qs + rows * D, *kt = o + rows * D, *s = kt + D * BK, *m = s + rows * BK, *l = m + rows,
           *alpha = l + rows;
     const int per = j->kv * j->blocks, total = j->n * per;
@@ -178,7 +177,7 @@ static void *worker(void *arg) {
         item(j, rest / j->kv, rest % j->kv, qb * BQ, qs, kt, s, o, m, l, alpha);
     }
     free(buf);
-    return NULL;
+    return 0;
 }
 
 static PyObject *causal(PyObject *self, PyObject *args) {
@@ -202,7 +201,7 @@ static PyObject *causal(PyObject *self, PyObject *args) {
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel num_threads(threads) reduction(| : failed)
-    failed |= worker(&j) != NULL;
+    failed |= worker(&j);
     Py_END_ALLOW_THREADS
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
@@ -211,8 +210,6 @@ static PyObject *causal(PyObject *self, PyObject *args) {
 /* --- the elementwise steps of a layer, each one pass over its rows ------------------------------------ */
 
 #define SMALL 32768 /* floats: below this a step runs on one thread (a decode step's rows) */
-
-static inline TARGET float sum16(__m512 x) { return _mm512_reduce_add_ps(x); }
 
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, rows of `width` floats (a multiple of 16) */
 static TARGET void rms_rows(const float *x, const float *w, float *out, long rows, int width, float eps, int threads) {
@@ -224,7 +221,7 @@ static TARGET void rms_rows(const float *x, const float *w, float *out, long row
             __m512 v = _mm512_loadu_ps(xr + c);
             acc = _mm512_fmadd_ps(v, v, acc);
         }
-        const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(sum16(acc) / width + eps));
+        const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / width + eps));
         for (int c = 0; c < width; c += 16)
             _mm512_storeu_ps(out + r * width + c,
                              _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + c), inv), _mm512_loadu_ps(w + c)));
