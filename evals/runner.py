@@ -10,9 +10,12 @@ run keeps finished rollouts and reruns the errored and missing ones.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.config_models import Config
+from agent.kernel.reaper import host_tag, made_by_a_gone_host
 from agent.layout import SessionLayout
 from agent.model import Model
 from agent.session import Session
@@ -147,7 +151,7 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
     started = time.monotonic()
     result = Result(task.id, r, key, "error")
     limit = spec.timeout
-    with tempfile.TemporaryDirectory(prefix=WORKSPACE_PREFIX) as tmp:
+    with workspace() as tmp:
         work = Path(tmp)
         session = rollout_session(config, model, work, rollout_layout(run_dir, result).dir, harness_roots)
         result.session_id = session.id
@@ -181,6 +185,22 @@ async def rollout(env: Environment, task: Task, r: int, key: str, spec: EvalSpec
 
 WORKSPACE_PREFIX = "pa-eval-"
 """A rollout works in a throwaway workspace: a temporary directory named with this prefix."""
+
+
+def workspace() -> tempfile.TemporaryDirectory:
+    """A rollout's throwaway workspace: `pa-eval-<pid>-<start>-...` in the system's temporary directory,
+    named for this process (`host_tag`). A finished rollout removes its own; the first of a process
+    removes those whose process is gone (killed mid-rollout), which nothing else would."""
+    _collect_workspaces()
+    return tempfile.TemporaryDirectory(prefix=f"{WORKSPACE_PREFIX}{host_tag()}-")
+
+
+@functools.cache
+def _collect_workspaces() -> None:
+    for d in Path(tempfile.gettempdir()).glob(f"{WORKSPACE_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            if made_by_a_gone_host(d.name) and d.lstat().st_uid == os.getuid():  # a link: rmtree refuses it
+                shutil.rmtree(d, ignore_errors=True)
 
 
 def rollout_session(config: Config, model: Model, work: Path, session_dir: Path,

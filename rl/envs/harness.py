@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from agent.config_models import Config
@@ -24,7 +23,7 @@ from agent.providers import open_model
 from agent.trajectory import MessageRecord, Record, read_records
 from evals.cluster import Cluster
 from evals.env import Environment, Task
-from evals.runner import WORKSPACE_PREFIX, EvalSpec, Result, prompt_of, rollout, rollout_layout, rollout_session
+from evals.runner import EvalSpec, Result, prompt_of, rollout, rollout_layout, rollout_session, workspace
 from evals.tasksets import task_key
 from rl.advantages import Excluded, group_advantages
 from rl.config import EnvConfig, RolloutsConfig, RunConfig, TrainConfig
@@ -90,7 +89,7 @@ def warm_start_system_prompt(train: TrainConfig, env: EnvConfig, run_dir: Path) 
     layout = SessionLayout.of("system-prompt", run_dir)
 
     async def start() -> None:
-        with tempfile.TemporaryDirectory(prefix=WORKSPACE_PREFIX) as work:
+        with workspace() as work:
             async with rollout_session(config, open_model(config.model), Path(work), layout.dir):
                 pass
 

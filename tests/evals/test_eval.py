@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,19 +80,33 @@ async def test_repo_fix_outcomes_are_counted_exactly(tmp_path: Path):
     assert all(r.session_id and (tmp_path / "run" / "sessions").is_dir() for r in on_disk)
 
 
+@pytest.fixture
+def short_tmp():
+    """A TMPDIR of its own for a test's evals, of a short path: its kernels' sockets go under it (a long
+    one, such as tmp_path's, and no kernel started)."""
+    with tempfile.TemporaryDirectory(prefix="t-", dir="/tmp") as d:
+        yield Path(d)
+
+
 @pytest.mark.slow
-def test_a_killed_eval_resumes_with_only_what_is_owed(project: Path, tmp_path: Path):
-    run = tmp_path / "run"
+def test_a_killed_eval_resumes_with_only_what_is_owed(project: Path, tmp_path: Path, short_tmp: Path):
+    run, tmp = tmp_path / "run", short_tmp
     with OpenAIServer(scripted) as server:
-        env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "PRIME_AGENT_MODEL": "fake"}
+        env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "PRIME_AGENT_MODEL": "fake", "TMPDIR": str(tmp)}
         args = [PRIME_AGENT, "eval", "repo_fix", "-n", "6", "--seed", "3", "-j", "1", "--timeout", "15", "--out", str(run)]
         p = subprocess.Popen(args, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              start_new_session=True)
         deadline = time.monotonic() + 60
-        while len(read_results(run / "results.jsonl")) < 3 and time.monotonic() < deadline:
+        while (len(read_results(run / "results.jsonl")) < 3 or not list(tmp.glob("pa-eval-*"))) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
-        os.killpg(p.pid, signal.SIGKILL)
+        os.killpg(p.pid, signal.SIGKILL)  # a rollout in flight: its workspace stays behind
         p.wait()
+        left = list(tmp.glob("pa-eval-*"))
+        assert left and all(w.is_dir() and str(p.pid) in w.name for w in left)
+        planted = tmp / "pa-eval-1-99999999-planted"  # a gone host's name on a link a kernel could have made
+        planted.symlink_to(project)
+        (project / "keep.txt").write_text("mine")
         kept = [r for r in read_results(run / "results.jsonl") if r.outcome in ("passed", "failed", "timed_out")]
         before = len(server.requests)
         resumed = subprocess.run([PRIME_AGENT, "eval", "repo_fix", "--resume", str(run)], cwd=project, env=env,
@@ -107,6 +122,8 @@ def test_a_killed_eval_resumes_with_only_what_is_owed(project: Path, tmp_path: P
                 for t in selected}
     assert {r.task_id: r.outcome for r in final} == expected
     assert "pass rate" in resumed.stderr or "pass rate" in resumed.stdout
+    assert list(tmp.glob("pa-eval-*")) == [planted] and (project / "keep.txt").exists()  # the killed one's
+    # workspace went with the resume's first rollout, each of the resume's own as it ended; the link stays
 
 
 def test_the_same_seed_selects_the_same_tasks_everywhere(tmp_path: Path):
