@@ -24,8 +24,16 @@ from agent.kernel.reaper import made_by_a_gone_host
 
 
 def private_root() -> Path:
-    """A short private directory for kernels' sockets and temporary files (socket paths are short)."""
-    return _private(Path(tempfile.gettempdir()) / f"prime-agent-{os.getuid()}")
+    """A short private directory for kernels' sockets and temporary files: `$TMPDIR/prime-agent-<uid>`,
+    or `user_base()` where that path is too long for the sockets below it (`SOCKET_ROOM`)."""
+    base = Path(tempfile.gettempdir()) / f"prime-agent-{os.getuid()}"
+    return _private(base) if len(os.fsencode(base)) <= SOCKET_ROOM else user_base()
+
+
+SOCKET_ROOM = 64
+"""The most bytes `private_root()` may take: a kernel's sockets lie up to 40 below it
+(`/k-<pid>-<start>-<token>/kernel-N`), and a socket's path holds 107. Under a longer TMPDIR no kernel
+started ("File name too long")."""
 
 
 def user_base() -> Path:

@@ -75,6 +75,22 @@ def test_fixes_a_failing_test_in_a_small_repository(project: Path, prime_home: P
     assert [m["role"] for m in example["messages"]][:3] == ["system", "user", "assistant"]
 
 
+def test_a_long_tmpdir_still_gets_a_kernel(project: Path, prime_home: Path, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch):
+    # a kernel's sockets lie in its private directory, under TMPDIR: under this one their paths would pass
+    # the 107 bytes a socket's path holds ("File name too long" at the kernel's start, before)
+    tmp = tmp_path / ("t" * 60)
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    script = [Reply(code=["print(6 * 7)"]), Reply(content="42.")]
+    with OpenAIServer(script) as server:
+        r = run("run", "compute", cwd=project, server=server)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "42.\n"
+    (cell,) = [c for c in read_records(session_dir(prime_home) / "trajectory.jsonl") if isinstance(c, CellRecord)]
+    assert cell.result.stdout == "42\n"
+
+
 def test_a_notebook_is_the_runs_starting_point_and_one_that_fails_stops_it(project: Path, prime_home: Path):
     import nbformat
 

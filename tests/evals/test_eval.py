@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -80,17 +79,10 @@ async def test_repo_fix_outcomes_are_counted_exactly(tmp_path: Path):
     assert all(r.session_id and (tmp_path / "run" / "sessions").is_dir() for r in on_disk)
 
 
-@pytest.fixture
-def short_tmp():
-    """A TMPDIR of its own for a test's evals, of a short path: its kernels' sockets go under it (a long
-    one, such as tmp_path's, and no kernel started)."""
-    with tempfile.TemporaryDirectory(prefix="t-", dir="/tmp") as d:
-        yield Path(d)
-
-
 @pytest.mark.slow
-def test_a_killed_eval_resumes_with_only_what_is_owed(project: Path, tmp_path: Path, short_tmp: Path):
-    run, tmp = tmp_path / "run", short_tmp
+def test_a_killed_eval_resumes_with_only_what_is_owed(project: Path, tmp_path: Path):
+    run, tmp = tmp_path / "run", tmp_path / "tmp"  # the eval's own TMPDIR
+    tmp.mkdir()
     with OpenAIServer(scripted) as server:
         env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "PRIME_AGENT_MODEL": "fake", "TMPDIR": str(tmp)}
         args = [PRIME_AGENT, "eval", "repo_fix", "-n", "6", "--seed", "3", "-j", "1", "--timeout", "15", "--out", str(run)]
