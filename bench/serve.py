@@ -61,7 +61,7 @@ from agent.config_models import Config  # noqa: E402
 from agent.prompt import system_prompt  # noqa: E402
 from bench.kernel import descendants, pss_kb  # noqa: E402
 from bench.report import load_average, save  # noqa: E402
-from evals.runner import prompt_of  # noqa: E402
+from evals.runner import prompt_of, workspace  # noqa: E402
 from evals.tasksets.kernel_tasks import KernelTasks  # noqa: E402
 from rl.pull import ModelError, resolve  # noqa: E402
 
@@ -429,12 +429,12 @@ async def measure(server: Server, args, model_dir: Path | None, pss: PeakPss | N
     cwd = Path(tempfile.gettempdir()) / "pa-eval-workspace"
     first = [agent_messages(0, cwd, args.base_prompt)] * args.group
     after = [agent_messages(1, cwd, args.base_prompt)] * args.group
-    spaces = [Path(tempfile.mkdtemp(prefix="pa-eval-")) for _ in range(args.group)]
+    spaces = [workspace() for _ in range(args.group)]
     try:
-        as_sent = [agent_messages(2, d, args.base_prompt) for d in spaces]
+        as_sent = [agent_messages(2, Path(d.name), args.base_prompt) for d in spaces]
     finally:
         for d in spaces:
-            d.rmdir()
+            d.cleanup()
 
     async def grouped(prompts: list[list[dict]]) -> dict[str, Any]:
         return {**await group(server, prompts, args.group_max_tokens), "shared_head_tokens": shared_head(model_dir, prompts)}
