@@ -73,7 +73,7 @@ def repeated_tail(text: str, chars: int) -> Loop | None:
     piece = counted[len(counted) - p:]
     if "0" not in piece or not any(c.isalpha() for c in piece):
         return None
-    last = re.search(r"\d+".join(map(re.escape, piece.split("0"))) + r"\Z", text)  # the same copy as written
+    last = re.search(NUMBER.pattern.join(map(re.escape, piece.split("0"))) + r"\Z", text)  # the copy as written
     return Loop(piece=_from_line_start(last.group()), times=run // p, counting=True)
 
 

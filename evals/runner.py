@@ -10,12 +10,10 @@ run keeps finished rollouts and reruns the errored and missing ones.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import math
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.config_models import Config
-from agent.kernel.reaper import host_tag, made_by_a_gone_host
+from agent.kernel.reaper import host_tag, remove_gone_hosts_dirs
 from agent.layout import SessionLayout
 from agent.model import Model
 from agent.session import Session
@@ -197,10 +195,7 @@ def workspace() -> tempfile.TemporaryDirectory:
 
 @functools.cache
 def _collect_workspaces() -> None:
-    for d in Path(tempfile.gettempdir()).glob(f"{WORKSPACE_PREFIX}*"):
-        with contextlib.suppress(OSError):
-            if made_by_a_gone_host(d.name) and d.lstat().st_uid == os.getuid():  # a link: rmtree refuses it
-                shutil.rmtree(d, ignore_errors=True)
+    remove_gone_hosts_dirs(Path(tempfile.gettempdir()).glob(f"{WORKSPACE_PREFIX}*"))
 
 
 def rollout_session(config: Config, model: Model, work: Path, session_dir: Path,

@@ -59,23 +59,30 @@ static inline TARGET __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* One 6 x 64 register tile: acc[x] += sum over j < n of a[x * as + j] * b[j * bs : j * bs + 64]. */
+static inline __attribute__((always_inline)) TARGET void tile(__m512 acc[R][4], const float *a, long as, const float *b,
+                                                               long bs, int n) {
+    for (int j = 0; j < n; j++) {
+        const float *bj = b + j * bs;
+        __m512 b0 = _mm512_loadu_ps(bj), b1 = _mm512_loadu_ps(bj + 16), b2 = _mm512_loadu_ps(bj + 32),
+               b3 = _mm512_loadu_ps(bj + 48);
+        for (int x = 0; x < R; x++) {
+            __m512 w = _mm512_set1_ps(a[x * as + j]);
+            acc[x][0] = _mm512_fmadd_ps(w, b0, acc[x][0]);
+            acc[x][1] = _mm512_fmadd_ps(w, b1, acc[x][1]);
+            acc[x][2] = _mm512_fmadd_ps(w, b2, acc[x][2]);
+            acc[x][3] = _mm512_fmadd_ps(w, b3, acc[x][3]);
+        }
+    }
+}
+
 /* s[rows][BK] = qs[rows][D] . kt[D][BK] */
 static inline TARGET void scores(const float *qs, const float *kt, float *s, int rows, int D) {
     for (int r = 0; r < rows; r += R) {
         __m512 acc[R][4];
         for (int x = 0; x < R; x++)
             for (int c = 0; c < 4; c++) acc[x][c] = _mm512_setzero_ps();
-        for (int d = 0; d < D; d++) {
-            __m512 k0 = _mm512_loadu_ps(kt + d * BK), k1 = _mm512_loadu_ps(kt + d * BK + 16),
-                   k2 = _mm512_loadu_ps(kt + d * BK + 32), k3 = _mm512_loadu_ps(kt + d * BK + 48);
-            for (int x = 0; x < R; x++) {
-                __m512 b = _mm512_set1_ps(qs[(r + x) * D + d]);
-                acc[x][0] = _mm512_fmadd_ps(b, k0, acc[x][0]);
-                acc[x][1] = _mm512_fmadd_ps(b, k1, acc[x][1]);
-                acc[x][2] = _mm512_fmadd_ps(b, k2, acc[x][2]);
-                acc[x][3] = _mm512_fmadd_ps(b, k3, acc[x][3]);
-            }
-        }
+        tile(acc, qs + r * D, D, kt, BK, D);
         for (int x = 0; x < R; x++)
             for (int c = 0; c < 4; c++) _mm512_storeu_ps(s + (r + x) * BK + 16 * c, acc[x][c]);
     }
@@ -91,18 +98,7 @@ static inline TARGET void accumulate(float *o, const float *alpha, const float *
                 __m512 a = _mm512_set1_ps(alpha[r + x]);
                 for (int c = 0; c < 4; c++) acc[x][c] = _mm512_mul_ps(_mm512_loadu_ps(o + (r + x) * D + c0 + 16 * c), a);
             }
-            for (int j = 0; j < keys; j++) {
-                const float *vj = v + j * vs + c0;
-                __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16), v2 = _mm512_loadu_ps(vj + 32),
-                       v3 = _mm512_loadu_ps(vj + 48);
-                for (int x = 0; x < R; x++) {
-                    __m512 b = _mm512_set1_ps(p[(r + x) * BK + j]);
-                    acc[x][0] = _mm512_fmadd_ps(b, v0, acc[x][0]);
-                    acc[x][1] = _mm512_fmadd_ps(b, v1, acc[x][1]);
-                    acc[x][2] = _mm512_fmadd_ps(b, v2, acc[x][2]);
-                    acc[x][3] = _mm512_fmadd_ps(b, v3, acc[x][3]);
-                }
-            }
+            tile(acc, p + r * BK, BK, v + c0, vs, keys);
             for (int x = 0; x < R; x++)
                 for (int c = 0; c < 4; c++) _mm512_storeu_ps(o + (r + x) * D + c0 + 16 * c, acc[x][c]);
         }

@@ -13,14 +13,13 @@ import json
 import os
 import pwd
 import secrets
-import shutil
 import stat as stat_module
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from agent.config import home
-from agent.kernel.reaper import made_by_a_gone_host
+from agent.kernel.reaper import made_by_a_gone_host, remove_gone_hosts_dirs
 
 
 def private_root() -> Path:
@@ -202,6 +201,4 @@ def release_placeholder(path: Path, owner: str) -> None:
 def collect_dirs() -> None:
     """Once a process, before its first box: remove the kernels' private directories whose host is
     gone (killed: a closed box removes its own)."""
-    for d in private_root().glob("k-*-*-*"):
-        if made_by_a_gone_host(d.name):
-            shutil.rmtree(d, ignore_errors=True)
+    remove_gone_hosts_dirs(private_root().glob("k-*-*-*"))

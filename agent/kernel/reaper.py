@@ -39,8 +39,10 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -277,6 +279,15 @@ def made_by_a_gone_host(name: str) -> bool:
     no longer alive; False for a name without one."""
     parts = name.rsplit("-", 3)
     return len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit() and not _is(int(parts[1]), int(parts[2]))
+
+
+def remove_gone_hosts_dirs(dirs: Iterable[Path]) -> None:
+    """Remove the directories among `dirs` (named with a `host_tag()`) that a process no longer alive
+    made and this user owns; a link is not followed (rmtree refuses it)."""
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            if made_by_a_gone_host(d.name) and d.lstat().st_uid == os.getuid():
+                shutil.rmtree(d, ignore_errors=True)
 
 
 @functools.cache
