@@ -2,14 +2,15 @@
 (nothing cached) by rl/engine.py's HFEngine in this process, under torch.profiler.
 
     .venv/bin/python bench/prefill.py [--model NAME|DIR] [--tokens 1024] [--head 0] [--top 15]
-        [--heap serving|glibc|mmap-1mb]
+        [--heap serving|glibc|mmap-1mb] [--kernels best|avx512f|avx2|torch]
 
 It times `--repeats` prefills of new prompts (the first, right after the model loads, as a server's
 first request; then the median of the rest), profiles one more, and prints the ops that took the
 most self CPU time, and their share by kind: matmuls (oneDNN), attention, and the elementwise rest
 (RMSNorm, the rotary embedding, SiLU and its mul, copies). rl/_kernels.c's kernels are named `rl::...`
-(`rl::causal_attention`, `rl::rms_norm`, `rl::rotary`, `rl::silu_mul`); where it is not built,
-torch's ops run and are named instead. Writes
+(`rl::causal_attention`, `rl::rms_norm`, `rl::rotary`, `rl::silu_mul`); where it is not built, or
+with `--kernels torch`, torch's ops run and are named instead. `--kernels avx2` runs them on AVX2 on a CPU
+that has AVX-512 too (`best`: the fastest this CPU has, as the server does). Writes
 bench/results/prefill.json. `--head N`: every prompt begins with the same N tokens, found in the
 prefix cache after the first (a server's cold prompt finds its chat template's first block there).
 Each prefill's page faults are counted. `--heap`: glibc's heap as `prime-agent rl serve` sets it
@@ -34,6 +35,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from bench.report import load_average, save  # noqa: E402
+from rl.decoder import _native, kernels  # noqa: E402
 from rl.engine import HFEngine, serving_heap  # noqa: E402
 from rl.hf import load_hf  # noqa: E402
 from rl.pull import resolve  # noqa: E402
@@ -54,8 +56,14 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="prefills timed before the profiled one")
     ap.add_argument("--top", type=int, default=15, help="ops in the table")
     ap.add_argument("--heap", choices=("serving", "glibc", "mmap-1mb"), default="serving", help="glibc's heap settings")
+    ap.add_argument("--kernels", choices=("best", "avx512f", "avx2", "torch"), default="best",
+                    help="the instruction set rl/_kernels.c runs on, or torch's ops")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill.json"))
     args = ap.parse_args()
+    if args.kernels != "best":
+        if _native is None:
+            ap.error("rl/_kernels.c was not built: only --kernels best (torch's ops) runs")
+        _native.use(None if args.kernels == "torch" else args.kernels)
 
     load = load_average()
     if args.heap == "serving":
@@ -86,14 +94,14 @@ def main() -> int:
         shares[kind(e.key)] = shares.get(kind(e.key), 0.0) + e.self_cpu_time_total / total
     print(f"prefill of {args.tokens} tokens (a {args.head}-token head), {torch.get_num_threads()} threads: "
           f"first {times[0]:.3f} s, then median {statistics.median(times[1:]):.3f} s; "
-          f"page faults a prefill {statistics.median(faults[1:]):,.0f} ({args.heap} heap)")
+          f"page faults a prefill {statistics.median(faults[1:]):,.0f} ({args.heap} heap); kernels {kernels()}")
     print(f"{'op':<44}{'calls':>8}{'self ms':>10}{'share':>8}")
     for e in ops[: args.top]:
         print(f"{e.key[:43]:<44}{e.count:>8}{e.self_cpu_time_total / 1e3:>10.1f}{e.self_cpu_time_total / total:>8.1%}")
     print("by kind: " + ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1])))
     save(args.out, {"tokens": args.tokens, "head": args.head, "threads": torch.get_num_threads(), "first_s": times[0],
                     "median_s": statistics.median(times[1:]), "page_faults": statistics.median(faults[1:]),
-                    "heap": args.heap, "shares": shares,
+                    "heap": args.heap, "kernels": kernels(), "shares": shares,
                     "top": [{"op": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1e3}
                             for e in ops[: args.top]]}, load)
     return 0

@@ -16,7 +16,8 @@ the server keeps.
   padded row needs no mask: its new tokens attend causally among themselves and whole to the columns
   before them (a prompt's cached head). In fp32 with heads of 64 or 128 that is one pass of our own
   kernel (rl/_kernels.c, built by the install: `_causal`), 3.5-3.7 ms a layer for SmolLM2's
-  1k-token prompt on 2 cores against torch's 9.1-9.4. Without it, torch's: two passes merged the same
+  1k-token prompt on 2 cores against torch's 9.1-9.4 (AVX-512; on a CPU with AVX2 alone, 9.5-9.8
+  against 13.4). Without it, torch's: two passes merged the same
   way, or after a head at most an eighth of the new tokens (a chat template's first block), one causal
   pass over all the columns, the head's columns given zero queries whose rows are dropped.
 - **Elementwise steps** (RMSNorm; the rotary embedding, turning q and k in place and copying k and v
@@ -396,7 +397,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, scale: float) -> torch.Tensor:
     """Queries q [n, heads, new, dim] at columns t.. over keys and values k, v [n, kv_heads, t + new, dim],
     each query attending to the columns up to its own: [n, heads, new, dim]. By rl/_kernels.c on
-    torch's threads where it runs (built, AVX-512, fp32, heads of 64 or 128), its result a view of
+    torch's threads where it runs (built, AVX-512 or AVX2, fp32, heads of 64 or 128), its result a view of
     [n, new, heads, dim], as the output projection takes it; else by torch's kernel."""
     n, heads, new, dim = q.shape
     if _native is not None and dim in (64, 128) and k.stride() == v.stride() \
@@ -457,8 +458,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tens
 
 
 def _run(name: str, kernel, *args) -> bool:
-    """A kernel of rl/_kernels.c, named in a profile (bench/prefill.py) when one records."""
-    if torch.autograd._profiler_enabled():
+    """A kernel of rl/_kernels.c, named in a profile (bench/prefill.py) when one records and the kernels run."""
+    if torch.autograd._profiler_enabled() and _native.isa():
         with torch.profiler.record_function(name):
             return kernel(*args)
     return kernel(*args)
@@ -469,8 +470,18 @@ try:
 except ImportError:  # built by the install where a C compiler was found (pyproject.toml)
     _native = None
 
-KERNELS = "rl/_kernels.c" if _native else "torch's (rl/_kernels.c was not built: no C compiler at install)"
-"""Whose kernels run a prefill's attention and a layer's elementwise steps (`prime-agent rl serve` says it)."""
+
+
+def kernels() -> str:
+    """Whose kernels run a prefill's attention and a layer's elementwise steps, and on what (`prime-agent rl
+    serve` says it as it starts)."""
+    if _native is None:
+        return "torch's (rl/_kernels.c was not built: no C compiler at install)"
+    if _native.isa():
+        return f"rl/_kernels.c ({_native.isa()})"
+    if _native.supported():
+        return "torch's (rl/_kernels.c set aside)"
+    return "torch's (this CPU has neither AVX-512 nor AVX2 with FMA for rl/_kernels.c)"
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 """Scaled dot-product attention on the CPU that also returns each query's log-sum-exp."""

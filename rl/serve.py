@@ -571,15 +571,15 @@ def main(args) -> int:
         uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning",
                     timeout_graceful_shutdown=3)
         return 0
-    from rl.decoder import KERNELS
+    from rl.decoder import kernels
     from rl.engine import serving_heap
 
     serving_heap()  # a process that only serves: its engine trims the heap itself
     engine = hf_engine(args.model, args.served_model_name, args.dtype, args.truncate, thread=False, trim=True,
                        prefix_cache_mb=args.prefix_cache_mb, context=args.max_model_len,
                        max_rows=args.max_num_seqs, max_batched_tokens=args.max_num_batched_tokens)
-    kernels = f", kernels {KERNELS}" if engine.decoder else ""
-    _announce(f"{engine.name} ({engine.parameters:,} parameters, {args.dtype}, context {engine.context}{kernels})",
+    runs_on = f", kernels {kernels()}" if engine.decoder else ""
+    _announce(f"{engine.name} ({engine.parameters:,} parameters, {args.dtype}, context {engine.context}{runs_on})",
               engine, args)
     signal.signal(signal.SIGTERM, lambda *_: _stop())
     # HTTP in a thread, answering to the served name only; sampling here (HFEngine.run)
