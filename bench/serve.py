@@ -187,12 +187,36 @@ async def wait_ready(server: Server, timeout: float) -> float:
             await asyncio.sleep(0.5)
 
 
+def hwm_kb(pid: int) -> int:
+    """A process's peak resident set since it started or since `reset_hwm` (the kernel's VmHWM: exact,
+    not sampled)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def reset_hwm(pid: int) -> None:
+    """Start a process's VmHWM again from its resident set now (proc(5): clear_refs, 5)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
 class PeakPss:
     """The PSS of a server's process and its children (vLLM's engine core is one), sampled every
-    `every` seconds in a thread: the highest since the last `take()` (one measure's) and of the run."""
+    `every` seconds in a thread: the highest since the last `take()` (one measure's) and of the run.
+    `take()` also reads the exact peak resident set of each process since the last (VmHWM, summed:
+    RSS counts a page shared with another process, such as a library's, whole where PSS shares it), which a
+    sample 50 ms apart can miss."""
 
     def __init__(self, pid: int, every: float = 0.05):
         self.pid, self.peak, self.run_peak = pid, 0.0, 0.0
+        self.hwm = 0.0
+        for p in self.pids():
+            reset_hwm(p)
         self._stop, self._running = threading.Event(), threading.Event()
         self._running.set()
         threading.Thread(target=self._sample, args=(every,), daemon=True).start()
@@ -207,8 +231,11 @@ class PeakPss:
         finally:
             self._running.set()
 
+    def pids(self) -> list[int]:
+        return [self.pid, *descendants(self.pid)]
+
     def now(self) -> float:
-        return sum(pss_kb(p) for p in [self.pid, *descendants(self.pid)]) / 1024
+        return sum(pss_kb(p) for p in self.pids()) / 1024
 
     def _sample(self, every: float) -> None:
         while not self._stop.wait(every):
@@ -217,9 +244,14 @@ class PeakPss:
             mb = self.now()
             self.peak, self.run_peak = max(self.peak, mb), max(self.run_peak, mb)
 
-    def take(self) -> float:
-        peak, self.peak = self.peak, 0.0
-        return peak
+    def take(self) -> tuple[float, float]:
+        """The sampled peak PSS and the exact peak RSS (MB) since the last take, and start both again."""
+        pids = self.pids()
+        peak, self.peak, hwm = self.peak, 0.0, sum(hwm_kb(p) for p in pids) / 1024
+        for p in pids:
+            reset_hwm(p)
+        self.hwm = max(self.hwm, hwm)
+        return peak, hwm
 
     def close(self) -> None:
         self._stop.set()
@@ -462,10 +494,12 @@ async def measure(server: Server, args, model_dir: Path | None, pss: PeakPss | N
             print(f"[{server.name}] {key} failed: {out[key]['error']}", flush=True)
         else:
             out[key] = figures or {}
-        if pss is not None and key not in LATENCY:
-            out[key]["peak_pss_mb"] = pss.take()
+        if pss is not None:  # a time to first token's peaks start again too, not counted in the next measure's
+            peaks = pss.take()
+            if key not in LATENCY:
+                out[key]["peak_pss_mb"], out[key]["peak_rss_mb"] = peaks
     if pss is not None:
-        out["pss_mb"], out["peak_pss_mb"] = pss.now(), pss.run_peak
+        out["pss_mb"], out["peak_pss_mb"], out["peak_rss_mb"] = pss.now(), pss.run_peak, pss.hwm
     out["memory_mb"] = await reported_memory(server)
     return out
 
@@ -501,6 +535,8 @@ def rows(levels: list[int], group: int, ttft_tokens: int) -> list[tuple[str, str
         ("peak PSS during the run (MB)", "peak_pss_mb", "{:.0f}"),
         ("  in the groups: first / next / own (MB)", "group_first.peak_pss_mb|group_next.peak_pss_mb|"
                                                      "group_as_sent.peak_pss_mb", "{:.0f}"),
+        ("  exact peak RSS in the groups (VmHWM, MB)", "group_first.peak_rss_mb|group_next.peak_rss_mb|"
+                                                      "group_as_sent.peak_rss_mb", "{:.0f}"),
         ("server memory after, PSS (MB)", "pss_mb", "{:.0f}"),
         ("  weights / kv cache / prefix cache / other", "memory_mb.weights|memory_mb.kv_cache|memory_mb.prefix_cache|"
                                                         "memory_mb.other", "{:.0f}"),

@@ -16,8 +16,8 @@ key/value cache written in place, and a prefix cache of shared prompt heads.
   other through transformers' own modules, over the same cache.
 - **Memory follows the work.** The key/value slots hold the running rows' columns and no more: they
   grow as rows join and lengthen, shrink once half of them is unused, and are freed (and the C heap
-  trimmed) when the batch empties; `rl serve` trims after each prefill too (`serving_heap`: a prefill's
-  activations come from the heap, not each from a mapping of its own). The prefix cache keeps at most
+  trimmed) when the batch empties; `rl serve` trims after each prefill too, and between its passes
+  (`serving_heap`: a prefill's activations come from the heap, not each from a mapping of its own). The prefix cache keeps at most
   one full context of blocks by default (`--max-model-len` tokens of keys and values); `memory()`
   reports the breakdown (`GET /v1/models`: weights, kv_cache, prefix_cache, other; the process's PSS).
 
@@ -447,10 +447,11 @@ class HFEngine:
                 job.done.set()
         head = self._shared_head([r.prompt for r in rows])
         distinct = list(dict.fromkeys(tuple(r.prompt) for r in rows))
-        results, head_kv = self._prefill([list(p) for p in distinct], head)
+        share = bool(head) and not self.slots.head
+        results, head_kv = self._prefill([list(p) for p in distinct], head, keep_head=share)
         prefilled = dict(zip(distinct, results))
-        if head and not self.slots.head:  # its keys and values from a running row's own, else the new prompt's
-            self.slots.share(list(distinct[0][:head]), *(self.slots.row(0) if self.slots.n else head_kv))
+        if share:  # the running rows' columns of it are dropped (`share` moves them out)
+            self.slots.share(list(distinct[0][:head]), *head_kv, copy=False)
         seen: set[tuple[int, ...]] = set()
         for r in rows:
             key = tuple(r.prompt)
@@ -484,10 +485,14 @@ class HFEngine:
         head = min(common, min(map(len, every)) - 1) // BLOCK * BLOCK
         return head if head >= SHARED_HEAD else 0
 
-    def _prefill(self, prompts: list[list[int]], skip: int = 0) -> tuple[list[tuple], tuple | None]:
+    def _prefill(self, prompts: list[list[int]], skip: int = 0,
+                 keep_head: bool = False) -> tuple[list[tuple], tuple | None]:
         """Per prompt: its keys and values (per layer [kv_heads, length, head_dim]) from token `skip` on,
         its last position's logits, and how many of its tokens were computed (the rest came from the
-        prefix cache); with `skip`, also the first prompt's keys and values of its first `skip` tokens.
+        prefix cache); with `keep_head`, also the first prompt's keys and values of its first `skip` tokens,
+        for the slots to hold as their shared head (`Slots.share`): views of its pass's own buffers where
+        it was the pass's only row (a group's one prompt: 60 MB of SmolLM2's 1.3k-token one not copied,
+        nor freed while the group runs), else a copy.
 
         A pass covers at most `max_batched_tokens` new tokens, as vLLM's chunked prefill does, so the
         activations are bounded whatever arrives at once. Prompts are taken shortest uncached tail first,
@@ -503,8 +508,12 @@ class HFEngine:
         budget, out, head = self.max_batched_tokens, {}, []
         computed = [0] * len(prompts)
         todo = list(range(len(prompts)))
+        passes = 0
         while todo:
             self._store()  # what the last pass computed, before looking the cache up again
+            if passes and self.trim:  # and its buffers' pages back: else the next pass's grew the heap (60 MB at times)
+                _trim()
+            passes += 1
             tails = {}
             for i in todo:
                 p = prompts[i]
@@ -523,8 +532,9 @@ class HFEngine:
                     and (len(batch) + 1) * max(len(prompts[i]) for i in (*batch, todo[0])) <= budget:
                 batch.append(todo.pop(0))
             for i, (keys, values, logits, n) in zip(batch, self._prefill_batch([tails[i] for i in batch])):
-                if skip and i == 0:
-                    head = [[k[:, :skip].clone() for k in x] for x in (keys, values)]
+                if keep_head and i == 0:
+                    alone = len(batch) == 1
+                    head = [[k[:, :skip] if alone else k[:, :skip].clone() for k in x] for x in (keys, values)]
                 if skip:  # copied out, so that the pass's buffers go with it
                     keys, values = ([k[:, skip:].clone() for k in x] for x in (keys, values))
                 out[i] = (keys, values, logits, computed[i] + n)
