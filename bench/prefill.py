@@ -63,7 +63,10 @@ def main() -> int:
     if args.kernels != "best":
         if _native is None:
             ap.error("rl/_kernels.c was not built: only --kernels best (torch's ops) runs")
-        _native.use(None if args.kernels == "torch" else args.kernels)
+        try:
+            _native.use(None if args.kernels == "torch" else args.kernels)
+        except ValueError as e:
+            ap.error(str(e))
 
     load = load_average()
     if args.heap == "serving":

@@ -21,10 +21,11 @@ as the agent and the RL trainer reach a server:
   prompt, another task), and the group as rollouts send it today (each rollout's system prompt
   names its own temporary workspace on its first line, which ends the prefix the group shares);
 - memory: the PSS of the server's processes sampled every 50 ms, the peak of each measure and of the
-  run, and ours' own breakdown after (GET /v1/models: weights, KV cache, prefix cache, other). The
-  sampling pauses while a time to first token is measured: reading /proc/PID/smaps_rollup every 50 ms
-  holds the server's memory-map lock, and it doubled ours' cold time to first token (1.09-1.14 s
-  alone, 2.35-2.58 s sampled: a 1k-token prompt, one process at a time, on an idle machine).
+  run; each measure's peak resident set as the kernel kept it (VmHWM, not sampled); and ours' own
+  breakdown after (GET /v1/models: weights, KV cache, prefix cache, other). The sampling pauses
+  while a time to first token is measured: reading /proc/PID/smaps_rollup every 50 ms holds the
+  server's memory-map lock, and it doubled ours' cold time to first token (1.09-1.14 s alone,
+  2.35-2.58 s sampled: a 1k-token prompt, one process at a time, on an idle machine).
 
 This machine has 2 cores, shared with whatever else runs: compare servers only within one run.
 """
@@ -199,24 +200,28 @@ def hwm_kb(pid: int) -> int:
     return 0
 
 
-def reset_hwm(pid: int) -> None:
-    """Start a process's VmHWM again from its resident set now (proc(5): clear_refs, 5)."""
-    with contextlib.suppress(OSError):
+def reset_hwm(pid: int) -> bool:
+    """Start a process's VmHWM again from its resident set now (proc(5): clear_refs, 5); False where the
+    kernel refused."""
+    try:
         Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 class PeakPss:
     """The PSS of a server's process and its children (vLLM's engine core is one), sampled every
     `every` seconds in a thread: the highest since the last `take()` (one measure's) and of the run.
-    `take()` also reads the exact peak resident set of each process since the last (VmHWM, summed:
-    RSS counts a page shared with another process, such as a library's, whole where PSS shares it), which a
-    sample 50 ms apart can miss."""
+    `take()` also reads each process's exact peak resident set since the last (VmHWM), which a sample
+    50 ms apart can miss: their sum, an upper bound where there are several (vLLM's peaks need not
+    coincide). RSS counts a page shared with another process (a library's) whole, where PSS shares it."""
 
     def __init__(self, pid: int, every: float = 0.05):
         self.pid, self.peak, self.run_peak = pid, 0.0, 0.0
         self.hwm = 0.0
-        for p in self.pids():
-            reset_hwm(p)
+        self.resets = all([reset_hwm(p) for p in self.pids()])
+        """Whether each peak resident set can start again at each measure (else it is none)."""
         self._stop, self._running = threading.Event(), threading.Event()
         self._running.set()
         threading.Thread(target=self._sample, args=(every,), daemon=True).start()
@@ -244,14 +249,13 @@ class PeakPss:
             mb = self.now()
             self.peak, self.run_peak = max(self.peak, mb), max(self.run_peak, mb)
 
-    def take(self) -> tuple[float, float]:
-        """The sampled peak PSS and the exact peak RSS (MB) since the last take, and start both again."""
+    def take(self) -> tuple[float, float | None]:
+        """The sampled peak PSS and the peak RSS (MB) since the last take, and start both again."""
         pids = self.pids()
         peak, self.peak, hwm = self.peak, 0.0, sum(hwm_kb(p) for p in pids) / 1024
-        for p in pids:
-            reset_hwm(p)
-        self.hwm = max(self.hwm, hwm)
-        return peak, hwm
+        self.hwm = max(self.hwm, hwm)  # the run's, from the server's start
+        self.resets = all([reset_hwm(p) for p in pids]) and self.resets
+        return peak, hwm if self.resets else None
 
     def close(self) -> None:
         self._stop.set()
@@ -535,7 +539,7 @@ def rows(levels: list[int], group: int, ttft_tokens: int) -> list[tuple[str, str
         ("peak PSS during the run (MB)", "peak_pss_mb", "{:.0f}"),
         ("  in the groups: first / next / own (MB)", "group_first.peak_pss_mb|group_next.peak_pss_mb|"
                                                      "group_as_sent.peak_pss_mb", "{:.0f}"),
-        ("  exact peak RSS in the groups (VmHWM, MB)", "group_first.peak_rss_mb|group_next.peak_rss_mb|"
+        ("  peak RSS in the groups (VmHWM, MB)", "group_first.peak_rss_mb|group_next.peak_rss_mb|"
                                                       "group_as_sent.peak_rss_mb", "{:.0f}"),
         ("server memory after, PSS (MB)", "pss_mb", "{:.0f}"),
         ("  weights / kv cache / prefix cache / other", "memory_mb.weights|memory_mb.kv_cache|memory_mb.prefix_cache|"

@@ -3,8 +3,8 @@
    another): a prefill's causal attention and the elementwise steps of a layer (RMSNorm, the rotary
    embedding with the keys' and values' copy into the slots, SiLU times the up projection), each one pass.
    Python passes pointers and strides (in floats) as ints; a kernel returns False, computing nothing, where
-   it does not apply (neither set, a size it does not take), and the caller runs torch's ops. The GIL is released while one computes,
-   on `threads` threads of OpenMP: built with -fopenmp, this links libgomp.so.1, which is torch's own
+   it does not apply (neither set, a size it does not take), and the caller runs torch's ops. The GIL is
+   released while one computes, on `threads` threads of OpenMP: built with -fopenmp, this links libgomp.so.1, which is torch's own
    once torch is loaded, so its threads are the ones torch's matmuls use. Threads of its own
    (pthreads) had cost 4 ms a layer more: torch's idle OpenMP threads spin for a while after each op,
    and took the cores from them.
@@ -50,8 +50,8 @@ typedef struct {
 #include "_kernels_isa.h"
 #undef ISA
 
-static int isa; /* the set the kernels run on: 512 (AVX-512), 256 (AVX2 with FMA), 0 (neither: torch's ops run) */
-static int width_of(void) { return isa == 512 ? 16 : 8; }
+static int isa; /* the set the kernels run on: 512 (AVX-512), 256 (AVX2 with FMA), 0 (neither: torch's ops run);
+                   a call reads it once (`use` may change it meanwhile, from another thread) */
 
 static PyObject *causal(PyObject *self, PyObject *args) {
     unsigned long long q, k, v, out;
@@ -61,7 +61,8 @@ static PyObject *causal(PyObject *self, PyObject *args) {
                           &j.kvs[1], &j.kvs[2], &out, &j.os[0], &j.os[1], &j.os[2], &j.n, &j.heads, &j.kv, &j.new_,
                           &j.t, &j.dim, &j.scale, &threads))
         return NULL;
-    if (!isa || (j.dim != 64 && j.dim != 128) || j.kv <= 0 || j.heads % j.kv ||
+    const int set = isa;
+    if (!set || (j.dim != 64 && j.dim != 128) || j.kv <= 0 || j.heads % j.kv ||
         j.new_ <= 0 || j.n <= 0)
         Py_RETURN_FALSE;
     j.q = (const float *)q, j.k = (const float *)k, j.v = (const float *)v, j.out = (float *)out;
@@ -74,7 +75,7 @@ static PyObject *causal(PyObject *self, PyObject *args) {
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel num_threads(threads) reduction(| : failed)
-    failed |= isa == 512 ? worker_512(&j) : worker_256(&j);
+    failed |= set == 512 ? worker_512(&j) : worker_256(&j);
     Py_END_ALLOW_THREADS
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
@@ -82,7 +83,7 @@ static PyObject *causal(PyObject *self, PyObject *args) {
 
 /* --- the elementwise steps of a layer, each one pass over its rows ------------------------------------ */
 
-static int usable(int width) { return isa && width > 0 && width % width_of() == 0; }
+static int usable(int set, int width) { return set && width > 0 && width % (set == 512 ? 16 : 8) == 0; }
 
 static PyObject *rms_norm(PyObject *self, PyObject *args) {
     unsigned long long x, w, out;
@@ -90,9 +91,11 @@ static PyObject *rms_norm(PyObject *self, PyObject *args) {
     int width, threads;
     float eps;
     if (!PyArg_ParseTuple(args, "KKKlifi", &x, &w, &out, &rows, &width, &eps, &threads)) return NULL;
-    if (!usable(width)) Py_RETURN_FALSE;
+    const int set = isa;
+    if (!usable(set, width)) Py_RETURN_FALSE;
     Py_BEGIN_ALLOW_THREADS
-    (isa == 512 ? rms_rows_512 : rms_rows_256)((const float *)x, (const float *)w, (float *)out, rows, width, eps, threads);
+    (set == 512 ? rms_rows_512 : rms_rows_256)((const float *)x, (const float *)w, (float *)out, rows, width, eps,
+                                               threads);
     Py_END_ALLOW_THREADS
     Py_RETURN_TRUE;
 }
@@ -102,9 +105,10 @@ static PyObject *silu_mul(PyObject *self, PyObject *args) {
     long rows;
     int inner, threads;
     if (!PyArg_ParseTuple(args, "KKlii", &g, &out, &rows, &inner, &threads)) return NULL;
-    if (!usable(inner)) Py_RETURN_FALSE;
+    const int set = isa;
+    if (!usable(set, inner)) Py_RETURN_FALSE;
     Py_BEGIN_ALLOW_THREADS
-    (isa == 512 ? silu_rows_512 : silu_rows_256)((const float *)g, (float *)out, rows, inner, threads);
+    (set == 512 ? silu_rows_512 : silu_rows_256)((const float *)g, (float *)out, rows, inner, threads);
     Py_END_ALLOW_THREADS
     Py_RETURN_TRUE;
 }
@@ -116,10 +120,11 @@ static PyObject *rotate(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KKKKK(lll)iiiiiii", &x, &cos, &sin, &k, &v, &ks[0], &ks[1], &ks[2], &n, &new_, &heads,
                           &kv, &dim, &t, &threads))
         return NULL;
-    if (!usable(dim / 2) || dim % 2) Py_RETURN_FALSE;
+    const int set = isa;
+    if (!usable(set, dim / 2) || dim % 2) Py_RETURN_FALSE;
     Py_BEGIN_ALLOW_THREADS
-    (isa == 512 ? rotate_rows_512 : rotate_rows_256)((float *)x, (const float *)cos, (const float *)sin, (float *)k, (float *)v, ks, n, new_, heads, kv, dim,
-                t, threads);
+    (set == 512 ? rotate_rows_512 : rotate_rows_256)((float *)x, (const float *)cos, (const float *)sin, (float *)k,
+                                                     (float *)v, ks, n, new_, heads, kv, dim, t, threads);
     Py_END_ALLOW_THREADS
     Py_RETURN_TRUE;
 }
@@ -135,8 +140,12 @@ static const char *name_of(int set) { return set == 512 ? "avx512f" : set == 256
 
 static PyObject *supported(PyObject *self, PyObject *args) {
     PyObject *out = PyList_New(0);
-    for (int set = 512; out && set; set = set == 512 ? 256 : 0)
-        if (runs(set) && PyList_Append(out, PyUnicode_FromString(name_of(set))) < 0) Py_CLEAR(out);
+    for (int set = 512; out && set; set = set == 512 ? 256 : 0) {
+        if (!runs(set)) continue;
+        PyObject *name = PyUnicode_FromString(name_of(set));
+        if (!name || PyList_Append(out, name) < 0) Py_CLEAR(out);
+        Py_XDECREF(name);
+    }
     return out;
 }
 

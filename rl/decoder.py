@@ -59,7 +59,10 @@ class Slots:
 
     @property
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.k + self.v + self.head_k + self.head_v)
+        """Bytes held: each buffer's whole storage, once (a head shared as views holds the buffers it views)."""
+        storages = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes()
+                    for b in self.k + self.v + self.head_k + self.head_v}
+        return sum(storages.values())
 
     def reserve(self, rows: int, cols: int, shift: int = 0) -> None:
         """Room for `rows` rows and `cols` columns; `shift` moves every row's columns right by that much."""

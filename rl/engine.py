@@ -17,9 +17,9 @@ key/value cache written in place, and a prefix cache of shared prompt heads.
 - **Memory follows the work.** The key/value slots hold the running rows' columns and no more: they
   grow as rows join and lengthen, shrink once half of them is unused, and are freed (and the C heap
   trimmed) when the batch empties; `rl serve` trims after each prefill too, and between its passes
-  (`serving_heap`: a prefill's activations come from the heap, not each from a mapping of its own). The prefix cache keeps at most
-  one full context of blocks by default (`--max-model-len` tokens of keys and values); `memory()`
-  reports the breakdown (`GET /v1/models`: weights, kv_cache, prefix_cache, other; the process's PSS).
+  (`serving_heap`: a prefill's activations come from the heap, not each from a mapping of its own).
+  The prefix cache keeps at most one full context of blocks by default (`--max-model-len` tokens of
+  keys and values); `memory()` reports the breakdown (`GET /v1/models`: weights, kv_cache, prefix_cache, other; the process's PSS).
 
 Each row samples with its own temperature and top-p, and a seeded request with its own
 generator: what it samples does not depend on what else is in the batch. Logprobs are of each
@@ -491,8 +491,9 @@ class HFEngine:
         its last position's logits, and how many of its tokens were computed (the rest came from the
         prefix cache); with `keep_head`, also the first prompt's keys and values of its first `skip` tokens,
         for the slots to hold as their shared head (`Slots.share`): views of its pass's own buffers where
-        it was the pass's only row (a group's one prompt: 60 MB of SmolLM2's 1.3k-token one not copied,
-        nor freed while the group runs), else a copy.
+        it was the pass's only row and its tail after the head is at most an eighth of the head (a group's
+        one prompt: 60 MB of SmolLM2's 1.3k-token one not copied, nor freed while the group runs), else a
+        copy (the views would hold the whole pass).
 
         A pass covers at most `max_batched_tokens` new tokens, as vLLM's chunked prefill does, so the
         activations are bounded whatever arrives at once. Prompts are taken shortest uncached tail first,
@@ -511,7 +512,7 @@ class HFEngine:
         passes = 0
         while todo:
             self._store()  # what the last pass computed, before looking the cache up again
-            if passes and self.trim:  # and its buffers' pages back: else the next pass's grew the heap (60 MB at times)
+            if passes and self.trim:  # and its buffers' pages back (else the next pass's grew the heap: 60 MB at times)
                 _trim()
             passes += 1
             tails = {}
@@ -532,9 +533,9 @@ class HFEngine:
                     and (len(batch) + 1) * max(len(prompts[i]) for i in (*batch, todo[0])) <= budget:
                 batch.append(todo.pop(0))
             for i, (keys, values, logits, n) in zip(batch, self._prefill_batch([tails[i] for i in batch])):
-                if keep_head and i == 0:
-                    alone = len(batch) == 1
-                    head = [[k[:, :skip] if alone else k[:, :skip].clone() for k in x] for x in (keys, values)]
+                if keep_head and i == 0:  # its pass's buffers, where they hold little more than the head
+                    held = len(batch) == 1 and (len(prompts[0]) - skip) * 8 <= skip
+                    head = [[k[:, :skip] if held else k[:, :skip].clone() for k in x] for x in (keys, values)]
                 if skip:  # copied out, so that the pass's buffers go with it
                     keys, values = ([k[:, skip:].clone() for k in x] for x in (keys, values))
                 out[i] = (keys, values, logits, computed[i] + n)

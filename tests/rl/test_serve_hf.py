@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from rl.engine import BLOCK, HFEngine, _Threads
+from rl.engine import BLOCK, SHARED_HEAD, HFEngine, _Threads
 from rl.hf import load_hf
 from rl.policy.sampler import Job
 from rl.serve import BackgroundServer
@@ -154,6 +154,27 @@ def test_rows_that_share_a_head_hold_it_once_whenever_they_join_and_a_row_withou
     # the head once, and each row's own columns with room to grow: less than three copies of a prompt, not four
     assert max(n for _, n in together) < 3 * len(wave[0]) * engine.token_bytes
     assert seen[joined][2] == 0  # the head went back into each row
+
+
+def test_a_groups_shared_head_is_its_prefill_passs_own_keys_and_values_not_a_copy(tiny: Path):
+    # an RL group's rows: one prompt n times; the slots hold its head as the pass computed it (before, it was
+    # copied twice over: 120 MB of SmolLM2's 1.3k-token prompt at the group's memory peak)
+    engine = HFEngine(load_hf(tiny), thread=False)
+    prompt = chat(engine, "You are a careful agent. Answer in one cell. " * 6 + "Task: say 1.")
+    job = Job([prompt] * 4, 8, 0.0, 1.0, None, [])
+    with torch.inference_mode(), torch.profiler.profile(profile_memory=True) as prof:
+        engine._start([job])
+    head = len(engine.slots.head)
+    assert head >= SHARED_HEAD and len(engine.rows) == 4
+    layers = len(engine.slots.k)
+    one_layer = head * engine.token_bytes // (2 * layers)  # a layer's keys (or values) of the head
+    copies = [e.cpu_memory_usage for e in prof.events() if e.name in ("aten::clone", "aten::copy_", "aten::cat")]
+    assert max(copies) < one_layer
+    (alone,) = sample(HFEngine(load_hf(tiny), prefix_cache_mb=0), [prompt], 8)
+    with torch.inference_mode():
+        while engine.rows:
+            engine._step()
+    assert [r.tokens for r in job.result] == [alone.result[0].tokens] * 4  # greedy: each row as the prompt alone
 
 
 def test_n_rows_of_one_prompt_are_prefilled_once_and_sample_apart(engine: HFEngine):
