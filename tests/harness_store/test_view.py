@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -73,13 +72,10 @@ def test_a_persons_edit_is_committed_as_user_and_a_broken_one_is_reported(scopes
     watcher.start()
     try:
         path = user.root / "prompt/style.md"
-        started = time.monotonic()
         path.write_text(path.read_text().replace("tabs", "spaces, four of them"))
         assert arrived.wait(5)
-        elapsed = time.monotonic() - started
         scope, change, problems = seen[-1]
         assert change is not None and change.trigger == "user-edit" and change.entries == ["style"] and not problems
-        assert elapsed < 1.0
         entry = user.get("style")
         assert (entry.source, entry.body) == ("user", "spaces, four of them\n")
         assert "spaces, four of them" in HarnessView([user]).render()
