@@ -203,14 +203,19 @@ def cells_then_answer(n: int):
     return script
 
 
-def pss_kb(pid: int) -> int:
+def proc_kb(pid: int, file: str = "smaps_rollup", field: str = "Pss:") -> int:
+    """A figure in kB from a process's /proc file (its PSS by default); 0 where it is gone or says none."""
     try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
+        for line in Path(f"/proc/{pid}/{file}").read_text().splitlines():
+            if line.startswith(field):
                 return int(line.split()[1])
     except OSError:
         pass
     return 0
+
+
+def pss_kb(pid: int) -> int:
+    return proc_kb(pid)
 
 
 def descendants(pid: int) -> list[int]:

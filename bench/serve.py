@@ -60,7 +60,7 @@ import httpx2  # noqa: E402
 
 from agent.config_models import Config  # noqa: E402
 from agent.prompt import system_prompt  # noqa: E402
-from bench.kernel import descendants, pss_kb  # noqa: E402
+from bench.kernel import descendants, proc_kb, pss_kb  # noqa: E402
 from bench.report import load_average, save  # noqa: E402
 from evals.runner import prompt_of, workspace  # noqa: E402
 from evals.tasksets.kernel_tasks import KernelTasks  # noqa: E402
@@ -191,13 +191,7 @@ async def wait_ready(server: Server, timeout: float) -> float:
 def hwm_kb(pid: int) -> int:
     """A process's peak resident set since it started or since `reset_hwm` (the kernel's VmHWM: exact,
     not sampled)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return proc_kb(pid, "status", "VmHWM:")
 
 
 def reset_hwm(pid: int) -> bool:
