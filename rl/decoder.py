@@ -17,9 +17,9 @@ the server keeps.
   before them (a prompt's cached head). In fp32 with heads of 64 or 128 that is one pass of our own
   kernel (rl/_kernels.c, built by the install: `_causal`), 3.5-3.7 ms a layer for SmolLM2's
   1k-token prompt on 2 cores against torch's 9.1-9.4 (AVX-512; on a CPU with AVX2 alone, 9.5-9.8
-  against 13.4). Without it, torch's: two passes merged the same
-  way, or after a head at most an eighth of the new tokens (a chat template's first block), one causal
-  pass over all the columns, the head's columns given zero queries whose rows are dropped.
+  against 13.4). Without it, torch's: two passes merged the same way, or after a head at most an
+  eighth of the new tokens (a chat template's first block), one causal pass over all the columns, the
+  head's columns given zero queries whose rows are dropped.
 - **Elementwise steps** (RMSNorm; the rotary embedding, turning q and k in place and copying k and v
   into the slots; SiLU times the up projection) are one pass each of rl/_kernels.c in fp32, where
   torch's ops take two to five (`_rms_norm`, `_rotate`, `_silu_mul`).
@@ -473,7 +473,6 @@ try:
     from rl import _kernels as _native
 except ImportError:  # built by the install where a C compiler was found (pyproject.toml)
     _native = None
-
 
 
 def kernels() -> str:

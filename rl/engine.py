@@ -19,7 +19,8 @@ key/value cache written in place, and a prefix cache of shared prompt heads.
   trimmed) when the batch empties; `rl serve` trims after each prefill too, and between its passes
   (`serving_heap`: a prefill's activations come from the heap, not each from a mapping of its own).
   The prefix cache keeps at most one full context of blocks by default (`--max-model-len` tokens of
-  keys and values); `memory()` reports the breakdown (`GET /v1/models`: weights, kv_cache, prefix_cache, other; the process's PSS).
+  keys and values); `memory()` reports the breakdown (`GET /v1/models`: weights, kv_cache,
+  prefix_cache, other; the process's PSS).
 
 Each row samples with its own temperature and top-p, and a seeded request with its own
 generator: what it samples does not depend on what else is in the batch. Logprobs are of each
