@@ -135,14 +135,14 @@ class Slots:
         if rows * cols >= 2 * max(self.n * (self.t + 64), 64):
             self._move(self.n, self.t + 64)
 
-    def share(self, head: list[int], keys: list[torch.Tensor], values: list[torch.Tensor], copy: bool = True) -> None:
+    def share(self, head: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
         """Hold `head` once, its keys and values the first len(head) columns of `keys` and `values` (per
-        layer [kv_heads, length, head_dim]; with `copy` False, those tensors themselves: nothing else may
-        write them): the rows in use begin with it, and give up their own copy."""
+        layer [kv_heads, length, head_dim]: those tensors themselves, not a copy; nothing else may write
+        them): the rows in use begin with it, and give up their own copy."""
         p = len(head)
         self.head = list(head)
-        self.head_k = [k[None, :, :p].clone() if copy else k[None, :, :p] for k in keys]
-        self.head_v = [v[None, :, :p].clone() if copy else v[None, :, :p] for v in values]
+        self.head_k = [k[None, :, :p] for k in keys]
+        self.head_v = [v[None, :, :p] for v in values]
         if self.n:
             self.start = [s + p for s in self.start]
             m = min(self.start)

@@ -452,7 +452,7 @@ class HFEngine:
         results, head_kv = self._prefill([list(p) for p in distinct], head, keep_head=share)
         prefilled = dict(zip(distinct, results))
         if share:  # the running rows' columns of it are dropped (`share` moves them out)
-            self.slots.share(list(distinct[0][:head]), *head_kv, copy=False)
+            self.slots.share(list(distinct[0][:head]), *head_kv)
         seen: set[tuple[int, ...]] = set()
         for r in rows:
             key = tuple(r.prompt)
