@@ -150,10 +150,11 @@ def _cgroup_kill(path: Path) -> None:
 
 
 def _remove_cgroup(path: Path) -> bool:
-    """rmdir the cgroup and any made inside it (by a host running in the kernel), deepest first."""
-    for d in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True) + [path]:
+    """rmdir the cgroup and any made inside it (by a host running in the kernel), deepest first. One
+    that another host removes meanwhile (two collecting the same gone host's cgroup) counts as removed."""
+    for d, _, _ in os.walk(path, topdown=False):  # a directory that vanishes mid-walk is skipped
         try:
-            d.rmdir()
+            os.rmdir(d)
         except FileNotFoundError:
             pass
         except OSError:

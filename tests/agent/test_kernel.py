@@ -315,6 +315,28 @@ def tree_mode(request, monkeypatch) -> str:
     return request.param
 
 
+def test_a_gone_hosts_cgroup_removed_by_two_hosts_at_once_is_removed_not_an_error(tmp_path: Path):
+    """Two hosts starting kernels at once both collect a killed host's cgroups: the one that finds a
+    directory gone between listing and removing it started no kernel (FileNotFoundError out of
+    `prime-agent run`). Here four threads remove the same trees at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agent.kernel.reaper import _remove_cgroup
+
+    cgroups = [tmp_path / f"prime-agent-1-1-{i:016x}" for i in range(40)]
+    for cgroup in cgroups:
+        for a in range(4):
+            for b in range(4):
+                (cgroup / f"a{a}" / f"b{b}").mkdir(parents=True)
+    with ThreadPoolExecutor(4) as pool:
+        for cgroup in cgroups:
+            assert all(pool.map(_remove_cgroup, [cgroup] * 4)), cgroup
+    assert list(tmp_path.iterdir()) == []
+    (cgroups[0] / "inner").mkdir(parents=True)
+    (cgroups[0] / "inner" / "cgroup.procs").write_text("")  # a populated cgroup: its rmdir fails
+    assert not _remove_cgroup(cgroups[0]) and cgroups[0].exists()
+
+
 async def test_shutdown_leaves_no_descendant_alive_not_even_a_setsid_one(make_kernel, tree_mode: str,
                                                                          prime_home: Path):
     k = await make_kernel(sandbox="full-access")
