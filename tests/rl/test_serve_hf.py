@@ -4,6 +4,7 @@ is compared with plain transformers' own `generate`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -327,13 +328,20 @@ def test_rl_serve_model_refuses_another_model_name_and_stops_on_sigterm_with_a_r
         assert e.value.code == "model_not_found"
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="tiyn", prompt="go", max_tokens=2)
+        # SIGTERM cuts a request in flight short: the server does not first serve its 8,000 tokens
         body = {"model": "tiny", "prompt": "go", "max_tokens": 8000, "ignore_eos": True, "stream": True}
+        def tokens(line: str) -> int:
+            return sum(len(c.get("token_ids") or []) for c in json.loads(line[6:]).get("choices", [])) \
+                if line.startswith("data: {") else 0
+
         with httpx.stream("POST", f"{url}/completions", json=body, timeout=30) as r:
-            next(r.iter_lines())
+            lines = r.iter_lines()
+            streamed = tokens(next(lines))
             server.send_signal(signal.SIGTERM)
-            started = time.monotonic()
-            assert server.wait(timeout=15) is not None
-        assert time.monotonic() - started < 10
+            with contextlib.suppress(httpx.HTTPError):  # the connection closes mid-stream
+                streamed += sum(map(tokens, lines))
+        assert server.wait(timeout=120) is not None
+        assert streamed < 8000
     finally:
         server.kill()
         server.wait()
