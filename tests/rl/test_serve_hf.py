@@ -328,12 +328,14 @@ def test_rl_serve_model_refuses_another_model_name_and_stops_on_sigterm_with_a_r
         assert e.value.code == "model_not_found"
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="tiyn", prompt="go", max_tokens=2)
+
+        def tokens(line: str) -> int:  # a streamed event's sampled tokens
+            if not line.startswith("data: {"):
+                return 0
+            return sum(len(c.get("token_ids") or []) for c in json.loads(line[6:]).get("choices", []))
+
         # SIGTERM cuts a request in flight short: the server does not first serve its 8,000 tokens
         body = {"model": "tiny", "prompt": "go", "max_tokens": 8000, "ignore_eos": True, "stream": True}
-        def tokens(line: str) -> int:
-            return sum(len(c.get("token_ids") or []) for c in json.loads(line[6:]).get("choices", [])) \
-                if line.startswith("data: {") else 0
-
         with httpx.stream("POST", f"{url}/completions", json=body, timeout=30) as r:
             lines = r.iter_lines()
             streamed = tokens(next(lines))
