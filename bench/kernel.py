@@ -203,8 +203,8 @@ def cells_then_answer(n: int):
     return script
 
 
-def proc_kb(pid: int, file: str = "smaps_rollup", field: str = "Pss:") -> int:
-    """A figure in kB from a process's /proc file (its PSS by default); 0 where it is gone or says none."""
+def proc_kb(pid: int, file: str, field: str) -> int:
+    """A figure in kB from a process's /proc file ("status", "VmHWM:"); 0 where it is gone or says none."""
     try:
         for line in Path(f"/proc/{pid}/{file}").read_text().splitlines():
             if line.startswith(field):
@@ -215,7 +215,7 @@ def proc_kb(pid: int, file: str = "smaps_rollup", field: str = "Pss:") -> int:
 
 
 def pss_kb(pid: int) -> int:
-    return proc_kb(pid)
+    return proc_kb(pid, "smaps_rollup", "Pss:")
 
 
 def descendants(pid: int) -> list[int]:
