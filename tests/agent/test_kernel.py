@@ -315,15 +315,22 @@ def tree_mode(request, monkeypatch) -> str:
     return request.param
 
 
-def test_a_gone_hosts_cgroup_removed_by_two_hosts_at_once_is_removed_not_an_error(tmp_path: Path):
+@pytest.mark.parametrize("where", ["cgroup", "directory"])
+def test_a_gone_hosts_cgroup_removed_by_two_hosts_at_once_is_removed_not_an_error(where: str, tmp_path: Path):
     """Two hosts starting kernels at once both collect a killed host's cgroups: the one that finds a
     directory gone between listing and removing it started no kernel (FileNotFoundError out of
-    `prime-agent run`). Here four threads remove the same trees at once."""
+    `prime-agent run`). Here four threads remove the same trees at once: real cgroups where this machine
+    lets the test make them, plain directories everywhere."""
+    import secrets
     from concurrent.futures import ThreadPoolExecutor
 
-    from agent.kernel.reaper import _remove_cgroup
+    from agent.kernel.reaper import _remove_cgroup, cgroup_base
 
-    cgroups = [tmp_path / f"prime-agent-1-1-{i:016x}" for i in range(40)]
+    base = cgroup_base() if where == "cgroup" else tmp_path
+    if base is None:
+        pytest.skip("no writable cgroup v2 hierarchy here")
+    token = secrets.token_hex(6)  # a host that never lived: the next collection removes what a failure leaves
+    cgroups = [base / f"prime-agent-1-1-{token}{i:04x}" for i in range(40)]
     for cgroup in cgroups:
         for a in range(4):
             for b in range(4):
@@ -331,10 +338,11 @@ def test_a_gone_hosts_cgroup_removed_by_two_hosts_at_once_is_removed_not_an_erro
     with ThreadPoolExecutor(4) as pool:
         for cgroup in cgroups:
             assert all(pool.map(_remove_cgroup, [cgroup] * 4)), cgroup
-    assert list(tmp_path.iterdir()) == []
-    (cgroups[0] / "inner").mkdir(parents=True)
-    (cgroups[0] / "inner" / "cgroup.procs").write_text("")  # a populated cgroup: its rmdir fails
-    assert not _remove_cgroup(cgroups[0]) and cgroups[0].exists()
+    assert not any(cgroup.exists() for cgroup in cgroups)
+    if where == "directory":
+        (cgroups[0] / "inner").mkdir(parents=True)
+        (cgroups[0] / "inner" / "cgroup.procs").write_text("")  # as a populated cgroup, its rmdir fails
+        assert not _remove_cgroup(cgroups[0]) and cgroups[0].exists()
 
 
 async def test_shutdown_leaves_no_descendant_alive_not_even_a_setsid_one(make_kernel, tree_mode: str,
