@@ -107,14 +107,17 @@ async def test_a_full_disk_ends_the_turn_with_an_error_and_the_session_recovers(
         s = await client.create_session(project, model="fake", base_url=model_server.base_url)
         await client.send(s.id, "hello")
         assert (await collect(client, s.id, "t1"))[-1].outcome == "completed"
-        # the disk fills up while a turn prints
-        accepted = await client.send(s.id, "run: print('x' * 2000, flush=True)\n" * 1 +
-                                     "import time\nfor i in range(200):\n    print('y' * 4000, flush=True)")
+        # the disk fills up while a turn prints: the cell goes on printing once the test has filled it (on
+        # a loaded machine its output, unpaced, had filled the disk before the test saw the cell start)
+        accepted = await client.send(s.id, "run: print('x' * 2000, flush=True)\nimport os, time\n"
+                                     "while not os.path.exists('filled'):\n    time.sleep(0.05)\n"
+                                     "for i in range(200):\n    print('y' * 4000, flush=True)")
         seen = []
         async for e in client.events(s.id, s.last_seq):
             seen.append(e)
             if isinstance(e, ev.CellStarted):
                 _fill(filler)
+                (project / "filled").touch()
             if isinstance(e, ev.TurnFinished) and e.turn_id == accepted.turn_id:
                 break
         finished = seen[-1]
