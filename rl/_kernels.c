@@ -83,7 +83,17 @@ static PyObject *causal(PyObject *self, PyObject *args) {
 
 /* --- the elementwise steps of a layer, each one pass over its rows ------------------------------------ */
 
-static int usable(int set, int width) { return set && width > 0 && width % (set == 512 ? 16 : 8) == 0; }
+static int runs(int set) {
+    return set == 512 ? __builtin_cpu_supports("avx512f") : set == 256 && __builtin_cpu_supports("avx2") &&
+                                                                __builtin_cpu_supports("fma");
+}
+
+/* The set an elementwise step runs on over rows `width` floats wide: `set`, or AVX2 where the rows are whole
+   vectors of 8 floats but not of AVX-512's 16 (heads of 16, 48, 80: every AVX-512 CPU has AVX2), else 0. */
+static int set_for(int set, int width) {
+    if (!set || width <= 0 || width % 8) return 0;
+    return set == 256 || width % 16 == 0 ? set : runs(256) ? 256 : 0;
+}
 
 static PyObject *rms_norm(PyObject *self, PyObject *args) {
     unsigned long long x, w, out;
@@ -91,8 +101,8 @@ static PyObject *rms_norm(PyObject *self, PyObject *args) {
     int width, threads;
     float eps;
     if (!PyArg_ParseTuple(args, "KKKlifi", &x, &w, &out, &rows, &width, &eps, &threads)) return NULL;
-    const int set = isa;
-    if (!usable(set, width)) Py_RETURN_FALSE;
+    const int set = set_for(isa, width);
+    if (!set) Py_RETURN_FALSE;
     Py_BEGIN_ALLOW_THREADS
     (set == 512 ? rms_rows_512 : rms_rows_256)((const float *)x, (const float *)w, (float *)out, rows, width, eps,
                                                threads);
@@ -105,8 +115,8 @@ static PyObject *silu_mul(PyObject *self, PyObject *args) {
     long rows;
     int inner, threads;
     if (!PyArg_ParseTuple(args, "KKlii", &g, &out, &rows, &inner, &threads)) return NULL;
-    const int set = isa;
-    if (!usable(set, inner)) Py_RETURN_FALSE;
+    const int set = set_for(isa, inner);
+    if (!set) Py_RETURN_FALSE;
     Py_BEGIN_ALLOW_THREADS
     (set == 512 ? silu_rows_512 : silu_rows_256)((const float *)g, (float *)out, rows, inner, threads);
     Py_END_ALLOW_THREADS
@@ -120,8 +130,8 @@ static PyObject *rotate(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KKKKK(lll)iiiiiii", &x, &cos, &sin, &k, &v, &ks[0], &ks[1], &ks[2], &n, &new_, &heads,
                           &kv, &dim, &t, &threads))
         return NULL;
-    const int set = isa;
-    if (!usable(set, dim / 2) || dim % 2) Py_RETURN_FALSE;
+    const int set = dim % 2 ? 0 : set_for(isa, dim / 2);
+    if (!set) Py_RETURN_FALSE;
     Py_BEGIN_ALLOW_THREADS
     (set == 512 ? rotate_rows_512 : rotate_rows_256)((float *)x, (const float *)cos, (const float *)sin, (float *)k,
                                                      (float *)v, ks, n, new_, heads, kv, dim, t, threads);
@@ -130,11 +140,6 @@ static PyObject *rotate(PyObject *self, PyObject *args) {
 }
 
 /* --- which set runs ---------------------------------------------------------------------------------- */
-
-static int runs(int set) {
-    return set == 512 ? __builtin_cpu_supports("avx512f") : set == 256 && __builtin_cpu_supports("avx2") &&
-                                                                __builtin_cpu_supports("fma");
-}
 
 static const char *name_of(int set) { return set == 512 ? "avx512f" : set == 256 ? "avx2" : NULL; }
 

@@ -130,3 +130,23 @@ def test_an_elementwise_step_the_kernels_do_not_take_is_torchs(width, cpu, reque
     assert torch.allclose(normed, F.rms_norm(h, (width,), weight, 1e-6), atol=1e-6)
     assert torch.allclose(gated, F.silu(g[:, :width]) * g[:, width:], atol=1e-6)
     assert k.any()
+
+
+def test_rows_of_whole_avx2_vectors_but_not_avx512_ones_run_on_the_kernels_all_the_same(isa):
+    # heads of 16 (a tiny test llama's), 48, 80: on AVX-512 such a step runs AVX2's code, not torch's ops
+    torch.manual_seed(0)
+    h, weight, g = torch.randn(5, 24), torch.randn(24), torch.randn(5, 2 * 40)
+    n, new, heads, kv, dim = 1, 5, 4, 2, 16
+    x = torch.randn(n, new, heads + 2 * kv, dim)
+    cos, sin = torch.randn(n, new, dim), torch.randn(n, new, dim)
+    k, v = torch.zeros(n, kv, new, dim), torch.zeros(n, kv, new, dim)
+    with torch.profiler.profile() as prof:
+        normed, gated = _rms_norm(h, weight, 1e-6), _silu_mul(g)
+        turned = _rotate(x.clone(), cos, sin, k, v, 0, heads)
+    assert [ran(prof, op) for op in (TORCH["rms_norm"], TORCH["silu"], TORCH["rotary"])] == [0, 0, 0]
+    assert torch.allclose(normed, F.rms_norm(h, (24,), weight, 1e-6), atol=1e-5)
+    assert torch.allclose(gated, F.silu(g[:, :40]) * g[:, 40:], atol=1e-5)
+    qk = x[:, :, : heads + kv]
+    qk = qk * cos[:, :, None] + torch.cat((-qk[..., 8:], qk[..., :8]), -1) * sin[:, :, None]
+    assert torch.allclose(turned[:, :, : heads + kv], qk, atol=1e-5)
+    assert torch.equal(k, turned[:, :, heads : heads + kv].transpose(1, 2))
