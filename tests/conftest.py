@@ -102,7 +102,7 @@ SIGINT_IGNORED = [sys.executable, "-c", "import os, signal, sys; signal.signal(s
 process it starts: its Ctrl-C must work all the same."""
 
 
-LONGEST = ["tests/e2e/test_smollm2.py", "tests/rl/test_vllm.py", "tests/rl/test_dist_hf.py", "tests/daemon/test_fuzz.py",
+LONGEST = ["tests/e2e/test_smollm2.py", "tests/rl/test_vllm.py", "tests/daemon/test_fuzz.py", "tests/rl/test_dist_hf.py",
            "tests/e2e/test_demo.py", "tests/e2e/test_sessions_cleanup.py", "tests/e2e/test_sessions.py",
            "tests/rl/test_train.py", "tests/e2e/test_trust.py", "tests/rl/test_dist.py",
            "tests/rl/test_every_token_trains.py", "tests/daemon/test_recovery.py", "tests/prime_agent_py/test_harness.py",
@@ -112,7 +112,8 @@ LONGEST = ["tests/e2e/test_smollm2.py", "tests/rl/test_vllm.py", "tests/rl/test_
 """The files that take longest (a minute or more each in a full run, measured 2026-12-04), longest first: the
 README's command hands whole files to three workers in this order (pyproject's addopts turns off xdist's own
 reordering, which puts the files with the most tests first and left the one-test demo to start last), so the
-longest start at once and the rest fill in around them."""
+longest start at once and the rest fill in around them. The third is one without SmolLM2: the first two wait for
+its pull (~30 s on one core), and a third waiting too left the other core idle meanwhile."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
