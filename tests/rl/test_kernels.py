@@ -41,6 +41,12 @@ TORCH = {"attention": "aten::scaled_dot_product_attention", "rms_norm": "aten::r
 """An op that torch's way runs and the kernel's does not (the rotary embedding's rotate_half negates)."""
 
 
+def turned_by_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """The first `heads` heads of x [n, new, heads, dim] turned by the rotary embedding as transformers does it."""
+    half, qk = x.shape[-1] // 2, x[:, :, :heads]
+    return qk * cos[:, :, None] + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin[:, :, None]
+
+
 def attend(n: int, heads: int, kv_heads: int, dim: int, new: int, t: int, dtype=torch.float32):
     """`_causal` on random queries, keys and values laid out as rl/decoder.py hands them, torch's attention
     under the same mask, and how many times torch's attention ran in `_causal`."""
@@ -105,9 +111,7 @@ def test_the_elementwise_steps_compute_what_torchs_ops_do(isa, rows):
     assert torch.allclose(normed, F.rms_norm(h, (576,), weight, 1e-5), atol=1e-5, rtol=1e-5)
     expected = F.silu(g[:, :1536]) * g[:, 1536:]
     assert torch.allclose(gated, expected, atol=1e-5, rtol=1e-5), (gated - expected).abs().max()
-    half = dim // 2
-    qk = x[:, :, : heads + kv]
-    qk = qk * cos[:, :, None] + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin[:, :, None]
+    qk = turned_by_torch(x, cos, sin, heads + kv)
     assert torch.allclose(turned[:, :, : heads + kv], qk, atol=1e-5, rtol=1e-5)
     assert torch.equal(turned[:, :, heads + kv :], x[:, :, heads + kv :])  # the values are not turned
     assert torch.equal(k[:, :, t : t + new], turned[:, :, heads : heads + kv].transpose(1, 2))  # as turned
@@ -146,7 +150,5 @@ def test_rows_of_whole_avx2_vectors_but_not_avx512_ones_run_on_the_kernels_all_t
     assert [ran(prof, op) for op in (TORCH["rms_norm"], TORCH["silu"], TORCH["rotary"])] == [0, 0, 0]
     assert torch.allclose(normed, F.rms_norm(h, (24,), weight, 1e-6), atol=1e-5)
     assert torch.allclose(gated, F.silu(g[:, :40]) * g[:, 40:], atol=1e-5)
-    qk = x[:, :, : heads + kv]
-    qk = qk * cos[:, :, None] + torch.cat((-qk[..., 8:], qk[..., :8]), -1) * sin[:, :, None]
-    assert torch.allclose(turned[:, :, : heads + kv], qk, atol=1e-5)
+    assert torch.allclose(turned[:, :, : heads + kv], turned_by_torch(x, cos, sin, heads + kv), atol=1e-5)
     assert torch.equal(k, turned[:, :, heads : heads + kv].transpose(1, 2))
